@@ -1,0 +1,362 @@
+"""BERT encoder and pre-training heads in Flax linen.
+
+Axis legend for tensor names (`x_BLD` is [batch, length, hidden]):
+  B batch, L query length, M key length, D hidden, H heads, K head dim,
+  F feed-forward (intermediate), P masked-LM predictions per sequence, V vocab.
+
+Parameters carry logical axis names (`vocab`, `embed`, `mlp`, `heads`, `kv`,
+`layers`); activations carry `activation_*` names. A rules table (see
+`bert_jax.sharding`) maps them onto the mesh axes, so the model states its
+sharding once and never mentions devices.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# Additive attention bias for padding. Large but finite so a fully padded row
+# (only ever at padding queries) stays NaN-free, and safe in bfloat16.
+NEG_INF = -1e9
+
+PRESETS: dict[str, dict[str, int]] = {
+    # name: (layers, hidden, heads); intermediate is always 4 * hidden.
+    "tiny": dict(num_layers=2, hidden_size=128, num_heads=2),
+    "mini": dict(num_layers=4, hidden_size=256, num_heads=4),
+    "small": dict(num_layers=4, hidden_size=512, num_heads=8),
+    "medium": dict(num_layers=8, hidden_size=512, num_heads=8),
+    "base": dict(num_layers=12, hidden_size=768, num_heads=12),
+    "large": dict(num_layers=24, hidden_size=1024, num_heads=16),
+}
+
+ACTIVATIONS = {
+    # Original TF BERT uses the tanh approximation; HuggingFace "gelu" is exact erf.
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "relu": jax.nn.relu,
+}
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Everything that defines the network. Variants come from `.replace(...)`."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_act: str = "gelu_tanh"  # "gelu_tanh" (original TF) or "gelu" (erf, HuggingFace)
+  hidden_dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  dtype: Any = "float32"  # compute dtype ("bfloat16" for mixed precision)
+  param_dtype: Any = "float32"  # master weights
+  remat: str = "none"  # "none" | "full" | "dots": rematerialise each layer
+  scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
+  attention_impl: str | None = None  # jax.nn.dot_product_attention implementation
+
+  def __post_init__(self):
+    object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+    object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
+                       f"num_heads {self.num_heads}.")
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f"hidden_act {self.hidden_act!r} unknown; "
+                       f"choose one of {sorted(ACTIVATIONS)}.")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat {self.remat!r} unknown; "
+                       f"choose one of {sorted(REMAT_POLICIES)}.")
+
+  @classmethod
+  def from_preset(cls, name: str, **overrides) -> "BertConfig":
+    if name not in PRESETS:
+      raise ValueError(f"Unknown model preset {name!r}; "
+                       f"choose one of {list(PRESETS)}.")
+    sizes = dict(PRESETS[name])
+    sizes["intermediate_size"] = 4 * sizes["hidden_size"]
+    return cls(**{**sizes, **overrides})
+
+  def replace(self, **changes) -> "BertConfig":
+    return dataclasses.replace(self, **changes)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["dtype"], d["param_dtype"] = str(self.dtype), str(self.param_dtype)
+    return d
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "BertConfig":
+    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise ValueError(f"Unknown BertConfig fields {sorted(unknown)}.")
+    return cls(**d)
+
+
+def _truncated_normal(stddev: float):
+  """TF's truncated_normal_initializer: normal(0, stddev) cut at +-2 stddev."""
+  def init(key, shape, dtype=jnp.float32):
+    return stddev * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+  return init
+
+
+def _kernel_init(cfg: BertConfig, axes: tuple[str, ...]):
+  return nn.with_logical_partitioning(_truncated_normal(cfg.initializer_range), axes)
+
+
+def _zeros(axes: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=cfg.layer_norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+      bias_init=_zeros(("embed",)), name=name)
+
+
+def _dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+  return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                  kernel_init=_kernel_init(cfg, axes), bias_init=_zeros(axes[1:]),
+                  name=name)
+
+
+def attention_bias(input_mask_BM: jax.Array, dtype) -> jax.Array:
+  """[B, M] 1=token 0=padding -> additive bias [B, 1, 1, M]."""
+  return jnp.where(input_mask_BM[:, None, None, :] > 0, 0.0, NEG_INF).astype(dtype)
+
+
+class Embeddings(nn.Module):
+  """Token + segment + learned absolute position embeddings, LayerNorm, dropout."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    embed = functools.partial(nn.Embed, features=cfg.hidden_size, dtype=cfg.dtype,
+                              param_dtype=cfg.param_dtype)
+    self.word_embeddings = embed(cfg.vocab_size, embedding_init=_kernel_init(cfg, ("vocab", "embed")))
+    self.position_embeddings = embed(cfg.max_position_embeddings,
+                                     embedding_init=_kernel_init(cfg, (None, "embed")))
+    self.token_type_embeddings = embed(cfg.type_vocab_size,
+                                       embedding_init=_kernel_init(cfg, (None, "embed")))
+    self.LayerNorm = _layer_norm(self.config, "LayerNorm")
+    self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+
+  def __call__(self, input_ids_BL, segment_ids_BL, position_ids_BL, deterministic):
+    x_BLD = (self.word_embeddings(input_ids_BL)
+             + self.position_embeddings(position_ids_BL)
+             + self.token_type_embeddings(segment_ids_BL))
+    x_BLD = self.LayerNorm(x_BLD)
+    return self.dropout(x_BLD, deterministic=deterministic)
+
+
+class SelfAttention(nn.Module):
+  """Bidirectional multi-head self-attention with an additive padding bias."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BLD, bias_B11M, deterministic):
+    cfg = self.config
+    proj = functools.partial(
+        nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), axis=-1,
+        dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=_kernel_init(cfg, ("embed", "heads", "kv")),
+        bias_init=_zeros(("heads", "kv")))
+    q_BLHK = proj(name="query")(x_BLD)
+    k_BMHK = proj(name="key")(x_BLD)
+    v_BMHK = proj(name="value")(x_BLD)
+    q_BLHK = nn.with_logical_constraint(
+        q_BLHK, ("activation_batch", "activation_length", "activation_heads", "activation_kv"))
+    if deterministic or cfg.attention_dropout_rate == 0.0:
+      # The fused path: cuDNN flash attention on GPU, XLA elsewhere.
+      ctx_BLHK = jax.nn.dot_product_attention(
+          q_BLHK, k_BMHK, v_BMHK, bias=bias_B11M, implementation=cfg.attention_impl)
+    else:
+      # Dropout on the attention probabilities (as in BERT) needs them explicitly;
+      # jax.nn.dot_product_attention does not expose dropout.
+      scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
+      scores_BHLM = scores_BHLM.astype(jnp.float32) + bias_B11M.astype(jnp.float32)
+      probs_BHLM = jax.nn.softmax(scores_BHLM, axis=-1).astype(cfg.dtype)
+      probs_BHLM = nn.Dropout(cfg.attention_dropout_rate)(probs_BHLM, deterministic=False)
+      ctx_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
+    return nn.DenseGeneral(
+        features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=_kernel_init(cfg, ("heads", "kv", "embed")), bias_init=_zeros(("embed",)),
+        name="output")(ctx_BLHK)
+
+
+class EncoderLayer(nn.Module):
+  """Post-LN Transformer layer: attention and FFN, each dropout -> residual -> LN."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BLD, bias_B11M, deterministic: bool):
+    cfg = self.config
+    x_BLD = nn.with_logical_constraint(
+        x_BLD, ("activation_batch", "activation_length", "activation_embed"))
+    h_BLD = SelfAttention(cfg, name="attention")(x_BLD, bias_B11M, deterministic)
+    h_BLD = nn.Dropout(cfg.hidden_dropout_rate)(h_BLD, deterministic=deterministic)
+    x_BLD = _layer_norm(cfg, "attention_LayerNorm")(x_BLD + h_BLD)
+    h_BLF = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BLD)
+    h_BLF = ACTIVATIONS[cfg.hidden_act](h_BLF)
+    h_BLF = nn.with_logical_constraint(
+        h_BLF, ("activation_batch", "activation_length", "activation_mlp"))
+    h_BLD = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BLF)
+    h_BLD = nn.Dropout(cfg.hidden_dropout_rate)(h_BLD, deterministic=deterministic)
+    return _layer_norm(cfg, "output_LayerNorm")(x_BLD + h_BLD)
+
+
+class _ScannedLayer(EncoderLayer):
+  """EncoderLayer with the (carry, _) -> (carry, _) signature nn.scan wants."""
+
+  def __call__(self, x_BLD, bias_B11M, deterministic: bool):
+    return super().__call__(x_BLD, bias_B11M, deterministic), None
+
+
+class Encoder(nn.Module):
+  """`num_layers` layers, unrolled (`layer_{i}`) or under nn.scan (`layers`)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BLD, bias_B11M, deterministic: bool):
+    cfg = self.config
+    policy = REMAT_POLICIES[cfg.remat]
+    if cfg.scan_layers:
+      layer_cls = _ScannedLayer
+      if cfg.remat != "none":
+        layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=False, static_argnums=(3,))
+      scanned = nn.scan(
+          layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
+          metadata_params={nn.PARTITION_NAME: "layers"})
+      x_BLD, _ = scanned(cfg, name="layers")(x_BLD, bias_B11M, deterministic)
+      return x_BLD
+    layer_cls = EncoderLayer
+    if cfg.remat != "none":
+      layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
+    for i in range(cfg.num_layers):
+      x_BLD = layer_cls(cfg, name=f"layer_{i}")(x_BLD, bias_B11M, deterministic)
+    return x_BLD
+
+
+class BertModel(nn.Module):
+  """The BERT encoder: returns (sequence_output [B, L, D], pooled_output [B, D])."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = Embeddings(cfg)
+    self.encoder = Encoder(cfg)
+    self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
+
+  def __call__(self, input_ids, segment_ids=None, input_mask=None, deterministic: bool = True,
+               position_ids=None):
+    cfg = self.config
+    batch, length = input_ids.shape
+    if length > cfg.max_position_embeddings:
+      raise ValueError(
+          f"Sequence length {length} exceeds the position table "
+          f"(max_position_embeddings={cfg.max_position_embeddings}). Truncate the input "
+          f"to {cfg.max_position_embeddings} tokens or use a model with more positions.")
+    if segment_ids is None:
+      segment_ids = jnp.zeros_like(input_ids)
+    if input_mask is None:
+      input_mask = jnp.ones_like(input_ids)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    x_BLD = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    x_BLD = self.encoder(x_BLD, attention_bias(input_mask, cfg.dtype), deterministic)
+    pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
+    return x_BLD, pooled_BD
+
+  def attend_vocab(self, x_BPD):
+    """Logits against the (tied) word-embedding matrix."""
+    return self.embeddings.word_embeddings.attend(x_BPD)
+
+
+def gather_positions(x_BLD: jax.Array, positions_BP: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(x_BLD, positions_BP[:, :, None].astype(jnp.int32), axis=1)
+
+
+class BertForPreTraining(nn.Module):
+  """Encoder + masked-LM head (at gathered positions only) + NSP head."""
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    self.bert = BertModel(cfg)
+    self.transform = _dense(cfg, cfg.hidden_size, ("embed", None), "transform")
+    self.transform_LayerNorm = _layer_norm(cfg, "transform_LayerNorm")
+    self.output_bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,),
+                                  cfg.param_dtype)
+    self.seq_relationship = _dense(cfg, 2, ("embed", None), "seq_relationship")
+
+  def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions,
+               deterministic: bool = True, position_ids=None) -> dict[str, jax.Array]:
+    cfg = self.config
+    seq_BLD, pooled_BD = self.bert(input_ids, segment_ids, input_mask, deterministic,
+                                   position_ids=position_ids)
+    # Only the P masked positions reach the vocabulary projection (P << L).
+    h_BPD = gather_positions(seq_BLD, masked_lm_positions)
+    h_BPD = self.transform_LayerNorm(ACTIVATIONS[cfg.hidden_act](self.transform(h_BPD)))
+    logits_BPV = self.bert.attend_vocab(h_BPD).astype(jnp.float32)
+    logits_BPV = logits_BPV + jnp.asarray(self.output_bias, jnp.float32)
+    nsp_logits_B2 = self.seq_relationship(pooled_BD).astype(jnp.float32)
+    return {"mlm_logits": logits_BPV, "nsp_logits": nsp_logits_B2}
+
+
+def pretraining_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Weighted-mean masked-LM cross-entropy + mean NSP cross-entropy.
+
+  Returns the scalar loss and metric *sums* with their denominators, so metrics
+  can be summed over steps/devices and divided once on the host.
+  """
+  logits_BPV = outputs["mlm_logits"]
+  ids_BP = batch["masked_lm_ids"].astype(jnp.int32)
+  w_BP = batch["masked_lm_weights"].astype(jnp.float32)
+  logp_BPV = jax.nn.log_softmax(logits_BPV, axis=-1)
+  mlm_nll_BP = -jnp.take_along_axis(logp_BPV, ids_BP[..., None], axis=-1)[..., 0]
+  mlm_weight = jnp.sum(w_BP)
+  mlm_loss_sum = jnp.sum(mlm_nll_BP * w_BP)
+  mlm_loss = mlm_loss_sum / jnp.maximum(mlm_weight, 1e-8)
+
+  nsp_logits_B2 = outputs["nsp_logits"]
+  labels_B = batch["next_sentence_labels"].reshape(-1).astype(jnp.int32)
+  nsp_nll_B = -jnp.take_along_axis(jax.nn.log_softmax(nsp_logits_B2), labels_B[:, None], axis=-1)[:, 0]
+  # Examples may carry a weight (0 for padding rows of a ragged final batch).
+  ex_w_B = batch.get("example_weights", jnp.ones_like(nsp_nll_B)).astype(jnp.float32)
+  num_examples = jnp.sum(ex_w_B)
+  nsp_loss_sum = jnp.sum(nsp_nll_B * ex_w_B)
+  nsp_loss = nsp_loss_sum / jnp.maximum(num_examples, 1e-8)
+
+  metrics = {
+      "mlm_loss_sum": mlm_loss_sum,
+      "mlm_correct_sum": jnp.sum((jnp.argmax(logits_BPV, -1) == ids_BP) * w_BP),
+      "mlm_weight": mlm_weight,
+      "nsp_loss_sum": nsp_loss_sum,
+      "nsp_correct_sum": jnp.sum((jnp.argmax(nsp_logits_B2, -1) == labels_B) * ex_w_B),
+      "num_examples": num_examples,
+  }
+  return mlm_loss + nsp_loss, metrics
+
+
+def count_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,53 @@
+"""bert_jax: pre-train and fine-tune BERT in JAX/Flax, from one CPU to TPU pods.
+
+Install:  pip install -c constraints.txt -e ".[test]"
+"""
+import setuptools
+
+# Pinned: a set verified to install together on Python 3.11 (see constraints.txt
+# for the full transitive lock).
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "tensorflow-cpu==2.21.0",
+    "tensorflow-datasets==4.9.10",
+    "tensorboard==2.21.0",
+    "sentencepiece==0.2.3",
+    "ml-collections==1.1.0",
+    "absl-py==2.5.1",
+    "clu==0.0.12",
+    "tokenizers==0.23.3",
+    "numpy==2.4.6",
+    "protobuf==7.36.2",
+    "safetensors==0.8.0",
+]
+
+EXTRAS = {
+    # Numerical references for the tests (PyTorch CPU wheel + transformers).
+    "test": [
+        "pytest==9.0.3",
+        "torch==2.13.0",
+        "transformers==5.23.0",
+        "nbclient==0.11.0",
+        "nbformat==5.11.1",
+        "ipykernel==7.4.0",
+    ],
+    "tpu": ["jax[tpu]==0.10.2"],
+    "gpu": ["jax[cuda12]==0.10.2"],
+}
+
+setuptools.setup(
+    name="bert_jax",
+    version="0.1.0",
+    description="BERT pre-training and fine-tuning in JAX/Flax, TPU-first.",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*", "input_pipeline", "input_pipeline.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
