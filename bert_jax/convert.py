@@ -1,0 +1,424 @@
+"""Checkpoint interop: HuggingFace and Google TF BERT checkpoints <-> bert_jax params.
+
+Every format is first brought to one canonical flat dict, HuggingFace's names
+without the `bert.` prefix in PyTorch layout (`encoder.layer.0.attention.self.
+query.weight` [out, in]); one table maps those names onto our parameter tree.
+Every import is checked: shapes must match and every tensor must be used, or
+the import fails naming the offending tensors. Nothing is re-initialised.
+
+    python -m bert_jax.convert --input=HF_DIR_OR_TF_CKPT --output=DIR            # -> bert_jax
+    python -m bert_jax.convert --input=BERT_JAX_DIR --output=DIR --to=huggingface
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from bert_jax.model import BertConfig
+
+Array = np.ndarray
+Params = dict[str, Any]
+
+NATIVE_CONFIG = "bert_jax_config.json"
+NATIVE_PARAMS = "params.safetensors"
+# Tensors a checkpoint may hold that carry no weights of ours.
+_IGNORED = re.compile(r"^(embeddings\.position_ids|embeddings\.token_type_ids)$")
+_TF_IGNORED = re.compile(r"(/adam_[mv]$|^global_step$|/Momentum$|^bad_steps$|^loss_scale$|^good_steps$)")
+
+HF_TANH_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+class CheckpointMismatchError(ValueError):
+  """A checkpoint's tensors do not match the model: names them all."""
+
+
+# ----------------------------------------------------------------------------
+# The one mapping table: canonical (HF, no prefix) name <-> our param path.
+
+def _t(x: Array) -> Array:
+  return np.ascontiguousarray(x.T)
+
+
+def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Callable, Callable]]:
+  """(hf_name, flax_path, hf->flax, flax->hf) for every parameter of the model."""
+  D, H, K = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  same = (lambda x: x, lambda x: x)
+  dense = (_t, _t)
+  qkv_w = (lambda w: _t(w).reshape(D, H, K), lambda k: _t(k.reshape(D, D)))
+  qkv_b = (lambda b: b.reshape(H, K), lambda b: b.reshape(D))
+  out_w = (lambda w: _t(w).reshape(H, K, D), lambda k: _t(k.reshape(D, D)))
+  rules = []
+
+  def add(hf, path, fns):
+    rules.append((hf, path, *fns))
+
+  def layer_norm(hf, path):
+    add(hf + ".weight", path + ("scale",), same)
+    add(hf + ".bias", path + ("bias",), same)
+
+  def linear(hf, path, w=dense, b=same):
+    add(hf + ".weight", path + ("kernel",), w)
+    add(hf + ".bias", path + ("bias",), b)
+
+  root = ("bert",) if target == "pretraining" else ()
+  emb = root + ("embeddings",)
+  for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+    add(f"embeddings.{name}.weight", emb + (name, "embedding"), same)
+  layer_norm("embeddings.LayerNorm", emb + ("LayerNorm",))
+  for i in range(cfg.num_layers):
+    hf, path = f"encoder.layer.{i}", root + ("encoder", f"layer_{i}")
+    for name in ("query", "key", "value"):
+      linear(f"{hf}.attention.self.{name}", path + ("attention", name), qkv_w, qkv_b)
+    linear(f"{hf}.attention.output.dense", path + ("attention", "output"), out_w)
+    layer_norm(f"{hf}.attention.output.LayerNorm", path + ("attention_LayerNorm",))
+    linear(f"{hf}.intermediate.dense", path + ("intermediate",))
+    linear(f"{hf}.output.dense", path + ("output",))
+    layer_norm(f"{hf}.output.LayerNorm", path + ("output_LayerNorm",))
+  linear("pooler.dense", root + ("pooler",))
+  if target == "pretraining":
+    linear("cls.predictions.transform.dense", ("transform",))
+    layer_norm("cls.predictions.transform.LayerNorm", ("transform_LayerNorm",))
+    add("cls.predictions.bias", ("output_bias",), same)
+    linear("cls.seq_relationship", ("seq_relationship",))
+  elif target != "encoder":
+    raise ValueError(f"target must be 'pretraining' or 'encoder', got {target!r}.")
+  return rules
+
+
+def _set(tree: dict, path: tuple[str, ...], value) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _get(tree: Mapping, path: tuple[str, ...]):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def stack_layers(params: Params, num_layers: int) -> Params:
+  """Unrolled `encoder/layer_{i}` -> scanned `encoder/layers` (leading layer axis)."""
+  import jax
+  out = dict(params)
+  holder = dict(out["bert"]) if "bert" in out else out
+  enc = holder["encoder"]
+  layers = [enc[f"layer_{i}"] for i in range(num_layers)]
+  holder["encoder"] = {"layers": jax.tree_util.tree_map(lambda *xs: np.stack(xs), *layers)}
+  if "bert" in out:
+    out["bert"] = holder
+  return out
+
+
+def unstack_layers(params: Params, num_layers: int) -> Params:
+  """Scanned `encoder/layers` -> unrolled `encoder/layer_{i}`."""
+  import jax
+  out = dict(params)
+  holder = dict(out["bert"]) if "bert" in out else out
+  stacked = holder["encoder"]["layers"]
+  holder["encoder"] = {f"layer_{i}": jax.tree_util.tree_map(lambda x, i=i: np.asarray(x[i]), stacked)
+                       for i in range(num_layers)}
+  if "bert" in out:
+    out["bert"] = holder
+  return out
+
+
+def _is_scanned(params: Params) -> bool:
+  holder = params.get("bert", params)
+  return "layers" in holder.get("encoder", {})
+
+
+# ----------------------------------------------------------------------------
+# Canonical dict <-> params.
+
+def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str = "pretraining",
+                        scan_layers: bool = False, source: str = "checkpoint") -> Params:
+  """Maps a canonical flat dict onto the param tree; fails on any mismatch."""
+  state = dict(state)
+  # The MLM decoder is tied to the word embeddings (and its bias to the output
+  # bias): accept the duplicates only when they really are tied.
+  for dup, orig in (("cls.predictions.decoder.weight", "embeddings.word_embeddings.weight"),
+                    ("cls.predictions.decoder.bias", "cls.predictions.bias")):
+    if dup in state:
+      if orig in state and state[orig].shape == state[dup].shape and np.array_equal(state[orig], state[dup]):
+        del state[dup]
+      elif orig not in state and dup.endswith("bias"):
+        state[orig] = state.pop(dup)
+      else:
+        raise CheckpointMismatchError(
+            f"{source}: {dup} differs from {orig}; bert_jax ties the MLM output "
+            "projection to the word embeddings and cannot load an untied one.")
+  params: Params = {}
+  missing, bad_shape, used = [], [], set()
+  for hf, path, to_flax, _ in _rules(cfg, target):
+    if hf not in state:
+      missing.append(hf)
+      continue
+    used.add(hf)
+    value = np.asarray(state[hf], dtype=np.float32)
+    try:
+      value = to_flax(value)
+    except ValueError:
+      bad_shape.append(f"{hf}: {state[hf].shape}")
+      continue
+    _set(params, path, value)
+  unused = sorted(k for k in state if k not in used and not _IGNORED.match(k))
+  if target == "encoder":
+    # Loading a pre-training checkpoint into the bare encoder: the heads are
+    # expected leftovers, reported but not an error.
+    unused = [k for k in unused if not k.startswith("cls.")]
+  if missing or bad_shape or unused:
+    lines = [f"{source} does not match a {target} BERT of config {cfg.to_dict()}:"]
+    if missing:
+      lines.append(f"  missing tensors ({len(missing)}): {', '.join(missing)}")
+    if bad_shape:
+      lines.append(f"  tensors of the wrong shape ({len(bad_shape)}): {', '.join(bad_shape)}")
+    if unused:
+      lines.append(f"  unused tensors ({len(unused)}): {', '.join(unused)}")
+    if missing and all(m.startswith(("cls.", "pooler.")) for m in missing):
+      lines.append("  The checkpoint has no pre-training heads: load it with target='encoder' "
+                   "(fine-tuning) instead.")
+    raise CheckpointMismatchError("\n".join(lines))
+  _check_shapes(params, cfg, target)
+  return stack_layers(params, cfg.num_layers) if scan_layers else params
+
+
+def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
+  """Compares every tensor with the shape the model expects."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from bert_jax import model as model_lib
+  module = model_lib.BertForPreTraining(cfg) if target == "pretraining" else model_lib.BertModel(cfg)
+  ids = jnp.zeros((1, 1), jnp.int32)
+  args = (ids, ids, ids, ids) if target == "pretraining" else (ids,)
+  expected = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.key(0), *args))["params"])
+  wrong = []
+  flat_expected = jax.tree_util.tree_flatten_with_path(expected)[0]
+  for path, leaf in flat_expected:
+    keys = tuple(p.key for p in path)
+    got = _get(params, keys).shape
+    if tuple(got) != tuple(leaf.shape):
+      wrong.append(f"{'/'.join(keys)}: got {tuple(got)}, expected {tuple(leaf.shape)}")
+  if wrong:
+    raise CheckpointMismatchError("Tensors of the wrong shape for the config:\n  " + "\n  ".join(wrong))
+
+
+def params_to_canonical(params: Params, cfg: BertConfig) -> dict[str, Array]:
+  params = _to_numpy(params)
+  if _is_scanned(params):
+    params = unstack_layers(params, cfg.num_layers)
+  target = "pretraining" if "bert" in params else "encoder"
+  return {hf: np.ascontiguousarray(to_hf(np.asarray(_get(params, path), np.float32)))
+          for hf, path, _, to_hf in _rules(cfg, target)}
+
+
+def _to_numpy(tree):
+  import flax.linen as nn
+  import jax
+  return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), nn.unbox(tree))
+
+
+# ----------------------------------------------------------------------------
+# Configs.
+
+def config_from_hf(hf: Mapping[str, Any], **overrides) -> BertConfig:
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise ValueError(f"position_embedding_type={hf['position_embedding_type']!r} is not supported; "
+                     "bert_jax implements BERT's learned absolute positions.")
+  act = hf.get("hidden_act", "gelu")
+  act = "gelu_tanh" if act in HF_TANH_ACTS else act
+  return BertConfig(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+      intermediate_size=hf["intermediate_size"],
+      max_position_embeddings=hf.get("max_position_embeddings", 512),
+      type_vocab_size=hf.get("type_vocab_size", 2), hidden_act=act,
+      hidden_dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+      attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+      initializer_range=hf.get("initializer_range", 0.02)).replace(**overrides)
+
+
+def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
+  return {
+      "architectures": ["BertForPreTraining"], "model_type": "bert",
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+      "intermediate_size": cfg.intermediate_size,
+      "max_position_embeddings": cfg.max_position_embeddings,
+      "type_vocab_size": cfg.type_vocab_size,
+      "hidden_act": "gelu_new" if cfg.hidden_act == "gelu_tanh" else cfg.hidden_act,
+      "hidden_dropout_prob": cfg.hidden_dropout_rate,
+      "attention_probs_dropout_prob": cfg.attention_dropout_rate,
+      "layer_norm_eps": cfg.layer_norm_eps, "initializer_range": cfg.initializer_range,
+      "position_embedding_type": "absolute", "pad_token_id": 0, "tie_word_embeddings": True,
+  }
+
+
+# ----------------------------------------------------------------------------
+# Readers.
+
+def read_hf_state(path: str) -> dict[str, Array]:
+  """model.safetensors (sharded too) or pytorch_model.bin, `bert.` prefix stripped."""
+  from safetensors.numpy import load_file
+  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  state: dict[str, Array] = {}
+  if files:
+    for f in files:
+      state.update(load_file(os.path.join(path, f)))
+  elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
+    import torch  # Only for .bin files; never unpickles arbitrary objects.
+    raw = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    state = {k: v.float().numpy() for k, v in raw.items()}
+  else:
+    raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}.")
+  return canonical_names(state)
+
+
+def canonical_names(state: Mapping[str, Array]) -> dict[str, Array]:
+  out = {}
+  for name, value in state.items():
+    name = name.removeprefix("bert.")
+    if "LayerNorm" in name:  # Old checkpoints name LayerNorm params gamma/beta.
+      name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
+    out[name] = np.asarray(value)
+  return out
+
+
+def tf_name_to_canonical(name: str) -> tuple[str, bool]:
+  """Google variable name -> (canonical name, needs transpose)."""
+  name = name.removeprefix("bert/")
+  transpose = name.endswith("/kernel")
+  name = re.sub(r"layer_(\d+)", r"layer.\1", name)
+  name = re.sub(r"/(kernel|gamma|output_weights)$", "/weight", name)
+  name = re.sub(r"/(beta|output_bias)$", "/bias", name)
+  if name.endswith("_embeddings"):
+    name += "/weight"
+  return name.replace("/", "."), transpose
+
+
+def read_tf_state(ckpt_path: str) -> dict[str, Array]:
+  import tensorflow as tf
+  reader = tf.train.load_checkpoint(ckpt_path)
+  state = {}
+  for name in reader.get_variable_to_shape_map():
+    if _TF_IGNORED.search(name):
+      continue  # Optimizer slots and counters.
+    canonical, transpose = tf_name_to_canonical(name)
+    value = reader.get_tensor(name)
+    state[canonical] = _t(value) if transpose else value
+  return state
+
+
+def _find_tf_checkpoint(path: str) -> str | None:
+  if os.path.exists(path + ".index"):
+    return path
+  if os.path.isdir(path):
+    import tensorflow as tf
+    latest = tf.train.latest_checkpoint(path)
+    if latest:
+      return latest
+    for f in sorted(os.listdir(path)):
+      if f.endswith(".index"):
+        return os.path.join(path, f[:-len(".index")])
+  return None
+
+
+def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool = False,
+                    config_overrides: Mapping[str, Any] | None = None) -> tuple[BertConfig, Params]:
+  """Loads (config, params) from a bert_jax export, a HuggingFace dir or a TF checkpoint."""
+  overrides = dict(config_overrides or {})
+  if os.path.isdir(path) and os.path.exists(os.path.join(path, NATIVE_CONFIG)):
+    return load_native(path, target=target, scan_layers=scan_layers, config_overrides=overrides)
+  if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
+    with open(os.path.join(path, "config.json")) as f:
+      cfg = config_from_hf(json.load(f), **overrides)
+    state = read_hf_state(path)
+    return cfg, canonical_to_params(state, cfg, target, scan_layers, source=f"HuggingFace checkpoint {path}")
+  ckpt = _find_tf_checkpoint(path)
+  if ckpt is not None:
+    config_path = os.path.join(os.path.dirname(ckpt), "bert_config.json")
+    if not os.path.exists(config_path):
+      raise FileNotFoundError(f"TF checkpoint {ckpt} has no bert_config.json beside it.")
+    with open(config_path) as f:
+      hf = json.load(f)
+    # Google's TF code implements "gelu" with the tanh approximation.
+    if hf.get("hidden_act") == "gelu":
+      hf = {**hf, "hidden_act": "gelu_new"}
+    cfg = config_from_hf(hf, **overrides)
+    return cfg, canonical_to_params(read_tf_state(ckpt), cfg, target, scan_layers,
+                                    source=f"TF checkpoint {ckpt}")
+  raise FileNotFoundError(
+      f"{path} is not a checkpoint bert_jax can read: expected a directory with "
+      f"{NATIVE_CONFIG} (bert_jax), config.json + model.safetensors/pytorch_model.bin "
+      "(HuggingFace), or a TF checkpoint (bert_model.ckpt.index + bert_config.json).")
+
+
+# ----------------------------------------------------------------------------
+# Writers.
+
+def save_native(path: str, cfg: BertConfig, params: Params) -> None:
+  """Our portable format: safetensors of the unrolled tree + the BertConfig."""
+  from safetensors.numpy import save_file
+  import jax
+  params = _to_numpy(params)
+  if _is_scanned(params):
+    params = unstack_layers(params, cfg.num_layers)
+  flat = {"/".join(p.key for p in path): np.ascontiguousarray(v)
+          for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+  os.makedirs(path, exist_ok=True)
+  save_file(flat, os.path.join(path, NATIVE_PARAMS))
+  with open(os.path.join(path, NATIVE_CONFIG), "w") as f:
+    json.dump(cfg.to_dict(), f, indent=2)
+
+
+def load_native(path: str, *, target: str = "pretraining", scan_layers: bool = False,
+                config_overrides: Mapping[str, Any] | None = None) -> tuple[BertConfig, Params]:
+  from safetensors.numpy import load_file
+  with open(os.path.join(path, NATIVE_CONFIG)) as f:
+    cfg = BertConfig.from_dict(json.load(f)).replace(**dict(config_overrides or {}))
+  params: Params = {}
+  for key, value in load_file(os.path.join(path, NATIVE_PARAMS)).items():
+    _set(params, tuple(key.split("/")), value)
+  # Round-trip through the canonical dict so the same checks apply.
+  state = params_to_canonical(params, cfg)
+  return cfg, canonical_to_params(state, cfg, target, scan_layers, source=f"bert_jax export {path}")
+
+
+def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
+  """safetensors + config.json that `transformers.BertForPreTraining` loads."""
+  from safetensors.numpy import save_file
+  state = {(k if k.startswith("cls.") else "bert." + k): v
+           for k, v in params_to_canonical(params, cfg).items()}
+  os.makedirs(path, exist_ok=True)
+  save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config_to_hf(cfg), f, indent=2)
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+  import argparse
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--input", required=True, help="HuggingFace dir, TF checkpoint, or bert_jax export dir.")
+  parser.add_argument("--output", required=True, help="Directory to write.")
+  parser.add_argument("--to", choices=["bert_jax", "huggingface"], default="bert_jax")
+  parser.add_argument("--target", choices=["pretraining", "encoder"], default="pretraining",
+                      help="'encoder' for checkpoints without MLM/NSP heads.")
+  args = parser.parse_args(argv)
+  cfg, params = load_pretrained(args.input, target=args.target)
+  if args.to == "huggingface":
+    export_huggingface(args.output, cfg, params)
+  else:
+    save_native(args.output, cfg, params)
+  n = sum(int(np.size(x)) for x in __import__("jax").tree_util.tree_leaves(params))
+  print(f"Converted {args.input} -> {args.output} ({args.to}): {n:,} parameters, "
+        f"{cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}.")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,24 @@
+"""Shared pytest set-up: markers, quiet TF, and the shared data location."""
+import os
+import pathlib
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# ../shared beside the repository: present on the project's machines, absent in
+# a user's fresh clone (tests that need it skip).
+SHARED_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared"
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "slow: slower checks (run by .ci/run, not by default)")
+  config.addinivalue_line("markers", "data: needs ../shared/data (skipped when absent)")
+
+
+@pytest.fixture
+def shared_data_dir() -> pathlib.Path:
+  path = SHARED_DIR / "data"
+  if not path.is_dir():
+    pytest.skip(f"{path} not present (only on the project's machines)")
+  return path

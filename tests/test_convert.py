@@ -1,0 +1,253 @@
+"""Checkpoint interop: parity with transformers (PyTorch), TF checkpoints, export round trip."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jax.numpy as jnp  # noqa: E402
+
+from bert_jax import convert  # noqa: E402
+from bert_jax import model as model_lib  # noqa: E402
+
+SHAPES = {
+    # Odd on purpose: head dim 32, intermediate not 4H, 3 segment types, 77 positions.
+    "odd": dict(vocab_size=123, hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
+                intermediate_size=200, type_vocab_size=3, max_position_embeddings=77,
+                hidden_act="gelu"),
+    "tanh": dict(vocab_size=99, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                 intermediate_size=128, type_vocab_size=2, max_position_embeddings=40,
+                 hidden_act="gelu_new"),
+}
+
+
+def _hf_model(shape: str, seed: int = 0, cls=None):
+  torch.manual_seed(seed)
+  cfg = transformers.BertConfig(**SHAPES[shape], attn_implementation="eager")
+  model = (cls or transformers.BertForPreTraining)(cfg).eval()
+  with torch.no_grad():
+    # Random init leaves LayerNorm at 1/0 and output bias at 0: perturb every
+    # tensor so the parity check sees each one.
+    for name, p in model.named_parameters():
+      p.add_(torch.randn_like(p) * (0.1 if ("LayerNorm" in name or "bias" in name) else 0.02))
+  return model
+
+
+def _batch(cfg, seed=0, batch=3, length=19, preds=5):
+  rng = np.random.default_rng(seed)
+  lengths = np.array([length, 11, 7])[:batch]
+  mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int64)
+  ids = rng.integers(1, cfg["vocab_size"], size=(batch, length)) * mask
+  segments = rng.integers(0, cfg["type_vocab_size"], size=(batch, length)) * mask
+  positions = np.stack([np.sort(rng.choice(n, size=preds, replace=False)) for n in lengths])
+  weights = np.ones((batch, preds), np.float32)
+  weights[2, 3:] = 0.0  # Padding predictions carry weight 0.
+  mlm_ids = rng.integers(0, cfg["vocab_size"], size=(batch, preds))
+  nsp = rng.integers(0, 2, size=batch)
+  return dict(input_ids=ids, segment_ids=segments, input_mask=mask, masked_lm_positions=positions,
+              masked_lm_ids=mlm_ids, masked_lm_weights=weights, next_sentence_labels=nsp)
+
+
+def _hf_outputs(model, b):
+  labels = np.full(b["input_ids"].shape, -100)
+  for i in range(labels.shape[0]):
+    for p, t, w in zip(b["masked_lm_positions"][i], b["masked_lm_ids"][i], b["masked_lm_weights"][i]):
+      if w > 0:
+        labels[i, p] = t
+  tt = lambda x: torch.tensor(x)
+  with torch.no_grad():
+    out = model(input_ids=tt(b["input_ids"]), attention_mask=tt(b["input_mask"]),
+                token_type_ids=tt(b["segment_ids"]), labels=tt(labels),
+                next_sentence_label=tt(b["next_sentence_labels"]), output_hidden_states=True)
+    base = model.bert(input_ids=tt(b["input_ids"]), attention_mask=tt(b["input_mask"]),
+                      token_type_ids=tt(b["segment_ids"]))
+  gathered = np.take_along_axis(out.prediction_logits.numpy(), b["masked_lm_positions"][..., None], 1)
+  return dict(sequence=base.last_hidden_state.numpy(), pooled=base.pooler_output.numpy(),
+              mlm_logits=gathered, nsp_logits=out.seq_relationship_logits.numpy(), loss=float(out.loss))
+
+
+def _ours(cfg, params, b):
+  m = model_lib.BertForPreTraining(cfg)
+  j = {k: jnp.asarray(v) for k, v in b.items()}
+  out = m.apply({"params": params}, j["input_ids"], j["segment_ids"], j["input_mask"],
+                j["masked_lm_positions"])
+  seq, pooled = model_lib.BertModel(cfg).apply({"params": params["bert"]}, j["input_ids"],
+                                               j["segment_ids"], j["input_mask"])
+  loss, _ = model_lib.pretraining_loss(out, j)
+  return dict(sequence=np.asarray(seq), pooled=np.asarray(pooled), loss=float(loss),
+              mlm_logits=np.asarray(out["mlm_logits"]), nsp_logits=np.asarray(out["nsp_logits"]))
+
+
+def _max_errors(ours, ref):
+  return {k: float(np.max(np.abs(np.asarray(ours[k]) - np.asarray(ref[k])))) for k in ref}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_huggingface_import_matches_transformers(tmp_path, shape, fmt):
+  hf = _hf_model(shape)
+  if fmt == "safetensors":
+    hf.save_pretrained(tmp_path)
+  else:
+    hf.config.save_pretrained(tmp_path)
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+  cfg, params = convert.load_pretrained(str(tmp_path))
+  assert cfg.hidden_act == ("gelu" if SHAPES[shape]["hidden_act"] == "gelu" else "gelu_tanh")
+  b = _batch(SHAPES[shape])
+  errors = _max_errors(_ours(cfg, params, b), _hf_outputs(hf, b))
+  print(f"parity {shape}/{fmt}: {errors}")
+  assert max(errors.values()) <= 1e-5, errors
+
+
+def test_export_to_transformers_round_trips_exactly(tmp_path):
+  hf = _hf_model("odd", seed=1)
+  hf.save_pretrained(tmp_path / "hf")
+  cfg, params = convert.load_pretrained(str(tmp_path / "hf"))
+  convert.export_huggingface(str(tmp_path / "export"), cfg, params)
+  reloaded = transformers.BertForPreTraining.from_pretrained(tmp_path / "export").eval()
+  ref = hf.state_dict()
+  for name, value in reloaded.state_dict().items():
+    assert torch.equal(value, ref[name]), name
+  # And back again: bit-identical parameters.
+  cfg2, params2 = convert.load_pretrained(str(tmp_path / "export"))
+  assert cfg2 == cfg
+  _assert_trees_equal(params, params2)
+  # Our native format too, also into a scanned model.
+  convert.save_native(str(tmp_path / "native"), cfg, params)
+  cfg3, params3 = convert.load_pretrained(str(tmp_path / "native"), scan_layers=True)
+  _assert_trees_equal(convert.stack_layers(params, cfg.num_layers), params3)
+
+
+def _assert_trees_equal(a, b):
+  import jax
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a, b)
+
+
+def test_encoder_only_checkpoint_without_prefix_or_heads(tmp_path):
+  hf = _hf_model("tanh", cls=transformers.BertModel)
+  hf.save_pretrained(tmp_path)
+  with open(tmp_path / "config.json") as f:
+    assert json.load(f)["architectures"] == ["BertModel"]
+  with pytest.raises(convert.CheckpointMismatchError, match="(?s)missing tensors.*cls.seq_relationship.weight.*target='encoder'"):
+    convert.load_pretrained(str(tmp_path))
+  cfg, params = convert.load_pretrained(str(tmp_path), target="encoder")
+  b = _batch(SHAPES["tanh"])
+  j = {k: jnp.asarray(v) for k, v in b.items()}
+  seq, pooled = model_lib.BertModel(cfg).apply({"params": params}, j["input_ids"], j["segment_ids"], j["input_mask"])
+  with torch.no_grad():
+    ref = hf(input_ids=torch.tensor(b["input_ids"]), attention_mask=torch.tensor(b["input_mask"]),
+             token_type_ids=torch.tensor(b["segment_ids"]))
+  assert np.max(np.abs(np.asarray(seq) - ref.last_hidden_state.numpy())) <= 1e-5
+  assert np.max(np.abs(np.asarray(pooled) - ref.pooler_output.numpy())) <= 1e-5
+
+
+def test_pretraining_checkpoint_loads_as_encoder(tmp_path):
+  _hf_model("tanh").save_pretrained(tmp_path)
+  cfg, params = convert.load_pretrained(str(tmp_path), target="encoder")
+  assert set(params) == {"embeddings", "encoder", "pooler"}
+
+
+def _state(shape="tanh"):
+  hf = _hf_model(shape)
+  return {k: v.numpy() for k, v in hf.state_dict().items()}, convert.config_from_hf(SHAPES[shape])
+
+
+def test_mismatches_are_reported_by_name():
+  state, cfg = _state()
+  state = convert.canonical_names(state)
+  broken = dict(state)
+  del broken["encoder.layer.1.output.dense.weight"]
+  broken["encoder.layer.7.extra.weight"] = np.zeros(3)
+  with pytest.raises(convert.CheckpointMismatchError) as e:
+    convert.canonical_to_params(broken, cfg)
+  assert "missing tensors (1): encoder.layer.1.output.dense.weight" in str(e.value)
+  assert "unused tensors (1): encoder.layer.7.extra.weight" in str(e.value)
+  wrong = dict(state)
+  wrong["pooler.dense.weight"] = np.zeros((64, 65), np.float32)
+  with pytest.raises(convert.CheckpointMismatchError, match="pooler/kernel: got \\(65, 64\\), expected \\(64, 64\\)"):
+    convert.canonical_to_params(wrong, cfg)
+  untied = dict(state)
+  untied["cls.predictions.decoder.weight"] = state["embeddings.word_embeddings.weight"] + 1
+  with pytest.raises(convert.CheckpointMismatchError, match="ties the MLM output projection"):
+    convert.canonical_to_params(untied, cfg)
+  # A config that disagrees with the tensors (e.g. a wrong vocab size).
+  with pytest.raises(convert.CheckpointMismatchError, match="word_embeddings"):
+    convert.canonical_to_params(state, cfg.replace(vocab_size=100))
+
+
+def test_unknown_path_is_a_clear_error(tmp_path):
+  with pytest.raises(FileNotFoundError, match="not a checkpoint bert_jax can read"):
+    convert.load_pretrained(str(tmp_path))
+
+
+def _write_tf_checkpoint(path, state):
+  """Writes `state` under Google's variable names, with Adam slots, via SaveV2."""
+  import tensorflow as tf
+  names, tensors = [], []
+  for hf_name, value in state.items():
+    name = hf_name
+    if name.startswith("cls.predictions.decoder"):
+      continue
+    is_linear = name.endswith(".weight") and "embeddings" not in name and "LayerNorm" not in name
+    name = name.replace("encoder.layer.", "encoder/layer_")
+    name = name.replace(".", "/")
+    if "LayerNorm" in name:
+      name = name.replace("/weight", "/gamma").replace("/bias", "/beta")
+    elif name == "cls/seq_relationship/weight":
+      name, is_linear = "cls/seq_relationship/output_weights", False
+    elif name == "cls/seq_relationship/bias":
+      name = "cls/seq_relationship/output_bias"
+    elif name == "cls/predictions/bias":
+      name = "cls/predictions/output_bias"
+    elif "_embeddings/weight" in name:
+      name = name[:-len("/weight")]
+    elif is_linear:
+      name = name.replace("/weight", "/kernel")
+      value = value.T
+    if not name.startswith("cls/"):
+      name = "bert/" + name
+    for suffix in ("", "/adam_m", "/adam_v"):
+      names.append(name + suffix)
+      tensors.append(tf.constant(np.ascontiguousarray(value)))
+  names.append("global_step")
+  tensors.append(tf.constant(np.int64(1000)))
+  tf.raw_ops.SaveV2(prefix=str(path), tensor_names=names, shape_and_slices=[""] * len(names),
+                    tensors=tensors)
+  return names
+
+
+def test_google_tf_checkpoint_import(tmp_path):
+  hf = _hf_model("odd")
+  state = {k: v.numpy() for k, v in hf.state_dict().items() if "position_ids" not in k and "token_type_ids" not in k}
+  canonical = convert.canonical_names(state)
+  names = _write_tf_checkpoint(tmp_path / "bert_model.ckpt", canonical)
+  for expected in ("bert/embeddings/word_embeddings", "bert/encoder/layer_0/attention/self/query/kernel",
+                   "bert/encoder/layer_1/output/LayerNorm/gamma", "cls/predictions/transform/dense/kernel",
+                   "cls/predictions/output_bias", "cls/seq_relationship/output_weights",
+                   "bert/pooler/dense/kernel", "bert/encoder/layer_0/attention/output/dense/kernel"):
+    assert expected in names
+  google_config = {k: v for k, v in SHAPES["odd"].items()}
+  google_config.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
+  with open(tmp_path / "bert_config.json", "w") as f:
+    json.dump(google_config, f)
+  cfg, params = convert.load_pretrained(str(tmp_path / "bert_model.ckpt"))
+  # Google's code implements "gelu" with the tanh approximation.
+  assert cfg.hidden_act == "gelu_tanh"
+  expected = convert.canonical_to_params(canonical, cfg)
+  _assert_trees_equal(params, expected)
+  # The directory works as well as the prefix.
+  cfg2, params2 = convert.load_pretrained(str(tmp_path))
+  _assert_trees_equal(params2, expected)
+
+
+def test_convert_cli(tmp_path, capsys):
+  _hf_model("tanh").save_pretrained(tmp_path / "hf")
+  convert.main([f"--input={tmp_path / 'hf'}", f"--output={tmp_path / 'ours'}"])
+  assert os.path.exists(tmp_path / "ours" / convert.NATIVE_PARAMS)
+  convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'back'}", "--to=huggingface"])
+  assert "parameters" in capsys.readouterr().out
+  transformers.BertForPreTraining.from_pretrained(tmp_path / "back")

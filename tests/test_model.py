@@ -1,0 +1,154 @@
+"""Properties of the Flax BERT: sizes, padding invariance, determinism, scan/remat, errors."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import convert
+from bert_jax import model as model_lib
+
+SMALL = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
+                             intermediate_size=48, max_position_embeddings=24, type_vocab_size=2)
+
+
+def _batch(rng, batch=3, length=12, vocab=97, preds=4):
+  rng = np.random.default_rng(rng)
+  lengths = rng.integers(preds, length + 1, size=batch)
+  lengths[0] = length
+  mask = (np.arange(length)[None] < lengths[:, None]).astype(np.int32)
+  ids = rng.integers(5, vocab, size=(batch, length)) * mask
+  segments = ((np.arange(length)[None] >= lengths[:, None] // 2) * mask).astype(np.int32)
+  positions = np.stack([rng.choice(n, size=preds, replace=False) for n in lengths])
+  return dict(input_ids=jnp.asarray(ids, jnp.int32), segment_ids=jnp.asarray(segments),
+              input_mask=jnp.asarray(mask), masked_lm_positions=jnp.asarray(positions, jnp.int32))
+
+
+def _init(module, batch):
+  args = [batch[k] for k in ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")]
+  if isinstance(module, model_lib.BertModel):
+    args = args[:3]
+  return nn.unbox(module.init(jax.random.key(0), *args))
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("tiny", 4_385_920), ("mini", 11_170_560), ("small", 28_763_648),
+    ("medium", 41_373_184), ("base", 109_482_240), ("large", 335_141_888)])
+def test_parameter_counts_match_the_paper(name, expected):
+  cfg = model_lib.BertConfig.from_preset(name)
+  ids = jnp.zeros((1, 4), jnp.int32)
+  shapes = jax.eval_shape(lambda: model_lib.BertModel(cfg).init(jax.random.key(0), ids))
+  assert model_lib.count_params(nn.unbox(shapes)) == expected
+
+
+def test_output_shapes_and_dtypes():
+  batch = _batch(0)
+  m = model_lib.BertModel(SMALL)
+  v = _init(m, batch)
+  seq, pooled = m.apply(v, batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+  assert seq.shape == (3, 12, 32) and pooled.shape == (3, 32)
+  pt = model_lib.BertForPreTraining(SMALL)
+  out = pt.apply(_init(pt, batch), **batch)
+  assert out["mlm_logits"].shape == (3, 4, 97) and out["nsp_logits"].shape == (3, 2)
+  assert out["mlm_logits"].dtype == jnp.float32
+
+
+def test_extra_padding_never_changes_outputs_at_real_tokens():
+  batch = _batch(1)
+  m = model_lib.BertModel(SMALL)
+  v = _init(m, batch)
+  seq, pooled = m.apply(v, batch["input_ids"], batch["segment_ids"], batch["input_mask"])
+  pad = lambda x, value: jnp.pad(x, ((0, 0), (0, 7)), constant_values=value)
+  # Padding with garbage ids and segments: the mask alone must hide them.
+  seq2, pooled2 = m.apply(v, pad(batch["input_ids"], 42), pad(batch["segment_ids"], 1),
+                          pad(batch["input_mask"], 0))
+  real = np.asarray(batch["input_mask"], bool)
+  np.testing.assert_allclose(np.asarray(seq2[:, :12])[real], np.asarray(seq)[real], atol=1e-5)
+  np.testing.assert_allclose(pooled2, pooled, atol=1e-5)
+
+
+def test_deterministic_mode_is_deterministic_and_dropout_is_not():
+  batch = _batch(2)
+  pt = model_lib.BertForPreTraining(SMALL)
+  v = _init(pt, batch)
+  a = pt.apply(v, **batch)["mlm_logits"]
+  b = pt.apply(v, **batch, deterministic=True)["mlm_logits"]
+  np.testing.assert_array_equal(a, b)
+  drop = lambda k: pt.apply(v, **batch, deterministic=False, rngs={"dropout": jax.random.key(k)})["mlm_logits"]
+  np.testing.assert_array_equal(drop(1), drop(1))
+  assert not np.allclose(drop(1), drop(2))
+
+
+def test_explicit_attention_path_matches_fused_path():
+  # With a vanishing dropout rate the explicit (dropout-capable) attention must
+  # compute what jax.nn.dot_product_attention computes.
+  batch = _batch(3)
+  cfg = SMALL.replace(hidden_dropout_rate=0.0, attention_dropout_rate=1e-12)
+  pt = model_lib.BertForPreTraining(cfg)
+  v = _init(pt, batch)
+  fused = pt.apply(v, **batch, deterministic=True)
+  explicit = pt.apply(v, **batch, deterministic=False, rngs={"dropout": jax.random.key(0)})
+  for k in fused:
+    np.testing.assert_allclose(explicit[k], fused[k], atol=2e-5)
+
+
+def test_sequence_longer_than_position_table_is_a_clear_error():
+  m = model_lib.BertModel(SMALL)
+  ids = jnp.ones((1, 25), jnp.int32)
+  with pytest.raises(ValueError, match="exceeds the position table.*max_position_embeddings=24"):
+    m.init(jax.random.key(0), ids)
+
+
+def test_bad_configs_are_clear_errors():
+  with pytest.raises(ValueError, match="not divisible"):
+    model_lib.BertConfig(hidden_size=30, num_heads=4)
+  with pytest.raises(ValueError, match="Unknown model preset"):
+    model_lib.BertConfig.from_preset("huge")
+  with pytest.raises(ValueError, match="hidden_act"):
+    model_lib.BertConfig(hidden_act="swish")
+
+
+@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+def test_scan_and_remat_compute_the_same_function(remat):
+  batch = _batch(4)
+  base = model_lib.BertForPreTraining(SMALL)
+  params = _init(base, batch)["params"]
+  scanned_cfg = SMALL.replace(scan_layers=True, remat=remat)
+  scanned = model_lib.BertForPreTraining(scanned_cfg)
+  stacked = convert.stack_layers(params, SMALL.num_layers)
+  assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(
+      _init(scanned, batch)["params"])
+  labels = dict(masked_lm_ids=batch["input_ids"][:, :4], masked_lm_weights=jnp.ones((3, 4)),
+                next_sentence_labels=jnp.array([0, 1, 0]))
+
+  def loss(module, p):
+    return model_lib.pretraining_loss(module.apply({"params": p}, **batch), labels)[0]
+
+  l1, g1 = jax.value_and_grad(lambda p: loss(base, p))(params)
+  l2, g2 = jax.value_and_grad(lambda p: loss(scanned, p))(stacked)
+  np.testing.assert_allclose(l1, l2, rtol=1e-6)
+  g2 = convert.unstack_layers(g2, SMALL.num_layers)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1, g2)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_close_outputs():
+  batch = _batch(5)
+  pt32 = model_lib.BertForPreTraining(SMALL)
+  v = _init(pt32, batch)
+  pt16 = model_lib.BertForPreTraining(SMALL.replace(dtype="bfloat16"))
+  assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(_init(pt16, batch)))
+  a = pt32.apply(v, **batch)["mlm_logits"]
+  b = pt16.apply(v, **batch)["mlm_logits"]
+  assert b.dtype == jnp.float32
+  np.testing.assert_allclose(a, b, atol=0.1)
+
+
+def test_pretraining_loss_is_weighted_mean_of_cross_entropies():
+  logits = jnp.log(jnp.array([[[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]]]))
+  nsp = jnp.log(jnp.array([[0.25, 0.75]]))
+  batch = dict(masked_lm_ids=jnp.array([[0, 1]]), masked_lm_weights=jnp.array([[1.0, 0.0]]),
+               next_sentence_labels=jnp.array([1]))
+  loss, m = model_lib.pretraining_loss({"mlm_logits": logits, "nsp_logits": nsp}, batch)
+  np.testing.assert_allclose(loss, -np.log(0.7) - np.log(0.75), rtol=1e-6)
+  assert float(m["mlm_weight"]) == 1.0 and float(m["mlm_correct_sum"]) == 1.0
+  assert float(m["nsp_correct_sum"]) == 1.0 and float(m["num_examples"]) == 1.0
