@@ -30,6 +30,7 @@ EXTRAS = {
     # Numerical references for the tests (PyTorch CPU wheel + transformers).
     "test": [
         "pytest==9.0.3",
+        "pytest-timeout==2.4.0",
         "torch==2.13.0",
         "transformers==5.23.0",
         "nbclient==0.11.0",
