@@ -1,0 +1,150 @@
+"""Fine-tuning data: GLUE/custom readers, SQuAD windows and gold-span round trip, CoNLL, SWAG."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from bert_jax import scoring
+from input_pipeline import glue, squad, tagging
+from input_pipeline.tokenizer import Tokenizer
+
+CONTEXT = ("The Normans were the people who in the 10th and 11th centuries gave their name to "
+           "Normandy, a region in France. They were descended from Norse raiders and pirates from "
+           "Denmark, Iceland and Norway who, under their leader Rollo, agreed to swear fealty to "
+           "King Charles III of West Francia. Through generations of assimilation the descendants "
+           "of the Vikings replaced the Norse religion and Old Norse language with Catholicism.")
+
+
+def make_vocab(tmp_path, texts, lowercase=True):
+  """A WordPiece vocab holding every word and character of `texts`."""
+  words, chars = set(), set()
+  for t in texts:
+    t = t.lower() if lowercase else t
+    words.update(re.findall(r"\w+|[^\w\s]", t))
+    chars.update(c for c in t if not c.isspace())
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(words | chars)
+  tokens += ["##" + c for c in sorted(chars)]
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(dict.fromkeys(tokens)) + "\n")
+  return Tokenizer.from_path(str(path), lowercase=lowercase)
+
+
+def test_glue_tsv_reading_and_encoding(tmp_path):
+  (tmp_path / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n"
+                                      "0\tA cat sat.\tA dog ran far away.\tnot_entailment\n"
+                                      "1\tIt rains.\tIt is wet.\tentailment\n")
+  ex = glue.read_glue("rte", str(tmp_path), "train")
+  assert [e.label for e in ex] == ["not_entailment", "entailment"]
+  tok = make_vocab(tmp_path, [e.text_a + " " + e.text_b for e in ex])
+  f = glue.encode_examples(ex, tok, 9, glue.GLUE["rte"].labels)
+  assert f["input_ids"].shape == (2, 9) and list(f["labels"]) == [1, 0]
+  row = tok.convert_ids_to_tokens(f["input_ids"][0][f["input_mask"][0] > 0])
+  # 6 slots for 4 + 6 tokens: the longer side loses tokens first.
+  assert row == ["[CLS]", "a", "cat", "sat", "[SEP]", "a", "dog", "ran", "[SEP]"]
+  assert list(f["segment_ids"][0]) == [0] * 5 + [1] * 4
+
+
+def test_cola_raw_release_layout_and_unknown_task(tmp_path):
+  (tmp_path / "in_domain_train.tsv").write_text("gj04\t1\t\tThe sailors rode the breeze.\n"
+                                                "gj04\t0\t*\tThe more.\n")
+  ex = glue.read_glue("cola", str(tmp_path), "train")
+  assert [(e.text_a, e.label) for e in ex] == [("The sailors rode the breeze.", "1"), ("The more.", "0")]
+  with pytest.raises(ValueError, match="Unknown GLUE task"):
+    glue.read_glue("colaa", str(tmp_path), "train")
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    glue.read_glue("sst2", str(tmp_path), "train")
+
+
+def test_custom_jsonl_and_csv(tmp_path):
+  (tmp_path / "d.jsonl").write_text('{"review": "good", "stars": "5"}\n{"review": "bad", "stars": "1"}\n')
+  ex = glue.read_custom(str(tmp_path / "d.jsonl"), text_a="review", label="stars")
+  assert glue.infer_labels(ex) == ("1", "5")
+  (tmp_path / "d.csv").write_text('text,label\n"hello, world",pos\n')
+  assert glue.read_custom(str(tmp_path / "d.csv"), text_a="text", label="label")[0].text_a == "hello, world"
+  with pytest.raises(ValueError, match="has no field 'txt'"):
+    glue.read_custom(str(tmp_path / "d.csv"), text_a="txt", label="label")
+
+
+def _squad_file(tmp_path, version_2=False):
+  answers = ["the 10th and 11th centuries", "Normandy", "Rollo", "King Charles III of West Francia",
+             "Catholicism", "Norse raiders and pirates"]
+  qas = [{"id": f"q{i}", "question": f"What is answer number {i}?",
+          "answers": [{"text": a, "answer_start": CONTEXT.index(a)}]} for i, a in enumerate(answers)]
+  if version_2:
+    qas.append({"id": "qx", "question": "Who won?", "answers": [], "is_impossible": True})
+  path = tmp_path / "squad.json"
+  path.write_text(json.dumps({"data": [{"title": "Normans", "paragraphs": [{"context": CONTEXT, "qas": qas}]}]}))
+  return str(path)
+
+
+@pytest.mark.parametrize("max_seq_length,doc_stride", [(384, 128), (40, 8)])
+def test_squad_gold_spans_map_back_to_the_same_text(tmp_path, max_seq_length, doc_stride):
+  examples = squad.read_squad(_squad_file(tmp_path))
+  tok = make_vocab(tmp_path, [CONTEXT] + [e.question for e in examples])
+  feats = squad.convert_examples(examples, tok, max_seq_length, doc_stride, max_query_length=16)
+  n = len(feats["input_ids"])
+  assert feats["input_ids"].shape == (n, max_seq_length)
+  if max_seq_length == 40:
+    assert n > 2 * len(examples)  # Long context split into overlapping windows.
+  # Gold positions as one-hot logits -> decoding must give back the gold text.
+  start = np.full((n, max_seq_length), -10.0)
+  end = np.full((n, max_seq_length), -10.0)
+  start[np.arange(n), feats["start_positions"]] = 10.0
+  end[np.arange(n), feats["end_positions"]] = 10.0
+  has = feats["start_positions"] > 0
+  assert has.sum() >= len(examples)
+  start[~has, 0] = end[~has, 0] = -20.0  # Windows without the answer: no null preference.
+  preds, _, _ = squad.decode_answers(examples, feats, start, end)
+  scores = scoring.squad_scores(preds, {e.qid: list(e.answers) for e in examples})
+  assert scores["f1"] == 100.0 and scores["exact"] == 100.0, preds
+
+
+def test_squad_v2_null_answer_and_all_null_never_crashes(tmp_path):
+  examples = squad.read_squad(_squad_file(tmp_path, version_2=True))
+  assert examples[-1].is_impossible and examples[-1].answers == ()
+  tok = make_vocab(tmp_path, [CONTEXT] + [e.question for e in examples])
+  feats = squad.convert_examples(examples, tok, 64, 16, 16)
+  n = len(feats["input_ids"])
+  # Every logit on [CLS]: every candidate is the null answer.
+  start = np.full((n, 64), -10.0)
+  end = np.full((n, 64), -10.0)
+  start[:, 0] = end[:, 0] = 10.0
+  preds, diffs, _ = squad.decode_answers(examples, feats, start, end, version_2=True)
+  assert all(p == "" for p in preds.values())
+  assert all(d > 0 for d in diffs.values())
+  # v1 decoding of the same logits still returns strings for all questions.
+  preds_v1, _, _ = squad.decode_answers(examples, feats, start, end, version_2=False)
+  assert set(preds_v1) == {e.qid for e in examples}
+
+
+def test_conll_first_wordpiece_labelled_and_iob(tmp_path):
+  (tmp_path / "train.txt").write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP I-ORG\nrejects VBZ B-VP O\n"
+                                      "German JJ B-NP I-MISC\ncall NN I-NP O\n\nPeter NNP B-NP I-PER\n")
+  sents = tagging.read_conll(str(tmp_path / "train.txt"))
+  assert sents[0] == (["EU", "rejects", "German", "call"], ["I-ORG", "O", "I-MISC", "O"])
+  assert tagging.iob1_to_iob2(["I-PER", "I-PER", "B-PER", "O", "I-LOC"]) == ["B-PER", "I-PER", "B-PER", "O", "B-LOC"]
+  # "rejects" splits into several pieces with this vocab: only its first is labelled.
+  vocab_words = ["eu", "german", "call", "peter", "re", "##jects"]
+  path = tmp_path / "vocab.txt"
+  path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + vocab_words) + "\n")
+  tok = Tokenizer.from_path(str(path), lowercase=True)
+  labels = ["O", "I-ORG", "I-MISC", "I-PER"]
+  f = tagging.encode_conll(sents, tok, 10, labels)
+  assert tok.convert_ids_to_tokens(f["input_ids"][0][:7]) == ["[CLS]", "eu", "re", "##jects", "german", "call", "[SEP]"]
+  assert list(f["label_weights"][0][:7]) == [0, 1, 1, 0, 1, 1, 0]
+  assert list(f["labels"][0][:6]) == [0, 1, 0, 0, 2, 0]
+  assert list(f["word_index"][0][:6]) == [-1, 0, 1, -1, 2, 3]
+
+
+def test_swag_four_choices(tmp_path):
+  (tmp_path / "val.csv").write_text(
+      "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
+      "v1,7,x,A man sits.,He,gold,eats.,runs away fast.,sleeps.,sings.,1\n")
+  ex = tagging.read_swag(str(tmp_path / "val.csv"))
+  assert ex[0]["label"] == 1 and ex[0]["endings"][1] == "runs away fast."
+  tok = make_vocab(tmp_path, ["A man sits. He eats. runs away fast. sleeps. sings."])
+  f = tagging.encode_swag(ex, tok, 12)
+  assert f["input_ids"].shape == (1, 4, 12) and list(f["labels"]) == [1]
+  assert tok.convert_ids_to_tokens(f["input_ids"][0, 1][f["input_mask"][0, 1] > 0]) == [
+      "[CLS]", "a", "man", "sits", ".", "[SEP]", "he", "runs", "away", "fast", ".", "[SEP]"]
