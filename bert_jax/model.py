@@ -143,6 +143,12 @@ def attention_bias(input_mask_BM: jax.Array, dtype) -> jax.Array:
   return jnp.where(input_mask_BM[:, None, None, :] > 0, 0.0, NEG_INF).astype(dtype)
 
 
+def packed_attention_bias(example_ids_BL: jax.Array, dtype) -> jax.Array:
+  """Block-diagonal bias [B, 1, L, M]: a token sees only tokens of its own example."""
+  same = example_ids_BL[:, None, :, None] == example_ids_BL[:, None, None, :]
+  return jnp.where(same & (example_ids_BL[:, None, None, :] > 0), 0.0, NEG_INF).astype(dtype)
+
+
 class Embeddings(nn.Module):
   """Token + segment + learned absolute position embeddings, LayerNorm, dropout."""
   config: BertConfig
@@ -167,6 +173,31 @@ class Embeddings(nn.Module):
     return self.dropout(x_BLD, deterministic=deterministic)
 
 
+class _Projection(nn.Module):
+  """Dense over the trailing `contract` input dims into `features` (q/k/v and output).
+
+  Same parameters as nn.DenseGeneral (`kernel` [in..., out...], `bias` [out...]),
+  but the kernel is created at its real rank: DenseGeneral initialises a
+  flattened kernel and unboxes it, which fails under a mesh (jax.set_mesh) once
+  the kernel carries logical axis names of the unflattened rank.
+  """
+  config: BertConfig
+  features: tuple[int, ...]
+  axes: tuple[str, ...]  # logical names of the kernel axes
+  contract: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    n = self.contract
+    kernel = self.param("kernel", _kernel_init(cfg, self.axes),
+                        x.shape[-n:] + tuple(self.features), cfg.param_dtype)
+    bias = self.param("bias", _zeros(self.axes[n:]), tuple(self.features), cfg.param_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
+    dims = (((tuple(range(x.ndim - n, x.ndim))), tuple(range(n))), ((), ()))
+    return jax.lax.dot_general(x, kernel, dims) + bias
+
+
 class SelfAttention(nn.Module):
   """Bidirectional multi-head self-attention with an additive padding bias."""
   config: BertConfig
@@ -174,11 +205,8 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x_BLD, bias_B11M, deterministic):
     cfg = self.config
-    proj = functools.partial(
-        nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), axis=-1,
-        dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_kernel_init(cfg, ("embed", "heads", "kv")),
-        bias_init=_zeros(("heads", "kv")))
+    proj = functools.partial(_Projection, cfg, (cfg.num_heads, cfg.head_dim),
+                             ("embed", "heads", "kv"))
     q_BLHK = proj(name="query")(x_BLD)
     k_BMHK = proj(name="key")(x_BLD)
     v_BMHK = proj(name="value")(x_BLD)
@@ -196,10 +224,8 @@ class SelfAttention(nn.Module):
       probs_BHLM = jax.nn.softmax(scores_BHLM, axis=-1).astype(cfg.dtype)
       probs_BHLM = nn.Dropout(cfg.attention_dropout_rate)(probs_BHLM, deterministic=False)
       ctx_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
-    return nn.DenseGeneral(
-        features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=_kernel_init(cfg, ("heads", "kv", "embed")), bias_init=_zeros(("embed",)),
-        name="output")(ctx_BLHK)
+    return _Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
+                       name="output")(ctx_BLHK)
 
 
 class EncoderLayer(nn.Module):
@@ -267,7 +293,11 @@ class BertModel(nn.Module):
     self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
 
   def __call__(self, input_ids, segment_ids=None, input_mask=None, deterministic: bool = True,
-               position_ids=None):
+               position_ids=None, packed_example_ids=None, cls_positions=None):
+    """Packed rows (several examples in one row) pass `packed_example_ids` [B, L]
+    (1, 2, ... per example, 0 = padding: attention stays inside an example),
+    `position_ids` restarting at each example, and `cls_positions` [B, E]; the
+    pooled output is then [B, E, D], one per example's [CLS]."""
     cfg = self.config
     batch, length = input_ids.shape
     if length > cfg.max_position_embeddings:
@@ -282,8 +312,13 @@ class BertModel(nn.Module):
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     x_BLD = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
-    x_BLD = self.encoder(x_BLD, attention_bias(input_mask, cfg.dtype), deterministic)
-    pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
+    if packed_example_ids is None:
+      bias = attention_bias(input_mask, cfg.dtype)
+    else:
+      bias = packed_attention_bias(packed_example_ids, cfg.dtype)
+    x_BLD = self.encoder(x_BLD, bias, deterministic)
+    cls_BD = x_BLD[:, 0] if cls_positions is None else gather_positions(x_BLD, cls_positions)
+    pooled_BD = jnp.tanh(self.pooler(cls_BD))
     return x_BLD, pooled_BD
 
   def attend_vocab(self, x_BPD):
@@ -309,10 +344,12 @@ class BertForPreTraining(nn.Module):
     self.seq_relationship = _dense(cfg, 2, ("embed", None), "seq_relationship")
 
   def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions,
-               deterministic: bool = True, position_ids=None) -> dict[str, jax.Array]:
+               deterministic: bool = True, position_ids=None, packed_example_ids=None,
+               cls_positions=None) -> dict[str, jax.Array]:
     cfg = self.config
     seq_BLD, pooled_BD = self.bert(input_ids, segment_ids, input_mask, deterministic,
-                                   position_ids=position_ids)
+                                   position_ids=position_ids, packed_example_ids=packed_example_ids,
+                                   cls_positions=cls_positions)
     # Only the P masked positions reach the vocabulary projection (P << L).
     h_BPD = gather_positions(seq_BLD, masked_lm_positions)
     h_BPD = self.transform_LayerNorm(ACTIVATIONS[cfg.hidden_act](self.transform(h_BPD)))
@@ -338,11 +375,14 @@ def pretraining_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.A
   mlm_loss_sum = jnp.sum(mlm_nll_BP * w_BP)
   mlm_loss = mlm_loss_sum / jnp.maximum(mlm_weight, 1e-8)
 
-  nsp_logits_B2 = outputs["nsp_logits"]
+  # [B, 2], or [B, E, 2] for packed rows (E examples a row): flatten to examples.
+  nsp_logits_B2 = outputs["nsp_logits"].reshape(-1, 2)
   labels_B = batch["next_sentence_labels"].reshape(-1).astype(jnp.int32)
   nsp_nll_B = -jnp.take_along_axis(jax.nn.log_softmax(nsp_logits_B2), labels_B[:, None], axis=-1)[:, 0]
-  # Examples may carry a weight (0 for padding rows of a ragged final batch).
-  ex_w_B = batch.get("example_weights", jnp.ones_like(nsp_nll_B)).astype(jnp.float32)
+  # Examples may carry a weight (0 for padding rows of a ragged final batch, or
+  # for empty example slots of a packed row).
+  ex_w_B = batch.get("next_sentence_weights", batch.get("example_weights", jnp.ones_like(nsp_nll_B)))
+  ex_w_B = ex_w_B.reshape(-1).astype(jnp.float32)
   num_examples = jnp.sum(ex_w_B)
   nsp_loss_sum = jnp.sum(nsp_nll_B * ex_w_B)
   nsp_loss = nsp_loss_sum / jnp.maximum(num_examples, 1e-8)
