@@ -1,0 +1,526 @@
+#!/usr/bin/env bash
+# Cloud TPU VM launcher for bert_jax: create a TPU VM or pod slice, install the
+# project on every worker, start training on every worker, follow logs, copy
+# results, stop, delete, and (optionally) recover spot/preemptible VMs.
+# `bash launch/tpu.sh --help` for usage; docs/launch.md for a walk-through.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+
+usage() {
+  cat <<'EOF'
+Usage: bash launch/tpu.sh ACTION --name=NAME --zone=ZONE [flags] [--config.KEY=VALUE ...] [-- MAIN_ARGS...]
+
+Actions
+  create   create the TPU VM / pod slice
+  setup    copy (or clone) the project onto every worker and pip-install it
+  train    start training on every worker (same command, in the background;
+           --multihost added on pod slices: jax.distributed.initialize() on every host)
+  logs     tail the training log of one worker (--worker=N, default 0)
+  copy     copy results: worker logs (default), a gs:// path, or a worker path
+  stop     SIGTERM the training on every worker (it checkpoints and exits 0)
+  status   VM state and the training state on every worker
+  delete   delete the TPU VM
+
+Common flags
+  --name=NAME               TPU VM name (required)
+  --zone=ZONE               e.g. us-central2-b (required)
+  --project=PROJECT         GCP project (default: gcloud's configured project)
+  --accelerator_type=TYPE   v4-8 (default), v4-32, v5litepod-16, v5p-8, v6e-8, ...
+  --dry_run                 print every command (prefixed "+ ") instead of running it
+
+create
+  --runtime_version=VER     default per family: v2/v3/v4 tpu-ubuntu2204-base,
+                            v5p v2-alpha-tpuv5, v5litepod v2-alpha-tpuv5-lite, v6e v2-alpha-tpuv6e
+  --spot | --preemptible    spot (recommended) or legacy preemptible VM
+  --create_flag=FLAG        extra flag for `gcloud ... create` (repeatable), e.g. --create_flag=--network=my-net
+
+setup
+  --repo=URL [--ref=REF]    git clone URL (checkout REF) on every worker; default: pack the
+                            local checkout (git-tracked + untracked, not ignored) and scp it
+  --python=python3.11       interpreter for the venv (installed with apt if missing)
+  --remote_dir=bert_jax     project directory on the workers, relative to $HOME
+  --venv=bert_jax_venv      virtualenv on the workers, relative to $HOME
+
+train
+  --config=configs/X.py[:name]   config file, relative to the repository root (required)
+  --workdir=gs://BUCKET/DIR      checkpoints + metrics (required; gs:// for pods and spot VMs)
+  --config.KEY=VALUE             passed through to bert_jax.main unchanged (repeatable)
+  -- ARGS...                     everything after -- is passed through to bert_jax.main
+  --env=NAME=VALUE               environment variable for the trainer (repeatable)
+  --restart_on_preemption        stay in the foreground and poll the VM; if it is PREEMPTED,
+                                 TERMINATED or missing: delete, create, setup and train again
+                                 (training resumes from the last checkpoint in --workdir).
+                                 Needs the create and setup flags too. Creates the VM if missing.
+  --poll_interval=60             seconds between polls
+  --max_recoveries=100           give up after this many re-creations
+  --max_failures=10              give up after this many consecutive failed steps
+  --fake_states=S1,S2,...        (with --dry_run) VM states the state query returns, in order
+                                 (READY, PREEMPTED, TERMINATED, MISSING, CREATING, ...)
+  --fake_train_states=T1,T2,...  (with --dry_run) training states worker 0 reports, in order
+                                 (RUNNING, DONE, FAILED, STOPPED, LOST, NONE)
+
+logs     --worker=N (default 0)  --lines=100  --nofollow
+copy     --from=gs://...|PATH --to=DIR (default ./tpu_results/NAME)  --worker=N
+         without --from: the training log of every worker -> DIR/worker_N.log
+stop     --wait=600  seconds each worker waits for the trainer to exit
+
+Hosts (TPU VM workers) per accelerator type (Cloud TPU docs):
+  v2-N, v3-N, v4-N, v5p-N   N = TensorCores, 8 per host      -> N/8 hosts (v4-8: 1, v4-32: 4, v5p-16: 2)
+  v5litepod-N, v6e-N        N = chips; N <= 8 is one host      (v5litepod-8: 1, v6e-8: 1)
+                            larger slices have 4 chips per host -> N/4 (v5litepod-16: 4, v6e-256: 64)
+
+Examples
+  bash launch/tpu.sh create --name=bert --zone=us-central2-b --accelerator_type=v4-32 --spot
+  bash launch/tpu.sh setup  --name=bert --zone=us-central2-b --accelerator_type=v4-32
+  bash launch/tpu.sh train  --name=bert --zone=us-central2-b --accelerator_type=v4-32 \
+      --config=configs/base_pretrain.py --workdir=gs://my-bucket/bert_base \
+      --config.data.prepared_dir=gs://my-bucket/data/prepared --config.num_train_steps=100000
+  bash launch/tpu.sh logs   --name=bert --zone=us-central2-b --worker=3
+EOF
+}
+
+die() { echo "tpu.sh: error: $*" >&2; exit 2; }
+note() { echo "# $*"; }
+
+# Quote one word for a POSIX shell, only when it needs it (--flag=VALUE keeps
+# the flag name outside the quotes: --command='...').
+q() {
+  local s=$1 safe='^[A-Za-z0-9_./:=@%+,-]+$' flag='^(--[A-Za-z0-9_.-]+=)(.*)$' dq_ok='^[^$`"\\!]*$'
+  if [[ $s =~ $safe ]]; then
+    printf '%s' "$s"
+  elif [[ $s =~ $flag ]]; then
+    printf '%s' "${BASH_REMATCH[1]}"
+    q "${BASH_REMATCH[2]}"
+  elif [[ $s != *\'* ]]; then
+    printf "'%s'" "$s"
+  elif [[ $s =~ $dq_ok ]]; then
+    printf '"%s"' "$s"
+  else
+    printf "'%s'" "${s//\'/\'\\\'\'}"
+  fi
+}
+
+# Quote and join all arguments into one line.
+join_q() {
+  local out="" a
+  for a in "$@"; do out+="${out:+ }$(q "$a")"; done
+  printf '%s' "$out"
+}
+
+log_cmd() { echo "+ $(join_q "$@")"; }
+
+# Print a command, then run it (not in --dry_run).
+run() {
+  log_cmd "$@"
+  (( DRY_RUN )) && return 0
+  "$@"
+}
+
+# ---------------------------------------------------------------- flags ----
+ACTION=""
+NAME="" ZONE="" PROJECT="" ACCEL="v4-8" RUNTIME="" SPOT=0 PREEMPTIBLE=0 DRY_RUN=0
+REPO="" REF="" PYTHON_BIN="python3.11" REMOTE_DIR="bert_jax" VENV_DIR="bert_jax_venv"
+CONFIG="" WORKDIR=""
+PASS=() ENVS=() CREATE_FLAGS=()
+WORKER=0 LINES=100 FOLLOW=1 FROM="" TO="" STOP_WAIT=600
+RESTART=0 POLL=60 MAX_RECOVERIES=100 MAX_FAILURES=10 FAKE_STATES="" FAKE_TRAIN_STATES=""
+HAVE_FAKE_STATES=0 HAVE_FAKE_TRAIN_STATES=0
+RUN_DIR="bert_jax_run"   # on the workers, relative to $HOME (see launch/tpu_worker.sh)
+
+parse_flags() {
+  local arg
+  while (( $# > 0 )); do
+    arg=$1
+    shift
+    case $arg in
+      -h | --help) usage; exit 0 ;;
+      --name=*) NAME=${arg#*=} ;;
+      --zone=*) ZONE=${arg#*=} ;;
+      --project=*) PROJECT=${arg#*=} ;;
+      --accelerator_type=*) ACCEL=${arg#*=} ;;
+      --runtime_version=*) RUNTIME=${arg#*=} ;;
+      --spot) SPOT=1 ;;
+      --preemptible) PREEMPTIBLE=1 ;;
+      --create_flag=*) CREATE_FLAGS+=("${arg#*=}") ;;
+      --dry_run) DRY_RUN=1 ;;
+      --repo=*) REPO=${arg#*=} ;;
+      --ref=*) REF=${arg#*=} ;;
+      --python=*) PYTHON_BIN=${arg#*=} ;;
+      --remote_dir=*) REMOTE_DIR=${arg#*=} ;;
+      --venv=*) VENV_DIR=${arg#*=} ;;
+      --config=*) CONFIG=${arg#*=} ;;
+      --workdir=*) WORKDIR=${arg#*=} ;;
+      --config.*=*) PASS+=("$arg") ;;
+      --env=*) ENVS+=("${arg#*=}") ;;
+      --worker=*) WORKER=${arg#*=} ;;
+      --lines=*) LINES=${arg#*=} ;;
+      --follow) FOLLOW=1 ;;
+      --nofollow) FOLLOW=0 ;;
+      --from=*) FROM=${arg#*=} ;;
+      --to=*) TO=${arg#*=} ;;
+      --wait=*) STOP_WAIT=${arg#*=} ;;
+      --restart_on_preemption) RESTART=1 ;;
+      --poll_interval=*) POLL=${arg#*=} ;;
+      --max_recoveries=*) MAX_RECOVERIES=${arg#*=} ;;
+      --max_failures=*) MAX_FAILURES=${arg#*=} ;;
+      --fake_states=*) FAKE_STATES=${arg#*=}; HAVE_FAKE_STATES=1 ;;
+      --fake_train_states=*) FAKE_TRAIN_STATES=${arg#*=}; HAVE_FAKE_TRAIN_STATES=1 ;;
+      --) PASS+=("$@"); break ;;
+      *) die "unknown flag: $arg (see --help)" ;;
+    esac
+  done
+}
+
+# Sets FAMILY, HOSTS, DEFAULT_RUNTIME from ACCEL.
+accel_info() {
+  local family n re='^(v2|v3|v4|v5p|v5litepod|v6e)-([0-9]+)$'
+  [[ $ACCEL =~ $re ]] || die "unknown --accelerator_type=$ACCEL (expected v2-N, v3-N, v4-N, v5p-N, v5litepod-N or v6e-N)"
+  family=${BASH_REMATCH[1]}
+  n=$((10#${BASH_REMATCH[2]}))
+  (( n > 0 )) || die "bad --accelerator_type=$ACCEL"
+  case $family in
+    v2 | v3 | v4 | v5p)
+      # N counts TensorCores; a host has 4 chips = 8 TensorCores.
+      (( n % 8 == 0 )) || die "--accelerator_type=$ACCEL: $family sizes are multiples of 8 TensorCores"
+      HOSTS=$((n / 8)) ;;
+    v5litepod | v6e)
+      # N counts chips; up to 8 chips on one VM, larger slices use 4-chip VMs.
+      if (( n <= 8 )); then
+        HOSTS=1
+      else
+        (( n % 4 == 0 )) || die "--accelerator_type=$ACCEL: multi-host $family sizes are multiples of 4 chips"
+        HOSTS=$((n / 4))
+      fi ;;
+  esac
+  case $family in
+    v2 | v3 | v4) DEFAULT_RUNTIME="tpu-ubuntu2204-base" ;;
+    v5p) DEFAULT_RUNTIME="v2-alpha-tpuv5" ;;
+    v5litepod) DEFAULT_RUNTIME="v2-alpha-tpuv5-lite" ;;
+    v6e) DEFAULT_RUNTIME="v2-alpha-tpuv6e" ;;
+  esac
+}
+
+validate() {
+  local safe_path='^[A-Za-z0-9_.][A-Za-z0-9_./-]*$' num='^[0-9]+$'
+  [[ -n $NAME ]] || die "--name is required"
+  [[ $NAME =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]] || die "--name=$NAME: use lowercase letters, digits and hyphens"
+  [[ -n $ZONE ]] || die "--zone is required"
+  [[ $REMOTE_DIR =~ $safe_path ]] || die "--remote_dir must be a plain path relative to \$HOME"
+  [[ $VENV_DIR =~ $safe_path ]] || die "--venv must be a plain path relative to \$HOME"
+  [[ $PYTHON_BIN =~ $safe_path ]] || die "--python must be a plain command name"
+  local v
+  for v in "$WORKER" "$LINES" "$POLL" "$MAX_RECOVERIES" "$MAX_FAILURES" "$STOP_WAIT"; do
+    [[ $v =~ $num ]] || die "expected a number, got '$v'"
+  done
+  (( SPOT && PREEMPTIBLE )) && die "--spot and --preemptible are exclusive"
+  if (( HAVE_FAKE_STATES || HAVE_FAKE_TRAIN_STATES )) && (( ! DRY_RUN )); then
+    die "--fake_states/--fake_train_states are only for --dry_run"
+  fi
+  accel_info
+  RUNTIME=${RUNTIME:-$DEFAULT_RUNTIME}
+  (( WORKER < HOSTS )) || die "--worker=$WORKER but $ACCEL has $HOSTS host(s) (workers 0..$((HOSTS - 1)))"
+}
+
+# Flags every gcloud TPU command takes.
+loc_flags() {
+  LOC=(--zone="$ZONE")
+  [[ -n $PROJECT ]] && LOC+=(--project="$PROJECT")
+  return 0
+}
+
+ssh_cmd() {  # ssh_cmd WORKER COMMAND -> fills SSH array
+  SSH=(gcloud compute tpus tpu-vm ssh "$NAME" "${LOC[@]}" --worker="$1" --command="$2")
+}
+
+# ------------------------------------------------------------- commands ----
+do_create() {
+  local cmd=(gcloud compute tpus tpu-vm create "$NAME" "${LOC[@]}"
+    --accelerator-type="$ACCEL" --version="$RUNTIME")
+  (( SPOT )) && cmd+=(--spot)
+  (( PREEMPTIBLE )) && cmd+=(--preemptible)
+  cmd+=(${CREATE_FLAGS[@]+"${CREATE_FLAGS[@]}"})
+  run "${cmd[@]}"
+}
+
+do_delete() {
+  run gcloud compute tpus tpu-vm delete "$NAME" "${LOC[@]}" --quiet
+}
+
+TARBALL=""
+# Pack the local checkout (files git tracks plus untracked, non-ignored files;
+# everything but .git and virtualenvs when this is not a git checkout) once.
+make_tarball() {
+  [[ -n $TARBALL ]] && return 0
+  TARBALL="${TMPDIR:-/tmp}/bert_jax-$NAME.tar.gz"
+  if [[ -d $REPO_ROOT/.git ]] || [[ -f $REPO_ROOT/.git ]]; then
+    echo "+ tar -czf $(q "$TARBALL") -C $(q "$REPO_ROOT") --null -T -  # files: git ls-files --cached --others --exclude-standard"
+    (( DRY_RUN )) && return 0
+    (cd "$REPO_ROOT" && git ls-files -z --cached --others --exclude-standard) |
+      while IFS= read -r -d '' f; do
+        if [[ -e $REPO_ROOT/$f ]]; then printf '%s\0' "$f"; fi
+      done |
+      tar -czf "$TARBALL" -C "$REPO_ROOT" --null -T -
+  else
+    run tar -czf "$TARBALL" -C "$REPO_ROOT" --exclude=.git --exclude=.venv --exclude=__pycache__ \
+      --exclude='*.egg-info' --exclude='./workdir*' .
+  fi
+}
+
+install_remote_cmd() {
+  local py=$PYTHON_BIN
+  printf '%s' "if ! command -v $py >/dev/null; then sudo apt-get -o DPkg::Lock::Timeout=600 update -qq && sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq $py $py-venv; fi && $py -m venv ~/$VENV_DIR && cd ~/$REMOTE_DIR && ~/$VENV_DIR/bin/pip install -q --upgrade pip && ~/$VENV_DIR/bin/pip install -c constraints.txt -e \".[tpu]\""
+}
+
+do_setup() {
+  local fetch
+  if [[ -n $REPO ]]; then
+    fetch="rm -rf ~/$REMOTE_DIR && git clone --quiet $(q "$REPO") ~/$REMOTE_DIR"
+    [[ -n $REF ]] && fetch+=" && git -C ~/$REMOTE_DIR checkout --quiet $(q "$REF")"
+  else
+    make_tarball || return 1
+    run gcloud compute tpus tpu-vm scp "$TARBALL" "$NAME:bert_jax_src.tar.gz" "${LOC[@]}" --worker=all || return 1
+    fetch="rm -rf ~/$REMOTE_DIR && mkdir -p ~/$REMOTE_DIR && tar -xzf ~/bert_jax_src.tar.gz -C ~/$REMOTE_DIR"
+  fi
+  ssh_cmd all "$fetch && $(install_remote_cmd)"
+  run "${SSH[@]}"
+}
+
+# The command every worker runs (identical on all of them).
+train_remote_cmd() {
+  local line="cd ~/$REMOTE_DIR && bash launch/tpu_worker.sh start" e a
+  if (( ${#ENVS[@]} > 0 )); then
+    line+=" env"
+    for e in "${ENVS[@]}"; do line+=" $(q "$e")"; done
+  fi
+  line+=" ~/$VENV_DIR/bin/python -m bert_jax.main $(q "--config=$CONFIG") $(q "--workdir=$WORKDIR")"
+  # Pod slice: bert_jax.main calls jax.distributed.initialize() (TPU auto-detection).
+  (( HOSTS > 1 )) && line+=" --multihost"
+  for a in ${PASS[@]+"${PASS[@]}"}; do line+=" $(q "$a")"; done
+  printf '%s' "$line"
+}
+
+check_train_flags() {
+  [[ -n $CONFIG ]] || die "train needs --config=configs/....py"
+  [[ -n $WORKDIR ]] || die "train needs --workdir (gs://BUCKET/DIR)"
+  if [[ $WORKDIR != gs://* ]]; then
+    if (( HOSTS > 1 )); then
+      die "--workdir=$WORKDIR: a pod slice ($HOSTS hosts) needs a shared gs:// workdir"
+    elif (( RESTART )); then
+      die "--workdir=$WORKDIR: --restart_on_preemption needs a gs:// workdir (the VM disk is lost)"
+    else
+      note "warning: --workdir is local to the VM and is lost when the VM is deleted or preempted"
+    fi
+  fi
+  return 0
+}
+
+do_train() {
+  ssh_cmd all "$(train_remote_cmd)"
+  run "${SSH[@]}"
+}
+
+do_logs() {
+  local tail_cmd="tail -n $LINES"
+  (( FOLLOW )) && tail_cmd+=" -F"
+  ssh_cmd "$WORKER" "$tail_cmd ~/$RUN_DIR/train.log"
+  run "${SSH[@]}"
+}
+
+do_copy() {
+  local dest=${TO:-./tpu_results/$NAME} w
+  if [[ -z $FROM ]]; then
+    run mkdir -p "$dest"
+    for ((w = 0; w < HOSTS; w++)); do
+      run gcloud compute tpus tpu-vm scp "$NAME:$RUN_DIR/train.log" "$dest/worker_$w.log" "${LOC[@]}" --worker="$w"
+    done
+  elif [[ $FROM == gs://* ]]; then
+    run mkdir -p "$dest"
+    run gcloud storage cp --recursive "$FROM" "$dest"
+  else
+    run mkdir -p "$dest"
+    run gcloud compute tpus tpu-vm scp --recurse "$NAME:$FROM" "$dest" "${LOC[@]}" --worker="$WORKER"
+  fi
+}
+
+do_stop() {
+  ssh_cmd all "bash ~/$REMOTE_DIR/launch/tpu_worker.sh stop --wait=$STOP_WAIT"
+  run "${SSH[@]}"
+}
+
+# ---------------------------------------------------- state queries --------
+FAKE_IDX=0 FAKE_TRAIN_IDX=0
+
+# pop_fake LIST INDEX_VAR -> prints the next item, fails when exhausted
+pop_fake() {
+  local list=$1 idx=$2 items
+  IFS=',' read -r -a items <<<"$list"
+  (( idx < ${#items[@]} )) || return 1
+  printf '%s' "${items[$idx]}"
+}
+
+# Sets STATE: READY, PREEMPTED, TERMINATED, CREATING, ..., MISSING or UNKNOWN.
+query_state() {
+  local cmd=(gcloud compute tpus tpu-vm describe "$NAME" "${LOC[@]}" "--format=value(state)") out
+  log_cmd "${cmd[@]}"
+  if (( DRY_RUN )); then
+    STATE=$(pop_fake "$FAKE_STATES" "$FAKE_IDX") || return 1
+    FAKE_IDX=$((FAKE_IDX + 1))
+    note "state: $STATE (injected)"
+    return 0
+  fi
+  if out=$("${cmd[@]}" 2>&1); then
+    STATE=$(printf '%s\n' "$out" | tail -n 1 | tr -d '[:space:]')
+    [[ -n $STATE ]] || STATE=UNKNOWN
+  elif printf '%s' "$out" | grep -qiE 'NOT_FOUND|not found|was not found'; then
+    STATE=MISSING
+  else
+    printf '%s\n' "$out" >&2
+    STATE=UNKNOWN
+  fi
+  note "state: $STATE"
+}
+
+# Sets TSTATE from worker 0: RUNNING, DONE, FAILED, STOPPED, LOST, NONE or UNKNOWN.
+query_train_state() {
+  local out
+  ssh_cmd 0 "bash ~/$REMOTE_DIR/launch/tpu_worker.sh status"
+  log_cmd "${SSH[@]}"
+  if (( DRY_RUN )); then
+    TSTATE=$(pop_fake "$FAKE_TRAIN_STATES" "$FAKE_TRAIN_IDX") || return 1
+    FAKE_TRAIN_IDX=$((FAKE_TRAIN_IDX + 1))
+    note "training on worker 0: $TSTATE (injected)"
+    return 0
+  fi
+  if out=$("${SSH[@]}" 2>/dev/null); then
+    TSTATE=$(printf '%s\n' "$out" | tail -n 1)
+  else
+    TSTATE=UNKNOWN
+  fi
+  [[ -n $TSTATE ]] || TSTATE=UNKNOWN
+  note "training on worker 0: $TSTATE"
+}
+
+do_status() {
+  note "$NAME: $ACCEL, $HOSTS host(s)"
+  if query_state; then :; else note "dry run: no state injected"; fi
+  if (( DRY_RUN )) || [[ ${STATE:-} == READY ]]; then
+    ssh_cmd all "echo \"\$(hostname): \$(bash ~/$REMOTE_DIR/launch/tpu_worker.sh status)\""
+    run "${SSH[@]}"
+  fi
+}
+
+# ------------------------------------------------- preemption recovery -----
+FAILS=0
+failed_step() {
+  FAILS=$((FAILS + 1))
+  note "step failed: $1 ($FAILS/$MAX_FAILURES consecutive failures)"
+  (( FAILS < MAX_FAILURES )) || { echo "tpu.sh: giving up after $FAILS consecutive failures" >&2; exit 1; }
+}
+
+pause() {
+  if (( DRY_RUN )); then
+    log_cmd sleep "$POLL"
+  else
+    sleep "$POLL"
+  fi
+}
+
+end_of_injected() {
+  note "dry run: no more injected states (--fake_states/--fake_train_states); stopping"
+  exit 0
+}
+
+# Poll the VM; recreate + setup + train when it was preempted; exit when done.
+train_resilient() {
+  local recoveries=0 started=0 need_setup=0
+  (( SPOT || PREEMPTIBLE )) || note "note: neither --spot nor --preemptible: re-created VMs will be on-demand"
+  while :; do
+    query_state || end_of_injected
+    case $STATE in
+      READY)
+        if (( need_setup )); then
+          if do_setup; then need_setup=0; else failed_step setup; pause; continue; fi
+        fi
+        query_train_state || end_of_injected
+        case $TSTATE in
+          RUNNING)
+            (( started )) || note "training already running: monitoring it"
+            started=1
+            FAILS=0 ;;
+          DONE)
+            if (( started )); then
+              note "training finished (worker 0 exited 0); the VM is left running: bash launch/tpu.sh delete --name=$NAME --zone=$ZONE"
+              return 0
+            fi
+            note "a previous run finished on this VM; starting this one"
+            if do_train; then started=1; else failed_step train; fi ;;
+          FAILED*)
+            if (( started )); then
+              echo "tpu.sh: training failed on worker 0 ($TSTATE); see: bash launch/tpu.sh logs --name=$NAME --zone=$ZONE --worker=0" >&2
+              exit 1
+            fi
+            note "a previous run failed on this VM ($TSTATE); starting this one"
+            if do_train; then started=1; else failed_step train; fi ;;
+          STOPPED* | LOST | NONE)
+            # SIGTERM-ed (preemption in progress, or a manual stop), vanished, or never started.
+            (( started )) && note "no training process on worker 0 ($TSTATE): starting it again"
+            if do_train; then started=1; else failed_step train; fi ;;
+          *) failed_step "training state query ($TSTATE)" ;;
+        esac ;;
+      PREEMPTED | TERMINATED | MISSING)
+        if (( started || recoveries > 0 )) || [[ $STATE != MISSING ]]; then
+          recoveries=$((recoveries + 1))
+          (( recoveries <= MAX_RECOVERIES )) || { echo "tpu.sh: giving up after $MAX_RECOVERIES re-creations" >&2; exit 1; }
+          note "recovery $recoveries/$MAX_RECOVERIES: VM is $STATE"
+        else
+          note "VM does not exist yet: creating it"
+        fi
+        started=0
+        if [[ $STATE != MISSING ]] && ! do_delete; then failed_step delete; pause; continue; fi
+        if ! do_create; then failed_step "create (no capacity?)"; pause; continue; fi
+        need_setup=1
+        if ! do_setup; then failed_step setup; pause; continue; fi
+        need_setup=0
+        if do_train; then started=1; FAILS=0; else failed_step train; fi ;;
+      UNKNOWN) failed_step "state query" ;;
+      *) note "waiting: VM is $STATE" ;;
+    esac
+    pause
+  done
+}
+
+# ----------------------------------------------------------------- main ----
+main() {
+  (( $# > 0 )) || { usage >&2; exit 2; }
+  case $1 in
+    -h | --help | help) usage; exit 0 ;;
+    create | setup | train | logs | copy | stop | status | delete) ACTION=$1 ;;
+    *) die "unknown action '$1' (create|setup|train|logs|copy|stop|status|delete; see --help)" ;;
+  esac
+  shift
+  parse_flags "$@"
+  validate
+  loc_flags
+  (( DRY_RUN )) && note "dry run: commands are printed, not run"
+  if (( HOSTS > 1 )); then
+    note "$ACCEL: $HOSTS hosts (workers 0..$((HOSTS - 1))), runtime $RUNTIME"
+  else
+    note "$ACCEL: 1 host (worker 0), runtime $RUNTIME"
+  fi
+  case $ACTION in
+    create) do_create ;;
+    delete) do_delete ;;
+    setup) do_setup ;;
+    train)
+      check_train_flags
+      if (( RESTART )); then train_resilient; else do_train; fi ;;
+    logs) do_logs ;;
+    copy) do_copy ;;
+    stop) do_stop ;;
+    status) do_status ;;
+  esac
+}
+
+main "$@"

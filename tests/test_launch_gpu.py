@@ -1,0 +1,158 @@
+"""launch/gpu.sh and launch/slurm.sbatch, checked in --dry_run mode only."""
+import os
+import pathlib
+import shlex
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GPU_SH = REPO / "launch" / "gpu.sh"
+SBATCH = REPO / "launch" / "slurm.sbatch"
+CONFIG = "configs/base_pretrain.py"
+
+# Variables the launcher reads: the tests set exactly the ones they need.
+_SCRUB = ("SLURM_", "JAX_", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_FLAGS")
+
+
+def clean_env(**extra):
+  env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+  env.update(extra)
+  return env
+
+
+def gpu(*args, check=True, **env):
+  proc = subprocess.run(["bash", str(GPU_SH), "--dry_run", *args], capture_output=True, text=True,
+                        env=clean_env(**env), cwd=REPO, timeout=30)
+  if check:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+  return proc
+
+
+def command(stdout):
+  """(environment dict, argv) of the one printed '+ env ... python -m bert_jax.main ...' line."""
+  [line] = [l for l in stdout.splitlines() if l.startswith("+ ")]
+  words = shlex.split(line[2:])
+  assert words[0] == "env"
+  i = 1
+  env = {}
+  while "=" in words[i] and not words[i].startswith("-"):
+    key, value = words[i].split("=", 1)
+    env[key] = value
+    i += 1
+  return env, words[i:]
+
+
+def test_single_host():
+  proc = gpu(f"--config={CONFIG}", "--workdir=/data/runs/base", "--bf16",
+             "--config.global_batch_size=256")
+  env, argv = command(proc.stdout)
+  assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90"}
+  assert argv == ["python3", "-m", "bert_jax.main", f"--config={CONFIG}", "--workdir=/data/runs/base",
+                  "--config.model.dtype=bfloat16", "--config.global_batch_size=256"]
+  assert "single process" in proc.stdout
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("+ "))
+  assert line == ("+ env XLA_PYTHON_CLIENT_MEM_FRACTION=0.90 python3 -m bert_jax.main "
+                  f"--config={CONFIG} --workdir=/data/runs/base --config.model.dtype=bfloat16 "
+                  "--config.global_batch_size=256")
+
+
+def test_single_host_options():
+  proc = gpu(f"--config={CONFIG}", "--workdir=gs://b/run", "--cudnn_attention", "--mem_fraction=0.8",
+             "--python=/opt/venv/bin/python", "--xla_flags=--xla_gpu_enable_latency_hiding_scheduler=true",
+             "--", "--config.data.vocab_path=gs://b/my vocab.txt")
+  env, argv = command(proc.stdout)
+  assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.8",
+                 "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
+  assert argv == ["/opt/venv/bin/python", "-m", "bert_jax.main", f"--config={CONFIG}",
+                  "--workdir=gs://b/run", "--config.model.attention_impl=cudnn",
+                  "--config.model.attention_dropout_rate=0.0", "--config.data.vocab_path=gs://b/my vocab.txt"]
+  # An XLA_PYTHON_CLIENT_MEM_FRACTION already in the environment is kept.
+  env, _ = command(gpu(f"--config={CONFIG}", "--workdir=w",
+                       XLA_PYTHON_CLIENT_MEM_FRACTION="0.5").stdout)
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env
+
+
+@pytest.mark.parametrize("nodelist", ["gpu[01-02]", "gpu01,gpu02"])
+def test_two_node_slurm(nodelist):
+  proc = gpu(f"--config={CONFIG}", "--workdir=gs://my-bucket/base", "--bf16",
+             SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_NODELIST=nodelist, SLURM_JOB_ID="4242",
+             SLURM_LOCALID="0", SLURM_GPUS_ON_NODE="8")
+  env, argv = command(proc.stdout)
+  coordinator = f"gpu01:{61440 + 4242 % 4096}"
+  assert argv == ["python3", "-m", "bert_jax.main", f"--config={CONFIG}", "--workdir=gs://my-bucket/base",
+                  "--config.model.dtype=bfloat16", f"--coordinator_address={coordinator}",
+                  "--num_processes=2", "--process_id=1"]
+  assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90", "JAX_COORDINATOR_ADDRESS": coordinator,
+                 "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1",
+                 "JAX_LOCAL_DEVICE_IDS": "0,1,2,3,4,5,6,7"}
+  assert f"process 1 of 2 (8 GPUs on this host), coordinator {coordinator}" in proc.stdout
+
+
+@pytest.mark.parametrize("nodelist,host", [
+    ("node7", "node7"), ("a-b[3-4]", "a-b3"), ("gpu[07,09-12],cpu1", "gpu07"), ("x1,y[1-2]", "x1")])
+def test_first_host_of_nodelist(nodelist, host):
+  env, argv = command(gpu(f"--config={CONFIG}", "--workdir=w", "--coordinator_port=9999",
+                          "--gpus_per_node=2", SLURM_PROCID="0", SLURM_NTASKS="3",
+                          SLURM_JOB_NODELIST=nodelist).stdout)
+  assert env["JAX_COORDINATOR_ADDRESS"] == f"{host}:9999"
+  assert env["JAX_LOCAL_DEVICE_IDS"] == "0,1"
+  assert argv[-3:] == [f"--coordinator_address={host}:9999", "--num_processes=3", "--process_id=0"]
+
+
+def test_explicit_coordinator_without_slurm():
+  env, argv = command(gpu(f"--config={CONFIG}", "--workdir=gs://b/run", "--coordinator=10.0.0.2:12345",
+                          "--num_processes=2", "--process_id=0", CUDA_VISIBLE_DEVICES="0,1,2,3").stdout)
+  assert argv[-3:] == ["--coordinator_address=10.0.0.2:12345", "--num_processes=2", "--process_id=0"]
+  assert env["JAX_LOCAL_DEVICE_IDS"] == "0,1,2,3"
+
+
+def test_process_per_gpu():
+  env, argv = command(gpu(f"--config={CONFIG}", "--workdir=w", "--process_per_gpu",
+                          SLURM_PROCID="5", SLURM_NTASKS="16", SLURM_LOCALID="5",
+                          SLURM_NODELIST="gpu[01-02]", SLURM_JOB_ID="1").stdout)
+  assert env["JAX_LOCAL_DEVICE_IDS"] == "5"
+  assert argv[-3:] == ["--coordinator_address=gpu01:61441", "--num_processes=16", "--process_id=5"]
+
+
+@pytest.mark.parametrize("args,env,message", [
+    ([], {"SLURM_NTASKS": "2", "SLURM_PROCID": "0"}, "--coordinator"),
+    (["--num_processes=2", "--process_id=2", "--coordinator=h:1"], {}, "--process_id=2"),
+    (["--coordinator=nohost", "--num_processes=2", "--process_id=0"], {}, "HOST:PORT"),
+    (["--bogus"], {}, "unknown flag"),
+])
+def test_bad_arguments(args, env, message):
+  proc = gpu(f"--config={CONFIG}", "--workdir=w", *args, check=False, **env)
+  assert proc.returncode == 2 and message in proc.stderr
+  assert "+ " not in proc.stdout
+
+
+def test_help():
+  proc = subprocess.run(["bash", str(GPU_SH), "--help"], capture_output=True, text=True, timeout=30)
+  assert proc.returncode == 0 and proc.stdout.startswith("Usage: bash launch/gpu.sh")
+
+
+def test_sbatch_example_with_fake_srun(tmp_path):
+  """Run the sbatch script with a fake `srun` that starts its command as tasks 0 and 1."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  srun = bin_dir / "srun"
+  srun.write_text(
+      "#!/bin/bash\n"
+      "while [[ $1 == -* ]]; do shift; done\n"
+      "for id in 0 1; do SLURM_PROCID=$id SLURM_LOCALID=0 \"$@\" || exit; done\n")
+  srun.chmod(0o755)
+  env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(REPO),
+                  SLURM_JOB_ID="77", SLURM_NTASKS="2", SLURM_JOB_NODELIST="gpu[01-02]",
+                  SLURM_GPUS_ON_NODE="8", WORKDIR="gs://my-bucket/bert_base")
+  proc = subprocess.run(["bash", str(SBATCH), "--config.num_train_steps=10", "--dry_run"],
+                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=30)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("+ ")]
+  assert len(lines) == 2
+  for process_id, line in enumerate(lines):
+    words = shlex.split(line[2:])
+    assert words[words.index("-m") + 1:] == [
+        "bert_jax.main", "--config=configs/base_pretrain.py", "--workdir=gs://my-bucket/bert_base",
+        "--config.model.dtype=bfloat16", "--config.num_train_steps=10",
+        "--coordinator_address=gpu01:61517", "--num_processes=2", f"--process_id={process_id}"]
