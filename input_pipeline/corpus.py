@@ -1,0 +1,92 @@
+"""Corpus sources -> a stream of raw documents ({"texts": [...], "split": bool}).
+
+An input spec is one of:
+  "default" / "builtin"   the built-in corpus (Python's own documentation, no download);
+  "tfds:NAME[:SPLIT]"     a TFDS text dataset already prepared under tfds_data_dir
+                          (e.g. "tfds:wikipedia/20230601.en"); each example's `text_field`
+                          is a document, its lines are paragraphs. Nothing is downloaded;
+  anything else           comma-separated file globs (local or gs://), see text.py.
+"""
+from typing import Iterator
+
+from input_pipeline import builtin_corpus
+from input_pipeline import sentences as sentences_lib
+from input_pipeline import text as text_lib
+
+BUILTIN_NAMES = ("default", "builtin")
+
+
+def new_stats() -> dict:
+  return {"files": 0, "bytes": 0, "replaced_bytes": 0, "raw_documents": 0}
+
+
+def iter_documents(input_spec: str, *, fmt: str = "auto", text_field: str = "text",
+                   tfds_data_dir: str | None = None, stats: dict | None = None
+                   ) -> Iterator[dict]:
+  """Raw documents of a corpus, streamed; counts go to `stats` (see new_stats)."""
+  stats = new_stats() if stats is None else stats
+  if not input_spec or not input_spec.strip():
+    raise ValueError("No corpus given: pass file globs, 'default' or 'tfds:NAME'.")
+  if input_spec.strip() in BUILTIN_NAMES:
+    source = builtin_corpus.iter_builtin_documents(stats)
+  elif input_spec.startswith("tfds:"):
+    source = iter_tfds_documents(input_spec[len("tfds:"):], text_field=text_field,
+                                 data_dir=tfds_data_dir, stats=stats)
+  else:
+    source = _iter_files(text_lib.expand_patterns(input_spec), fmt, stats)
+  for doc in source:
+    stats["raw_documents"] += 1
+    yield doc
+
+
+def _iter_files(files: list[str], fmt: str, stats: dict) -> Iterator[dict]:
+  for path in files:
+    stats["files"] += 1
+    yield from text_lib.iter_file_documents(path, fmt, stats)
+
+
+def load_tfds_split(name: str, *, data_dir: str | None):
+  """tfds.load(download=False) with an error that says how to prepare the dataset."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name, _, split = name.partition(":")
+  split = split or "train"
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # DatasetNotFoundError and friends.
+    raise FileNotFoundError(
+        f"TFDS dataset {name!r} is unknown to tensorflow_datasets ({e}).") from e
+  if not builder.is_prepared():
+    raise FileNotFoundError(
+        f"TFDS dataset {name!r} is not prepared under data_dir={builder.data_dir_root!r}. "
+        "Nothing is downloaded at run time: prepare it once where the network is "
+        f"available, e.g. `tfds build {name} --data_dir=DIR`, then pass "
+        "--tfds_data_dir=DIR.")
+  return builder.as_dataset(split=split, shuffle_files=False)
+
+
+def iter_tfds_documents(name: str, *, text_field: str, data_dir: str | None,
+                        stats: dict) -> Iterator[dict]:
+  ds = load_tfds_split(name, data_dir=data_dir)
+  if text_field not in ds.element_spec:
+    raise ValueError(f"TFDS dataset {name!r} has no field {text_field!r}; its fields are "
+                     f"{sorted(ds.element_spec)}. Set --text_field.")
+  for example in ds.as_numpy_iterator():
+    raw = example[text_field]
+    stats["bytes"] += len(raw)
+    text = text_lib.decode_bytes(raw, stats)
+    paragraphs = [line.strip() for line in text.split("\n") if line.strip()]
+    if paragraphs:
+      yield {"texts": paragraphs, "split": True}
+
+
+def iter_texts(input_spec: str, *, sentences: bool = False, max_chars: int | None = None,
+               **kwargs) -> Iterator[str]:
+  """Paragraphs (or sentences) of a corpus, up to about max_chars characters."""
+  total = 0
+  for doc in iter_documents(input_spec, **kwargs):
+    texts = sentences_lib.document_sentences(doc) if sentences else doc["texts"]
+    for t in texts:
+      yield t
+      total += len(t)
+      if max_chars and total >= max_chars:
+        return

@@ -1,0 +1,134 @@
+r"""Shows what the pre-training pipeline feeds the model, and its statistics.
+
+  python -m input_pipeline.inspect --prepared_dir=/tmp/prepared [--vocab=/tmp/vocab] \
+      [--max_seq_length=128 --max_predictions_per_seq=20 --num_batches=10 \
+       --batch_size=32 --print_examples=3 --output=batches.npz]
+  python -m input_pipeline.inspect --config=configs/default.py --prepared_dir=...
+
+--config takes a config file whose `.data` is a data config (input_pipeline.pretrain.
+default_data_config); the other flags, when given, override its fields. Decoded examples
+mark each chosen position as [shown→original] ("[MASK]→dog", "cat→dog" for a random
+replacement, "dog→dog" when kept), with the segments and the NSP label. --output saves
+the exact feature arrays of the batches to an .npz file.
+"""
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+import numpy as np
+
+from input_pipeline import prepare
+from input_pipeline import pretrain
+from input_pipeline import tokenizer as tokenizer_lib
+
+_OVERRIDES = ("prepared_dir", "tfrecord_pattern", "vocab_path", "max_seq_length",
+              "max_predictions_per_seq", "masked_lm_prob", "nsp", "whole_word_masking")
+
+
+def format_example(ex: dict, tok: tokenizer_lib.Tokenizer) -> str:
+  """One example (feature dict without batch dimension) as readable text."""
+  n = int(ex["input_mask"].sum())
+  shown = tok.convert_ids_to_tokens(ex["input_ids"][:n])
+  weights = ex["masked_lm_weights"] > 0
+  for pos, original in zip(ex["masked_lm_positions"][weights], ex["masked_lm_ids"][weights]):
+    shown[pos] = f"[{shown[pos]}→{tok.tokens[original]}]"
+  segments = ex["segment_ids"][:n]
+  a = " ".join(t for t, s in zip(shown, segments) if s == 0)
+  b = " ".join(t for t, s in zip(shown, segments) if s == 1)
+  label = "NotNext" if int(ex["next_sentence_labels"]) else "IsNext"
+  lines = [f"  length {n}/{len(ex['input_ids'])}, {int(weights.sum())} predictions, "
+           f"{label if b else 'single segment'}", f"  A: {a}"]
+  if b:
+    lines.append(f"  B: {b}")
+  return "\n".join(lines)
+
+
+def batch_statistics(batch: dict, tok: tokenizer_lib.Tokenizer) -> dict:
+  """Masking, NSP and length statistics of stacked examples."""
+  ids, mask = batch["input_ids"], batch["input_mask"]
+  weights = batch["masked_lm_weights"] > 0
+  rows = np.broadcast_to(np.arange(len(ids))[:, None], weights.shape)[weights]
+  positions = batch["masked_lm_positions"][weights]
+  shown, original = ids[rows, positions], batch["masked_lm_ids"][weights]
+  restored = ids.copy()
+  restored[rows, positions] = original
+  candidates = int((~tok.is_special[restored] & (mask > 0)).sum())
+  chosen = int(weights.sum())
+  lengths = mask.sum(1)
+  max_len, max_preds = ids.shape[1], weights.shape[1]
+  return {
+      "examples": len(ids),
+      "mask_rate": chosen / max(candidates, 1),
+      "masked_as_mask_token": float((shown == tok.mask_id).mean()) if chosen else 0.0,
+      "masked_as_random_token": float(((shown != tok.mask_id) & (shown != original)).mean())
+                                if chosen else 0.0,
+      "masked_unchanged": float((shown == original).mean()) if chosen else 0.0,
+      "predictions_per_example": chosen / len(ids),
+      "examples_at_max_predictions": float((weights.sum(1) == max_preds).mean()),
+      "not_next_fraction": float(batch["next_sentence_labels"].mean()),
+      "mean_length": float(lengths.mean()),
+      "short_fraction (< L/2)": float((lengths < max_len / 2).mean()),
+      "padding_fraction": float(1 - mask.mean()),
+  }
+
+
+def _flag_values() -> flags.FlagValues:
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "Config file with a `.data` field.",
+                                  flag_values=fv, lock_config=False)
+  flags.DEFINE_string("prepared_dir", None, "Prepared corpus directory.", flag_values=fv)
+  flags.DEFINE_string("tfrecord_pattern", None, "Or original BERT TFRecords.",
+                      flag_values=fv)
+  flags.DEFINE_string("vocab", None, "Vocabulary (default: the prepared one).",
+                      flag_values=fv)
+  flags.DEFINE_integer("max_seq_length", None, "L.", flag_values=fv)
+  flags.DEFINE_integer("max_predictions_per_seq", None, "P.", flag_values=fv)
+  flags.DEFINE_float("masked_lm_prob", None, "Masking rate.", flag_values=fv)
+  flags.DEFINE_boolean("nsp", None, "Next-sentence pairs.", flag_values=fv)
+  flags.DEFINE_boolean("whole_word_masking", None, "Whole-word masking.", flag_values=fv)
+  flags.DEFINE_enum("split", "train", list(pretrain.SPLITS), "Split.", flag_values=fv)
+  flags.DEFINE_integer("seed", 0, "Data seed.", flag_values=fv)
+  flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)
+  flags.DEFINE_integer("num_batches", 10, "Batches to read.", flag_values=fv)
+  flags.DEFINE_integer("print_examples", 3, "Examples to print decoded.", flag_values=fv)
+  flags.DEFINE_string("output", None, "Save the batches' features to this .npz.",
+                      flag_values=fv)
+  return fv
+
+
+def data_config_from_flags(fv: flags.FlagValues):
+  cfg = fv.config.data if fv.config is not None else pretrain.default_data_config()
+  for name in _OVERRIDES:
+    value = fv["vocab" if name == "vocab_path" else name].value
+    if value is not None:
+      cfg[name] = value
+  return cfg
+
+
+def main(argv: list[str]) -> dict:
+  fv = _flag_values()
+  fv(argv)
+  cfg = data_config_from_flags(fv)
+  it = pretrain.PretrainIterator(cfg, batch_size=fv.batch_size, seed=fv.seed, split=fv.split)
+  batches = [next(it) for _ in range(fv.num_batches)]
+  stacked = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  if cfg.tfrecord_pattern:
+    if not cfg.vocab_path:
+      raise SystemExit("--vocab is required with --tfrecord_pattern.")
+    tok = tokenizer_lib.Tokenizer.from_path(cfg.vocab_path, cfg.lowercase)
+  else:
+    tok = pretrain.vocabulary_for(cfg, prepare.load_summary(cfg.prepared_dir))
+  for i in range(min(fv.print_examples, len(stacked["input_ids"]))):
+    print(f"Example {i}:\n{format_example({k: v[i] for k, v in stacked.items()}, tok)}\n")
+  stats = batch_statistics(stacked, tok)
+  print("Statistics:")
+  for k, v in stats.items():
+    print(f"  {k:>30}: {v:.4f}" if isinstance(v, float) else f"  {k:>30}: {v}")
+  if fv.output:
+    np.savez(fv.output, **stacked)
+    print(f"Saved {len(batches)} batches to {fv.output}")
+  return stats
+
+
+if __name__ == "__main__":
+  main(sys.argv)

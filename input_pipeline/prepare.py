@@ -1,0 +1,248 @@
+r"""Tokenizes a corpus once into sharded TFRecord files of documents.
+
+  python -m input_pipeline.prepare --input='data/*.txt' --vocab=/tmp/vocab \
+      --output_dir=/tmp/prepared [--num_shards=16 --num_workers=8]
+
+--input: file globs, "default" (built-in corpus) or "tfds:NAME" (see corpus.py). The
+output holds tokenized sentences per document (records.py), no pairing or masking: one
+prepared corpus serves every sequence length, epoch and seed. DIR/summary.json is written
+last (its presence marks a complete run) with the counts and the options used, including
+the vocabulary's sha256 so that a pipeline run with another vocabulary is refused.
+
+Streaming and parallel: the main process reads documents and hands batches of about 1 MB
+of text to `num_workers` processes, at most 2 per worker in flight, so memory does not
+grow with the corpus (the largest single document must fit). Workers split sentences,
+batch-tokenize and serialize; the main process writes records round-robin to the shards.
+"""
+import collections
+import datetime
+import itertools
+import json
+import multiprocessing
+import os
+import sys
+import time
+
+from absl import flags
+
+from input_pipeline import corpus
+from input_pipeline import records
+from input_pipeline import sentences as sentences_lib
+from input_pipeline import tokenizer as tokenizer_lib
+
+SUMMARY_NAME = "summary.json"
+FORMAT_VERSION = 1
+_TASK_CHARS = 1 << 20
+
+# ------------------------------------------------------------------------- workers
+
+_worker_tokenizer = None
+
+
+def _init_worker(vocab_path: str, lowercase: bool | None) -> None:
+  global _worker_tokenizer
+  # Parallelism comes from the processes; Rust threads on top would oversubscribe.
+  os.environ["TOKENIZERS_PARALLELISM"] = "false"
+  _worker_tokenizer = tokenizer_lib.Tokenizer.from_path(vocab_path, lowercase)
+
+
+def tokenize_documents(docs: list[dict], tok: tokenizer_lib.Tokenizer | None = None) -> dict:
+  """Raw documents -> {"records": [serialized Example], counts}; empty documents dropped."""
+  tok = tok or _worker_tokenizer
+  per_doc = [sentences_lib.document_sentences(d) for d in docs]
+  flat = [s for sents in per_doc for s in sents]
+  ids = tok.encode_batch(flat) if flat else []
+  out = {"records": [], "sentences": 0, "tokens": 0, "unk_tokens": 0, "empty_documents": 0}
+  pos = 0
+  for sents in per_doc:
+    doc = [s for s in ids[pos:pos + len(sents)] if s]
+    pos += len(sents)
+    if not doc:
+      out["empty_documents"] += 1
+      continue
+    out["records"].append(records.encode_document(doc))
+    out["sentences"] += len(doc)
+    out["tokens"] += sum(map(len, doc))
+    out["unk_tokens"] += sum(s.count(tok.unk_id) for s in doc)
+  return out
+
+
+# ------------------------------------------------------------------------- main process
+
+
+def _tasks(docs):
+  """Groups documents into tasks of about 1 MB of text."""
+  task, chars = [], 0
+  for doc in docs:
+    task.append(doc)
+    chars += sum(map(len, doc["texts"]))
+    if chars >= _TASK_CHARS:
+      yield task
+      task, chars = [], 0
+  if task:
+    yield task
+
+
+def _results(docs, vocab_path, lowercase, num_workers):
+  """Tokenized task results in corpus order, in-process or from a worker pool.
+
+  The main thread reads and submits; at most 2 tasks per worker are in flight, which
+  bounds memory whatever the corpus size.
+  """
+  if num_workers <= 1:
+    _init_worker(vocab_path, lowercase)
+    for task in _tasks(docs):
+      yield tokenize_documents(task)
+    return
+  # spawn, not fork: the parent may hold TensorFlow and tokenizers thread pools.
+  ctx = multiprocessing.get_context("spawn")
+  with ctx.Pool(num_workers, initializer=_init_worker,
+                initargs=(vocab_path, lowercase)) as pool:
+    pending = collections.deque()
+    for task in _tasks(docs):
+      pending.append(pool.apply_async(tokenize_documents, (task,)))
+      if len(pending) >= 2 * num_workers:
+        yield pending.popleft().get()
+    while pending:
+      yield pending.popleft().get()
+
+
+class _Progress:
+  """One status line on stderr, refreshed at most every `every` seconds."""
+
+  def __init__(self, enabled: bool, every: float = 2.0):
+    self.enabled, self.every = enabled, every
+    self.start = self.last = time.time()
+
+  def update(self, summary: dict, read_stats: dict, final: bool = False) -> None:
+    now = time.time()
+    if not self.enabled or (not final and now - self.last < self.every):
+      return
+    self.last = now
+    elapsed = max(now - self.start, 1e-9)
+    line = (f"[prepare] {summary['documents']:,} docs, {summary['sentences']:,} sentences, "
+            f"{summary['tokens']:,} tokens, {read_stats['bytes'] / 1e6:,.1f} MB read "
+            f"({read_stats['bytes'] / 1e6 / elapsed:.1f} MB/s), {elapsed:.0f}s")
+    end = "\n" if final or not sys.stderr.isatty() else ""
+    sys.stderr.write(("\r" if sys.stderr.isatty() else "") + line + end)
+    sys.stderr.flush()
+
+
+def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
+                   lowercase: bool | None = None, num_shards: int = 16,
+                   num_workers: int | None = None, fmt: str = "auto",
+                   text_field: str = "text", tfds_data_dir: str | None = None,
+                   progress: bool = True) -> dict:
+  """Tokenizes `input_spec` into `output_dir` (see module doc); returns the summary."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if num_shards < 1:
+    raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
+  num_workers = num_workers or os.cpu_count() or 1
+  tok = tokenizer_lib.Tokenizer.from_path(vocab_path, lowercase)  # Fails early if bad.
+  tf.io.gfile.makedirs(output_dir)
+  summary_path = os.path.join(output_dir, SUMMARY_NAME)
+  if tf.io.gfile.exists(summary_path):
+    tf.io.gfile.remove(summary_path)  # Incomplete until rewritten at the end.
+  read_stats = corpus.new_stats()
+  docs = corpus.iter_documents(input_spec, fmt=fmt, text_field=text_field,
+                               tfds_data_dir=tfds_data_dir, stats=read_stats)
+  first = next(docs, None)  # Bad globs and empty corpora fail here, before any work.
+  if first is None:
+    raise ValueError(f"Corpus {input_spec!r} is empty: {read_stats['files']} files, "
+                     f"{read_stats['bytes']} bytes, no text.")
+  docs = itertools.chain([first], docs)
+  names = [records.shard_name(i, num_shards) for i in range(num_shards)]
+  shard_docs = [0] * num_shards
+  summary = {"documents": 0, "sentences": 0, "tokens": 0, "unk_tokens": 0,
+             "empty_documents": 0}
+  bar = _Progress(progress)
+  start = time.time()
+  writers = [tf.io.TFRecordWriter(os.path.join(output_dir, n)) for n in names]
+  try:
+    for result in _results(docs, tok.path, tok.lowercase, num_workers):
+      for record in result.pop("records"):
+        shard = summary["documents"] % num_shards
+        writers[shard].write(record)
+        shard_docs[shard] += 1
+        summary["documents"] += 1
+      for key, value in result.items():
+        summary[key] += value
+      bar.update(summary, read_stats)
+  finally:
+    for w in writers:
+      w.close()
+  bar.update(summary, read_stats, final=True)
+  if summary["documents"] == 0:
+    raise ValueError(f"Corpus {input_spec!r} produced no documents with tokens "
+                     f"({read_stats['raw_documents']} raw documents read).")
+  summary.update({
+      "format_version": FORMAT_VERSION, "input": input_spec, "format": fmt,
+      "text_field": text_field, "input_files": read_stats["files"],
+      "input_bytes": read_stats["bytes"], "replaced_bytes": read_stats["replaced_bytes"],
+      "raw_documents": read_stats["raw_documents"], "num_shards": num_shards,
+      "files": names, "shard_documents": shard_docs,
+      "vocab": {"path": tok.path, "sha256": tok.sha256, "kind": tok.kind,
+                "lowercase": tok.lowercase, "vocab_size": tok.vocab_size},
+      "seconds": round(time.time() - start, 2),
+      "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+  })
+  with tf.io.gfile.GFile(summary_path, "w") as f:
+    f.write(json.dumps(summary, indent=2))
+  return summary
+
+
+def load_summary(prepared_dir: str) -> dict:
+  """summary.json of a prepared corpus, with a clear error if the run never finished."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  path = os.path.join(prepared_dir, SUMMARY_NAME)
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(
+        f"{path} not found: {prepared_dir!r} is not a (completely) prepared corpus. Run "
+        "`python -m input_pipeline.prepare --input=... --vocab=... "
+        f"--output_dir={prepared_dir}`.")
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f)
+
+
+def format_summary(summary: dict) -> str:
+  keys = ("documents", "sentences", "tokens", "unk_tokens", "empty_documents",
+          "input_files", "input_bytes", "replaced_bytes", "num_shards", "seconds")
+  return "\n".join(f"  {k:>16}: {summary[k]:,}" for k in keys)
+
+
+def _flag_values() -> flags.FlagValues:
+  # Private FlagValues, so that importing prepare_corpus adds no global flags.
+  fv = flags.FlagValues()
+  flags.DEFINE_string("input", None, "Corpus: file globs, 'default' or 'tfds:NAME'.",
+                      flag_values=fv)
+  flags.DEFINE_string("vocab", None, "Vocabulary (vocab.txt, .model or its dir).",
+                      flag_values=fv)
+  flags.DEFINE_string("output_dir", None, "Output directory.", flag_values=fv)
+  flags.DEFINE_integer("num_shards", 16, "Output TFRecord files.", flag_values=fv)
+  flags.DEFINE_integer("num_workers", None, "Processes (default: all cores).",
+                       flag_values=fv)
+  flags.DEFINE_boolean("lowercase", None, "Override the vocabulary's casing.",
+                       flag_values=fv)
+  flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
+                    "Text file format (see input_pipeline/text.py).", flag_values=fv)
+  flags.DEFINE_string("text_field", "text", "TFDS feature holding the text.", flag_values=fv)
+  flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
+  return fv
+
+
+def main(argv: list[str]) -> dict:
+  fv = _flag_values()
+  fv(argv)
+  missing = [n for n in ("input", "vocab", "output_dir") if not fv[n].value]
+  if missing:
+    raise SystemExit(f"Missing required flags: {', '.join('--' + m for m in missing)}")
+  summary = prepare_corpus(fv.input, fv.vocab, fv.output_dir, lowercase=fv.lowercase,
+                           num_shards=fv.num_shards, num_workers=fv.num_workers,
+                           fmt=fv.format, text_field=fv.text_field,
+                           tfds_data_dir=fv.tfds_data_dir)
+  print(f"Prepared {fv.output_dir}:\n{format_summary(summary)}")
+  return summary
+
+
+if __name__ == "__main__":
+  main(sys.argv)

@@ -1,0 +1,388 @@
+"""The BERT pre-training input pipeline: prepared documents -> masked, paired batches.
+
+  it = PretrainIterator(data_cfg, batch_size=256, seed=0, process_index=jax.process_index(),
+                        process_count=jax.process_count())
+  batch = next(it)             # dict of numpy arrays, leading dim batch_size (host-local)
+  state = it.get_state()       # small dict, save it with the checkpoint
+  it.set_state(state)          # resume exactly there, in time independent of the step
+
+Features (fixed shapes; L = max_seq_length, P = max_predictions_per_seq):
+  input_ids, input_mask, segment_ids  [L] int32
+  masked_lm_positions, masked_lm_ids  [P] int32  (padding: position 0, id 0)
+  masked_lm_weights                   [P] float32 (1.0 real, 0.0 padding)
+  next_sentence_labels                []  int32  (0 IsNext, 1 NotNext; 0 without NSP)
+
+Order and reproducibility: each host holds its documents in memory (documents.py), cut
+into pieces. Epoch e visits the pieces in a permutation keyed by (seed, e, host, split),
+in blocks of `shuffle_block_docs` pieces. Block b's pairs come from RNGs keyed by
+(seed, e, b, host, split) (instances.py) and are shuffled within the block; the block is
+then masked in one vectorized call of stateless TF ops keyed the same way (masking.py).
+So the example stream, and the batch at step s, depend only on (seed, s, corpus, host
+count, config); the state {epoch, block, offset} restores it by regenerating one block and
+skipping `offset` examples. Pairs and masks are fresh every epoch. The iterator builds
+batches in a background thread, a few batches ahead of the training loop.
+
+Original create_pretraining_data.py TFRecords (`tfrecord_pattern` instead of
+`prepared_dir`) are read as they are (static masks), shuffled per epoch with a seeded
+buffer; their state is {epoch, offset}, and restoring re-reads (without parsing) the
+records of the current epoch before the offset.
+"""
+import atexit
+import json
+import queue
+import random
+import threading
+import weakref
+
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from input_pipeline import documents
+from input_pipeline import instances as inst_lib
+from input_pipeline import masking
+from input_pipeline import prepare
+from input_pipeline import records
+from input_pipeline import text
+from input_pipeline import tokenizer as tokenizer_lib
+
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+            "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
+SPLITS = documents.SPLITS
+load_documents = documents.load_documents
+eval_document_count = documents.eval_document_count
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """The data config (`config.data` of a training config)."""
+  c = ml_collections.ConfigDict()
+  c.prepared_dir = ""             # Output of `python -m input_pipeline.prepare`.
+  c.tfrecord_pattern = ""         # Or: original BERT TFRecords (globs), used when set.
+  c.vocab_path = ""               # Vocab file/dir; "" = the one recorded by prepare.
+  c.lowercase = ml_collections.config_dict.placeholder(bool)  # None: as the vocab says.
+  c.max_seq_length = 128          # L: tokens per example, [CLS] and [SEP]s included.
+  c.max_predictions_per_seq = 20  # P: masked positions per example (76 at L=512).
+  c.masked_lm_prob = 0.15         # Share of non-special tokens chosen for prediction.
+  c.short_seq_prob = 0.1          # Share of pairs with a random shorter target length.
+  c.nsp = True                    # Next-sentence pairs; False: single segments.
+  c.whole_word_masking = False    # Choose all pieces of a word together.
+  c.shuffle_block_docs = 256      # K: document pieces per block (shuffle unit, restore cost).
+  c.doc_piece_tokens = 8192       # Longer documents are cut (at sentences) into pieces.
+  c.eval_fraction = 0.01          # Share of documents held out for split="eval".
+  c.shuffle_buffer = 10_000       # tfrecord_pattern only: shuffle buffer per epoch.
+  c.prefetch_batches = 8          # Batches the iterator's thread prepares ahead.
+  return c
+
+
+def _key(*parts: int) -> int:
+  """A 63-bit RNG key mixing non-negative ints (SeedSequence: well spread, portable)."""
+  words = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint32)
+  return (int(words[0]) << 31) ^ int(words[1])
+
+
+def vocabulary_for(cfg, summary: dict) -> tokenizer_lib.Tokenizer:
+  """The vocabulary of cfg (default: the prepared one), refusing a mismatch."""
+  path = cfg.vocab_path or summary["vocab"]["path"]
+  tok = tokenizer_lib.Tokenizer.from_path(path, cfg.lowercase)
+  if tok.sha256 != summary["vocab"]["sha256"]:
+    raise ValueError(
+        f"Vocabulary mismatch: {cfg.prepared_dir} was prepared with "
+        f"{summary['vocab']['path']} (sha256 {summary['vocab']['sha256'][:12]}...) but "
+        f"vocab_path={path} has sha256 {tok.sha256[:12]}.... Re-run prepare with this "
+        "vocabulary or point vocab_path at the original one.")
+  return tok
+
+
+# ------------------------------------------------------------------------- blocks
+
+
+class BlockStream:
+  """The deterministic example stream of one host and split of a prepared corpus."""
+
+  def __init__(self, cfg, corpus: dict, tok: tokenizer_lib.Tokenizer, *, seed: int,
+               process_index: int, split: str):
+    self.cfg, self.corpus, self.tok = cfg, corpus, tok
+    self.seed, self.process_index, self.split_id = seed, process_index, SPLITS.index(split)
+    self.num_pieces = len(corpus["piece_doc"])
+    self.block_size = max(1, int(cfg.shuffle_block_docs))
+    self.blocks_per_epoch = -(-self.num_pieces // self.block_size)
+    self.mask_fn = masking.make_mask_fn(
+        is_special=tok.is_special, is_continuation=tok.is_continuation, mask_id=tok.mask_id,
+        max_predictions_per_seq=cfg.max_predictions_per_seq,
+        masked_lm_prob=cfg.masked_lm_prob, whole_word_masking=cfg.whole_word_masking)
+    spec = {"input_ids": tf.TensorSpec([None, cfg.max_seq_length], tf.int32),
+            "mask_seed": tf.TensorSpec([2], tf.int64)}
+    self._mask_block = tf.function(self.mask_fn, input_signature=[spec])  # Traced once.
+    self._perm = (None, None)
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    if self._perm[0] != epoch:
+      rng = np.random.default_rng(_key(self.seed, epoch, self.process_index, self.split_id))
+      self._perm = (epoch, rng.permutation(self.num_pieces))
+    return self._perm[1]
+
+  def block(self, epoch: int, block: int) -> dict:
+    """Unmasked features of a block, shuffled, plus its mask_seed [2]."""
+    cfg = self.cfg
+    pieces = self._permutation(epoch)[block * self.block_size:(block + 1) * self.block_size]
+    key = _key(self.seed, epoch, block, self.process_index, self.split_id)
+    inst = inst_lib.make_instances(
+        self.corpus, pieces, random.Random(key), max_seq_length=cfg.max_seq_length,
+        short_seq_prob=cfg.short_seq_prob, nsp=cfg.nsp)
+    np_rng = np.random.default_rng(key)
+    inst = inst_lib.truncate(inst, np_rng, cfg.max_seq_length - (3 if cfg.nsp else 2))
+    feats = inst_lib.assemble(self.corpus["tokens"], inst, max_seq_length=cfg.max_seq_length,
+                              cls_id=self.tok.cls_id, sep_id=self.tok.sep_id,
+                              pad_id=self.tok.pad_id)
+    order = np_rng.permutation(len(inst["label"]))
+    feats = {k: v[order] for k, v in feats.items()}
+    mask_key = _key(self.seed, epoch, block, self.process_index, self.split_id, 1)
+    feats["mask_seed"] = np.array([mask_key >> 32, mask_key & 0xFFFFFFFF], np.int64)
+    return feats
+
+  def masked_block(self, epoch: int, block: int) -> dict:
+    feats = self.block(epoch, block)
+    masked = self._mask_block({"input_ids": feats["input_ids"],
+                               "mask_seed": feats.pop("mask_seed")})
+    feats.update({k: v.numpy() for k, v in masked.items()})
+    return feats
+
+  def _positions(self, state: dict):
+    """(epoch, block, offset) from `state` on, block by block, forever."""
+    epoch, block, offset = state["epoch"], state["block"], state["offset"]
+    while True:
+      yield epoch, block, offset
+      offset, block = 0, block + 1
+      if block == self.blocks_per_epoch:
+        epoch, block = epoch + 1, 0
+
+  def batches(self, state: dict, batch_size: int):
+    """(batch, state after it) pairs from `state` on; batches may span blocks."""
+    parts, filled = [], 0
+    for epoch, block, offset in self._positions(state):
+      feats = self.masked_block(epoch, block)
+      n = len(feats["input_ids"])
+      while offset < n:
+        take = min(batch_size - filled, n - offset)
+        parts.append({k: v[offset:offset + take] for k, v in feats.items()})
+        offset, filled = offset + take, filled + take
+        if filled == batch_size:
+          batch = {k: np.concatenate([p[k] for p in parts]) for k in FEATURES}
+          yield batch, {"epoch": epoch, "block": block, "offset": offset}
+          parts, filled = [], 0
+
+  def dataset(self, state: dict) -> tf.data.Dataset:
+    """The same stream as tf.data: generated blocks, masked by a map, cut into examples."""
+    length = self.cfg.max_seq_length
+    sig = {k: tf.TensorSpec([None, length], tf.int32)
+           for k in ("input_ids", "input_mask", "segment_ids")}
+    sig.update(next_sentence_labels=tf.TensorSpec([None], tf.int32),
+               mask_seed=tf.TensorSpec([2], tf.int64), skip=tf.TensorSpec([], tf.int64))
+
+    def blocks():
+      for epoch, block, offset in self._positions(state):
+        yield dict(self.block(epoch, block), skip=np.int64(offset))
+
+    ds = tf.data.Dataset.from_generator(blocks, output_signature=sig)
+    # The whole block is masked (the random draws depend on it), then `skip` dropped.
+    ds = ds.map(lambda b: dict(self.mask_fn(b), skip=b["skip"]))
+    ds = ds.map(lambda b: {k: b[k][b["skip"]:] for k in FEATURES})
+    return ds.unbatch()
+
+
+# ------------------------------------------------------------------ original records
+
+
+class RecordStream:
+  """Original create_pretraining_data.py TFRecords as an endless, seeded stream."""
+
+  def __init__(self, cfg, *, seed: int, process_index: int, process_count: int,
+               split: str):
+    if split != "train":
+      raise ValueError("tfrecord_pattern input has no held-out split; give the eval "
+                       "records their own data config (tfrecord_pattern) instead.")
+    self.cfg, self.seed, self.process_index = cfg, seed, process_index
+    self.process_count = process_count
+    files = text.expand_patterns(cfg.tfrecord_pattern)
+    self.shard_records = len(files) < process_count
+    self.files = files if self.shard_records else files[process_index::process_count]
+
+  def _with_positions(self, state: dict) -> tf.data.Dataset:
+    cfg = self.cfg
+
+    def one_epoch(epoch):
+      ds = tf.data.TFRecordDataset(self.files)
+      if self.shard_records:
+        ds = ds.shard(self.process_count, self.process_index)
+      seed = epoch * 1_000_003 + self.seed * 7919 + self.process_index
+      ds = ds.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+      return ds.enumerate().map(lambda i, r: (epoch, i, r))
+
+    ds = tf.data.Dataset.range(state["epoch"], 1 << 62).flat_map(one_epoch)
+    ds = ds.skip(state["offset"])  # Before parsing: cheap.
+
+    def parse(epoch, index, record):
+      out = records.parse_bert_record(record, max_seq_length=cfg.max_seq_length,
+                                      max_predictions_per_seq=cfg.max_predictions_per_seq)
+      return dict(out, epoch=epoch, index=index)
+
+    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+  def batches(self, state: dict, batch_size: int):
+    ds = self._with_positions(state).batch(batch_size, drop_remainder=True)
+    for batch in ds.prefetch(2).as_numpy_iterator():
+      next_state = {"epoch": int(batch["epoch"][-1]), "block": 0,
+                    "offset": int(batch["index"][-1]) + 1}
+      yield {k: batch[k] for k in FEATURES}, next_state
+
+  def dataset(self, state: dict) -> tf.data.Dataset:
+    return self._with_positions(state).map(lambda ex: {k: ex[k] for k in FEATURES})
+
+
+# ------------------------------------------------------------------------- public API
+
+
+def make_stream(data_cfg, *, seed: int, process_index: int = 0, process_count: int = 1,
+                split: str = "train"):
+  """The BlockStream (prepared corpus) or RecordStream (tfrecord_pattern) of data_cfg."""
+  if not 0 < data_cfg.max_predictions_per_seq <= data_cfg.max_seq_length:
+    raise ValueError(f"Need 0 < max_predictions_per_seq <= max_seq_length, got "
+                     f"{data_cfg.max_predictions_per_seq} and {data_cfg.max_seq_length}.")
+  if data_cfg.tfrecord_pattern:
+    return RecordStream(data_cfg, seed=seed, process_index=process_index,
+                        process_count=process_count, split=split)
+  if not data_cfg.prepared_dir:
+    raise ValueError("Set data_cfg.prepared_dir (from input_pipeline.prepare) or "
+                     "data_cfg.tfrecord_pattern (original BERT TFRecords).")
+  summary = prepare.load_summary(data_cfg.prepared_dir)
+  tok = vocabulary_for(data_cfg, summary)
+  corpus = documents.load_documents(
+      data_cfg.prepared_dir, split=split, eval_fraction=data_cfg.eval_fraction,
+      nsp=data_cfg.nsp, process_index=process_index, process_count=process_count,
+      doc_piece_tokens=data_cfg.doc_piece_tokens)
+  return BlockStream(data_cfg, corpus, tok, seed=seed, process_index=process_index,
+                     split=split)
+
+
+def _initial_state() -> dict:
+  return {"epoch": 0, "block": 0, "offset": 0}
+
+
+def pretrain_dataset(data_cfg, *, seed: int, process_index: int = 0, process_count: int = 1,
+                     split: str = "train", batch_size: int | None = None) -> tf.data.Dataset:
+  """Endless dataset of feature dicts (see module doc), batched when batch_size is set.
+
+  The same examples, in the same order, as PretrainIterator (which also restores state).
+  Delete its iterators before the interpreter exits: tf.data may hang finalizing a live
+  Python generator.
+  """
+  ds = make_stream(data_cfg, seed=seed, process_index=process_index,
+                   process_count=process_count, split=split).dataset(_initial_state())
+  if batch_size:
+    ds = ds.batch(batch_size, drop_remainder=True)
+  return ds.prefetch(tf.data.AUTOTUNE)
+
+
+class _Failure:
+  def __init__(self, error: BaseException):
+    self.error = error
+
+
+_LIVE_THREADS = weakref.WeakSet()
+
+
+class _Prefetcher:
+  """Runs a generator in a daemon thread, at most `depth` items ahead of get()."""
+
+  def __init__(self, generator, depth: int):
+    self._queue = queue.Queue(max(1, depth))
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(generator,), daemon=True)
+    self._thread.start()
+    _LIVE_THREADS.add(self)
+
+  def _put(self, item) -> bool:
+    while not self._stop.is_set():
+      try:
+        self._queue.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def _run(self, generator):
+    try:
+      for item in generator:
+        if not self._put(item):
+          return
+      self._put(_Failure(StopIteration()))
+    except BaseException as e:  # pylint: disable=broad-except
+      self._put(_Failure(e))  # Raised by get() in the consumer's thread.
+
+  def get(self):
+    item = self._queue.get()
+    if isinstance(item, _Failure):
+      raise item.error
+    return item
+
+  def close(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=60)
+
+
+@atexit.register
+def _stop_prefetchers():
+  # Stop producers while the interpreter is still whole (TF ops in a thread at shutdown).
+  for prefetcher in list(_LIVE_THREADS):
+    prefetcher.close()
+
+
+class PretrainIterator:
+  """Host-local numpy batches with a small, JSON-serialisable, restorable state."""
+
+  def __init__(self, data_cfg, *, batch_size: int, seed: int, process_index: int = 0,
+               process_count: int = 1, split: str = "train"):
+    self._prefetcher = None
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    self.batch_size, self.prefetch = batch_size, data_cfg.get("prefetch_batches", 8)
+    self._identity = {"seed": seed, "process_index": process_index,
+                      "process_count": process_count, "split": split}
+    self._stream = make_stream(data_cfg, seed=seed, process_index=process_index,
+                               process_count=process_count, split=split)
+    self._state = _initial_state()
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self._prefetcher is None:
+      self._prefetcher = _Prefetcher(
+          self._stream.batches(dict(self._state), self.batch_size), self.prefetch)
+    batch, self._state = self._prefetcher.get()
+    return batch
+
+  def get_state(self) -> dict:
+    return dict(self._state, **self._identity)
+
+  def set_state(self, state: dict) -> None:
+    """Resumes right after the batch at which `state` was taken (same config)."""
+    state = json.loads(json.dumps(state))  # Accept what a checkpoint round trip returns.
+    mismatch = {k: (state[k], v) for k, v in self._identity.items()
+                if k in state and state[k] != v}
+    if mismatch:
+      raise ValueError(
+          f"Data state from another setup (saved, this iterator): {mismatch}. The stream "
+          "depends on them; to start this setup at an epoch's beginning anyway, pass "
+          "{'epoch': e, 'block': 0, 'offset': 0} without the other keys.")
+    self.close()
+    self._state = {k: int(state[k]) for k in _initial_state()}
+
+  def close(self) -> None:
+    """Stops the background thread (a later next() restarts it where it stopped)."""
+    if self._prefetcher is not None:
+      self._prefetcher.close()
+      self._prefetcher = None
+
+  def __del__(self):
+    self.close()

@@ -1,0 +1,192 @@
+"""Plain-text corpora: file globs -> documents of sentences or paragraphs.
+
+A *raw document* is a dict {"texts": [str, ...], "split": bool}: `texts` are sentences
+(split=False, original BERT "lines" format) or paragraphs that still need sentence
+splitting (split=True). Splitting happens later, in the prepare workers, so the reader
+stays a cheap single-threaded stream.
+
+Formats (per file):
+  lines       one sentence per line, blank line between documents (google-research/bert).
+  paragraphs  free text; hard-wrapped lines of a paragraph are joined, blank lines separate
+              paragraphs, the whole file is one document (a book is one document).
+  auto        "lines" if at least 80% of the first 200 non-blank lines end with sentence
+              punctuation (optionally followed by a closing quote or bracket), else
+              "paragraphs". Hard-wrapped prose ends most lines mid-sentence, BERT-format
+              text ends almost every line with a full stop.
+
+Project Gutenberg files keep only the text between the `*** START OF` and `*** END OF`
+lines (when the markers are present). Undecodable UTF-8 bytes become U+FFFD and are
+counted in `stats["replaced_bytes"]` instead of failing.
+"""
+import codecs
+import itertools
+import re
+from typing import Iterator
+
+FORMATS = ("auto", "lines", "paragraphs")
+_READ_CHUNK_BYTES = 8 << 20
+# A START marker later than this is not a Gutenberg header: treat the text as plain.
+_HEADER_LOOKAHEAD_LINES = 1000
+_AUTO_SAMPLE_LINES = 200
+# Dialogue-heavy hard-wrapped prose ends up to ~60% of its lines with punctuation; text
+# with one sentence per line ends nearly all of them so.
+_AUTO_LINES_FRACTION = 0.8
+# "*** START OF THE PROJECT GUTENBERG EBOOK X ***", also written "***START OF ...".
+_START = re.compile(r"\*\*\*\s*START OF")
+_END = re.compile(r"\*\*\*\s*END OF")
+
+# --------------------------------------------------------------------------- files
+
+
+def _gfile():
+  # Imported on use: prepare's worker processes import this module but never read files,
+  # and must start without loading TensorFlow.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+def expand_patterns(patterns: str) -> list[str]:
+  """Comma-separated globs -> sorted unique file list; every glob must match something."""
+  gfile = _gfile()
+  files = []
+  for pattern in (p.strip() for p in patterns.split(",")):
+    if not pattern:
+      continue
+    matched = sorted(gfile.glob(pattern))
+    matched = [m for m in matched if not gfile.isdir(m)]
+    if not matched:
+      raise FileNotFoundError(
+          f"Input pattern {pattern!r} matches no files. Check the path (globs such as "
+          "'data/*.txt' and comma-separated lists are accepted), or use --input=default "
+          "for the built-in corpus.")
+    files.extend(matched)
+  if not files:
+    raise ValueError(f"No input files given (input={patterns!r}).")
+  return sorted(set(files))
+
+
+# Undecodable bytes seen by this process; read_lines adds the change to its stats.
+_replaced = [0]
+
+
+def _replace_and_count(err: UnicodeDecodeError):
+  _replaced[0] += err.end - err.start
+  return "\ufffd", err.end
+
+
+codecs.register_error("input_pipeline_replace", _replace_and_count)
+
+
+def decode_bytes(data: bytes, stats: dict) -> str:
+  """UTF-8 decode; undecodable bytes become U+FFFD and are counted in stats."""
+  before = _replaced[0]
+  text = data.decode("utf-8", errors="input_pipeline_replace")
+  stats["replaced_bytes"] += _replaced[0] - before
+  return text
+
+
+def read_lines(path: str, stats: dict) -> Iterator[str]:
+  """Streams the decoded lines of a file (no line ends), in large binary chunks.
+
+  Splitting on b"\\n" before decoding is safe: 0x0A never occurs inside a multi-byte
+  UTF-8 sequence. Adds to stats["bytes"] and stats["replaced_bytes"].
+  """
+  tail = b""
+  # Plain open() for local files: faster, and TF's GFile is not safe to read from the
+  # threads some consumers (tokenizers' trainers) pull iterators on.
+  with (_gfile().GFile(path, "rb") if "://" in path else open(path, "rb")) as f:
+    while True:
+      chunk = f.read(_READ_CHUNK_BYTES)
+      if not chunk:
+        break
+      stats["bytes"] += len(chunk)
+      chunk = tail + chunk
+      cut = chunk.rfind(b"\n") + 1
+      tail = chunk[cut:]
+      for line in decode_bytes(chunk[:cut], stats).split("\n")[:-1]:
+        yield line.rstrip("\r")
+  if tail:
+    yield decode_bytes(tail, stats).rstrip("\r")
+
+
+def strip_gutenberg(lines: Iterator[str]) -> Iterator[str]:
+  """Drops a Project Gutenberg header/footer; other text passes unchanged."""
+  lines, head = iter(lines), []
+  for line in lines:
+    if _START.match(line):
+      head = None  # Header found: everything before it is dropped.
+      break
+    if _END.match(line):
+      yield from head
+      return
+    head.append(line)
+    if len(head) >= _HEADER_LOOKAHEAD_LINES:
+      break
+  if head is not None:
+    yield from head
+  for line in lines:
+    if _END.match(line):
+      return
+    yield line
+
+
+_SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*$")
+
+
+def detect_format(lines: list[str]) -> str:
+  """'lines' if most non-blank lines end a sentence, else 'paragraphs' (see module doc)."""
+  sample = [l.strip() for l in lines if l.strip()][:_AUTO_SAMPLE_LINES]
+  if not sample:
+    return "paragraphs"
+  ending = sum(bool(_SENTENCE_END.search(l)) for l in sample)
+  return "lines" if ending >= _AUTO_LINES_FRACTION * len(sample) else "paragraphs"
+
+
+def _lines_documents(lines: Iterator[str]) -> Iterator[dict]:
+  doc = []
+  for line in lines:
+    line = line.strip()
+    if line:
+      doc.append(line)
+    elif doc:
+      yield {"texts": doc, "split": False}
+      doc = []
+  if doc:
+    yield {"texts": doc, "split": False}
+
+
+def join_paragraphs(lines) -> list[str]:
+  """Joins hard-wrapped lines; blank lines end a paragraph."""
+  paragraphs, current = [], []
+  for line in lines:
+    line = line.strip()
+    if line:
+      current.append(line)
+    elif current:
+      paragraphs.append(" ".join(current))
+      current = []
+  if current:
+    paragraphs.append(" ".join(current))
+  return paragraphs
+
+
+def iter_file_documents(path: str, fmt: str, stats: dict) -> Iterator[dict]:
+  """Raw documents of one text file (format per module docstring)."""
+  if fmt not in FORMATS:
+    raise ValueError(f"Unknown text format {fmt!r}; use one of {FORMATS}.")
+  lines = strip_gutenberg(read_lines(path, stats))
+  if fmt == "auto":
+    sample, nonblank = [], 0
+    for line in lines:
+      sample.append(line)
+      nonblank += bool(line.strip())
+      if nonblank >= _AUTO_SAMPLE_LINES:
+        break
+    fmt = detect_format(sample)
+    lines = itertools.chain(sample, lines)
+  if fmt == "lines":
+    yield from _lines_documents(lines)
+  else:
+    paragraphs = join_paragraphs(lines)
+    if paragraphs:
+      yield {"texts": paragraphs, "split": True}

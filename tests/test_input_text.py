@@ -1,0 +1,162 @@
+"""Corpus reading: sentence splitting, formats, Gutenberg markers, bad bytes, TFDS, built-in."""
+import os
+import pathlib
+
+import pytest
+
+from input_pipeline import builtin_corpus
+from input_pipeline import corpus
+from input_pipeline import sentences
+from input_pipeline import text
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+GUTENBERG = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "gutenberg"
+
+
+@pytest.mark.parametrize("paragraph, expected", [
+    ("Mr. Smith went to Washington. He paid $3.50 for it! Did he? Yes.",
+     ["Mr. Smith went to Washington.", "He paid $3.50 for it!", "Did he?", "Yes."]),
+    ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
+    ('"Stop!" he said. She did.', ['"Stop!" he said.', "She did."]),
+    ("Use e.g. apples. Or i.e. pears.", ["Use e.g. apples.", "Or i.e. pears."]),
+    ("J. R. R. Tolkien wrote it. The U.S. Army came. Dr. Who?",
+     ["J. R. R. Tolkien wrote it.", "The U.S. Army came.", "Dr. Who?"]),
+    ("Pi is 3.14159 exactly. It was 1984. 2001 came later.",
+     ["Pi is 3.14159 exactly.", "It was 1984.", "2001 came later."]),
+    ("Wait... What? (Really.) “Yes,” she said. ‘No.’ Fine.",
+     ["Wait...", "What?", "(Really.)", "“Yes,” she said.", "‘No.’", "Fine."]),
+    ("apples, pears, etc. The next one.", ["apples, pears, etc.", "The next one."]),
+    ("no capital after this. so it stays", ["no capital after this. so it stays"]),
+    ("", []),
+])
+def test_split_sentences(paragraph, expected):
+  assert sentences.split_sentences(paragraph) == expected
+
+
+def _read(path, fmt="auto"):
+  stats = corpus.new_stats()
+  return list(corpus.iter_documents(str(path), fmt=fmt, stats=stats)), stats
+
+
+def test_formats_and_gutenberg_markers(tmp_path):
+  lines = tmp_path / "bert.txt"
+  lines.write_text("First sentence here.\nSecond one.\n\nOther document.\nIts end!\n")
+  docs, _ = _read(lines)
+  assert docs == [{"texts": ["First sentence here.", "Second one."], "split": False},
+                  {"texts": ["Other document.", "Its end!"], "split": False}]
+  book = tmp_path / "book.txt"
+  book.write_bytes(
+      b"Project Gutenberg header\r\nLicense blah.\r\n"
+      b"*** START OF THE PROJECT GUTENBERG EBOOK X ***\r\n\r\n"
+      b"It was a dark and stormy night; the rain fell in\r\ntorrents. Mr. Jones\r\n"
+      b"slept.\r\n\r\nThe end came\r\nsoon.\r\n"
+      b"*** END OF THE PROJECT GUTENBERG EBOOK X ***\r\nFooter license.\r\n")
+  docs, stats = _read(book)
+  assert docs == [{"texts": ["It was a dark and stormy night; the rain fell in torrents. "
+                             "Mr. Jones slept.", "The end came soon."], "split": True}]
+  assert sentences.document_sentences(docs[0]) == [
+      "It was a dark and stormy night; the rain fell in torrents.", "Mr. Jones slept.",
+      "The end came soon."]
+  assert stats["files"] == 1 and stats["bytes"] == book.stat().st_size
+  # Forced formats override the guess; no markers -> all text kept.
+  docs, _ = _read(book, fmt="lines")
+  assert docs[0]["texts"][0] == "It was a dark and stormy night; the rain fell in"
+  plain = tmp_path / "plain.txt"
+  plain.write_text("Just some words\nwrapped here\n")
+  assert _read(plain)[0] == [{"texts": ["Just some words wrapped here"], "split": True}]
+
+
+def test_detect_format():
+  assert text.detect_format(["One sentence.", "Another one!", "", "Third?"]) == "lines"
+  assert text.detect_format(["a wrapped line that goes", "on and on until", "it ends."]) == (
+      "paragraphs")
+
+
+def test_undecodable_bytes_replaced_and_counted(tmp_path):
+  path = tmp_path / "bad.txt"
+  path.write_bytes(b"Caf\xc3\xa9 ok.\nBad \xff\xfe bytes here.\nTruncated \xe2\x82.\n")
+  docs, stats = _read(path, fmt="lines")
+  assert stats["replaced_bytes"] == 4
+  assert docs[0]["texts"] == ["Café ok.", "Bad \ufffd\ufffd bytes here.", "Truncated \ufffd."]
+
+
+def test_missing_and_empty_inputs(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"nothing-here/\*\.txt.*matches no files"):
+    list(corpus.iter_documents(str(tmp_path / "nothing-here" / "*.txt")))
+  (tmp_path / "a.txt").write_text("x.\n")
+  with pytest.raises(FileNotFoundError, match="missing.txt"):  # Every glob must match.
+    list(corpus.iter_documents(f"{tmp_path / 'a.txt'},{tmp_path / 'missing.txt'}"))
+  with pytest.raises(ValueError, match="No corpus"):
+    list(corpus.iter_documents(" "))
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n\n")
+  assert _read(empty)[0] == []
+  files = text.expand_patterns(f"{tmp_path}/*.txt,{tmp_path / 'a.txt'}")
+  assert files == sorted({str(tmp_path / "a.txt"), str(empty)})
+
+
+def test_builtin_corpus_is_deterministic_and_large():
+  texts = builtin_corpus.builtin_texts()
+  again = builtin_corpus.builtin_texts.__wrapped__()  # A second child interpreter.
+  assert texts == again
+  names = [name for name, _ in texts]
+  assert "module:json" in names and "topic:assert" in names
+  assert not any(n.split(":")[1].split(".")[0] in builtin_corpus.SKIP_MODULES
+                 for n in names if n.startswith("module:"))
+  assert sum(len(t) for _, t in texts) > 1_000_000
+  stats = corpus.new_stats()
+  docs = list(corpus.iter_documents("default", stats=stats))
+  assert len(docs) == stats["raw_documents"] and len(docs) > 300
+  assert list(corpus.iter_documents("builtin"))[:3] == docs[:3]
+
+
+def test_tfds_local_corpus(tmp_path):
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  class TinyTextCorpus(tfds.core.GeneratorBasedBuilder):
+    """Three documents, generated locally: nothing to download."""
+    VERSION = tfds.core.Version("1.0.0")
+    # A top-level module name: TFDS then skips looking for checksum files beside the
+    # builder's package, a path that needs the (absent) importlib_resources package.
+    __module__ = "tiny_text_corpus_builder"
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"title": tfds.features.Text(), "body": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(3):
+        yield i, {"title": f"Doc {i}", "body": f"Paragraph one of doc {i}. Second sentence.\n"
+                                               f"Paragraph two of doc {i}."}
+
+  builder = TinyTextCorpus(data_dir=str(tmp_path))
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+      try_download_gcs=False))
+  with pytest.raises(ValueError, match="no field 'text'"):
+    list(corpus.iter_documents("tfds:tiny_text_corpus", tfds_data_dir=str(tmp_path)))
+  docs = list(corpus.iter_documents("tfds:tiny_text_corpus", text_field="body",
+                                    tfds_data_dir=str(tmp_path)))
+  assert len(docs) == 3 and all(len(d["texts"]) == 2 and d["split"] for d in docs)
+  assert sorted(sentences.document_sentences(docs[0]))[0].startswith("Paragraph one of doc")
+  with pytest.raises(FileNotFoundError, match="not prepared.*tfds build"):
+    list(corpus.iter_documents("tfds:tiny_text_corpus", tfds_data_dir=str(tmp_path / "x")))
+
+
+@pytest.mark.data
+def test_gutenberg_books_are_stripped():
+  books = sorted(GUTENBERG.glob("pg*.txt"))[:5]
+  if not books:
+    pytest.skip(f"{GUTENBERG} not present (only on the project's machines)")
+  for book in books:
+    docs, stats = _read(book)
+    assert len(docs) == 1 and docs[0]["split"] and stats["replaced_bytes"] == 0
+    lines = book.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("***") and "START OF" in l)
+    end = next(i for i, l in enumerate(lines) if l.startswith("***") and "END OF" in l)
+    body = [l.strip() for l in lines[start + 1:end] if l.strip()]
+    assert docs[0]["texts"][0].startswith(body[0])
+    assert docs[0]["texts"][-1].endswith(body[-1])

@@ -1,0 +1,167 @@
+"""prepare: CLI end to end, record format, worker-count independence, original BERT records."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from input_pipeline import prepare
+from input_pipeline import pretrain
+from input_pipeline import records
+from input_pipeline import testing
+from input_pipeline import tokenizer as tokenizer_lib
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+BOOK = ("*** START OF THE PROJECT GUTENBERG EBOOK T ***\r\n\r\n"
+        "Chapter one begins here. Mr. Brown d{i}w1 walked\r\nhome. It rained!\r\n\r\n"
+        "Second paragraph d{i}w2 of book {i}. Bad byte \xff here.\r\n"
+        "*** END OF THE PROJECT GUTENBERG EBOOK T ***\r\nlicense\r\n")
+
+
+@pytest.fixture
+def books(tmp_path):
+  words = ("chapter one begins here . mr brown walked home it rained ! second paragraph of "
+           "book bad byte here").split() + [str(i) for i in range(6)]
+  vocab = testing.write_vocab(str(tmp_path / "vocab" / "vocab.txt"),
+                              words + testing.tagged_words(6, 3) + ["[unused0]"])
+  for i in range(6):
+    text = BOOK.format(i=i).encode("utf-8").replace("\xff".encode("utf-8"), b"\xff")
+    (tmp_path / f"book{i}.txt").write_bytes(text)
+  return {"glob": str(tmp_path / "book*.txt"), "vocab": vocab, "root": tmp_path}
+
+
+def _read_all(prepared_dir):
+  summary = prepare.load_summary(prepared_dir)
+  docs = {}
+  for shard, name in enumerate(summary["files"]):
+    for r, raw in enumerate(tf.data.TFRecordDataset(os.path.join(prepared_dir, name))):
+      ex = tf.train.Example.FromString(raw.numpy())
+      tokens = list(ex.features.feature["token_ids"].int64_list.value)
+      lengths = list(ex.features.feature["sentence_lengths"].int64_list.value)
+      docs[r * summary["num_shards"] + shard] = (tokens, lengths)
+  return summary, [docs[i] for i in range(len(docs))]
+
+
+def test_prepare_cli_end_to_end(books):
+  out = str(books["root"] / "prepared")
+  summary = prepare.main(["prepare", f"--input={books['glob']}", f"--vocab={books['vocab']}",
+                          f"--output_dir={out}", "--num_shards=4", "--num_workers=2"])
+  on_disk, docs = _read_all(out)
+  assert on_disk == json.loads(json.dumps(summary))
+  assert summary["documents"] == 6 and summary["sentences"] == 6 * 5
+  assert summary["input_files"] == 6 and summary["replaced_bytes"] == 6
+  assert summary["tokens"] == sum(len(t) for t, _ in docs)
+  assert summary["shard_documents"] == [2, 2, 1, 1] and summary["num_shards"] == 4
+  assert summary["vocab"]["sha256"] == tokenizer_lib.Tokenizer.from_path(books["vocab"]).sha256
+  tok = tokenizer_lib.Tokenizer.from_path(books["vocab"])
+  for i, (tokens, lengths) in enumerate(docs):  # Documents keep corpus order.
+    assert sum(lengths) == len(tokens) and min(lengths) >= 1
+    sentences = np.split(np.array(tokens), np.cumsum(lengths)[:-1])
+    assert [" ".join(tok.convert_ids_to_tokens(s)) for s in sentences] == [
+        "chapter one begins here .", f"mr . brown d{i}w1 walked home .", "it rained !",
+        f"second paragraph d{i}w2 of book {i} .", "bad byte here ."]  # BERT drops U+FFFD.
+  # The output does not depend on the number of workers.
+  again = str(books["root"] / "again")
+  prepare.prepare_corpus(books["glob"], books["vocab"], again, num_shards=4, num_workers=1,
+                         progress=False)
+  for name in summary["files"]:
+    assert open(os.path.join(out, name), "rb").read() == open(
+        os.path.join(again, name), "rb").read()
+
+
+def test_prepare_errors(books, tmp_path):
+  with pytest.raises(FileNotFoundError, match="matches no files"):
+    prepare.prepare_corpus(str(tmp_path / "none*.txt"), books["vocab"], str(tmp_path / "o"))
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n \n")
+  with pytest.raises(ValueError, match="empty"):
+    prepare.prepare_corpus(str(empty), books["vocab"], str(tmp_path / "o"), progress=False)
+  with pytest.raises(FileNotFoundError, match="not .*prepared corpus"):
+    prepare.load_summary(str(tmp_path / "o"))
+  bad_vocab = testing.write_vocab(str(tmp_path / "bad.txt"), ["a"], specials=False)
+  with pytest.raises(ValueError, match="lacks the special tokens"):
+    prepare.prepare_corpus(books["glob"], bad_vocab, str(tmp_path / "o"))
+
+
+def test_prepare_default_corpus(tmp_path):
+  texts = testing.tagged_words(1, 1)  # Any vocab with specials works: words become [UNK].
+  vocab = testing.write_vocab(str(tmp_path / "vocab.txt"), texts + list("abcdefghij"))
+  summary = prepare.prepare_corpus("default", vocab, str(tmp_path / "p"), num_shards=2,
+                                   num_workers=1, progress=False)
+  assert summary["documents"] > 300 and summary["tokens"] > 100_000
+  assert summary["input_bytes"] > 1_000_000
+
+
+def test_encode_document_matches_tf_example():
+  sentences = [[5, 127, 128], [300_000, 2**40], [0]]
+  raw = records.encode_document(sentences)
+  parsed = tf.io.parse_single_example(raw, {
+      "token_ids": tf.io.VarLenFeature(tf.int64),
+      "sentence_lengths": tf.io.VarLenFeature(tf.int64)})
+  assert tf.sparse.to_dense(parsed["token_ids"]).numpy().tolist() == [5, 127, 128, 300_000,
+                                                                      2**40, 0]
+  assert tf.sparse.to_dense(parsed["sentence_lengths"]).numpy().tolist() == [3, 2, 1]
+  reference = tf.train.Example(features=tf.train.Features(feature={
+      k: tf.train.Feature(int64_list=tf.train.Int64List(value=v)) for k, v in
+      (("token_ids", [5, 127, 128, 300_000, 2**40, 0]), ("sentence_lengths", [3, 2, 1]))}))
+  assert tf.train.Example.FromString(raw) == reference
+
+
+def _write_bert_records(path, n, seed, max_seq_length=16):
+  """Records exactly as google-research/bert create_pretraining_data.py writes them."""
+  rng = np.random.default_rng(seed)
+  written = []
+  with tf.io.TFRecordWriter(path) as writer:
+    for i in range(n):
+      length = int(rng.integers(5, max_seq_length + 1))
+      ids = [2] + list(rng.integers(5, 100, length - 2)) + [3] + [0] * (max_seq_length - length)
+      ex = {"input_ids": ids, "input_mask": [1] * length + [0] * (max_seq_length - length),
+            "segment_ids": [0] * max_seq_length, "masked_lm_positions": [1, 2, 0, 0],
+            "masked_lm_ids": [ids[1], ids[2], 0, 0], "next_sentence_labels": [i % 2]}
+      feats = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=list(map(int, v))))
+               for k, v in ex.items()}
+      feats["masked_lm_weights"] = tf.train.Feature(
+          float_list=tf.train.FloatList(value=[1.0, 1.0, 0.0, 0.0]))
+      writer.write(tf.train.Example(features=tf.train.Features(feature=feats))
+                   .SerializeToString())
+      written.append(ex)
+  return written
+
+
+def test_original_bert_records(tmp_path):
+  written = _write_bert_records(str(tmp_path / "a.tfrecord"), 30, seed=0)
+  written += _write_bert_records(str(tmp_path / "b.tfrecord"), 30, seed=1)
+  ds = records.read_bert_tfrecords(str(tmp_path / "*.tfrecord"), max_seq_length=16,
+                                   max_predictions_per_seq=4)
+  got = list(ds.as_numpy_iterator())
+  assert len(got) == 60
+  for g, w in zip(got, written):
+    assert g["input_ids"].dtype == np.int32 and g["input_ids"].tolist() == w["input_ids"]
+    assert g["next_sentence_labels"].shape == () and g["next_sentence_labels"] == w[
+        "next_sentence_labels"][0]
+    assert g["masked_lm_weights"].dtype == np.float32
+    assert g["masked_lm_weights"].tolist() == [1.0, 1.0, 0.0, 0.0]
+  # Through the iterator: shuffled, endless, restorable.
+  cfg = pretrain.default_data_config()
+  cfg.tfrecord_pattern = str(tmp_path / "*.tfrecord")
+  cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.shuffle_buffer = 16, 4, 20
+  it = pretrain.PretrainIterator(cfg, batch_size=7, seed=1)
+  stream = [next(it) for _ in range(20)]  # 140 examples: more than two epochs.
+  assert set(stream[0]) == set(pretrain.FEATURES)
+  first_epoch = np.concatenate([b["input_ids"] for b in stream])[:60]
+  assert sorted(map(tuple, first_epoch.tolist())) == sorted(tuple(w["input_ids"]) for w in written)
+  resumed = pretrain.PretrainIterator(cfg, batch_size=7, seed=1)
+  probe = pretrain.PretrainIterator(cfg, batch_size=7, seed=1)
+  for _ in range(11):
+    next(probe)
+  resumed.set_state(json.loads(json.dumps(probe.get_state())))
+  for want in stream[11:15]:
+    got = next(resumed)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+  hosts = [pretrain.PretrainIterator(cfg, batch_size=10, seed=1, process_index=h,
+                                     process_count=2) for h in range(2)]
+  firsts = [set(map(tuple, np.concatenate([next(h)["input_ids"] for _ in range(3)]).tolist()))
+            for h in hosts]
+  assert not firsts[0] & firsts[1]

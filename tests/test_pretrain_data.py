@@ -1,0 +1,418 @@
+"""The pre-training pipeline: shapes, pairing, masking statistics, determinism, sharding."""
+import json
+import os
+import pathlib
+import random
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from input_pipeline import instances as inst_lib
+from input_pipeline import masking
+from input_pipeline import prepare
+from input_pipeline import pretrain
+from input_pipeline import testing
+from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline import vocab as vocab_lib
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+GUTENBERG = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "gutenberg"
+
+
+@pytest.fixture(scope="module")
+def tagged(tmp_path_factory):
+  return testing.make_tagged_corpus(str(tmp_path_factory.mktemp("tagged")), num_docs=12)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+  """A real-text prepared corpus: 24 Gutenberg books when present, else the built-in one."""
+  root = tmp_path_factory.mktemp("real")
+  books = sorted(GUTENBERG.glob("pg*.txt"))[:24]
+  spec = ",".join(map(str, books)) if books else "default"
+  vocab = vocab_lib.train_vocab(spec, str(root / "vocab"), vocab_size=4000, max_chars=3_000_000)
+  prepare.prepare_corpus(spec, vocab, str(root / "prepared"), num_shards=2, num_workers=1,
+                         progress=False)
+  return {"vocab": vocab, "prepared": str(root / "prepared"), "source": spec[:40]}
+
+
+def _cfg(corpus: dict, **overrides):
+  cfg = pretrain.default_data_config()
+  cfg.prepared_dir = corpus["prepared"]
+  cfg.vocab_path = corpus["vocab"]
+  cfg.update(overrides)
+  return cfg
+
+
+def _batches(cfg, n, batch_size=64, **kwargs):
+  it = pretrain.PretrainIterator(cfg, batch_size=batch_size, seed=kwargs.pop("seed", 0),
+                                 **kwargs)
+  return [next(it) for _ in range(n)]
+
+
+def _stack(batches):
+  return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def _unmasked(ex):
+  """input_ids with the chosen positions restored to their original tokens."""
+  ids = ex["input_ids"].copy()
+  real = ex["masked_lm_weights"] > 0
+  rows = np.broadcast_to(np.arange(len(ids))[:, None], real.shape)[real]
+  ids[rows, ex["masked_lm_positions"][real]] = ex["masked_lm_ids"][real]
+  return ids
+
+
+# ---------------------------------------------------------------- shapes and layout
+
+
+def test_dataset_shapes_and_dtypes(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10)
+  ds = pretrain.pretrain_dataset(cfg, seed=0)
+  spec = ds.element_spec
+  expected = {"input_ids": [64], "input_mask": [64], "segment_ids": [64],
+              "masked_lm_positions": [10], "masked_lm_ids": [10], "masked_lm_weights": [10],
+              "next_sentence_labels": []}
+  assert {k: v.shape.as_list() for k, v in spec.items()} == expected
+  assert all(spec[k].dtype == tf.int32 for k in expected if k != "masked_lm_weights")
+  assert spec["masked_lm_weights"].dtype == tf.float32
+  batched = pretrain.pretrain_dataset(cfg, seed=0, batch_size=8)
+  assert batched.element_spec["input_ids"].shape.as_list() == [8, 64]
+  batch = next(iter(_batches(cfg, 1, batch_size=8)))
+  assert set(batch) == set(expected)
+  for k, shape in expected.items():
+    assert batch[k].shape == (8, *shape), k
+    assert batch[k].dtype == (np.float32 if k == "masked_lm_weights" else np.int32), k
+
+
+def test_sequence_layout(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10)
+  tok = tokenizer_lib.Tokenizer.from_path(tagged["vocab"])
+  ex = _stack(_batches(cfg, 4, batch_size=32))
+  ids = _unmasked(ex)
+  for row, seg, mask in zip(ids, ex["segment_ids"], ex["input_mask"]):
+    n = mask.sum()
+    assert (mask[:n] == 1).all() and (mask[n:] == 0).all() and (row[n:] == tok.pad_id).all()
+    assert row[0] == tok.cls_id and row[n - 1] == tok.sep_id
+    seps = np.flatnonzero(row == tok.sep_id)
+    assert len(seps) == 2, seps
+    a_end = seps[0]
+    assert (seg[:a_end + 1] == 0).all() and (seg[a_end + 1:n] == 1).all() and (seg[n:] == 0).all()
+    assert a_end >= 2 and n - a_end >= 3  # Both segments hold at least one token.
+
+
+def test_no_nsp_single_segments(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, nsp=False)
+  ex = _stack(_batches(cfg, 3, batch_size=32))
+  tok = tokenizer_lib.Tokenizer.from_path(tagged["vocab"])
+  ids = _unmasked(ex)
+  assert (ex["next_sentence_labels"] == 0).all() and (ex["segment_ids"] == 0).all()
+  assert ((ids == tok.sep_id).sum(1) == 1).all()
+  lengths = ex["input_mask"].sum(1)
+  assert lengths.max() == 64  # Single segments fill up to L - 2 tokens.
+  # One document per example.
+  docs = testing.token_document(ids, tagged["num_docs"], tagged["words_per_doc"])
+  for row in docs:
+    assert len(set(row[row >= 0])) == 1
+
+
+# ---------------------------------------------------------------- pairing (numpy)
+
+
+def _original_truncate(la, lb, max_num_tokens):
+  a, b = list(range(la)), list(range(lb))
+  while len(a) + len(b) > max_num_tokens:
+    (a if len(a) > len(b) else b).pop()
+  return len(a), len(b)
+
+
+def test_truncated_lengths_match_original_loop():
+  la, lb = np.meshgrid(np.arange(1, 70), np.arange(1, 70))
+  la, lb = la.ravel(), lb.ravel()
+  got_a, got_b = inst_lib.truncated_lengths(la, lb, 45)
+  want = np.array([_original_truncate(a, b, 45) for a, b in zip(la, lb)])
+  np.testing.assert_array_equal(got_a, want[:, 0])
+  np.testing.assert_array_equal(got_b, want[:, 1])
+
+
+def test_pieces_cut_at_sentences_within_documents():
+  sent_len = np.array([5, 5, 5, 5, 5, 3, 9, 9])
+  sent_start = np.concatenate([[0], np.cumsum(sent_len)])
+  doc_sent = np.array([0, 5, 8])
+  piece_sent, piece_doc = inst_lib.pieces(sent_start, doc_sent, 10)
+  np.testing.assert_array_equal(piece_sent, [0, 2, 4, 5, 7, 8])
+  np.testing.assert_array_equal(piece_doc, [0, 0, 0, 1, 1])
+  whole, _ = inst_lib.pieces(sent_start, doc_sent, 0)
+  np.testing.assert_array_equal(whole, [0, 5, 8])
+
+
+def test_instances_follow_bert_algorithm(tagged):
+  corpus = pretrain.load_documents(tagged["prepared"], eval_fraction=0.0, doc_piece_tokens=0)
+  tokens, sent_start = corpus["tokens"], corpus["sent_start"]
+  token_doc = np.searchsorted(corpus["sent_start"][corpus["doc_sent"]], np.arange(len(tokens)),
+                              side="right") - 1
+  inst = inst_lib.make_instances(corpus, np.arange(len(corpus["piece_doc"])), random.Random(0),
+                                 max_seq_length=64, short_seq_prob=0.1, nsp=True)
+  starts = set(sent_start.tolist())
+  for a0, al, b0, bl, label in zip(*(inst[k] for k in ("a_start", "a_len", "b_start", "b_len",
+                                                          "label"))):
+    assert al >= 1 and bl >= 1
+    assert a0 in starts and a0 + al in starts and b0 in starts  # Whole sentences.
+    a_doc, b_doc = token_doc[a0], token_doc[b0]
+    assert token_doc[a0 + al - 1] == a_doc and token_doc[b0 + bl - 1] == b_doc
+    if label == 0:
+      assert b0 == a0 + al  # IsNext: B is the text that follows A.
+    else:
+      assert b_doc != a_doc  # NotNext: another document.
+  # Every sentence of the corpus starts a segment A, or is part of one (no text lost).
+  covered = np.zeros(len(tokens), bool)
+  for a0, al, b0, bl, label in zip(*(inst[k] for k in ("a_start", "a_len", "b_start", "b_len",
+                                                          "label"))):
+    covered[a0:a0 + al] = True
+    if label == 0:
+      covered[b0:b0 + bl] = True
+  assert covered.all()
+  truncated = inst_lib.truncate(inst, np.random.default_rng(0), 61)
+  assert (truncated["a_len"] + truncated["b_len"] <= 61).all()
+  assert (truncated["a_start"] >= inst["a_start"]).all()
+  assert (truncated["a_start"] + truncated["a_len"] <= inst["a_start"] + inst["a_len"]).all()
+
+
+def test_assemble_layout():
+  tokens = np.arange(100, 200, dtype=np.uint16)
+  inst = {"a_start": np.array([0, 10]), "a_len": np.array([3, 4]),
+          "b_start": np.array([50, 0]), "b_len": np.array([2, 0]), "label": np.array([1, 0])}
+  out = inst_lib.assemble(tokens, inst, max_seq_length=10, cls_id=2, sep_id=3, pad_id=0)
+  np.testing.assert_array_equal(out["input_ids"], [[2, 100, 101, 102, 3, 150, 151, 3, 0, 0],
+                                                   [2, 110, 111, 112, 113, 3, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(out["segment_ids"], [[0, 0, 0, 0, 0, 1, 1, 1, 0, 0], [0] * 10])
+  np.testing.assert_array_equal(out["input_mask"].sum(1), [8, 6])
+  np.testing.assert_array_equal(out["next_sentence_labels"], [1, 0])
+
+
+# ---------------------------------------------------------------- masking
+
+
+def _mask_fn(tok, **kw):
+  args = dict(is_special=tok.is_special, is_continuation=tok.is_continuation,
+              mask_id=tok.mask_id, max_predictions_per_seq=8, masked_lm_prob=0.15,
+              whole_word_masking=False)
+  args.update(kw)
+  return masking.make_mask_fn(**args)
+
+
+def test_mask_fn_eager_equals_tf_data(tagged):
+  tok = tokenizer_lib.Tokenizer.from_path(tagged["vocab"])
+  ids = np.array([tok.cls_id] + list(range(5, 40)) + [tok.sep_id] + [0] * 12, np.int32)
+  block = {"input_ids": np.stack([np.roll(ids, 0)] * 6), "mask_seed": np.array([7, 1])}
+  for wwm in (False, True):
+    fn = _mask_fn(tok, whole_word_masking=wwm)
+    eager = fn({k: tf.constant(v) for k, v in block.items()})
+    assert set(eager) == {"input_ids", "masked_lm_positions", "masked_lm_ids",
+                          "masked_lm_weights"}
+    assert eager["masked_lm_positions"].shape == (6, 8)
+    graph = next(tf.data.Dataset.from_tensors(block).map(fn).as_numpy_iterator())
+    for k in eager:
+      np.testing.assert_array_equal(eager[k].numpy(), graph[k])
+    # Rows of a block get different masks; the same seed, the same masks.
+    assert len({tuple(r) for r in graph["masked_lm_positions"]}) > 1
+    assert np.array_equal(fn(block)["input_ids"].numpy(), graph["input_ids"])
+    assert (graph["masked_lm_weights"].sum(1) >= 5).all()  # floor(35 * 0.15 + u) in {5, 6}
+    assert (graph["masked_lm_weights"].sum(1) <= 6).all()
+    # One example ([L]) works too, eagerly and in tf.data.
+    one = {"input_ids": ids, "mask_seed": np.array([7, 2])}
+    single = fn(one)
+    assert single["masked_lm_positions"].shape == (8,)
+    mapped = next(tf.data.Dataset.from_tensors(one).map(fn).as_numpy_iterator())
+    np.testing.assert_array_equal(single["input_ids"].numpy(), mapped["input_ids"])
+
+
+def test_masking_statistics_real_corpus(real):
+  """Rate = 15% of maskable tokens (P not binding), 80/10/10, specials never chosen."""
+  cfg = _cfg(real, max_seq_length=128, max_predictions_per_seq=128)
+  tok = tokenizer_lib.Tokenizer.from_path(real["vocab"])
+  ex = _stack(_batches(cfg, 40, batch_size=100))
+  original = _unmasked(ex)
+  candidates = (~tok.is_special[original]).sum()
+  real_w = ex["masked_lm_weights"] > 0
+  chosen = real_w.sum()
+  assert abs(chosen / candidates - 0.15) < 0.002, chosen / candidates
+  rows = np.repeat(np.arange(len(original))[:, None], real_w.shape[1], 1)[real_w]
+  pos = ex["masked_lm_positions"][real_w]
+  now = ex["input_ids"][rows, pos]
+  label = ex["masked_lm_ids"][real_w]
+  frac_mask = (now == tok.mask_id).mean()
+  frac_same = (now == label).mean()
+  frac_random = 1 - frac_mask - frac_same
+  assert abs(frac_mask - 0.8) < 0.01 and abs(frac_same - 0.1) < 0.01, (frac_mask, frac_same)
+  assert abs(frac_random - 0.1) < 0.01
+  assert not tok.is_special[label].any()          # Never [CLS] [SEP] [PAD] ...
+  assert not tok.is_special[now[now != tok.mask_id]].any()  # Random tokens are real words.
+  assert (ex["input_mask"][rows, pos] == 1).all()  # ... nor padding.
+  assert (pos > 0).all()
+  # Unchosen positions are untouched; chosen positions ascending and distinct.
+  changed = ex["input_ids"] != original
+  changed[rows, pos] = False
+  assert not changed.any()
+  p = np.where(real_w, ex["masked_lm_positions"], 10**6)
+  assert (np.diff(p, axis=1)[real_w[:, 1:]] > 0).all()
+  assert (ex["masked_lm_positions"][~real_w] == 0).all() and (ex["masked_lm_ids"][~real_w] == 0).all()
+
+
+def test_max_predictions_respected(real):
+  cfg = _cfg(real, max_seq_length=128, max_predictions_per_seq=5)
+  ex = _stack(_batches(cfg, 4, batch_size=64))
+  counts = ex["masked_lm_weights"].sum(1)
+  assert counts.max() == 5 and (counts <= 5).all()
+  assert ex["masked_lm_weights"].shape == (256, 5)
+
+
+def test_whole_word_masking(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=64, whole_word_masking=True)
+  tok = tokenizer_lib.Tokenizer.from_path(tagged["vocab"])
+  ex = _stack(_batches(cfg, 6, batch_size=64))
+  original = _unmasked(ex)
+  chosen = np.zeros(original.shape, bool)
+  real_w = ex["masked_lm_weights"] > 0
+  rows = np.repeat(np.arange(len(original))[:, None], real_w.shape[1], 1)[real_w]
+  chosen[rows, ex["masked_lm_positions"][real_w]] = True
+  cont = tok.is_continuation[original]
+  assert cont.any() and chosen.any()
+  # A continuation piece is chosen exactly when the piece before it is (unless truncation
+  # cut its word's start, leaving it first in its segment: then it is a word of its own).
+  pairs = cont[:, 1:] & ~tok.is_special[original[:, :-1]]
+  np.testing.assert_array_equal(chosen[:, 1:][pairs], chosen[:, :-1][pairs])
+  candidates = (~tok.is_special[original]).sum()
+  assert 0.12 < real_w.sum() / candidates <= 0.15
+
+
+# ---------------------------------------------------------------- NSP
+
+
+def test_nsp_balance_and_short_sequences(real):
+  corpus = pretrain.load_documents(real["prepared"])
+  inst = inst_lib.make_instances(corpus, np.arange(len(corpus["piece_doc"])), random.Random(1),
+                                 max_seq_length=128, short_seq_prob=0.1, nsp=True)
+  # The coin is fair where it is flipped; single-sentence chunks are NotNext (original).
+  flipped = ~inst["single"].astype(bool)
+  assert abs(inst["label"][flipped].mean() - 0.5) < 0.02
+  assert (inst["label"][~flipped] == 1).all()
+  short = (inst["target"] < 125).mean()
+  assert abs(short - 0.1) < 0.02, short
+  cfg = _cfg(real, max_seq_length=128, max_predictions_per_seq=20)
+  ex = _stack(_batches(cfg, 30, batch_size=100))
+  assert 0.45 < ex["next_sentence_labels"].mean() < 0.6
+  assert (ex["input_mask"].sum(1) < 64).mean() < 0.2  # Mostly full sequences.
+
+
+def test_not_next_segment_from_another_document(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10)
+  ex = _stack(_batches(cfg, 8, batch_size=64))
+  docs = testing.token_document(_unmasked(ex), tagged["num_docs"], tagged["words_per_doc"])
+  labels = ex["next_sentence_labels"]
+  assert 0.35 < labels.mean() < 0.65
+  for row, seg, label in zip(docs, ex["segment_ids"], labels):
+    a = set(row[(seg == 0) & (row >= 0)])
+    b = set(row[(seg == 1) & (row >= 0)])
+    assert len(a) == 1 and len(b) == 1
+    assert (a == b) == (label == 0)
+
+
+# ---------------------------------------------------------------- determinism, restarts
+
+
+def _equal(batches_a, batches_b):
+  return all(np.array_equal(x[k], y[k]) for x, y in zip(batches_a, batches_b) for k in x)
+
+
+def test_deterministic_and_seeded(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, shuffle_block_docs=3,
+             doc_piece_tokens=200)
+  assert _equal(_batches(cfg, 4, batch_size=16), _batches(cfg, 4, batch_size=16))
+  assert not _equal(_batches(cfg, 2, batch_size=16), _batches(cfg, 2, batch_size=16, seed=1))
+  ds = pretrain.pretrain_dataset(cfg, seed=0, batch_size=16).take(4)
+  assert _equal(list(ds.as_numpy_iterator()), _batches(cfg, 4, batch_size=16))
+
+
+def test_restart_resumes_exact_stream(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, shuffle_block_docs=3,
+             doc_piece_tokens=200)
+  it = pretrain.PretrainIterator(cfg, batch_size=16, seed=3)
+  reference = [next(it) for _ in range(60)]  # Several epochs of the tiny corpus.
+  assert it.get_state()["epoch"] >= 2
+  for k in (1, 7, 33):
+    first = pretrain.PretrainIterator(cfg, batch_size=16, seed=3)
+    for _ in range(k):
+      next(first)
+    state = json.loads(json.dumps(first.get_state()))
+    resumed = pretrain.PretrainIterator(cfg, batch_size=16, seed=3)
+    resumed.set_state(state)
+    assert _equal([next(resumed) for _ in range(5)], reference[k:k + 5]), k
+  with pytest.raises(ValueError, match="another setup"):
+    pretrain.PretrainIterator(cfg, batch_size=16, seed=4).set_state(state)
+
+
+def test_set_state_far_ahead_is_fast(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, shuffle_block_docs=3,
+             doc_piece_tokens=200)
+  it = pretrain.PretrainIterator(cfg, batch_size=16, seed=0)
+  far = dict(it.get_state(), epoch=10**6, block=1, offset=5)
+  start = time.time()
+  it.set_state(far)
+  batch = next(it)
+  assert time.time() - start < 10  # One block regenerated, no replay of 10^6 epochs.
+  again = pretrain.PretrainIterator(cfg, batch_size=16, seed=0)
+  again.set_state(far)
+  assert _equal([batch], [next(again)])
+  assert it.get_state()["epoch"] >= 10**6
+
+
+# ---------------------------------------------------------------- hosts and splits
+
+
+def test_hosts_see_disjoint_documents(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, nsp=False)
+  seen, loaded = [], []
+  for host in range(2):
+    corpus = pretrain.load_documents(tagged["prepared"], process_index=host, process_count=2,
+                                     nsp=False)
+    loaded.append(set(corpus["doc_ids"].tolist()))
+    ex = _stack(_batches(cfg, 4, batch_size=32, process_index=host, process_count=2))
+    docs = testing.token_document(_unmasked(ex), tagged["num_docs"], tagged["words_per_doc"])
+    seen.append(set(docs[docs >= 0].tolist()))
+  assert not loaded[0] & loaded[1] and not seen[0] & seen[1]
+  n_eval = pretrain.eval_document_count(tagged["num_docs"], 0.01, nsp=False)
+  assert loaded[0] | loaded[1] == set(range(n_eval, tagged["num_docs"]))
+
+
+def test_fewer_files_than_hosts(tmp_path):
+  corpus = testing.make_tagged_corpus(str(tmp_path), num_docs=9, num_shards=1)
+  ids = [set(pretrain.load_documents(corpus["prepared"], process_index=h, process_count=3)
+             ["doc_ids"].tolist()) for h in range(3)]
+  assert sum(map(len, ids)) == 9 - 2 and not (ids[0] & ids[1] or ids[1] & ids[2] or ids[0] & ids[2])
+
+
+def test_eval_split_is_held_out(tagged):
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, eval_fraction=0.2)
+  train = pretrain.load_documents(tagged["prepared"], eval_fraction=0.2)
+  held = pretrain.load_documents(tagged["prepared"], eval_fraction=0.2, split="eval")
+  assert set(held["doc_ids"].tolist()) == {0, 1}  # round(0.2 * 12) = 2 documents.
+  assert not set(train["doc_ids"].tolist()) & {0, 1}
+  ex = _stack(_batches(cfg, 2, batch_size=16, split="eval"))
+  docs = testing.token_document(_unmasked(ex), tagged["num_docs"], tagged["words_per_doc"])
+  assert set(docs[docs >= 0].tolist()) <= {0, 1}
+  assert _equal(_batches(cfg, 2, batch_size=16, split="eval"),
+                _batches(cfg, 2, batch_size=16, split="eval"))
+
+
+def test_vocab_mismatch_refused(tagged, tmp_path):
+  other = testing.write_vocab(str(tmp_path / "vocab.txt"), ["a", "b"])
+  cfg = _cfg(tagged)
+  cfg.vocab_path = other
+  with pytest.raises(ValueError, match="Vocabulary mismatch"):
+    pretrain.PretrainIterator(cfg, batch_size=4, seed=0)
+  cfg.prepared_dir = str(tmp_path / "nothing")
+  with pytest.raises(FileNotFoundError, match="input_pipeline.prepare"):
+    pretrain.PretrainIterator(cfg, batch_size=4, seed=0)
