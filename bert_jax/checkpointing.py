@@ -1,0 +1,195 @@
+"""Orbax checkpoints of a training run: state, data position and config.
+
+Layout: `workdir/checkpoints/<step>/{state, data, config}`.
+  state   the TrainState pytree (step, float32 params, optimizer state), sharded:
+          every host writes its own shards; restore reshards onto any mesh.
+  data    the input iterators' positions (`get_state()` JSON), one per process.
+  config  the run's ConfigDict as JSON, for humans and for sanity checks.
+
+Saves are asynchronous (training continues while the files are written) and
+atomic (Orbax writes to a temporary directory and renames it when complete), so
+a killed job leaves either a complete checkpoint or one that is ignored. A
+checkpoint that still fails to restore is reported, moved to
+`workdir/checkpoints_corrupt/`, and the previous one is used.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+from absl import logging
+from etils import epath
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+
+def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
+  """Every process's (small, JSON) iterator state, in process order, on every process."""
+  if jax.process_count() == 1:
+    return [state]
+  data = np.frombuffer(json.dumps(state).encode(), np.uint8)
+  lengths = multihost_utils.process_allgather(np.array([data.size], np.int32))
+  padded = np.zeros(int(np.max(lengths)), np.uint8)
+  padded[:data.size] = data
+  everything = multihost_utils.process_allgather(padded)
+  return [json.loads(bytes(row[:int(n)]).decode()) for row, n in
+          zip(everything.reshape(len(lengths), -1), np.ravel(lengths))]
+
+
+class Checkpointer:
+  """A thin policy layer over `ocp.CheckpointManager`: when to save, what to keep,
+  and how to recover from a checkpoint that does not restore."""
+
+  def __init__(self, workdir: str, *, keep: int, keep_period: int | None,
+               async_save: bool = True):
+    self.directory = epath.Path(workdir) / "checkpoints"
+    self.corrupt_directory = epath.Path(workdir) / "checkpoints_corrupt"
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, keep_period=keep_period or None, create=True,
+        enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+    self.manager = ocp.CheckpointManager(self.directory, item_names=("state", "data", "config"),
+                                         options=options)
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state: Any, data_state: Any,
+           config: ml_collections.ConfigDict) -> None:
+    """Starts an asynchronous save (all processes must call it)."""
+    if step in self.manager.all_steps():
+      return
+    self.manager.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave({"process_count": jax.process_count(),
+                                "states": gather_process_states(data_state)}),
+        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort()))))
+
+  def restore(self, abstract_state: Any) -> tuple[int, Any, Any, dict] | None:
+    """Latest restorable checkpoint -> (step, state, this process's data state, config).
+
+    `abstract_state` holds jax.ShapeDtypeStructs with the target shardings
+    (any mesh). Returns None when there is no checkpoint. Corrupt checkpoints are
+    skipped (newest first) with a warning; if none restores, raises.
+    """
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    errors = []
+    for step in steps:
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
+      except Exception as e:  # pylint: disable=broad-except
+        path = self.directory / str(step)
+        logging.warning("Checkpoint %s is unreadable (truncated or corrupt) and is skipped; "
+                        "falling back to the previous one. Error: %s: %s",
+                        path, type(e).__name__, str(e)[:500])
+        errors.append(f"{path}: {type(e).__name__}: {e}"[:500])
+        self._quarantine(step)
+        continue
+      data = restored["data"] or {}
+      states = data.get("states") or [None]
+      if data.get("process_count", 1) == jax.process_count():
+        data_state = states[jax.process_index()]
+      else:
+        logging.warning("Checkpoint %d was written by %s processes, this job has %d: the "
+                        "input iterators start afresh.", step, data.get("process_count"),
+                        jax.process_count())
+        data_state = None
+      return step, restored["state"], data_state, restored["config"] or {}
+    if errors:
+      raise RuntimeError("No checkpoint in %s could be restored:\n  %s" % (
+          self.directory, "\n  ".join(errors)))
+    return None
+
+  def _quarantine(self, step: int) -> None:
+    """Moves an unreadable step aside so that later saves of that step can succeed."""
+    if jax.process_index() == 0:
+      src = self.directory / str(step)
+      self.corrupt_directory.mkdir(parents=True, exist_ok=True)
+      dst = self.corrupt_directory / str(step)
+      suffix = 0
+      while dst.exists():
+        suffix += 1
+        dst = self.corrupt_directory / f"{step}.{suffix}"
+      os.replace(os.fspath(src), os.fspath(dst))
+      logging.warning("Moved unreadable checkpoint %s to %s.", src, dst)
+    multihost_utils.sync_global_devices(f"quarantine_{step}")
+    self.manager.reload()
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def _step_dir(path: str) -> epath.Path:
+  """A workdir, its `checkpoints/` dir or one `<step>` dir -> the (latest) step dir."""
+  path = epath.Path(path)
+  if (path / "checkpoints").is_dir():
+    path = path / "checkpoints"
+  if (path / "state").is_dir():
+    return path
+  steps = sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
+  if not steps:
+    raise FileNotFoundError(f"No checkpoint found in {path}.")
+  return path / str(steps[-1])
+
+
+def saved_param_shapes(path: str) -> dict[str, tuple[int, ...]]:
+  """keystr(path) -> shape of every saved parameter (from metadata, nothing read)."""
+  with ocp.StandardCheckpointer() as ckptr:
+    tree = ckptr.metadata(_step_dir(path) / "state").item_metadata["params"]
+  return {jax.tree_util.keystr(p): tuple(m.shape)
+          for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
+  """Params of a run of ours (workdir, `checkpoints/` or `<step>` dir), resharded onto
+  the shardings in `abstract_params`. Returns (step, params)."""
+  step_dir = _step_dir(path)
+  manager = ocp.CheckpointManager(step_dir.parent, item_names=("state", "data", "config"),
+                                  options=ocp.CheckpointManagerOptions(read_only=True))
+  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
+  restored = manager.restore(int(step_dir.name), args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(item={"params": abstract_params},
+                                   restore_args={"params": restore_args},
+                                   partial_restore=True)))
+  manager.close()
+  return int(step_dir.name), restored["state"]["params"]
+
+
+def is_orbax_checkpoint(path: str) -> bool:
+  """Whether `path` is one of our workdirs / checkpoint dirs (vs. HF or TF files)."""
+  p = epath.Path(path)
+  candidates = [p / "checkpoints", p, p.parent]
+  for c in candidates:
+    if c.is_dir() and any(x.name.isdigit() and (x / "state").exists() for x in c.iterdir()):
+      return True
+  return (p / "state").is_dir()
+
+
+def load_params_for_inference(path: str):
+  """(BertConfig, params as numpy) of the newest checkpoint of a pre-training run of
+  ours, on the host, with no mesh; None if `path` is not one of our runs."""
+  if not is_orbax_checkpoint(path):
+    return None
+  from bert_jax import train  # pylint: disable=g-import-not-at-top  (train imports us)
+  step_dir = _step_dir(path)
+  with open(os.fspath(step_dir / "config" / "metadata")) as f:
+    saved = ml_collections.ConfigDict(json.load(f))
+  with ocp.StandardCheckpointer() as ckptr:
+    meta = ckptr.metadata(step_dir / "state").item_metadata["params"]
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), abstract)
+  _, params = restore_params(os.fspath(step_dir), abstract)
+  params = jax.tree.map(np.asarray, params)
+  vocab_size = params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0]
+  saved.model.vocab_size = vocab_size
+  return train.bert_config(saved, vocab_size), params

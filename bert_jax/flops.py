@@ -1,0 +1,122 @@
+"""Analytic FLOPs of a BERT pre-training step and the device peaks behind MFU.
+
+MFU = (model FLOPs per step x steps/s) / (peak FLOP/s of the devices used).
+Model FLOPs count the matmuls of forward + backward (3x forward) with the
+bidirectional attention in full (all L x L scores and weighted sums), the
+masked-LM head only at its P gathered positions, and NSP. Recomputation
+(remat) is not counted: MFU measures useful work, not work done.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import time
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+
+from bert_jax.model import BertConfig
+
+# Dense bf16 peak FLOP/s per device (chip; per GPU), from the vendors' data sheets.
+PEAK_BF16_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,  # v5e
+    "TPU v5e": 197e12,
+    "TPU v5": 459e12,  # v5p
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,  # v6e (Trillium)
+    "TPU v6e": 918e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H200": 989e12,
+}
+
+
+def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int) -> int:
+  """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence."""
+  L, D, F, V, P = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, num_predictions
+  per_layer = (2 * L * D * 3 * D  # q, k, v projections
+               + 2 * L * L * D  # scores q.k over all L x L pairs (all heads)
+               + 2 * L * L * D  # probabilities x values
+               + 2 * L * D * D  # attention output projection
+               + 2 * L * D * F * 2)  # feed-forward in and out
+  mlm = 2 * P * D * D + 2 * P * D * V  # transform + tied vocabulary projection at P positions
+  nsp = 2 * D * D + 2 * D * 2  # pooler + classifier
+  return cfg.num_layers * per_layer + mlm + nsp
+
+
+def train_flops_per_step(cfg: BertConfig, batch_size: int, seq_len: int,
+                         num_predictions: int) -> int:
+  """Forward + backward (2x forward: grads w.r.t. activations and weights)."""
+  return 3 * batch_size * forward_flops_per_sequence(cfg, seq_len, num_predictions)
+
+
+def _cache_path() -> pathlib.Path:
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return pathlib.Path(root) / "bert_jax" / "peak_flops.json"
+
+
+@functools.lru_cache(maxsize=None)
+def measure_matmul_peak(dtype: str = "float32", n: int = 1024, reps: int = 8) -> float:
+  """Best observed FLOP/s of a square matmul on the default device (a quick probe,
+  ~1 s on a laptop). Cached on disk per device kind, core count and dtype."""
+  dev = jax.devices()[0]
+  key = f"{dev.platform}:{dev.device_kind}:{os.cpu_count()}:{dtype}"
+  path = _cache_path()
+  try:
+    cached = json.loads(path.read_text())
+  except (OSError, ValueError):
+    cached = {}
+  if key in cached:
+    return float(cached[key])
+  x = jax.device_put(jnp.ones((n, n), dtype), dev)
+  mm = jax.jit(lambda a: a @ a)
+  mm(x).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    mm(x).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  peak = 2 * n ** 3 / best
+  cached[key] = peak
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cached, indent=1))
+  except OSError:
+    pass
+  logging.info("Measured %s matmul peak on %s: %.1f GFLOP/s.", dtype, dev.device_kind, peak / 1e9)
+  return peak
+
+
+def peak_flops(dtype: str = "bfloat16", override: float = 0.0) -> float:
+  """Peak FLOP/s of everything this process's job runs on (all devices, all hosts).
+
+  Accelerators: the table above x device count. CPU: a measured matmul peak for
+  the whole host (fake multi-device CPUs share the same cores) x hosts.
+  """
+  dev = jax.devices()[0]
+  if override:
+    return override * jax.device_count()
+  if dev.platform == "cpu":
+    return measure_matmul_peak(str(jnp.dtype(dtype))) * jax.process_count()
+  per_device = PEAK_BF16_FLOPS.get(dev.device_kind)
+  if per_device is None:
+    logging.warning("No peak FLOP/s known for %r; MFU will read 0. Set "
+                    "config.peak_flops_per_device.", dev.device_kind)
+    return 0.0
+  return per_device * jax.device_count()
+
+
+def xla_flops(compiled) -> float:
+  """FLOPs of a compiled computation according to XLA's cost analysis."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0]
+  return float(cost.get("flops", 0.0))

@@ -1,0 +1,64 @@
+r"""Entry point: BERT pre-training (and, later, fine-tuning) from a config file.
+
+  python -m bert_jax.main --config=configs/tiny_pretrain.py --workdir=/tmp/bert_tiny
+
+Several hosts: run the same command on every host with
+`--num_processes=N --process_id=I --coordinator_address=HOST0:PORT` (or the env
+vars JAX_NUM_PROCESSES / JAX_PROCESS_ID / JAX_COORDINATOR_ADDRESS), or with
+`--multihost` where JAX detects the cluster itself (Cloud TPU pods, SLURM).
+"""
+import os
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+import tensorflow as tf
+
+from bert_jax import metrics
+from bert_jax import train
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, summaries and prepared data.")
+config_flags.DEFINE_config_file("config", None, "Training configuration file.",
+                                lock_config=True)
+_MULTIHOST = flags.DEFINE_bool("multihost", False, "jax.distributed.initialize() with "
+                               "cluster auto-detection (TPU pods, SLURM).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address",
+                                   os.environ.get("JAX_COORDINATOR_ADDRESS"),
+                                   "host:port of process 0's coordination service.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes",
+                                      int(os.environ.get("JAX_NUM_PROCESSES", "1")),
+                                      "Number of processes (hosts) in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", int(os.environ.get("JAX_PROCESS_ID", "0")),
+                                   "This process's index.")
+_INIT_TIMEOUT = flags.DEFINE_integer("distributed_init_timeout", 300,
+                                     "Seconds to wait for all processes to join.")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer("heartbeat_timeout", 60,
+                                          "Seconds without a heartbeat before a peer is "
+                                          "declared dead and the job fails.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
+  metrics.quiet_library_logs()
+  # TF is only used for data and summaries: keep it off the accelerators.
+  tf.config.experimental.set_visible_devices([], "GPU")
+  if _MULTIHOST.value or _NUM_PROCESSES.value > 1:
+    kwargs = dict(initialization_timeout=_INIT_TIMEOUT.value,
+                  heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
+    if _NUM_PROCESSES.value > 1:
+      kwargs.update(coordinator_address=_COORDINATOR.value,
+                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+    jax.distributed.initialize(**kwargs)
+  logging.info("JAX process %d/%d, local devices: %s", jax.process_index(),
+               jax.process_count(), jax.local_devices())
+  logging.info("%d devices in total (%s).", jax.device_count(), jax.devices()[0].device_kind)
+  train.train_and_evaluate(flags.FLAGS.config, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  jax.config.config_with_absl()
+  app.run(main)

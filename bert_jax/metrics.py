@@ -1,0 +1,149 @@
+"""Training/eval metrics: host-side reduction, console progress, TensorBoard, NaN stop.
+
+The train step returns metric *sums* with their denominators (device scalars).
+The loop hands every step's metrics to `TrainMetrics.add` without reading them;
+`flush(upto)` reads them only on log steps, after the next step has been
+dispatched, so the device never waits for the host.
+"""
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any, Callable, Mapping
+
+from absl import logging
+from clu import metric_writers
+import jax
+import numpy as np
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss, gradients or parameters became NaN/Inf."""
+
+
+def make_writer(workdir: str) -> metric_writers.MetricWriter:
+  """TensorBoard summaries in `workdir` from process 0 (asynchronous); no-op elsewhere."""
+  if jax.process_index() == 0:
+    return metric_writers.AsyncMultiWriter([metric_writers.SummaryWriter(workdir)])
+  return metric_writers.MultiWriter([])
+
+
+class _DropLibraryInfo(logging.logging.Filter):
+  """Drops INFO chatter of Orbax (dozens of lines per checkpoint) from the console."""
+
+  def filter(self, record) -> bool:
+    return record.levelno > logging.logging.INFO or "/orbax/" not in record.pathname
+
+
+def quiet_library_logs() -> None:
+  """Keeps the console to progress lines: Orbax INFO messages are dropped."""
+  logging.get_absl_handler().addFilter(_DropLibraryInfo())
+
+
+def summarize(sums: Mapping[str, float]) -> dict[str, float]:
+  """Metric sums -> means and accuracies."""
+  mlm_w = max(sums["mlm_weight"], 1e-8)
+  n = max(sums["num_examples"], 1e-8)
+  out = {
+      "mlm_loss": sums["mlm_loss_sum"] / mlm_w,
+      "mlm_accuracy": sums["mlm_correct_sum"] / mlm_w,
+      "nsp_loss": sums["nsp_loss_sum"] / n,
+      "nsp_accuracy": sums["nsp_correct_sum"] / n,
+  }
+  out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+  return out
+
+
+def _fmt_eta(seconds: float) -> str:
+  if not np.isfinite(seconds):
+    return "?"
+  return str(datetime.timedelta(seconds=int(seconds)))
+
+
+class TrainMetrics:
+  """Collects per-step device metrics; reads, reports and checks them on demand."""
+
+  def __init__(self, writer: metric_writers.MetricWriter, *, total_steps: int,
+               tokens_per_step: int, flops_per_step: float, peak_flops: float,
+               learning_rate: Callable[[int], float]):
+    self.writer = writer
+    self.total_steps = total_steps
+    self.tokens_per_step, self.flops_per_step = tokens_per_step, flops_per_step
+    self.peak_flops = peak_flops
+    self.learning_rate = learning_rate
+    self.pending: list[tuple[int, Any]] = []  # (step, device metrics), not read yet
+    self.values: list[dict[str, Any]] = []  # read and checked, not yet reported
+    self.last: dict[str, float] = {}
+    self.timer_step: int | None = None
+    self.timer_time = 0.0
+    self.last_good_step: int | None = None
+
+  def start_timer(self, step: int) -> None:
+    """Throughput counts steps after `step` (excluding compilation)."""
+    self.timer_step, self.timer_time = step, time.perf_counter()
+
+  def add(self, step: int, metrics: Any) -> None:
+    """`step`: the step count after this update (1-based). Nothing is read yet."""
+    self.pending.append((step, metrics))
+
+  def check(self, upto: int) -> None:
+    """Reads the metrics of steps <= `upto` (blocking on them); raises on NaN/Inf."""
+    take = [(s, m) for s, m in self.pending if s <= upto]
+    if not take:
+      return
+    self.pending = self.pending[len(take):]
+    for (step, _), v in zip(take, jax.device_get([m for _, m in take])):
+      bad = {k: float(v[k]) for k in ("loss", "grad_norm", "param_norm") if not np.isfinite(v[k])}
+      if bad:
+        raise NonFiniteLossError(
+            f"Non-finite values {bad} at training step {step} (last finite step: "
+            f"{self.last_good_step}). Stopping without saving this state. Try a lower "
+            "learning rate (--config.opt.learning_rate), a longer warmup or gradient "
+            "clipping, and check the input data.")
+      self.last_good_step = step
+      self.values.append(v)
+
+  def report(self, upto: int) -> dict[str, float]:
+    """Reads, checks and reports (console + TensorBoard) everything up to step `upto`."""
+    self.check(upto)
+    now = time.perf_counter()
+    values, self.values = self.values, []
+    if not values:
+      return {}
+    step = upto
+    sums = {k: float(sum(v[k] for v in values)) for k in values[0]}
+    scalars = summarize(sums)
+    scalars["loss"] = sums["loss"] / len(values)  # the optimised objective, mean over steps
+    scalars["grad_norm"] = float(values[-1]["grad_norm"])
+    scalars["param_norm"] = float(values[-1]["param_norm"])
+    scalars["learning_rate"] = self.learning_rate(step - 1)
+    eta = float("nan")
+    if self.timer_step is not None and step > self.timer_step:
+      steps_per_s = (step - self.timer_step) / max(now - self.timer_time, 1e-9)
+      self.timer_step, self.timer_time = step, now
+      scalars["steps_per_sec"] = steps_per_s
+      scalars["tokens_per_sec"] = steps_per_s * self.tokens_per_step
+      scalars["mfu"] = (steps_per_s * self.flops_per_step / self.peak_flops
+                        if self.peak_flops else 0.0)
+      eta = (self.total_steps - step) / steps_per_s
+    self.writer.write_scalars(step, {f"train/{k}": v for k, v in scalars.items()})
+    speed = (f" | {scalars['tokens_per_sec']:,.0f} tok/s | MFU {100 * scalars['mfu']:.2f}%"
+             if "tokens_per_sec" in scalars else "")
+    logging.info(
+        "step %d/%d | loss %.4f | mlm_acc %.4f | nsp_acc %.4f | lr %.3g | grad_norm %.3f%s"
+        " | ETA %s", step, self.total_steps, scalars["loss"], scalars["mlm_accuracy"],
+        scalars["nsp_accuracy"], scalars["learning_rate"], scalars["grad_norm"], speed,
+        _fmt_eta(eta))
+    self.last = scalars
+    return scalars
+
+
+def report_eval(writer: metric_writers.MetricWriter, step: int, sums: Mapping[str, float]
+                ) -> dict[str, float]:
+  scalars = summarize(sums)
+  writer.write_scalars(step, {f"eval/{k}": v for k, v in scalars.items()})
+  logging.info("eval at step %d | loss %.4f | mlm_loss %.4f | mlm_acc %.4f | nsp_loss %.4f | "
+               "nsp_acc %.4f | %d examples", step, scalars["loss"], scalars["mlm_loss"],
+               scalars["mlm_accuracy"], scalars["nsp_loss"], scalars["nsp_accuracy"],
+               int(sums["num_examples"]))
+  return scalars

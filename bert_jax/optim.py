@@ -1,0 +1,106 @@
+"""Optimizers of the BERT recipes: AdamW (Devlin et al. 2018) and LAMB (You et al. 2019).
+
+Both: global-norm clipping, then the optimizer with decoupled weight decay that
+skips LayerNorm parameters and biases, then a linear warmup + linear decay
+learning rate. Master weights and optimizer moments stay float32 whatever the
+compute dtype of the model.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+# As google-research/bert optimization.py: exclude_from_weight_decay, searched
+# anywhere in the parameter's full name.
+NO_DECAY_PATTERNS = ("LayerNorm", "layer_norm", "bias")
+
+
+def learning_rate_schedule(lr: float, warmup_steps: int, decay_steps: int,
+                           end_lr: float = 0.0) -> optax.Schedule:
+  """Linear warmup from 0 to `lr` over `warmup_steps`, then linear decay to `end_lr`
+  at `decay_steps` (the schedule's total length, which may exceed one run's steps)."""
+  warmup = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
+  decay = optax.linear_schedule(lr, end_lr, max(decay_steps - warmup_steps, 1))
+  return optax.join_schedules([warmup, decay], [warmup_steps])
+
+
+def schedule_from_config(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """config.schedule; decay_steps 0 means "at config.num_train_steps"."""
+  decay_steps = config.schedule.decay_steps or config.num_train_steps
+  return learning_rate_schedule(config.opt.learning_rate, config.schedule.warmup_steps,
+                                decay_steps, config.schedule.end_learning_rate)
+
+
+def _path_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def weight_decay_mask(params: Any) -> Any:
+  """True where weight decay applies: not on LayerNorm parameters or any bias."""
+  def decays(path, _):
+    name = _path_name(path)
+    return not any(re.search(p, name) for p in NO_DECAY_PATTERNS)
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+class ScaleByAdamState(NamedTuple):
+  count: jax.Array
+  mu: Any
+  nu: Any
+
+
+def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
+                  ) -> optax.GradientTransformation:
+  """Adam's direction m / (sqrt(v) + eps), optionally without bias correction.
+
+  The original BERT `AdamWeightDecayOptimizer` has no bias correction;
+  optax.scale_by_adam always corrects, so this is the switchable variant.
+  """
+  def init(params):
+    zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)
+    return ScaleByAdamState(jnp.zeros([], jnp.int32), jax.tree.map(zeros, params),
+                            jax.tree.map(zeros, params))
+
+  def update(grads, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, grads)
+    count = optax.safe_increment(state.count)
+    if bias_correction:
+      c1 = 1 - b1 ** count.astype(jnp.float32)
+      c2 = 1 - b2 ** count.astype(jnp.float32)
+    else:
+      c1 = c2 = 1.0
+    updates = jax.tree.map(lambda m, v: (m / c1) / (jnp.sqrt(v / c2) + eps), mu, nu)
+    return updates, ScaleByAdamState(count, mu, nu)
+
+  return optax.GradientTransformation(init, update)
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """clip -> (adamw | lamb) with masked weight decay -> learning rate schedule."""
+  opt = config.opt
+  schedule = schedule_from_config(config)
+  clip = optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm else optax.identity()
+  if opt.name == "adamw":
+    direction = [scale_by_adam(opt.b1, opt.b2, opt.eps, opt.bias_correction),
+                 optax.add_decayed_weights(opt.weight_decay, mask=weight_decay_mask)]
+  elif opt.name == "lamb":
+    # Layer-wise trust ratio ||w|| / ||update|| on Adam's direction (with weight decay).
+    direction = [scale_by_adam(opt.b1, opt.b2, opt.eps, opt.bias_correction),
+                 optax.add_decayed_weights(opt.weight_decay, mask=weight_decay_mask),
+                 optax.scale_by_trust_ratio()]
+  else:
+    raise ValueError(f"config.opt.name={opt.name!r} unknown; use 'adamw' or 'lamb'.")
+  return optax.chain(clip, *direction, optax.scale_by_learning_rate(schedule))
+
+
+def host_learning_rate(config: ml_collections.ConfigDict, step: int) -> float:
+  """The learning rate applied at `step` (for logs), computed on the host."""
+  return float(np.asarray(schedule_from_config(config)(step)))

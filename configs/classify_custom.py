@@ -1,0 +1,16 @@
+r"""Fine-tune on your own classification data (CSV / TSV with a header, or JSONL).
+
+  python -m bert_jax.main --config=configs/classify_custom.py --config.init_checkpoint=DIR \
+      --config.vocab_path=vocab.txt --config.train_file=train.csv --config.eval_file=dev.csv \
+      --config.text_a_column=review --config.label_column=stars --workdir=/tmp/custom
+"""
+import ml_collections
+
+from configs import finetune
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  del arg
+  c = finetune.get_config()
+  c.task = "custom"
+  return c

@@ -1,0 +1,173 @@
+"""Checkpoints: retention, corrupt-newest fallback, restore onto another mesh, exact
+resume after SIGKILL, and SIGTERM (preemption) saving and exiting cleanly."""
+import json
+import logging
+import pathlib
+import signal
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import train
+from tests import test_train_utils as tu
+
+tu.use_compilation_cache()
+
+
+def test_keeps_last_n_plus_periodic(tmp_path):
+  config = tu.tiny_config(num_train_steps=9, checkpoint_every_steps=1, keep_checkpoints=2,
+                          keep_checkpoint_period=4, log_every_steps=100, eval_steps=0)
+  train.train_and_evaluate(config, str(tmp_path))
+  assert tu.checkpoint_steps(tmp_path) == [4, 8, 9]
+  assert int(tu.load_checkpoint(tmp_path, 9)["step"]) == 9
+  assert _data_state(tmp_path, 9) == {"process_count": 1, "states": [{"index": 9}]}
+
+
+def _data_state(workdir, step):
+  return json.loads((pathlib.Path(workdir) / "checkpoints" / str(step) / "data" / "metadata")
+                    .read_text())
+
+
+def _corrupt(step_dir: pathlib.Path) -> None:
+  """Truncates every data file of the state item (what a bad disk or copy leaves)."""
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.stat().st_size > 0]
+  assert files
+  for p in files:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 3])
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, caplog):
+  config = tu.tiny_config(num_train_steps=6, checkpoint_every_steps=3, eval_steps=0)
+  train.train_and_evaluate(config, str(tmp_path))
+  good = tu.flat(tu.load_checkpoint(tmp_path, 6)["params"])
+  _corrupt(tmp_path / "checkpoints" / "6")
+  caplog.set_level(logging.INFO)
+  state = train.train_and_evaluate(config, str(tmp_path))
+  text = caplog.text
+  assert f"Checkpoint {tmp_path / 'checkpoints' / '6'} is unreadable" in text
+  assert "Resumed from" in text and "/3." in text
+  assert (tmp_path / "checkpoints_corrupt" / "6").is_dir()
+  # Steps 4-6 were recomputed from step 3, to the very same parameters.
+  assert int(state.step) == 6 and tu.checkpoint_steps(tmp_path) == [3, 6]
+  again = tu.flat(tu.load_checkpoint(tmp_path, 6)["params"])
+  for k in good:
+    np.testing.assert_array_equal(good[k], again[k])
+
+
+def test_all_checkpoints_corrupt_is_an_error_not_a_fresh_start(tmp_path):
+  config = tu.tiny_config(num_train_steps=3, checkpoint_every_steps=3, eval_steps=0)
+  train.train_and_evaluate(config, str(tmp_path))
+  _corrupt(tmp_path / "checkpoints" / "3")
+  with pytest.raises(RuntimeError, match="No checkpoint .* could be restored"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+_SAVE_FSDP_AND_RESHARD = r"""
+import flax.linen as nn, jax, numpy as np, sys
+from bert_jax import checkpointing, optim, sharding, train
+from bert_jax.model import BertForPreTraining
+from tests import test_train_utils as tu
+workdir = sys.argv[1]
+config = tu.tiny_config(num_train_steps=4, eval_steps=0)
+config.mesh_shape.update(data=2, fsdp=4, tensor=1)
+state = train.train_and_evaluate(config, workdir)
+kernel = state.params["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
+assert kernel.addressable_shards[0].data.shape == (16, 256), kernel.sharding
+# Restore on another 8-device mesh (tensor parallel) and compare.
+config.mesh_shape.update(data=1, fsdp=2, tensor=4)
+mesh = sharding.make_mesh(config.mesh_shape)
+model = BertForPreTraining(train.bert_config(config))
+with jax.set_mesh(mesh), nn.logical_axis_rules(config.logical_axis_rules):
+  abstract, _, _ = train.create_train_state(config, model, optim.make_optimizer(config), mesh,
+                                            config.logical_axis_rules)
+  ckpt = checkpointing.Checkpointer(workdir, keep=3, keep_period=0)
+  step, restored, _, _ = ckpt.restore(abstract)
+k2 = restored.params["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
+assert step == 4, step
+assert k2.addressable_shards[0].data.shape == (32, 64)
+for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+print("OK")
+"""
+
+
+def test_restore_onto_a_different_mesh_and_device_count(tmp_path):
+  out = tu.run([tu.sys.executable, "-c", _SAVE_FSDP_AND_RESHARD, str(tmp_path)], devices=8)
+  assert "OK" in out.stdout
+  # Now one device in this process: resume the 8-device FSDP run and keep training.
+  saved = tu.flat(tu.load_checkpoint(tmp_path, 4)["params"])
+  config = tu.tiny_config(num_train_steps=5, eval_steps=0)
+  state = train.train_and_evaluate(config, str(tmp_path))
+  assert int(state.step) == 5
+  restored4 = tu.flat(tu.load_checkpoint(tmp_path, 4)["params"])
+  for k in saved:
+    np.testing.assert_array_equal(saved[k], restored4[k])
+  assert jax.device_count() == 1
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> dict:
+  """A small vocabulary and prepared corpus (the built-in one), shared by the module."""
+  from input_pipeline import prepare, vocab  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("corpus")
+  vocab_path = vocab.train_vocab("default", str(root / "vocab"), vocab_size=256,
+                                 max_chars=300_000)
+  prepare.prepare_corpus("default", vocab_path, str(root / "prepared"), num_shards=2,
+                         progress=False)
+  return {"data.vocab_path": str(root / "vocab"), "data.prepared_dir": str(root / "prepared"),
+          "synthetic_data": False, "model.vocab_size": 256}
+
+
+def _real_data_args(workdir, prepared, **overrides):
+  return tu.main_args(workdir, **{**prepared, "num_train_steps": 8, "checkpoint_every_steps": 2,
+                                  "keep_checkpoints": 20, "eval_steps": 0, **overrides})
+
+
+def test_sigkill_then_rerun_gives_bit_identical_training(tmp_path, prepared):
+  straight, broken = tmp_path / "straight", tmp_path / "broken"
+  tu.run(_real_data_args(straight, prepared))
+  ckpt_dir = broken / "checkpoints"
+
+  def kill_when(prefix):
+    """Starts the run and kills -9 as soon as a checkpoint `prefix*` starts being written."""
+    proc = subprocess.Popen(_real_data_args(broken, prepared), cwd=tu.REPO, env=tu.env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+      tu.wait_for(lambda: ckpt_dir.is_dir() and any(
+          p.name.startswith(prefix) for p in ckpt_dir.iterdir()), 180, prefix, proc)
+    finally:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+
+  kill_when("2")  # mid-save of the first checkpoint: nothing usable yet
+  kill_when("4")  # resumed from scratch; killed once step 2 is safe, while 4 is written
+  assert 2 in tu.checkpoint_steps(broken) and 8 not in tu.checkpoint_steps(broken)
+  tu.run(_real_data_args(broken, prepared))
+  a, b = tu.load_checkpoint(straight, 8), tu.load_checkpoint(broken, 8)
+  fa, fb = tu.flat(a), tu.flat(b)
+  assert fa.keys() == fb.keys()
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+  # The data position was restored too (same iterator state at the end).
+  assert _data_state(straight, 8) == _data_state(broken, 8)
+  assert _data_state(straight, 8)["states"][0]["offset"] > 0
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, prepared):
+  log = tmp_path / "log.txt"
+  args = _real_data_args(tmp_path, prepared, num_train_steps=100_000,
+                         checkpoint_every_steps=1000)
+  with open(log, "w") as f:
+    proc = subprocess.Popen(args, cwd=tu.REPO, env=tu.env(), stdout=f, stderr=f)
+    tu.wait_for(lambda: "step 3/" in log.read_text(), 180, "step 3", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+  text = log.read_text()
+  assert "Preempted" in text
+  (step,) = tu.checkpoint_steps(tmp_path)
+  assert step >= 3
+  out = tu.run(_real_data_args(tmp_path, prepared, num_train_steps=step + 2))
+  assert f"Resumed from {tmp_path / 'checkpoints'}/{step}" in out.stderr
+  assert tu.checkpoint_steps(tmp_path)[-1] == step + 2

@@ -1,0 +1,142 @@
+"""End-to-end fine-tuning of a tiny model for every task type, on fixtures in the original formats."""
+import json
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import convert, train
+from bert_jax import model as model_lib
+from configs import classify_custom, conll, glue, squad, swag
+from tests.test_task_data import CONTEXT, _squad_file, make_vocab
+
+WORDS = "good great fine bad awful poor the movie was plot acting very".split()
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("pretrained")
+  tok = make_vocab(tmp, [" ".join(WORDS), CONTEXT, "What is answer number 0123456789?",
+                         "EU rejects German call Peter A man sits. He eats. runs away fast. sleeps. sings."])
+  cfg = model_lib.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=64, max_position_embeddings=128)
+  ids = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
+  convert.save_native(str(tmp / "ckpt"), cfg, params)
+  return str(tmp / "ckpt"), str(tmp / "vocab.txt")
+
+
+def _common(c, pretrained, workdir, epochs=1):
+  c.init_checkpoint, c.vocab_path = pretrained
+  c.num_epochs = epochs
+  c.global_batch_size = 8
+  c.eval_batch_size = 8
+  c.log_every_steps = 1000
+  c.model.hidden_dropout_rate = 0.0
+  c.model.attention_dropout_rate = 0.0
+  return train.train_and_evaluate(c, str(workdir))
+
+
+def _sentiment(rng, n):
+  pos, neg = WORDS[:3], WORDS[3:6]
+  rows = []
+  for i in range(n):
+    label = int(rng.integers(0, 2))
+    word = rng.choice(pos if label else neg)
+    rows.append((f"the movie was very {word}", label))
+  return rows
+
+
+def test_glue_sst2_learns_and_writes_submission(tmp_path, pretrained):
+  rng = np.random.default_rng(0)
+  data = tmp_path / "SST-2"
+  data.mkdir()
+  for split, n in (("train", 96), ("dev", 24)):
+    rows = _sentiment(rng, n)
+    (data / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
+  c = glue.get_config("sst2")
+  c.data_dir, c.max_seq_length = str(data), 16
+  c.opt.learning_rate = 3e-3
+  best = _common(c, pretrained, tmp_path / "work", epochs=6)
+  # The label is one word: a working fine-tuning loop learns it.
+  assert best["accuracy"] >= 0.9, best
+  lines = (tmp_path / "work" / "SST-2.tsv").read_text().splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 25
+  metrics = json.loads((tmp_path / "work" / "metrics.json").read_text())
+  assert metrics["main_metric"] == "accuracy" and len(metrics["epochs"]) == 6
+  assert os.path.isdir(tmp_path / "work" / "best" / "params")
+
+
+@pytest.mark.slow
+def test_glue_stsb_regression_and_custom_jsonl(tmp_path, pretrained):
+  data = tmp_path / "STS-B"
+  data.mkdir()
+  header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+  rows = "".join(f"{i}\tg\tf\ty\to\ts\ts\tthe movie\tthe {w} movie\t{i % 5}.0\n" for i, w in enumerate(WORDS * 2))
+  for split in ("train", "dev"):
+    (data / f"{split}.tsv").write_text(header + rows)
+  c = glue.get_config("stsb")
+  c.data_dir, c.max_seq_length = str(data), 16
+  best = _common(c, pretrained, tmp_path / "w1")
+  assert set(best) >= {"pearson", "spearman"}
+  assert (tmp_path / "w1" / "STS-B.tsv").exists()
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps({"review": s, "stars": str(l)}) + "\n"
+                                                for s, l in _sentiment(np.random.default_rng(1), 24)))
+  c = classify_custom.get_config()
+  c.train_file = c.eval_file = str(tmp_path / "train.jsonl")
+  c.text_a_column, c.label_column, c.max_seq_length = "review", "stars", 16
+  best = _common(c, pretrained, tmp_path / "w2")
+  assert set(best) >= {"accuracy", "f1"}
+
+
+@pytest.mark.parametrize("version", [pytest.param("v1", marks=pytest.mark.slow), "v2"])
+def test_squad_end_to_end(tmp_path, pretrained, version):
+  path = _squad_file(tmp_path, version_2=version == "v2")
+  c = squad.get_config(version)
+  c.train_file = c.eval_file = path
+  c.max_seq_length, c.doc_stride, c.max_query_length = 48, 16, 12
+  best = _common(c, pretrained, tmp_path / "work")
+  preds = json.loads((tmp_path / "work" / "predictions.json").read_text())
+  assert set(preds) == {f"q{i}" for i in range(6)} | ({"qx"} if version == "v2" else set())
+  assert all(isinstance(p, str) for p in preds.values())
+  assert 0.0 <= best["f1"] <= 100.0
+  if version == "v2":
+    assert (tmp_path / "work" / "null_odds.json").exists()
+    assert "best_f1_thresh" in best and "NoAns_total" in best
+
+
+@pytest.mark.slow
+def test_conll_end_to_end(tmp_path, pretrained):
+  sent = "EU NNP B-NP I-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP I-MISC\ncall NN I-NP O\n\nPeter NNP B-NP I-PER\n\n"
+  (tmp_path / "train.txt").write_text("-DOCSTART- -X- -X- O\n\n" + sent * 8)
+  (tmp_path / "valid.txt").write_text(sent)
+  c = conll.get_config()
+  c.data_dir, c.max_seq_length, c.tag_scheme = str(tmp_path), 16, "iob1"
+  c.opt.learning_rate = 3e-3
+  best = _common(c, pretrained, tmp_path / "work", epochs=4)
+  assert set(best) >= {"precision", "recall", "f1"}
+  lines = [l for l in (tmp_path / "work" / "predictions.txt").read_text().splitlines() if l]
+  assert lines[0].startswith("EU B-ORG ")  # IOB1 gold converted to IOB2
+  assert len(lines) == 5
+
+
+@pytest.mark.slow
+def test_swag_end_to_end(tmp_path, pretrained):
+  header = "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
+  rows = "".join(f"v,{i},x,A man sits.,He,gold,eats.,runs away fast.,sleeps.,sings.,{i % 4}\n" for i in range(16))
+  (tmp_path / "train.csv").write_text(header + rows)
+  (tmp_path / "val.csv").write_text(header + rows)
+  c = swag.get_config()
+  c.data_dir, c.max_seq_length = str(tmp_path), 16
+  best = _common(c, pretrained, tmp_path / "work")
+  assert 0.0 <= best["accuracy"] <= 1.0
+  assert (tmp_path / "work" / "predictions.csv").read_text().startswith("id,pred\n")
+
+
+def test_missing_init_checkpoint_is_a_clear_error(tmp_path):
+  c = glue.get_config("cola")
+  with pytest.raises(ValueError, match="needs --config.init_checkpoint"):
+    train.train_and_evaluate(c, str(tmp_path))

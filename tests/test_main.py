@@ -1,0 +1,71 @@
+"""The README's main job (configs/tiny_pretrain.py) through the real entry point:
+builds its vocabulary and data in the workdir, trains, evaluates, reports progress,
+and re-running reuses everything (a no-op, or a continuation when steps grow)."""
+import json
+
+import pytest
+
+from tests import test_train_utils as tu
+
+# The real job on the real built-in corpus, just shorter and smaller.
+SHORT = {
+    "model.vocab_size": None, "synthetic_data": False, "build.corpus": "default",
+    "build.vocab_size": 512, "build.max_chars": 400_000, "build.num_shards": 2,
+    "model.max_position_embeddings": 64, "data.max_seq_length": 64,
+    "data.max_predictions_per_seq": 10, "global_batch_size": 16, "num_train_steps": 20,
+    "checkpoint_every_steps": 10, "log_every_steps": 5, "eval_every_steps": 10,
+    "eval_steps": 2, "eval_batch_size": 16,
+}
+
+
+def _args(workdir, **overrides):
+  return tu.main_args(workdir, **{**SHORT, **overrides})
+
+
+def test_tiny_pretrain_short_run_then_rerun_reuses_everything(tmp_path):
+  out = tu.run(_args(tmp_path))
+  log = out.stderr
+  assert "Training a 512-entry wordpiece vocabulary on 'default'" in log
+  assert "Preparing corpus 'default'" in log
+  assert (tmp_path / "vocab" / "vocab.txt").is_file()
+  assert (tmp_path / "prepared" / "summary.json").is_file()
+  assert tu.checkpoint_steps(tmp_path) == [10, 20]
+  # Console progress: step, loss, accuracies, lr, grad norm, throughput, MFU, ETA.
+  line = next(l for l in log.splitlines() if "step 20/20" in l)
+  for field in ("loss", "mlm_acc", "nsp_acc", "lr", "grad_norm", "tok/s", "MFU", "ETA"):
+    assert field in line, line
+  assert "eval at step 20" in log
+  # TensorBoard summaries, train and held-out eval.
+  assert sorted(tu.read_scalars(tmp_path, "train/loss")) == [5, 10, 15, 20]
+  assert sorted(tu.read_scalars(tmp_path, "eval/mlm_accuracy")) == [10, 20]
+  assert 0 <= tu.read_scalars(tmp_path, "eval/nsp_accuracy")[20] <= 1
+  config = json.loads((tmp_path / "checkpoints" / "20" / "config" / "metadata").read_text())
+  assert config["data"]["max_seq_length"] == 64
+
+  again = tu.run(_args(tmp_path)).stderr
+  assert "vocabulary on" not in again and "Preparing corpus" not in again
+  assert "Resumed from" in again and "already reached step 20" in again
+  assert tu.checkpoint_steps(tmp_path) == [10, 20]
+
+  more = tu.run(_args(tmp_path, num_train_steps=25, checkpoint_every_steps=5)).stderr
+  assert f"Resumed from {tmp_path / 'checkpoints'}/20" in more
+  assert "step 25/25" in more
+  assert tu.checkpoint_steps(tmp_path)[-1] == 25
+
+
+def test_unknown_config_key_fails_clearly(tmp_path):
+  out = tu.run(tu.main_args(tmp_path) + ["--config.opt.learnig_rate=1"], check=False)
+  assert out.returncode != 0
+  assert "learnig_rate" in out.stderr
+
+
+@pytest.mark.slow
+def test_tiny_pretrain_full_run_learns(tmp_path):
+  """The README command as is: held-out MLM and NSP accuracy clearly above chance."""
+  out = tu.run([tu.sys.executable, "-m", "bert_jax.main", "--config=configs/tiny_pretrain.py",
+                f"--workdir={tmp_path}"], timeout=900)
+  final = max(tu.read_scalars(tmp_path, "eval/mlm_accuracy"))
+  mlm = tu.read_scalars(tmp_path, "eval/mlm_accuracy")[final]
+  nsp = tu.read_scalars(tmp_path, "eval/nsp_accuracy")[final]
+  assert mlm > 0.08, out.stderr[-3000:]  # chance: 1 / 4096
+  assert nsp > 0.54, out.stderr[-3000:]

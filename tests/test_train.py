@@ -1,0 +1,210 @@
+"""The train step and optimizers on one device: learning, accumulation, decay mask,
+LAMB, FLOPs accounting, NaN stop, the in-process entry point."""
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from bert_jax import data as data_lib
+from bert_jax import flops as flops_lib
+from bert_jax import metrics as metrics_lib
+from bert_jax import optim
+from bert_jax import sharding
+from bert_jax import train
+from bert_jax.model import BertForPreTraining
+from tests import test_train_utils as tu
+
+tu.use_compilation_cache()
+
+
+def _setup(config, mesh=None):
+  cfg = train.bert_config(config)
+  model, tx = BertForPreTraining(cfg), optim.make_optimizer(config)
+  mesh = mesh or sharding.make_mesh(config.mesh_shape, jax.devices()[:1])
+  rules = config.logical_axis_rules
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract, state_sh, init = train.create_train_state(config, model, tx, mesh, rules)
+    state = init()
+  return model, tx, mesh, rules, state, state_sh
+
+
+def _batches(config, n, seed=0):
+  it = data_lib.SyntheticIterator(
+      batch_size=config.global_batch_size, seq_len=config.data.max_seq_length,
+      num_predictions=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size,
+      seed=seed)
+  return [next(it) for _ in range(n)]
+
+
+def _run_steps(config, batches, micro_steps=1):
+  model, tx, mesh, rules, state, state_sh = _setup(config)
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, micro_steps=micro_steps),
+                 in_shardings=(state_sh, batch_sh, None), donate_argnums=0)
+  out = []
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    for b in batches:
+      state, m = step(state, sharding.host_to_global(b, batch_sh), jax.random.key(0))
+      out.append(jax.device_get(m))
+  return state, out
+
+
+def test_train_step_learns_a_fixed_batch():
+  config = tu.tiny_config(opt__learning_rate=1e-2, schedule__warmup_steps=1,
+                          model__hidden_dropout_rate=0.0, model__attention_dropout_rate=0.0)
+  batch = _batches(config, 1)[0]
+  state, metrics = _run_steps(config, [batch] * 15)
+  assert int(state.step) == 15
+  assert metrics[-1]["loss"] < 0.8 * metrics[0]["loss"]
+  assert metrics[0]["mlm_weight"] == batch["masked_lm_weights"].sum()
+  assert metrics[0]["num_examples"] == config.global_batch_size
+  # bfloat16 compute: master weights and optimizer moments stay float32.
+  config.model.dtype = "bfloat16"
+  state, metrics = _run_steps(config, [batch] * 3)
+  assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
+  moments = [x for x in jax.tree.leaves(state.opt_state) if x.ndim]
+  assert moments and {x.dtype for x in moments} == {jnp.dtype("float32")}
+  assert metrics[-1]["loss"] < metrics[0]["loss"]
+
+
+def test_scanned_rematerialised_layers_train_like_unrolled_ones():
+  """scan_layers + remat change memory and compile time, not the math."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  config = tu.tiny_config(model__hidden_dropout_rate=0.0, model__attention_dropout_rate=0.0)
+  batches = _batches(config, 2)
+  unrolled, m1 = _run_steps(config, batches)
+  scanned_cfg = tu.tiny_config(model__hidden_dropout_rate=0.0, model__attention_dropout_rate=0.0,
+                               model__scan_layers=True, model__remat="full")
+  model, tx, mesh, rules, state, state_sh = _setup(scanned_cfg)
+  _, _, _, _, start, _ = _setup(config)  # the unrolled initial params, stacked
+  state = state.replace(params=jax.tree.map(
+      jnp.asarray, convert.stack_layers(jax.device_get(start.params), 2)))
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    for b, ref in zip(batches, m1):
+      state, m = step(state, sharding.host_to_global(b, batch_sh), jax.random.key(0))
+      np.testing.assert_allclose(m["loss"], ref["loss"], rtol=1e-5)
+  stacked = convert.stack_layers(jax.device_get(unrolled.params), 2)
+  for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(state.params)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_gradient_accumulation_equals_the_big_batch():
+  config = tu.tiny_config(model__hidden_dropout_rate=0.0, model__attention_dropout_rate=0.0,
+                          global_batch_size=16)
+  batches = _batches(config, 2)
+  # Uneven MLM weights across micro-batches: the normalisation must be global.
+  batches[0]["masked_lm_weights"][:4] = 0.0
+  full, m_full = _run_steps(config, batches, micro_steps=1)
+  acc, m_acc = _run_steps(config, batches, micro_steps=4)
+  for a, b in zip(m_full, m_acc):
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+    np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=1e-4)
+    assert a["mlm_correct_sum"] == b["mlm_correct_sum"]
+  for x, y in zip(jax.tree.leaves(full.params), jax.tree.leaves(acc.params)):
+    np.testing.assert_allclose(x, y, atol=2e-6, rtol=1e-4)
+
+
+def test_weight_decay_mask_skips_layernorm_and_biases():
+  config = tu.tiny_config()
+  _, _, _, _, state, _ = _setup(config)
+  mask = tu.flat(optim.weight_decay_mask(state.params))
+  decayed = sorted(k for k, v in mask.items() if v)
+  skipped = sorted(k for k, v in mask.items() if not v)
+  assert all("kernel" in k or "embedding" in k for k in decayed)
+  assert all("LayerNorm" in k or "bias" in k for k in skipped)
+  assert any("output_bias" in k for k in skipped)
+  assert any("word_embeddings" in k for k in decayed)
+  assert len(decayed) + len(skipped) == len(mask)
+
+
+def test_adamw_matches_bert_and_decay_spares_masked_params():
+  """One update by hand (BERT's AdamWeightDecayOptimizer: no bias correction)."""
+  config = tu.tiny_config(opt__learning_rate=0.1, schedule__warmup_steps=0,
+                          opt__grad_clip_norm=0.0, opt__bias_correction=False)
+  tx = optim.make_optimizer(config)
+  params = {"dense": {"kernel": jnp.full((2, 2), 2.0), "bias": jnp.full((2,), 2.0)},
+            "LayerNorm": {"scale": jnp.full((2,), 2.0)}}
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 0.5), params)
+  state = tx.init(params)
+  for _ in range(2):
+    updates, state = tx.update(grads, state, params)
+  lr = optim.host_learning_rate(config, 1)
+  m = 0.1 * 0.5 * (1 + 0.9)  # two steps of m = b1 m + (1 - b1) g
+  v = 0.001 * 0.25 * (1 + 0.999)
+  adam = m / (np.sqrt(v) + 1e-6)
+  np.testing.assert_allclose(updates["dense"]["kernel"], -lr * (adam + 0.01 * 2.0), rtol=1e-5)
+  np.testing.assert_allclose(updates["dense"]["bias"], -lr * adam, rtol=1e-5)
+  np.testing.assert_allclose(updates["LayerNorm"]["scale"], -lr * adam, rtol=1e-5)
+
+
+def test_lamb_matches_optax_lamb():
+  config = tu.tiny_config(opt__name="lamb", opt__bias_correction=True, opt__grad_clip_norm=0.0,
+                          schedule__warmup_steps=0, opt__learning_rate=1e-2)
+  ours = optim.make_optimizer(config)
+  ref = optax.lamb(optim.schedule_from_config(config), b1=0.9, b2=0.999, eps=1e-6,
+                   weight_decay=0.01, mask=optim.weight_decay_mask)
+  rng = np.random.default_rng(0)
+  params = {"dense": {"kernel": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+                      "bias": jnp.asarray(rng.normal(size=(4,)), jnp.float32)}}
+  s1, s2 = ours.init(params), ref.init(params)
+  for i in range(3):
+    g = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    u1, s1 = ours.update(g, s1, params)
+    u2, s2 = ref.update(g, s2, params)
+    for a, b in zip(jax.tree.leaves(u1), jax.tree.leaves(u2)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-8)
+    params = optax.apply_updates(params, u1)
+
+
+def test_learning_rate_schedule_warmup_then_linear_decay():
+  sched = optim.learning_rate_schedule(1e-4, 10, 110)
+  np.testing.assert_allclose([sched(0), sched(5), sched(10), sched(60), sched(110)],
+                             [0.0, 5e-5, 1e-4, 5e-5, 0.0], atol=1e-12)
+
+
+def test_analytic_flops_match_xla_cost_analysis():
+  """Analytic model FLOPs vs XLA's count for the compiled train step (within 10%)."""
+  config = tu.tiny_config(model__hidden_size=256, model__num_heads=4, model__vocab_size=2048,
+                          model__max_position_embeddings=128, data__max_seq_length=128,
+                          data__max_predictions_per_seq=20, model__hidden_dropout_rate=0.0,
+                          model__attention_dropout_rate=0.0)
+  model, tx, mesh, rules, state, state_sh = _setup(config)
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  batch = sharding.host_to_global(_batches(config, 1)[0], batch_sh)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    compiled = jax.jit(functools.partial(train.train_step, model=model, tx=tx)).lower(
+        state, batch, jax.random.key(0)).compile()
+  xla = flops_lib.xla_flops(compiled)
+  analytic = flops_lib.train_flops_per_step(train.bert_config(config), 8, 128, 20)
+  assert 0.9 < analytic / xla < 1.1, (analytic, xla)
+
+
+def test_peak_flops_table_and_cpu_probe():
+  assert flops_lib.PEAK_BF16_FLOPS["TPU v4"] == 275e12
+  assert flops_lib.peak_flops(override=1e12) == 1e12 * jax.device_count()
+  assert flops_lib.peak_flops("float32") > 1e9  # measured on this CPU (cached)
+
+
+def test_entry_point_trains_evaluates_and_stops_on_nan(tmp_path):
+  config = tu.tiny_config(eval_steps=2, num_train_steps=4, checkpoint_every_steps=2,
+                          max_steps_per_run=3)
+  state = train.train_and_evaluate(config, str(tmp_path))  # stops early, with a checkpoint
+  assert int(state.step) == 3 and tu.checkpoint_steps(tmp_path) == [2, 3]
+  state = train.train_and_evaluate(config, str(tmp_path))
+  assert int(state.step) == 4 and tu.checkpoint_steps(tmp_path) == [3, 4]  # keeps 2
+  assert set(tu.read_scalars(tmp_path, "train/loss")) == {1, 2, 3, 4}
+  assert set(tu.read_scalars(tmp_path, "eval/nsp_accuracy")) == {4}
+  # Continue with an absurd learning rate: the run stops at the first bad step, says so,
+  # and never checkpoints the broken state.
+  config.num_train_steps = 8
+  config.opt.learning_rate = 1e30
+  config.schedule.warmup_steps = 0
+  with pytest.raises(metrics_lib.NonFiniteLossError, match="at training step 5"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert tu.checkpoint_steps(tmp_path) == [3, 4]
