@@ -43,6 +43,7 @@ class TaskData:
   eval: dict[str, np.ndarray]
   evaluate: Callable[[Any], tuple[dict[str, float], Callable[[str], None]]]  # outputs -> (metrics, writer)
   main_metric: str
+  labels: tuple | None = None  # class / tag names, saved beside the best params for predict
 
 
 def _objective(loss_fn: Callable, weight_key: str) -> train.Objective:
@@ -98,7 +99,8 @@ def classification_task(config, tok, cfg: BertConfig) -> TaskData:
     return result, write
 
   return TaskData(model, _objective(heads.classification_loss, "example_weights"),
-                  glue.encode_examples(train_ex, tok, L, labels), eval_feats, evaluate, metrics[0])
+                  glue.encode_examples(train_ex, tok, L, labels), eval_feats, evaluate, metrics[0],
+                  labels=tuple(labels) if labels is not None else None)
 
 
 def squad_task(config, tok, cfg: BertConfig) -> TaskData:
@@ -158,7 +160,8 @@ def conll_task(config, tok, cfg: BertConfig) -> TaskData:
 
   return TaskData(heads.BertForTokenClassification(cfg, num_labels=len(labels)),
                   _objective(heads.token_loss, "label_weights"),
-                  tagging.encode_conll(train_s, tok, L, labels), eval_feats, evaluate, "f1")
+                  tagging.encode_conll(train_s, tok, L, labels), eval_feats, evaluate, "f1",
+                  labels=tuple(labels))
 
 
 def swag_task(config, tok, cfg: BertConfig) -> TaskData:
@@ -308,7 +311,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
       history.append({"epoch": epoch + 1, "step": step, **result})
       if not best or result[task.main_metric] > best[task.main_metric]:
         best = {"epoch": epoch + 1, "step": step, **result}
-        _save_params(best_path, state.params, cfg, config)
+        _save_params(best_path, state.params, cfg, config, task.labels)
         write(workdir)
       ckpt.save(step, state, {"epoch": epoch + 1, "offset": 0}, config)
       with open(os.path.join(workdir, "metrics.json"), "w") as f:
@@ -327,7 +330,7 @@ def _read_json(path: str) -> dict:
     return {}
 
 
-def _save_params(path: str, params, cfg: BertConfig, config) -> None:
+def _save_params(path: str, params, cfg: BertConfig, config, labels) -> None:
   """The best parameters (head included) + what is needed to use them."""
   checkpointer = ocp.StandardCheckpointer()
   target = os.path.abspath(os.path.join(path, "params"))
@@ -337,4 +340,5 @@ def _save_params(path: str, params, cfg: BertConfig, config) -> None:
   checkpointer.save(target, params)
   checkpointer.wait_until_finished()
   with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump({"bert": cfg.to_dict(), "task": json.loads(config.to_json_best_effort())}, f, indent=2)
+    json.dump({"bert": cfg.to_dict(), "labels": labels,
+               "task": json.loads(config.to_json_best_effort())}, f, indent=2)

@@ -1,17 +1,25 @@
-"""Inference: fill-mask and feature extraction from a pre-trained checkpoint.
+"""Inference: fill-mask and features from a pre-trained checkpoint; classify / QA / tag
+with a fine-tuned one (the `workdir` of a fine-tuning run: its `best/` parameters).
 
     python -m bert_jax.predict --checkpoint=DIR --vocab=vocab.txt --mode=fill_mask \
         --text="The capital of France is [MASK]."
     python -m bert_jax.predict --checkpoint=DIR --vocab=vocab.txt --mode=features \
         --input_file=texts.txt --layers=-1,-2 --output=features.npy
 
-`--checkpoint` is anything `bert_jax.convert.load_pretrained` reads (a bert_jax
+    python -m bert_jax.predict --checkpoint=FINETUNE_WORKDIR --vocab=vocab.txt --mode=classify \
+        --text="The book was good." [--text_pair=...]
+    python -m bert_jax.predict --checkpoint=FINETUNE_WORKDIR --vocab=vocab.txt --mode=qa \
+        --question="Who?" --context="..."
+    python -m bert_jax.predict --checkpoint=FINETUNE_WORKDIR --vocab=vocab.txt --mode=tag --text="EU rejects it"
+
+For fill_mask / features, `--checkpoint` is anything `bert_jax.convert.load_pretrained` reads (a bert_jax
 export, a HuggingFace directory, a Google TF checkpoint) or a bert_jax training
 workdir.
 """
 from __future__ import annotations
 
 import json
+import os
 from typing import Sequence
 
 import jax
@@ -125,7 +133,10 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--checkpoint", required=True)
   parser.add_argument("--vocab", required=True, help="vocab.txt or SentencePiece model the model was trained with")
-  parser.add_argument("--mode", choices=["fill_mask", "features"], default="fill_mask")
+  parser.add_argument("--mode", choices=["fill_mask", "features", "classify", "qa", "tag"], default="fill_mask")
+  parser.add_argument("--text_pair", action="append", help="classify: second segment per --text.")
+  parser.add_argument("--question")
+  parser.add_argument("--context")
   parser.add_argument("--text", action="append", help="Input text (repeatable).")
   parser.add_argument("--input_file", help="One text per line.")
   parser.add_argument("--top_k", type=int, default=5)
@@ -138,9 +149,26 @@ def main(argv=None) -> None:
   if args.input_file:
     with open(args.input_file, encoding="utf-8", errors="replace") as f:
       texts += [line.rstrip("\n") for line in f if line.strip()]
+  tokenizer = Tokenizer.from_path(args.vocab)
+  if args.mode in ("classify", "qa", "tag"):
+    cfg, params, task, labels = load_finetuned(args.checkpoint)
+    _check_vocab(cfg, tokenizer)
+    if args.mode == "qa":
+      if not (args.question and args.context):
+        parser.error("--mode=qa needs --question and --context")
+      print(json.dumps({"question": args.question, "answer": answer(cfg, params, task, tokenizer, args.question, args.context)}))
+      return
+    if not texts:
+      parser.error("give --text or --input_file")
+    if args.mode == "classify":
+      for text, (label, p, _) in zip(texts, classify(cfg, params, task, labels, tokenizer, texts, args.text_pair)):
+        print(json.dumps({"text": text, "prediction": label, "probability": p}))
+    else:
+      for text in texts:
+        print(" ".join(f"{w}/{t}" for w, t in tag(cfg, params, task, labels, tokenizer, text)))
+    return
   if not texts:
     parser.error("give --text or --input_file")
-  tokenizer = Tokenizer.from_path(args.vocab)
   if args.mode == "fill_mask":
     cfg, params = load_checkpoint(args.checkpoint, "pretraining")
     _check_vocab(cfg, tokenizer)
@@ -157,6 +185,64 @@ def main(argv=None) -> None:
     np.save(out, feats)
     np.save(out.removesuffix(".npy") + "_mask.npy", mask)
     print(json.dumps({"output": out, "shape": list(feats.shape), "layers": layers, "pooled": args.pooled}))
+
+
+def load_finetuned(workdir: str):
+  """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  best = os.path.join(workdir, "best")
+  if not os.path.exists(os.path.join(best, "config.json")):
+    raise FileNotFoundError(f"{best}/config.json not found: --checkpoint must be the workdir "
+                            "of a fine-tuning run (it keeps its best parameters in best/).")
+  with open(os.path.join(best, "config.json")) as f:
+    saved = json.load(f)
+  with ocp.StandardCheckpointer() as ckptr:
+    params = jax.tree.map(np.asarray, ckptr.restore(os.path.abspath(os.path.join(best, "params"))))
+  cfg = model_lib.BertConfig.from_dict(saved["bert"]).replace(scan_layers=False, remat="none")
+  return cfg, params, saved["task"], saved.get("labels")
+
+
+def classify(cfg, params, task, labels, tokenizer, texts, pairs=None):
+  """[(label, probability, all probabilities)] per text (or a score for regression)."""
+  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  from input_pipeline import glue  # pylint: disable=g-import-not-at-top
+  examples = [glue.Example(str(i), t, (pairs[i] if pairs else None), None) for i, t in enumerate(texts)]
+  feats = glue.encode_examples(examples, tokenizer, task["max_seq_length"], labels)
+  num = params["classifier"]["kernel"].shape[-1]
+  logits = np.asarray(heads.BertForSequenceClassification(cfg, num_labels=num).apply(
+      {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"]))
+  if num == 1:
+    return [("score", float(l[0]), None) for l in logits]
+  probs = np.asarray(jax.nn.softmax(logits, -1))
+  return [(labels[int(np.argmax(p))], float(np.max(p)), dict(zip(labels, map(float, p)))) for p in probs]
+
+
+def answer(cfg, params, task, tokenizer, question: str, context: str) -> str:
+  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  from input_pipeline import squad  # pylint: disable=g-import-not-at-top
+  ex = [squad.QAExample("q", question, context, (), -1)]
+  feats = squad.convert_examples(ex, tokenizer, task["max_seq_length"], task["doc_stride"], task["max_query_length"])
+  start, end = heads.BertForQuestionAnswering(cfg).apply(
+      {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"])
+  preds, _, _ = squad.decode_answers(ex, feats, np.asarray(start), np.asarray(end),
+                                     max_answer_length=task["max_answer_length"],
+                                     version_2=task["version_2_with_negative"],
+                                     null_threshold=task["null_score_threshold"])
+  return preds["q"]
+
+
+def tag(cfg, params, task, labels, tokenizer, text: str) -> list[tuple[str, str]]:
+  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  from input_pipeline import tagging  # pylint: disable=g-import-not-at-top
+  words = text.split()
+  feats = tagging.encode_conll([(words, [labels[0]] * len(words))], tokenizer, task["max_seq_length"], labels)
+  logits = heads.BertForTokenClassification(cfg, num_labels=len(labels)).apply(
+      {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"])
+  pred = np.argmax(np.asarray(logits)[0], -1)
+  tags = ["O"] * len(words)
+  for pos in np.nonzero(feats["word_index"][0] >= 0)[0]:
+    tags[feats["word_index"][0, pos]] = labels[pred[pos]]
+  return list(zip(words, tags))
 
 
 def _check_vocab(cfg, tokenizer) -> None:

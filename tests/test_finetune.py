@@ -93,7 +93,7 @@ def test_glue_stsb_regression_and_custom_jsonl(tmp_path, pretrained):
 
 
 @pytest.mark.parametrize("version", [pytest.param("v1", marks=pytest.mark.slow), "v2"])
-def test_squad_end_to_end(tmp_path, pretrained, version):
+def test_squad_end_to_end(tmp_path, pretrained, version, capsys):
   path = _squad_file(tmp_path, version_2=version == "v2")
   c = squad.get_config(version)
   c.train_file = c.eval_file = path
@@ -106,10 +106,15 @@ def test_squad_end_to_end(tmp_path, pretrained, version):
   if version == "v2":
     assert (tmp_path / "work" / "null_odds.json").exists()
     assert "best_f1_thresh" in best and "NoAns_total" in best
+  from bert_jax import predict
+  predict.main([f"--checkpoint={tmp_path / 'work'}", f"--vocab={pretrained[1]}", "--mode=qa",
+                "--question=Who was their leader?", f"--context={CONTEXT}"])
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert isinstance(out["answer"], str) and (out["answer"] == "" or out["answer"] in CONTEXT)
 
 
 @pytest.mark.slow
-def test_conll_end_to_end(tmp_path, pretrained):
+def test_conll_end_to_end(tmp_path, pretrained, capsys):
   sent = "EU NNP B-NP I-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP I-MISC\ncall NN I-NP O\n\nPeter NNP B-NP I-PER\n\n"
   (tmp_path / "train.txt").write_text("-DOCSTART- -X- -X- O\n\n" + sent * 8)
   (tmp_path / "valid.txt").write_text(sent)
@@ -121,6 +126,11 @@ def test_conll_end_to_end(tmp_path, pretrained):
   lines = [l for l in (tmp_path / "work" / "predictions.txt").read_text().splitlines() if l]
   assert lines[0].startswith("EU B-ORG ")  # IOB1 gold converted to IOB2
   assert len(lines) == 5
+  from bert_jax import predict
+  predict.main([f"--checkpoint={tmp_path / 'work'}", f"--vocab={pretrained[1]}", "--mode=tag",
+                "--text=EU rejects German call"])
+  tagged = capsys.readouterr().out.strip().splitlines()[-1].split()
+  assert [t.split("/")[0] for t in tagged] == ["EU", "rejects", "German", "call"]
 
 
 @pytest.mark.slow
@@ -140,3 +150,20 @@ def test_missing_init_checkpoint_is_a_clear_error(tmp_path):
   c = glue.get_config("cola")
   with pytest.raises(ValueError, match="needs --config.init_checkpoint"):
     train.train_and_evaluate(c, str(tmp_path))
+
+
+def test_predict_with_a_finetuned_classifier(tmp_path, pretrained, capsys):
+  from bert_jax import predict
+  rng = np.random.default_rng(2)
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": s, "label": ["neg", "pos"][l]}) + "\n"
+                                                for s, l in _sentiment(rng, 64)))
+  c = classify_custom.get_config()
+  c.train_file = c.eval_file = str(tmp_path / "train.jsonl")
+  c.max_seq_length = 16
+  c.opt.learning_rate = 3e-3
+  best = _common(c, pretrained, tmp_path / "work", epochs=5)
+  assert best["accuracy"] >= 0.9, best
+  predict.main([f"--checkpoint={tmp_path / 'work'}", f"--vocab={pretrained[1]}", "--mode=classify",
+                "--text=the movie was very great", "--text=the movie was very awful"])
+  out = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+  assert [o["prediction"] for o in out] == ["pos", "neg"]
