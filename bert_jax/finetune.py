@@ -71,7 +71,11 @@ def _glue_metrics(names, preds, labels, scores=None):
 def classification_task(config, tok, cfg: BertConfig) -> TaskData:
   if config.task == "glue":
     spec = glue.GLUE[config.glue_task]
-    read = lambda split: glue.read_glue(config.glue_task, config.data_dir, split)
+    if config.data_dir.startswith("tfds"):  # "tfds" or "tfds:<tensorflow_datasets dir>"
+      tfds_dir = config.data_dir.partition(":")[2] or None
+      read = lambda split: glue.read_tfds_glue(config.glue_task, split, tfds_dir, config.tfds_name or None)
+    else:
+      read = lambda split: glue.read_glue(config.glue_task, config.data_dir, split)
     train_ex, eval_ex = read("train"), read(config.eval_split)
     labels, metrics, name = spec.labels, spec.metrics, spec.submission_name
   else:  # custom CSV / TSV / JSONL

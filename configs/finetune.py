@@ -18,7 +18,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.task = "glue"  # glue | custom | squad | conll | swag (| pretrain)
   c.init_checkpoint = ""  # required: the pre-trained model
   c.vocab_path = ""  # vocab.txt / SentencePiece model the checkpoint was trained with
-  c.data_dir = ""  # the task's files (GLUE: train.tsv, dev.tsv, ...)
+  c.data_dir = ""  # the task's files (GLUE: train.tsv, dev.tsv, ...); "tfds[:DIR]" = local TFDS glue/*
+  c.tfds_name = ""  # with data_dir=tfds: the TFDS dataset ("" = glue/<glue_task>)
   c.glue_task = "cola"  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
   c.eval_split = "dev"  # dev | dev_mismatched (MNLI)
   # custom classification / SQuAD / CoNLL / SWAG files (custom, squad: full paths;

@@ -125,13 +125,14 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
   return examples
 
 
-def read_tfds_glue(task: str, split: str, data_dir: str | None = None) -> list[Example]:
-  """GLUE from a locally prepared TFDS copy (`glue/<task>`); never downloads."""
+def read_tfds_glue(task: str, split: str, data_dir: str | None = None,
+                   name: str | None = None) -> list[Example]:
+  """GLUE from a locally prepared TFDS copy (`glue/<task>`, or `name`); never downloads."""
   import tensorflow_datasets as tfds
-  name = {"sst2": "sst2", "stsb": "stsb"}.get(task, task)
+  name = name or f"glue/{task}"
   split = {"dev": "validation", "dev_mismatched": "validation_mismatched"}.get(split, split)
   try:
-    ds = tfds.load(f"glue/{name}", split=split, data_dir=data_dir, download=False)
+    ds = tfds.load(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # pylint: disable=broad-except
     raise FileNotFoundError(f"TFDS glue/{name} is not prepared locally under {data_dir or '~/tensorflow_datasets'} "
                             f"({e}); prepare it on a machine with network, or use the GLUE TSV files.") from e

@@ -148,3 +148,34 @@ def test_swag_four_choices(tmp_path):
   assert f["input_ids"].shape == (1, 4, 12) and list(f["labels"]) == [1]
   assert tok.convert_ids_to_tokens(f["input_ids"][0, 1][f["input_mask"][0, 1] > 0]) == [
       "[CLS]", "a", "man", "sits", ".", "[SEP]", "he", "runs", "away", "fast", ".", "[SEP]"]
+
+
+def test_glue_from_a_local_tfds_copy(tmp_path):
+  import tensorflow_datasets as tfds
+
+  class TinyGlueCola(tfds.core.GeneratorBasedBuilder):
+    """glue/cola's features, generated locally: nothing to download."""
+    VERSION = tfds.core.Version("1.0.0")
+    __module__ = "tiny_glue_cola_builder"  # top-level: no checksum lookup beside a package
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"sentence": tfds.features.Text(), "label": tfds.features.ClassLabel(num_classes=2),
+           "idx": tfds.features.Scalar(dtype=np.int32)}))
+
+    def _split_generators(self, dl_manager):
+      del dl_manager
+      return {"train": self._generate_examples(0), "validation": self._generate_examples(1),
+              "test": self._generate_examples(2)}
+
+    def _generate_examples(self, k):
+      for i in range(3):
+        yield i, {"sentence": f"Sentence {k}.{i}.", "label": -1 if k == 2 else i % 2, "idx": i}
+
+  TinyGlueCola(data_dir=str(tmp_path)).download_and_prepare(
+      download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+  ex = glue.read_tfds_glue("cola", "dev", str(tmp_path), name="tiny_glue_cola")
+  assert sorted((e.text_a, e.label) for e in ex) == [("Sentence 1.0.", "0"), ("Sentence 1.1.", "1"), ("Sentence 1.2.", "0")]
+  assert all(e.label is None for e in glue.read_tfds_glue("cola", "test", str(tmp_path), name="tiny_glue_cola"))
+  with pytest.raises(FileNotFoundError, match="not prepared locally"):
+    glue.read_tfds_glue("cola", "dev", str(tmp_path / "none"))
