@@ -1,0 +1,176 @@
+"""Ahead-of-time compile of the pre-training step for a TPU topology, without TPUs.
+
+    bash: pip install --no-deps --target /tmp/libtpu_site "libtpu==0.0.42.*"   # what jax[tpu]==0.10.2 pins
+    python -m bench.aot_tpu                    # BERT-large L=128 on v4-32, v5e-16, v5p-32
+    python -m bench.aot_tpu --smoke            # BERT-tiny on v5e 2x2 (seconds)
+
+`jax.experimental.topologies.get_topology_desc` asks libtpu's PJRT plugin for
+compile-only devices of a described slice; the step (the trainer's
+`train.train_step` under `train.create_train_state` shardings, via
+bench.compile_time.abstract_step) is lowered from abstract inputs over a mesh of
+those devices and compiled by the real TPU compiler. Reports compile seconds and
+the compiled step's per-device memory (`memory_analysis()`). Each target runs in a
+subprocess with libtpu on PYTHONPATH (kept out of the main environment) and
+JAX_PLATFORMS=cpu (nothing tries to open a TPU). If libtpu is missing or the
+topology cannot be made, the row says why. Appends to bench/RESULTS.md unless
+--no_record (or --smoke).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_LIBTPU = "/tmp/libtpu_site"
+
+# Slice name -> (topology_name, chip_config_name). v4 and v5p run in megacore mode
+# (one JAX device per chip, both TensorCores), as on real VMs; MaxText's
+# train_compile.py describes them the same way.
+SLICES = {
+    "v4-8": ("v4:2x2x1", "megacore"),
+    "v4-32": ("v4:2x2x4", "megacore"),
+    "v4-128": ("v4:4x4x4", "megacore"),
+    "v5e-4": ("v5e:2x2", "default"),
+    "v5e-16": ("v5e:4x4", "default"),
+    "v5e-256": ("v5e:16x16", "default"),
+    "v5p-8": ("v5p:2x2x1", "megacore"),
+    "v5p-32": ("v5p:2x2x4", "megacore"),
+    "v5p-128": ("v5p:4x4x4", "megacore"),
+}
+
+
+def topology_devices(slice_name: str):
+  """Compile-only TPU devices of a slice (needs libtpu importable)."""
+  from jax.experimental import topologies
+  name, chip_config = SLICES[slice_name]
+  return topologies.get_topology_desc(topology_name=name, platform="tpu",
+                                      chip_config_name=chip_config).devices
+
+
+def _child(spec: dict) -> None:
+  import jax
+  from bench import compile_time
+  t = time.perf_counter()
+  devices = topology_devices(spec["slice"])
+  topo_s = time.perf_counter() - t
+  n = len(devices)
+  config = compile_time.make_config(spec["preset"], spec["L"], spec["per_device_batch"] * n,
+                                    spec["dtype"], scan=spec["scan"], remat=spec["remat"],
+                                    vocab=spec.get("vocab", 30522), mesh_shape=spec["mesh"])
+  res = compile_time.lower_and_compile(config, devices)
+  res.update(devices=n, device_kind=devices[0].device_kind, topology_s=topo_s,
+             global_batch=config.global_batch_size, jax=jax.__version__)
+  print("RESULT " + json.dumps(res), flush=True)
+
+
+def libtpu_version(libtpu_dir: str) -> str | None:
+  import glob
+  found = glob.glob(os.path.join(libtpu_dir, "libtpu-*.dist-info"))
+  return os.path.basename(found[0])[len("libtpu-"):-len(".dist-info")] if found else None
+
+
+def run_one(spec: dict, libtpu_dir: str, timeout: float) -> dict:
+  """One AOT compile in a subprocess; {'error': ...} with the reason when it fails."""
+  if not os.path.exists(os.path.join(libtpu_dir, "libtpu", "libtpu.so")):
+    return dict(spec, error=f"libtpu not found in {libtpu_dir} (pip install --no-deps --target "
+                            f"{libtpu_dir} 'libtpu==0.0.42.*', what jax[tpu]==0.10.2 pins)")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+             # libtpu otherwise probes GCE metadata for the host's accelerator and workers.
+             TPU_ACCELERATOR_TYPE=spec["slice"], TPU_WORKER_HOSTNAMES="localhost",
+             TPU_SKIP_MDS_QUERY="1",
+             PYTHONPATH=os.pathsep.join(p for p in (libtpu_dir, REPO, os.environ.get("PYTHONPATH"))
+                                        if p))
+  env.pop("XLA_FLAGS", None)
+  t = time.perf_counter()
+  try:
+    proc = subprocess.run([sys.executable, "-m", "bench.aot_tpu", "--_child", json.dumps(spec)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return dict(spec, error=f"timed out after {timeout:.0f} s")
+  wall = time.perf_counter() - t
+  for line in proc.stdout.splitlines():
+    if line.startswith("RESULT "):
+      return dict(spec, wall_s=wall, **json.loads(line[len("RESULT "):]))
+  errs = [l for l in (proc.stderr + proc.stdout).splitlines()
+          if l.strip() and not l.startswith(("W0000", "WARNING", "I0000"))]
+  return dict(spec, error=" | ".join(errs[-3:]) or f"exit {proc.returncode}")
+
+
+def format_table(rows: list[dict]) -> str:
+  lines = ["| slice | devices | preset | L | dtype | mesh (data,fsdp,tensor) | per-device batch | "
+           "global batch | remat | compile s | args GiB/dev | temp GiB/dev | peak GiB/dev |",
+           "|" + "---|" * 13]
+  for r in rows:
+    sizes = [int(r["mesh"].get(a, 1)) for a in ("data", "fsdp", "tensor")]
+    if -1 in sizes and "devices" in r:  # resolve "the rest"
+      sizes[sizes.index(-1)] = r["devices"] // -math.prod(sizes)
+    mesh = ",".join(map(str, sizes))
+    head = (f"| {r['slice']} | {r.get('devices', '?')} | {r['preset']} | {r['L']} | {r['dtype']} "
+            f"| {mesh} | {r['per_device_batch']} | {r.get('global_batch', '?')} | {r['remat']} |")
+    if "error" in r:
+      lines.append(f"{head} failed: {r['error']} | | | |")
+    else:
+      lines.append(f"{head} {r['lower_s'] + r['compile_s']:.1f} | {r['args_gib']:.2f} | "
+                   f"{r['temp_gib']:.2f} | {r['peak_gib']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--slices", default="v4-32,v5e-16,v5p-32")
+  parser.add_argument("--preset", default="large")
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--per_device_batch", type=int, default=32)
+  parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--meshes", default="fsdp=-1;data=-1",
+                      help="semicolon list of meshes, each a comma list axis=size")
+  parser.add_argument("--remat", default="none")
+  parser.add_argument("--libtpu_dir", default=os.environ.get("LIBTPU_DIR", DEFAULT_LIBTPU))
+  parser.add_argument("--timeout", type=float, default=600)
+  parser.add_argument("--smoke", action="store_true")
+  parser.add_argument("--no_record", action="store_true")
+  parser.add_argument("--_child", default="", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args._child:
+    _child(json.loads(args._child))
+    return []
+  if args.smoke:
+    args.slices, args.preset, args.seq_len, args.per_device_batch = "v5e-4", "tiny", 32, 2
+    args.meshes = "fsdp=-1"
+  meshes = [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in m.split(","))
+            for m in args.meshes.split(";")]
+  rows = []
+  for slice_name in args.slices.split(","):
+    for mesh in meshes:
+      spec = dict(slice=slice_name, preset=args.preset, L=args.seq_len, dtype=args.dtype,
+                  mesh=mesh, per_device_batch=args.per_device_batch, remat=args.remat, scan=True,
+                  vocab=512 if args.smoke else 30522)
+      rows.append(run_one(spec, args.libtpu_dir, args.timeout))
+      print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+  table = format_table(rows)
+  version = libtpu_version(args.libtpu_dir)
+  print(f"libtpu {version}; scan_layers=True")
+  print(table)
+  if not args.no_record and not args.smoke:
+    cmd = "python -m bench.aot_tpu " + " ".join(argv if argv is not None else sys.argv[1:])
+    with open(RESULTS, "a") as f:
+      f.write(f"\n## TPU ahead-of-time compile, no TPU attached ({datetime.date.today()})\n\n"
+              f"Command: `{cmd}`  \nMachine: 2-core CPU host (shared), jax 0.10.2, libtpu "
+              f"{version} in a --target dir on PYTHONPATH of the subprocess. Devices from "
+              f"`jax.experimental.topologies.get_topology_desc` (v4/v5p in megacore mode: one "
+              f"device per chip); scan_layers=True. Memory is the TPU compiler's "
+              f"`memory_analysis()` per device; peak = arguments + temporaries + non-aliased "
+              f"outputs (the state is donated).\n\n{table}\n")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

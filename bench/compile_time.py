@@ -1,0 +1,218 @@
+"""Compile time of the pre-training step: scan_layers vs unrolled, with and without remat.
+
+    python -m bench.compile_time                      # BERT-large, L=128, batch 8, fp32+bf16
+    python -m bench.compile_time --smoke              # seconds; what the test runs
+
+Nothing is allocated: the step is lowered from `jax.ShapeDtypeStruct`s that carry
+their shardings (the same `train.create_train_state` / `train.train_step` the
+trainer jits), then compiled. Each configuration runs in a fresh subprocess so
+no trace or compilation cache carries over. Reports lower (trace + StableHLO)
+and compile (XLA) seconds and XLA's memory analysis. Appends the table to
+bench/RESULTS.md unless --no_record (or --smoke).
+
+`abstract_step()` is the shared helper: bench/aot_tpu.py and
+bench/scaling_table.py compile the same step for other devices with it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+PREDICTIONS = {128: 20, 512: 76}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_config(preset: str, seq_len: int, batch: int, dtype: str, *, scan: bool = True,
+                remat: str = "none", vocab: int = 30522, mesh_shape: dict | None = None):
+  """configs/default.py with the benchmark's sizes."""
+  from configs import default
+  config = default.get_config()
+  config.model.preset = preset
+  config.model.vocab_size = vocab
+  config.model.dtype = dtype
+  config.model.scan_layers = scan
+  config.model.remat = remat
+  config.data.max_seq_length = seq_len
+  config.data.max_predictions_per_seq = PREDICTIONS.get(seq_len, max(1, seq_len * 15 // 100))
+  config.global_batch_size = batch
+  if mesh_shape:  # axes left out are 1
+    for axis in ("data", "fsdp", "tensor"):
+      config.mesh_shape[axis] = int(mesh_shape.get(axis, 1))
+  return config
+
+
+def abstract_step(config, devices: Sequence[Any] | None = None):
+  """(jitted train step, abstract (state, batch, rng), mesh, rules, model cfg).
+
+  Call `.lower(*args)` under `with jax.set_mesh(mesh), nn.logical_axis_rules(rules)`.
+  `devices` may be real, fake-CPU or topology (AOT) devices.
+  """
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from bert_jax import optim, sharding, train
+  cfg = train.bert_config(config)
+  model = train.BertForPreTraining(cfg)
+  tx = optim.make_optimizer(config)
+  mesh = sharding.make_mesh(config.mesh_shape, devices)
+  rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
+  # No jax.set_mesh here: create_train_state makes a concrete PRNG key, which under a
+  # mesh of compile-only (topology) devices would try to run on them. Shapes and
+  # shardings of the init do not need the mesh context.
+  with nn.logical_axis_rules(rules):
+    abstract, state_sh, _ = train.create_train_state(config, model, tx, mesh, rules)
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  repl = sharding.replicated(mesh)
+  B, L = config.global_batch_size, config.data.max_seq_length
+  P = config.data.max_predictions_per_seq
+  sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh)
+  batch = dict(input_ids=sds((B, L), jnp.int32), segment_ids=sds((B, L), jnp.int32),
+               input_mask=sds((B, L), jnp.int32), masked_lm_positions=sds((B, P), jnp.int32),
+               masked_lm_ids=sds((B, P), jnp.int32), masked_lm_weights=sds((B, P), jnp.float32),
+               next_sentence_labels=sds((B,), jnp.int32))
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=repl)
+  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx,
+                                   micro_steps=config.grad_accum_steps),
+                 in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
+                 donate_argnums=(0,))
+  return step, (abstract, batch, rng), mesh, rules, cfg
+
+
+def memory_stats(compiled) -> dict[str, float]:
+  """XLA's per-device memory analysis in GiB (arguments, outputs, temporaries, aliased)."""
+  mem = compiled.memory_analysis()
+  get = lambda name: float(getattr(mem, name, 0) or 0) / 2**30
+  out = dict(args_gib=get("argument_size_in_bytes"), out_gib=get("output_size_in_bytes"),
+             temp_gib=get("temp_size_in_bytes"), alias_gib=get("alias_size_in_bytes"),
+             code_gib=get("generated_code_size_in_bytes"))
+  # Donated state aliases its output buffers: peak ~ args + temps + outputs not aliased.
+  out["peak_gib"] = out["args_gib"] + out["temp_gib"] + max(out["out_gib"] - out["alias_gib"], 0.0)
+  return out
+
+
+def lower_and_compile(config, devices=None) -> dict[str, Any]:
+  """Times lowering and compilation of the train step for `config`."""
+  import flax.linen as nn
+  import jax
+  t0 = time.perf_counter()
+  step, args, mesh, rules, _ = abstract_step(config, devices)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    t1 = time.perf_counter()
+    lowered = step.lower(*args)
+    t2 = time.perf_counter()
+    compiled = lowered.compile()
+    t3 = time.perf_counter()
+  res = dict(setup_s=t1 - t0, lower_s=t2 - t1, compile_s=t3 - t2, **memory_stats(compiled))
+  from bert_jax import flops as flops_lib
+  try:
+    res["xla_gflop"] = flops_lib.xla_flops(compiled) / 1e9
+  except Exception:  # pylint: disable=broad-except  # some backends have no cost analysis
+    res["xla_gflop"] = float("nan")
+  return res
+
+
+def _child(spec: dict) -> None:
+  """Subprocess body: one warm-up compile of a tiny step (jit/XLA start-up costs),
+  then the measured configuration."""
+  lower_and_compile(make_config("tiny", 32, 2, "float32", vocab=512))
+  config = make_config(spec["preset"], spec["L"], spec["batch"], spec["dtype"],
+                       scan=spec["scan"], remat=spec["remat"], vocab=spec["vocab"])
+  print("RESULT " + json.dumps(lower_and_compile(config)), flush=True)
+
+
+def run_one(spec: dict, timeout: float) -> dict:
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("XLA_FLAGS", None)  # one CPU device, as the brief's measurement
+  t = time.perf_counter()
+  try:
+    proc = subprocess.run([sys.executable, "-m", "bench.compile_time", "--_child", json.dumps(spec)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return dict(spec, error=f"timed out after {timeout:.0f} s")
+  wall = time.perf_counter() - t
+  for line in proc.stdout.splitlines():
+    if line.startswith("RESULT "):
+      return dict(spec, wall_s=wall, **json.loads(line[len("RESULT "):]))
+  tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+  return dict(spec, error=" | ".join(tail) or f"exit {proc.returncode}")
+
+
+def format_table(rows: list[dict]) -> str:
+  lines = ["| preset | L | batch | dtype | scan_layers | remat | lower s | compile s | "
+           "lower+compile s | XLA args GiB | XLA temp GiB |", "|" + "---|" * 11]
+  for r in rows:
+    head = (f"| {r['preset']} | {r['L']} | {r['batch']} | {r['dtype']} | {r['scan']} | "
+            f"{r['remat']} |")
+    if "error" in r:
+      lines.append(f"{head} failed: {r['error']} | | | | |")
+    else:
+      lines.append(f"{head} {r['lower_s']:.1f} | {r['compile_s']:.1f} | "
+                   f"{r['lower_s'] + r['compile_s']:.1f} | {r['args_gib']:.2f} | "
+                   f"{r['temp_gib']:.2f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", default="large")
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--dtypes", default="float32,bfloat16")
+  parser.add_argument("--variants", default="scan:none,scan:full,unrolled:none,unrolled:full",
+                      help="comma list of {scan|unrolled}:{none|full|dots}")
+  parser.add_argument("--vocab", type=int, default=30522)
+  parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
+  parser.add_argument("--smoke", action="store_true", help="tiny settings, seconds")
+  parser.add_argument("--no_record", action="store_true")
+  parser.add_argument("--inprocess", action="store_true",
+                      help="compile in this process (no fresh process, no warm-up)")
+  parser.add_argument("--_child", default="", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args._child:
+    _child(json.loads(args._child))
+    return []
+  if args.smoke:
+    args.preset, args.seq_len, args.batch, args.vocab = "tiny", 32, 2, 512
+    args.dtypes, args.variants, args.inprocess = "float32", "scan:none,unrolled:none", True
+  load0 = os.getloadavg()[0]
+  rows = []
+  for dtype in args.dtypes.split(","):
+    for variant in args.variants.split(","):
+      layout, remat = variant.split(":")
+      spec = dict(preset=args.preset, L=args.seq_len, batch=args.batch, dtype=dtype,
+                  scan=layout == "scan", remat=remat, vocab=args.vocab)
+      if args.inprocess:
+        config = make_config(args.preset, args.seq_len, args.batch, dtype, scan=spec["scan"],
+                             remat=remat, vocab=args.vocab)
+        rows.append(dict(spec, **lower_and_compile(config)))
+      else:
+        rows.append(run_one(spec, args.timeout))
+      print(format_table(rows[-1:]).splitlines()[-1], flush=True)
+  table = format_table(rows)
+  print(table)
+  if not args.no_record and not args.smoke:
+    cmd = "python -m bench.compile_time " + " ".join(argv if argv is not None else sys.argv[1:])
+    import jax
+    with open(RESULTS, "a") as f:
+      f.write(f"\n## Compile time ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
+              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+              f"(shared; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
+              f"end), jax {jax.__version__}, CPU backend, 1 device. Lower = trace + "
+              f"StableHLO; compile = XLA. Abstract inputs (nothing allocated); each row in a "
+              f"fresh process after a warm-up compile of a tiny step.\n\n{table}\n")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,190 @@
+"""bfloat16 vs float32 compute: loss curves of a short real pre-training run.
+
+    python -m bench.precision                 # BERT-mini, L=128, batch 16, 200 steps, built-in corpus
+    python -m bench.precision --corpus=tagged:64   # the same on a made-up corpus learnt fast
+    python -m bench.precision --smoke         # seconds; BERT-tiny on a tiny tagged corpus
+
+Both runs use the trainer's pieces (`train.create_train_state`, `train.train_step`,
+`optim.make_optimizer`), the same seed (init and dropout) and the *same* batches:
+the batches are read once from the real input pipeline (`PretrainIterator` over a
+prepared corpus: the built-in corpus, with a WordPiece vocabulary trained on it,
+built once into --data_dir) and fed to both runs. Only `config.model.dtype`
+differs; master weights and optimizer state are float32 in both.
+
+Reports the two curves (mean loss over each --log_every window), the max and mean
+relative difference |bf16 - fp32| / fp32 of the per-step loss over the last 50
+steps, and checks the tolerance: the final loss (mean of the last 10 steps)
+within --tolerance (2%) relative. Exits 1 when the check fails (not in --smoke).
+Appends to bench/RESULTS.md unless --no_record (or --smoke).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+DEFAULT_DATA = "/tmp/bert_jax_precision_data"
+
+
+def build_data(data_dir: str, *, corpus: str, vocab_size: int) -> str:
+  """A prepared corpus in data_dir (built once); returns the prepared dir.
+
+  corpus "tagged:N" is input_pipeline.testing's made-up corpus of N documents, each
+  with its own 30 words: no vocabulary training (seconds), and learnable fast, since
+  a token's context says which document, hence which words, it comes from.
+  """
+  from input_pipeline import prepare, vocab
+  prepared = os.path.join(data_dir, "prepared")
+  if os.path.exists(os.path.join(prepared, prepare.SUMMARY_NAME)):
+    return prepared
+  if corpus.startswith("tagged:"):
+    from input_pipeline import testing
+    return testing.make_tagged_corpus(data_dir, num_docs=int(corpus.split(":")[1]),
+                                      words_per_doc=30)["prepared"]
+  vocab_path = vocab.train_vocab(corpus, os.path.join(data_dir, "vocab"), vocab_size=vocab_size)
+  prepare.prepare_corpus(corpus, vocab_path, prepared, num_shards=4, progress=False)
+  return prepared
+
+
+def read_batches(prepared: str, *, seq_len: int, preds: int, batch: int, steps: int,
+                 seed: int) -> tuple[list[dict], int]:
+  from input_pipeline import prepare, pretrain
+  data_cfg = pretrain.default_data_config()
+  data_cfg.prepared_dir = prepared
+  data_cfg.max_seq_length, data_cfg.max_predictions_per_seq = seq_len, preds
+  it = pretrain.PretrainIterator(data_cfg, batch_size=batch, seed=seed)
+  batches = [next(it) for _ in range(steps)]
+  it.close()
+  return batches, int(prepare.load_summary(prepared)["vocab"]["vocab_size"])
+
+
+def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: int, vocab: int,
+        lr: float, warmup: int, seed: int) -> list[float]:
+  """Per-step training loss of one run in `dtype` compute (float32 master weights)."""
+  import flax.linen as nn
+  import jax
+  from bert_jax import optim, sharding, train
+  from configs import default
+  config = default.get_config()
+  config.seed = seed
+  config.model.preset, config.model.vocab_size, config.model.dtype = preset, vocab, dtype
+  config.model.param_dtype = "float32"
+  config.data.max_seq_length, config.data.max_predictions_per_seq = seq_len, preds
+  config.global_batch_size = len(batches[0]["input_ids"])
+  config.opt.learning_rate = lr
+  config.schedule.warmup_steps = warmup
+  config.schedule.decay_steps = len(batches)
+  config.mesh_shape.data = 1
+  cfg = train.bert_config(config)
+  model = train.BertForPreTraining(cfg)
+  tx = optim.make_optimizer(config)
+  mesh = sharding.make_mesh(config.mesh_shape, jax.devices()[:1])
+  rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
+  losses = []
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    _, state_sh, init_fn = train.create_train_state(config, model, tx, mesh, rules)
+    state = init_fn()
+    batch_sh, repl = sharding.batch_sharding(mesh, rules), sharding.replicated(mesh)
+    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx),
+                   in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
+                   donate_argnums=(0,))
+    rng = jax.random.fold_in(jax.random.key(seed), 1)  # as the trainer's dropout rng
+    pending = []
+    for b in batches:
+      state, m = step(state, sharding.host_to_global(b, batch_sh), rng)
+      pending.append(m["loss"])
+    losses = [float(x) for x in jax.device_get(pending)]
+  return losses
+
+
+def compare(fp32: list[float], bf16: list[float], last: int = 50, final: int = 10) -> dict:
+  a, b = np.asarray(fp32), np.asarray(bf16)
+  rel = np.abs(b[-last:] - a[-last:]) / np.abs(a[-last:])
+  fa, fb = a[-final:].mean(), b[-final:].mean()
+  return dict(max_rel=float(rel.max()), mean_rel=float(rel.mean()), final_fp32=float(fa),
+              final_bf16=float(fb), final_rel=float(abs(fb - fa) / abs(fa)), last=min(last, len(a)),
+              final=min(final, len(a)))
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", default="mini")
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--preds", type=int, default=20)
+  parser.add_argument("--batch", type=int, default=16)
+  parser.add_argument("--steps", type=int, default=200)
+  parser.add_argument("--lr", type=float, default=1e-3)
+  parser.add_argument("--warmup", type=int, default=20)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--log_every", type=int, default=10)
+  parser.add_argument("--tolerance", type=float, default=0.02, help="final loss, relative")
+  parser.add_argument("--corpus", default="default",
+                      help="corpus spec (default = built-in), or tagged:N (see build_data)")
+  parser.add_argument("--vocab_size", type=int, default=8000, help="WordPiece entries to train")
+  parser.add_argument("--data_dir", default=DEFAULT_DATA, help="vocab + prepared corpus cache")
+  parser.add_argument("--smoke", action="store_true", help="tiny settings, seconds")
+  parser.add_argument("--no_record", action="store_true")
+  args = parser.parse_args(argv)
+  if args.smoke:
+    args.preset, args.seq_len, args.preds, args.batch, args.steps = "tiny", 32, 5, 4, 20
+    args.log_every, args.warmup, args.corpus = 5, 2, "tagged:16"
+  if args.data_dir == DEFAULT_DATA and args.corpus != "default":
+    args.data_dir = f"{DEFAULT_DATA}_{args.corpus.replace(':', '')}"
+  t = time.perf_counter()
+  prepared = build_data(args.data_dir, corpus=args.corpus, vocab_size=args.vocab_size)
+  batches, vocab = read_batches(prepared, seq_len=args.seq_len, preds=args.preds,
+                                batch=args.batch, steps=args.steps, seed=args.seed)
+  data_s = time.perf_counter() - t
+  common = dict(preset=args.preset, seq_len=args.seq_len, preds=args.preds, vocab=vocab,
+                lr=args.lr, warmup=args.warmup, seed=args.seed)
+  timing, curves = {}, {}
+  for dtype in ("float32", "bfloat16"):
+    t = time.perf_counter()
+    curves[dtype] = run(dtype, batches, **common)
+    timing[dtype] = time.perf_counter() - t
+  fp32, bf16 = curves["float32"], curves["bfloat16"]
+  res = compare(fp32, bf16)
+  ok = res["final_rel"] <= args.tolerance and np.all(np.isfinite(bf16))
+  k = args.log_every
+  lines = [f"| steps | fp32 loss | bf16 loss | rel. diff |", "|---|---|---|---|"]
+  for s in range(0, len(fp32), k):
+    a, b = float(np.mean(fp32[s:s + k])), float(np.mean(bf16[s:s + k]))
+    lines.append(f"| {s + 1}-{min(s + k, len(fp32))} | {a:.4f} | {b:.4f} | {100 * abs(b - a) / a:.2f}% |")
+  table = "\n".join(lines)
+  summary = (f"Over the last {res['last']} steps, per-step |bf16 - fp32| / fp32: max "
+             f"{100 * res['max_rel']:.2f}%, mean {100 * res['mean_rel']:.2f}%. Final loss (mean of "
+             f"the last {res['final']} steps): fp32 {res['final_fp32']:.4f}, bf16 "
+             f"{res['final_bf16']:.4f}, {100 * res['final_rel']:.2f}% apart; tolerance "
+             f"{100 * args.tolerance:.0f}%: {'PASS' if ok else 'FAIL'}.")
+  setup = (f"BERT-{args.preset}, vocab {vocab}, L={args.seq_len}, P={args.preds}, batch "
+           f"{args.batch}, {args.steps} steps, AdamW lr {args.lr} (warmup {args.warmup}, linear "
+           f"decay to 0 at step {args.steps}), seed {args.seed}, dropout 0.1; corpus "
+           f"{args.corpus!r}, prepared in "
+           f"{args.data_dir}; data read once ({data_s:.0f} s) and fed to both runs; run time fp32 "
+           f"{timing['float32']:.0f} s, bf16 {timing['bfloat16']:.0f} s")
+  print(setup)
+  print(table)
+  print(summary)
+  if not args.no_record and not args.smoke:
+    cmd = "python -m bench.precision " + " ".join(argv if argv is not None else sys.argv[1:])
+    import jax
+    with open(RESULTS, "a") as f:
+      f.write(f"\n## bf16 vs fp32 loss curves ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
+              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+              f"jax {jax.__version__} (CPU). {setup}. Loss = MLM + NSP, mean over each "
+              f"{k}-step window.\n\n{table}\n\n{summary}\n")
+  if not ok and not args.smoke:
+    sys.exit(1)
+  return dict(res, ok=bool(ok), fp32=fp32, bf16=bf16)
+
+
+if __name__ == "__main__":
+  main()
