@@ -34,6 +34,8 @@ from bert_jax import sharding
 from bert_jax.model import BertConfig, BertForPreTraining, pretraining_loss
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")
+# Packed rows (data.packing) also pass these, by keyword (see bert_jax.model.BertModel).
+PACKED_INPUTS = ("position_ids", "packed_example_ids", "cls_positions")
 # BertConfig fields an imported checkpoint must agree with (the rest, e.g. dropout, may differ).
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                        "intermediate_size", "max_position_embeddings", "type_vocab_size",
@@ -94,6 +96,13 @@ class Objective:
   sums: Any = struct.field(pytree_node=False)  # (outputs, batch) -> dict of sums
   denominators: Any = struct.field(pytree_node=False)  # global batch -> dict of scalars
   loss: Any = struct.field(pytree_node=False)  # (sums, denominators) -> scalar loss
+  # Batch keys passed to the model by keyword (e.g. PACKED_INPUTS for packed rows).
+  keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=())
+
+  def apply(self, model, params, batch, **kwargs):
+    """model.apply on the objective's inputs of `batch`."""
+    return model.apply({"params": params}, *(batch[k] for k in self.inputs),
+                       **{k: batch[k] for k in self.keyword_inputs}, **kwargs)
 
 
 def _pretraining_denominators(batch):
@@ -109,6 +118,8 @@ PRETRAINING = Objective(
     inputs=MODEL_INPUTS, sums=lambda outputs, batch: pretraining_loss(outputs, batch)[1],
     denominators=_pretraining_denominators,
     loss=lambda s, d: s["mlm_loss_sum"] / d["mlm"] + s["nsp_loss_sum"] / d["nsp"])
+# Packed rows (data.packing): the same loss over the examples of every row.
+PRETRAINING_PACKED = PRETRAINING.replace(keyword_inputs=PACKED_INPUTS)
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *,
@@ -125,8 +136,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   denominators = objective.denominators(batch)
 
   def loss_fn(params, micro, micro_rng):
-    outputs = model.apply({"params": params}, *(micro[k] for k in objective.inputs),
-                          deterministic=False, rngs={"dropout": micro_rng})
+    outputs = objective.apply(model, params, micro, deterministic=False,
+                              rngs={"dropout": micro_rng})
     sums = objective.sums(outputs, micro)
     return objective.loss(sums, denominators), sums
 
