@@ -34,7 +34,7 @@ def test_packing_matches_unpacked_loss_and_gradients():
   b = _unpacked()
   packed = pack_examples(b, max_seq_length=48, max_examples_per_row=4, max_predictions_per_row=12)
   assert packed["input_ids"].shape[0] < 5  # Really packed.
-  assert packed["next_sentence_weights"].sum() == 5
+  assert packed["example_weights"].sum() == 5
   assert (packed["input_mask"].sum() == b["input_mask"].sum())
   m = model_lib.BertForPreTraining(CFG)
   ids = jnp.asarray(b["input_ids"])
@@ -69,3 +69,34 @@ def test_packed_examples_do_not_see_each_other():
   changed[0, second] = 7  # Rewrite example 2 entirely.
   first = packed["packed_example_ids"][0] == 1
   np.testing.assert_allclose(np.asarray(run(changed))[0, first], np.asarray(run(packed["input_ids"]))[0, first], atol=1e-6)
+
+
+def test_pack_examples_layout_and_limits():
+  b = _unpacked(n=40, seed=5)
+  b["labels"] = np.arange(40, dtype=np.int32)
+  rows = pack_examples(b, max_seq_length=48, max_examples_per_row=3, max_predictions_per_row=6)
+  w = rows["example_weights"] > 0
+  assert w.sum() == 40 and w.sum(-1).max() <= 3
+  assert (rows["masked_lm_weights"].sum(-1) <= 6).all()
+  # Order-preserving: reading the slots row by row by example order gives every example once.
+  got = sorted(rows["labels"][w].tolist())
+  assert got == list(range(40))
+  for r in range(len(rows["input_ids"])):
+    for e in np.nonzero(w[r])[0]:
+      i = rows["labels"][r, e]
+      l = int(b["input_mask"][i].sum())
+      s = rows["cls_positions"][r, e]
+      np.testing.assert_array_equal(rows["input_ids"][r, s:s + l], b["input_ids"][i, :l])
+      np.testing.assert_array_equal(rows["position_ids"][r, s:s + l], np.arange(l))
+      assert (rows["packed_example_ids"][r, s:s + l] == e + 1).all()
+  # Masked positions point at the same tokens as before packing.
+  for r in range(len(rows["input_ids"])):
+    k = rows["masked_lm_weights"][r] > 0
+    assert (rows["input_mask"][r, rows["masked_lm_positions"][r, k]] == 1).all()
+  assert rows["input_mask"].sum() == b["input_mask"].sum()
+
+
+def test_pack_examples_rejects_what_does_not_fit():
+  b = _unpacked(n=3, length=24)
+  with np.testing.assert_raises_regex(ValueError, "packed row holds"):
+    pack_examples(b, max_seq_length=4, max_examples_per_row=2)
