@@ -36,6 +36,7 @@ EXTRAS = {
         "nbclient==0.11.0",
         "nbformat==5.11.1",
         "ipykernel==7.4.0",
+        "matplotlib==3.11.2",  # notebooks/quickstart.ipynb: loss curves
     ],
     "tpu": ["jax[tpu]==0.10.2"],
     "gpu": ["jax[cuda12]==0.10.2"],

@@ -6,6 +6,7 @@ Several hosts: run the same command on every host with
 `--num_processes=N --process_id=I --coordinator_address=HOST0:PORT` (or the env
 vars JAX_NUM_PROCESSES / JAX_PROCESS_ID / JAX_COORDINATOR_ADDRESS), or with
 `--multihost` where JAX detects the cluster itself (Cloud TPU pods, SLURM).
+`--local_device_ids=0,1` (or JAX_LOCAL_DEVICE_IDS) picks the GPUs a process drives.
 """
 import os
 
@@ -32,6 +33,12 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes",
                                       "Number of processes (hosts) in the job.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", int(os.environ.get("JAX_PROCESS_ID", "0")),
                                    "This process's index.")
+_LOCAL_DEVICE_IDS = flags.DEFINE_list("local_device_ids",
+                                      os.environ.get("JAX_LOCAL_DEVICE_IDS", ""),
+                                      "Comma-separated local device ids this process drives "
+                                      "(several processes only); empty = all.")
+flags.register_validator("local_device_ids", lambda ids: all(i.isdigit() for i in ids),
+                         "--local_device_ids must be comma-separated integers, e.g. 0,1,2,3.")
 _INIT_TIMEOUT = flags.DEFINE_integer("distributed_init_timeout", 300,
                                      "Seconds to wait for all processes to join.")
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer("heartbeat_timeout", 60,
@@ -52,6 +59,8 @@ def main(argv):
     if _NUM_PROCESSES.value > 1:
       kwargs.update(coordinator_address=_COORDINATOR.value,
                     num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+    if _LOCAL_DEVICE_IDS.value:
+      kwargs.update(local_device_ids=[int(i) for i in _LOCAL_DEVICE_IDS.value])
     jax.distributed.initialize(**kwargs)
   logging.info("JAX process %d/%d, local devices: %s", jax.process_index(),
                jax.process_count(), jax.local_devices())
