@@ -128,6 +128,9 @@ def make_iterator(config: ml_collections.ConfigDict, data_cfg: ml_collections.Co
                   *, split: str, batch_size: int, vocab_size: int, seed: int):
   """This host's iterator over `split` ("train" | "eval"), `batch_size` rows per host."""
   if config.synthetic_data:
+    if data_cfg.get("packing", False):
+      raise ValueError("data.packing needs real examples to pack; it does not apply to "
+                       "synthetic_data (which has no padding to remove).")
     return SyntheticIterator(
         batch_size=batch_size, seq_len=data_cfg.max_seq_length,
         num_predictions=data_cfg.max_predictions_per_seq, vocab_size=vocab_size,

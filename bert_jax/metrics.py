@@ -123,12 +123,19 @@ class TrainMetrics:
       self.timer_step, self.timer_time = step, now
       scalars["steps_per_sec"] = steps_per_s
       scalars["tokens_per_sec"] = steps_per_s * self.tokens_per_step
+      if "num_tokens" in sums:  # real (non-padding) tokens; packing raises this
+        scalars["real_tokens_per_sec"] = steps_per_s * sums["num_tokens"] / len(values)
+        scalars["padding_fraction"] = 1.0 - sums["num_tokens"] / len(values) / self.tokens_per_step
       scalars["mfu"] = (steps_per_s * self.flops_per_step / self.peak_flops
                         if self.peak_flops else 0.0)
       eta = (self.total_steps - step) / steps_per_s
     self.writer.write_scalars(step, {f"train/{k}": v for k, v in scalars.items()})
-    speed = (f" | {scalars['tokens_per_sec']:,.0f} tok/s | MFU {100 * scalars['mfu']:.2f}%"
-             if "tokens_per_sec" in scalars else "")
+    speed = ""
+    if "tokens_per_sec" in scalars:
+      speed = f" | {scalars['tokens_per_sec']:,.0f} tok/s"
+      if "real_tokens_per_sec" in scalars:
+        speed += f" ({scalars['real_tokens_per_sec']:,.0f} non-padding)"
+      speed += f" | MFU {100 * scalars['mfu']:.2f}%"
     logging.info(
         "step %d/%d | loss %.4f | mlm_acc %.4f | nsp_acc %.4f | lr %.3g | grad_norm %.3f%s"
         " | ETA %s", step, self.total_steps, scalars["loss"], scalars["mlm_accuracy"],

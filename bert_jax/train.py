@@ -114,8 +114,14 @@ def _pretraining_denominators(batch):
   return {"mlm": mlm, "nsp": nsp}
 
 
+def _pretraining_sums(outputs, batch):
+  # Real (non-padding) tokens: throughput that packing is measured by.
+  num_tokens = jnp.sum(batch["input_mask"].astype(jnp.float32))
+  return dict(pretraining_loss(outputs, batch)[1], num_tokens=num_tokens)
+
+
 PRETRAINING = Objective(
-    inputs=MODEL_INPUTS, sums=lambda outputs, batch: pretraining_loss(outputs, batch)[1],
+    inputs=MODEL_INPUTS, sums=_pretraining_sums,
     denominators=_pretraining_denominators,
     loss=lambda s, d: s["mlm_loss_sum"] / d["mlm"] + s["nsp_loss_sum"] / d["nsp"])
 # Packed rows (data.packing): the same loss over the examples of every row.
@@ -163,11 +169,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params: Any, batch: dict[str, jax.Array], *, model: BertForPreTraining
-              ) -> dict[str, jax.Array]:
-  outputs = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS),
-                        deterministic=True)
-  return pretraining_loss(outputs, batch)[1]
+def eval_step(params: Any, batch: dict[str, jax.Array], *, model: BertForPreTraining,
+              objective: Objective = PRETRAINING) -> dict[str, jax.Array]:
+  return objective.sums(objective.apply(model, params, batch, deterministic=True), batch)
+
+
+def pretraining_objective(data_cfg) -> Objective:
+  """PRETRAINING, or PRETRAINING_PACKED for data.packing rows."""
+  return PRETRAINING_PACKED if data_cfg.get("packing", False) else PRETRAINING
 
 
 def create_train_state(config: ml_collections.ConfigDict, model: BertForPreTraining,
@@ -320,11 +329,12 @@ def _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro) -> 
     train_iter.set_state(data_state)
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
+  objective = pretraining_objective(data_cfg)
   p_train_step = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, micro_steps=micro),
+      functools.partial(train_step, model=model, tx=tx, micro_steps=micro, objective=objective),
       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
       donate_argnums=(0,))
-  p_eval_step = jax.jit(functools.partial(eval_step, model=model),
+  p_eval_step = jax.jit(functools.partial(eval_step, model=model, objective=objective),
                         in_shardings=(state_sh.params, batch_sh), out_shardings=repl)
   eval_iter, eval_batches = None, []
   if config.eval_steps > 0:
@@ -332,7 +342,8 @@ def _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro) -> 
         config, data_cfg, split="eval", batch_size=config.eval_batch_size // jax.process_count(),
         vocab_size=cfg.vocab_size, seed=config.seed)
 
-  seq_len, preds = data_cfg.max_seq_length, data_cfg.max_predictions_per_seq
+  from input_pipeline import pretrain as pretrain_data  # pylint: disable=g-import-not-at-top
+  seq_len, preds = data_cfg.max_seq_length, pretrain_data.predictions_per_row(data_cfg)
   writer = metrics_lib.make_writer(workdir)
   train_metrics = metrics_lib.TrainMetrics(
       writer, total_steps=config.num_train_steps,

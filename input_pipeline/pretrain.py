@@ -41,6 +41,7 @@ import tensorflow as tf
 from input_pipeline import documents
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
+from input_pipeline import packing as packing_lib
 from input_pipeline import prepare
 from input_pipeline import records
 from input_pipeline import text
@@ -48,6 +49,9 @@ from input_pipeline import tokenizer as tokenizer_lib
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
             "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
+# data.packing: rows [R, L] of several examples; per-example NSP labels/weights [R, E].
+PACKED_FEATURES = FEATURES + ("position_ids", "packed_example_ids", "cls_positions",
+                              "example_weights")
 SPLITS = documents.SPLITS
 load_documents = documents.load_documents
 eval_document_count = documents.eval_document_count
@@ -71,7 +75,24 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.eval_fraction = 0.01          # Share of documents held out for split="eval".
   c.shuffle_buffer = 10_000       # tfrecord_pattern only: shuffle buffer per epoch.
   c.prefetch_batches = 8          # Batches the iterator's thread prepares ahead.
+  # Sequence packing: several examples per row (block-diagonal attention, positions and
+  # NSP per example). Batches then count rows, and carry the features of PACKED_FEATURES.
+  c.packing = False
+  c.max_examples_per_row = 8      # E: examples (NSP slots) per packed row.
+  c.max_predictions_per_row = ml_collections.config_dict.placeholder(int)  # None: P + E.
   return c
+
+
+def predictions_per_row(cfg) -> int:
+  """Masked-LM slots per model row: P unpacked; P + E (or as set) packed, since an
+  example of n tokens gets up to 0.15 n + 1 predictions."""
+  if not cfg.get("packing", False):
+    return cfg.max_predictions_per_seq
+  return cfg.max_predictions_per_row or cfg.max_predictions_per_seq + cfg.max_examples_per_row
+
+
+def features(cfg) -> tuple[str, ...]:
+  return PACKED_FEATURES if cfg.get("packing", False) else FEATURES
 
 
 def _key(*parts: int) -> int:
@@ -147,6 +168,16 @@ class BlockStream:
     feats.update({k: v.numpy() for k, v in masked.items()})
     return feats
 
+  def rows(self, epoch: int, block: int) -> dict:
+    """The block's model rows: its examples, or with data.packing the packed rows
+    (a pure function of the block, so a resumed state counts rows)."""
+    feats = self.masked_block(epoch, block)
+    if not self.cfg.get("packing", False):
+      return feats
+    return packing_lib.pack_examples(
+        feats, self.cfg.max_seq_length, self.cfg.max_examples_per_row,
+        predictions_per_row(self.cfg))
+
   def _positions(self, state: dict):
     """(epoch, block, offset) from `state` on, block by block, forever."""
     epoch, block, offset = state["epoch"], state["block"], state["offset"]
@@ -159,20 +190,23 @@ class BlockStream:
   def batches(self, state: dict, batch_size: int):
     """(batch, state after it) pairs from `state` on; batches may span blocks."""
     parts, filled = [], 0
+    keys = features(self.cfg)
     for epoch, block, offset in self._positions(state):
-      feats = self.masked_block(epoch, block)
+      feats = self.rows(epoch, block)
       n = len(feats["input_ids"])
       while offset < n:
         take = min(batch_size - filled, n - offset)
         parts.append({k: v[offset:offset + take] for k, v in feats.items()})
         offset, filled = offset + take, filled + take
         if filled == batch_size:
-          batch = {k: np.concatenate([p[k] for p in parts]) for k in FEATURES}
+          batch = {k: np.concatenate([p[k] for p in parts]) for k in keys}
           yield batch, {"epoch": epoch, "block": block, "offset": offset}
           parts, filled = [], 0
 
   def dataset(self, state: dict) -> tf.data.Dataset:
     """The same stream as tf.data: generated blocks, masked by a map, cut into examples."""
+    if self.cfg.get("packing", False):
+      return self._packed_dataset(state)
     length = self.cfg.max_seq_length
     sig = {k: tf.TensorSpec([None, length], tf.int32)
            for k in ("input_ids", "input_mask", "segment_ids")}
@@ -188,6 +222,22 @@ class BlockStream:
     ds = ds.map(lambda b: dict(self.mask_fn(b), skip=b["skip"]))
     ds = ds.map(lambda b: {k: b[k][b["skip"]:] for k in FEATURES})
     return ds.unbatch()
+
+  def _packed_dataset(self, state: dict) -> tf.data.Dataset:
+    """Packed rows, masked and packed in the generator (packing needs the masks)."""
+    L, E, P = self.cfg.max_seq_length, self.cfg.max_examples_per_row, predictions_per_row(self.cfg)
+    shapes = {"masked_lm_positions": [P], "masked_lm_ids": [P], "masked_lm_weights": [P],
+              "next_sentence_labels": [E], "cls_positions": [E], "example_weights": [E]}
+    sig = {k: tf.TensorSpec([None] + shapes.get(k, [L]),
+                            tf.float32 if k.endswith("weights") else tf.int32)
+           for k in PACKED_FEATURES}
+
+    def blocks():
+      for epoch, block, offset in self._positions(state):
+        rows = self.rows(epoch, block)
+        yield {k: rows[k][offset:] for k in PACKED_FEATURES}
+
+    return tf.data.Dataset.from_generator(blocks, output_signature=sig).unbatch()
 
 
 # ------------------------------------------------------------------ original records
@@ -248,7 +298,15 @@ def make_stream(data_cfg, *, seed: int, process_index: int = 0, process_count: i
   if not 0 < data_cfg.max_predictions_per_seq <= data_cfg.max_seq_length:
     raise ValueError(f"Need 0 < max_predictions_per_seq <= max_seq_length, got "
                      f"{data_cfg.max_predictions_per_seq} and {data_cfg.max_seq_length}.")
+  if data_cfg.get("packing", False) and data_cfg.max_examples_per_row < 1:
+    raise ValueError(f"data.max_examples_per_row must be >= 1, got "
+                     f"{data_cfg.max_examples_per_row}.")
   if data_cfg.tfrecord_pattern:
+    if data_cfg.get("packing", False):
+      raise ValueError("data.packing works on prepared corpora (input_pipeline.prepare), not "
+                       "on original BERT TFRecords (tfrecord_pattern): their masks are fixed "
+                       "per example at a padded length. Set data.packing=False or prepare the "
+                       "raw text.")
     return RecordStream(data_cfg, seed=seed, process_index=process_index,
                         process_count=process_count, split=split)
   if not data_cfg.prepared_dir:
