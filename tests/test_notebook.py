@@ -51,7 +51,6 @@ def test_committed_notebook_has_no_outputs():
       assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
 
 
-@pytest.mark.slow
 def test_quickstart_notebook_runs(tmp_path, monkeypatch):
   workdir = tmp_path / "bert_tiny"
   test_env = {k: v for k, v in tu.env(devices=1).items() if os.environ.get(k) != v}
