@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -46,6 +47,8 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
+DROPOUT_RNGS = ("hash", "threefry")
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
@@ -67,6 +70,9 @@ class BertConfig:
   remat: str = "none"  # "none" | "full" | "dots": rematerialise each layer
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
   attention_impl: str | None = None  # jax.nn.dot_product_attention implementation
+  # Dropout's random bits: "hash" (a counter hash keyed by threefry; ~7x cheaper on
+  # CPU) or "threefry" (jax.random.bernoulli, as flax's nn.Dropout). See `Dropout`.
+  dropout_rng: str = "hash"
 
   def __post_init__(self):
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
@@ -77,6 +83,9 @@ class BertConfig:
     if self.hidden_act not in ACTIVATIONS:
       raise ValueError(f"hidden_act {self.hidden_act!r} unknown; "
                        f"choose one of {sorted(ACTIVATIONS)}.")
+    if self.dropout_rng not in DROPOUT_RNGS:
+      raise ValueError(f"dropout_rng {self.dropout_rng!r} unknown; "
+                       f"choose one of {DROPOUT_RNGS}.")
     if self.remat not in REMAT_POLICIES:
       raise ValueError(f"remat {self.remat!r} unknown; "
                        f"choose one of {sorted(REMAT_POLICIES)}.")
@@ -138,6 +147,60 @@ def _dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str) -> 
                   name=name)
 
 
+def _fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """Uniform uint32 bits of `shape`: fmix32(fmix32(index ^ k0) + k1) over the
+  element's row-major index, keyed by 64 threefry bits of `key`.
+
+  A counter-based generator like threefry, but 2 rounds of multiply/xorshift
+  instead of 20 of add/rotate/xor: on XLA:CPU it costs ~1.5 ns per element
+  against ~12 ns for `jax.random.bits`. Good enough for dropout masks, not for
+  anything that needs cryptographic independence. Elementwise in a global
+  iota, so the bits do not depend on how the array is sharded.
+  """
+  if math.prod(shape) >= 2 ** 32:
+    raise ValueError(f"hash_bits counts elements in uint32; {shape} has too many.")
+  k = jax.random.bits(key, (2,), jnp.uint32)
+  index = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for d in reversed(range(len(shape))):
+    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(stride)
+    stride *= shape[d]
+  return _fmix32(_fmix32(index ^ k[0]) + k[1])
+
+
+class Dropout(nn.Module):
+  """Inverted dropout (drop with probability `rate`, scale the rest by 1/(1-rate)).
+
+  `rng="threefry"` is flax's nn.Dropout (jax.random.bernoulli); `rng="hash"`
+  draws the keep mask from `hash_bits` (keep where bits >= rate * 2^32).
+  """
+  rate: float
+  rng: str = "hash"
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate >= 1.0:
+      return jnp.zeros_like(x)
+    key = self.make_rng("dropout")
+    keep_prob = 1.0 - self.rate
+    if self.rng == "threefry":
+      keep = jax.random.bernoulli(key, keep_prob, x.shape)
+      return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))
+    keep = hash_bits(key, x.shape) >= jnp.uint32(min(round(self.rate * 2 ** 32), 2 ** 32 - 1))
+    return jax.lax.select(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros_like(x))
+
+
 def attention_bias(input_mask_BM: jax.Array, dtype) -> jax.Array:
   """[B, M] 1=token 0=padding -> additive bias [B, 1, 1, M]."""
   return jnp.where(input_mask_BM[:, None, None, :] > 0, 0.0, NEG_INF).astype(dtype)
@@ -163,7 +226,7 @@ class Embeddings(nn.Module):
     self.token_type_embeddings = embed(cfg.type_vocab_size,
                                        embedding_init=_kernel_init(cfg, (None, "embed")))
     self.LayerNorm = _layer_norm(self.config, "LayerNorm")
-    self.dropout = nn.Dropout(cfg.hidden_dropout_rate)
+    self.dropout = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)
 
   def __call__(self, input_ids_BL, segment_ids_BL, position_ids_BL, deterministic):
     x_BLD = (self.word_embeddings(input_ids_BL)
@@ -222,7 +285,7 @@ class SelfAttention(nn.Module):
       scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
       scores_BHLM = scores_BHLM.astype(jnp.float32) + bias_B11M.astype(jnp.float32)
       probs_BHLM = jax.nn.softmax(scores_BHLM, axis=-1).astype(cfg.dtype)
-      probs_BHLM = nn.Dropout(cfg.attention_dropout_rate)(probs_BHLM, deterministic=False)
+      probs_BHLM = Dropout(cfg.attention_dropout_rate, cfg.dropout_rng)(probs_BHLM, deterministic=False)
       ctx_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
     return _Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
                        name="output")(ctx_BLHK)
@@ -238,14 +301,14 @@ class EncoderLayer(nn.Module):
     x_BLD = nn.with_logical_constraint(
         x_BLD, ("activation_batch", "activation_length", "activation_embed"))
     h_BLD = SelfAttention(cfg, name="attention")(x_BLD, bias_B11M, deterministic)
-    h_BLD = nn.Dropout(cfg.hidden_dropout_rate)(h_BLD, deterministic=deterministic)
+    h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic)
     x_BLD = _layer_norm(cfg, "attention_LayerNorm")(x_BLD + h_BLD)
     h_BLF = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BLD)
     h_BLF = ACTIVATIONS[cfg.hidden_act](h_BLF)
     h_BLF = nn.with_logical_constraint(
         h_BLF, ("activation_batch", "activation_length", "activation_mlp"))
     h_BLD = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BLF)
-    h_BLD = nn.Dropout(cfg.hidden_dropout_rate)(h_BLD, deterministic=deterministic)
+    h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic)
     return _layer_norm(cfg, "output_LayerNorm")(x_BLD + h_BLD)
 
 

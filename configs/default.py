@@ -36,6 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.remat = "none"  # none | full | dots: recompute layer activations in backward
   c.model.scan_layers = False  # nn.scan over layers: compile time flat in depth
   c.model.attention_impl = config_dict.placeholder(str)  # jax.nn.dot_product_attention impl
+  c.model.dropout_rng = "hash"  # hash (cheap counter hash) | threefry (jax.random.bernoulli)
 
   # Data: the pre-training input pipeline (input_pipeline/pretrain.py).
   c.data = pretrain.default_data_config()

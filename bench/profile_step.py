@@ -1,0 +1,184 @@
+"""Where the bert_jax train step spends its time, and A/B timings of variants in one process.
+
+    python -m bench.profile_step                          # variants of XLA:CPU options, interleaved
+    python -m bench.profile_step --ref_rev=HEAD~1         # this checkout's model vs an earlier one
+    python -m bench.profile_step --pieces                 # forward / backward / optimizer split
+    python -m bench.profile_step --trace=/tmp/step_trace  # per-op profile (xprof) of the step
+
+On a shared CPU, step times drift by 2x with the load of other processes, so
+every comparison here is made inside one process: all variants are compiled
+first, then run round-robin (one step of each per round) next to a 2048^3
+float32 matmul, and each variant's median is reported with its median ratio to
+the first variant of the same round. XLA:CPU options are passed per compilation
+(`compile(compiler_options=...)`), so they too compare in one process.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import functools
+import gzip
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _model_at(rev: str):
+  """bert_jax/model.py as of git `rev`, imported as a separate module."""
+  src = subprocess.run(["git", "show", f"{rev}:bert_jax/model.py"], cwd=REPO, check=True,
+                       capture_output=True, text=True).stdout
+  path = os.path.join(tempfile.mkdtemp(), f"model_{re.sub(r'[^0-9A-Za-z]', '_', rev)}.py")
+  with open(path, "w") as f:
+    f.write(src)
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = mod  # dataclasses look their module up
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _setup(preset: str, seq_len: int, batch: int, dtype: str):
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from bench.train_step import PREDICTIONS, _batch
+  from bert_jax import optim, train
+  from configs import default
+  config = default.get_config()
+  config.model.preset = preset
+  config.model.vocab_size = 30522
+  config.model.dtype = dtype
+  config.data.max_seq_length = seq_len
+  config.data.max_predictions_per_seq = PREDICTIONS.get(seq_len, max(1, seq_len * 15 // 100))
+  config.global_batch_size = batch
+  preds = config.data.max_predictions_per_seq
+  cfg = train.bert_config(config)
+  tx = optim.make_optimizer(config)
+  model = train.BertForPreTraining(cfg)
+  init = functools.partial(train.init_state, model=model, tx=tx, seq_len=seq_len,
+                           num_predictions=preds)
+  state = jax.jit(lambda r: nn.unbox(init(r)))(jax.random.key(0))
+  data = {k: jnp.asarray(v) for k, v in _batch(np.random.default_rng(0), batch, seq_len, preds,
+                                                 30522).items()}
+  return config, cfg, tx, state, data, preds
+
+
+def _time_round_robin(fns: dict, rounds: int) -> dict:
+  """{name: (callable, args)} -> {name: [seconds per round]}; one call of each per round."""
+  import jax
+  times = collections.defaultdict(list)
+  for name, (f, args) in fns.items():  # warm-up
+    jax.block_until_ready(f(*args))
+  for _ in range(rounds):
+    for name, (f, args) in fns.items():
+      t = time.perf_counter()
+      jax.block_until_ready(f(*args))
+      times[name].append(time.perf_counter() - t)
+  return times
+
+
+def _report(times: dict, flops: float | None = None) -> None:
+  names = list(times)
+  ref = names[0]
+  peak = times.get("matmul 2048^3")
+  print(f"{'variant':58s} {'median ms':>10s} {'min ms':>9s} {'vs ' + ref[:12]:>16s}"
+        + ("   MFU(median, vs same-round matmul)" if flops and peak else ""))
+  for n in names:
+    ts = times[n]
+    ratio = statistics.median(t / r for t, r in zip(ts, times[ref]))
+    line = f"{n[:58]:58s} {1e3 * statistics.median(ts):10.1f} {1e3 * min(ts):9.1f} {ratio:16.3f}"
+    if flops and peak and n != "matmul 2048^3":
+      mfu = statistics.median(flops / t / (2 * 2048 ** 3 / p) for t, p in zip(ts, peak))
+      line += f"   {100 * mfu:5.1f}%"
+    print(line, flush=True)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", default="base")
+  parser.add_argument("--seq_len", type=int, default=128)
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--dtype", default="float32")
+  parser.add_argument("--rounds", type=int, default=7)
+  parser.add_argument("--ref_rev", default="", help="also time the model of this git revision")
+  parser.add_argument("--options", default="",
+                      help="';'-separated variants of XLA:CPU compiler options, each "
+                           "'name=value&name=value' (e.g. 'xla_cpu_experimental_ynn_fusion_type=')")
+  parser.add_argument("--pieces", action="store_true", help="forward / backward / optimizer split")
+  parser.add_argument("--trace", default="", help="write an xprof trace of 2 steps here")
+  args = parser.parse_args(argv)
+
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from bert_jax import flops as flops_lib
+  from bert_jax import train
+  from bert_jax.model import pretraining_loss
+  config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)
+  flops = flops_lib.train_flops_per_step(cfg, args.batch, args.seq_len, preds)
+  rng = jax.random.key(1)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((2048, 2048)), jnp.float32)
+  fns = {"matmul 2048^3": (jax.jit(lambda a: a @ a), (x,))}
+
+  def compiled_step(model, options=None):
+    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx))
+    t = time.perf_counter()
+    c = step.lower(state, data, rng).compile(compiler_options=options or None)
+    print(f"compiled in {time.perf_counter() - t:.1f} s: options={options}", flush=True)
+    return c
+
+  model = train.BertForPreTraining(cfg)
+  if args.trace:
+    c = compiled_step(model)
+    jax.block_until_ready(c(state, data, rng))
+    jax.profiler.start_trace(args.trace)
+    for _ in range(2):
+      jax.block_until_ready(c(state, data, rng))
+    jax.profiler.stop_trace()
+    print(f"trace in {args.trace} (set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true for per-op "
+          "events; summarise with bench/profile_step.py --summarize=...)")
+    return
+  fns["step (this checkout)"] = (compiled_step(model), (state, data, rng))
+  if args.ref_rev:
+    old = _model_at(args.ref_rev)
+    known = {f.name for f in dataclasses.fields(old.BertConfig)}
+    ref_model = old.BertForPreTraining(old.BertConfig(
+        **{k: v for k, v in cfg.to_dict().items() if k in known}))
+    fns[f"step (model.py @ {args.ref_rev})"] = (compiled_step(ref_model), (state, data, rng))
+  for variant in filter(None, args.options.split(";")):
+    opts = dict(kv.split("=", 1) for kv in variant.split("&"))
+    fns[f"step {variant}"] = (compiled_step(model, opts), (state, data, rng))
+  if args.pieces:
+    def loss(params, deterministic):
+      out = model.apply({"params": params}, *(data[k] for k in train.MODEL_INPUTS),
+                        deterministic=deterministic, rngs={"dropout": rng})
+      return pretraining_loss(out, data)[0]
+    p = state.params
+    fns["forward (dropout)"] = (jax.jit(lambda p: loss(p, False)), (p,))
+    fns["forward (deterministic)"] = (jax.jit(lambda p: loss(p, True)), (p,))
+    fns["forward+backward (dropout)"] = (jax.jit(jax.grad(lambda p: loss(p, False))), (p,))
+    fns["forward+backward (deterministic)"] = (jax.jit(jax.grad(lambda p: loss(p, True))), (p,))
+    fns["optimizer update"] = (jax.jit(lambda s, g: optax.apply_updates(
+        s.params, tx.update(g, s.opt_state, s.params)[0])), (state, p))
+    fns["grad_norm + param_norm"] = (jax.jit(lambda s, g: (optax.global_norm(g), optax.global_norm(
+        s.params))), (state, p))
+  times = _time_round_robin(fns, args.rounds)
+  print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype}; median of {args.rounds} "
+        f"round-robin rounds; analytic {flops / 1e9:.1f} GFLOP/step")
+  _report(times, flops)
+
+
+if __name__ == "__main__":
+  main()
