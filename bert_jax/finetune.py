@@ -8,6 +8,13 @@ and sharding rules, the optimizer, Orbax checkpoints (resume after a kill) and
 the metric writer. Evaluates on the dev set after every epoch, keeps the best
 parameters (`workdir/best`), and writes predictions in each task's submission
 format plus `metrics.json`.
+
+With `config.packing` (classification only), each epoch's shuffled training
+examples are packed several to a row (input_pipeline/packing.py): attention is
+block-diagonal, positions restart per example and every example is classified
+from its own [CLS], so the loss equals that of the same examples unpacked while
+far fewer padding tokens are computed. Steps and resume offsets then count rows;
+loss/accuracy still count examples. Evaluation and prediction stay unpacked.
 """
 from __future__ import annotations
 
@@ -28,10 +35,12 @@ import orbax.checkpoint as ocp
 from bert_jax import checkpointing, convert, heads, optim, scoring, sharding, train
 from bert_jax import metrics as metrics_lib
 from bert_jax.model import BertConfig
-from input_pipeline import glue, squad, tagging
+from input_pipeline import glue, packing, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 
 TEXT_INPUTS = ("input_ids", "segment_ids", "input_mask")
+PACKING_INPUTS = ("position_ids", "packed_example_ids", "cls_positions")
+PACKABLE_TASKS = ("glue", "custom")
 
 
 @dataclasses.dataclass
@@ -59,6 +68,27 @@ def _objective(loss_fn: Callable, weight_key: str) -> train.Objective:
 
   return train.Objective(inputs=TEXT_INPUTS, sums=sums, denominators=denominators,
                          loss=lambda s, d: s["loss_sum"] / jnp.maximum(d["weight"], 1e-8))
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedInputs:
+  """A head fed packed rows by `train.train_step`, which passes `objective.inputs`
+  positionally (TEXT_INPUTS + PACKING_INPUTS): the packing inputs go to the head
+  by keyword. Same parameters as the head itself."""
+  module: nn.Module
+
+  def apply(self, variables, input_ids, segment_ids, input_mask, position_ids, packed_example_ids,
+            cls_positions, **kwargs):
+    return self.module.apply(variables, input_ids, segment_ids, input_mask, position_ids=position_ids,
+                             packed_example_ids=packed_example_ids, cls_positions=cls_positions, **kwargs)
+
+
+def pack_epoch(feats: dict[str, np.ndarray], order: np.ndarray, max_seq_length: int,
+               max_examples_per_row: int) -> dict[str, np.ndarray]:
+  """The examples `feats[order]`, in that order, packed into rows (see packing.pack_examples):
+  TEXT_INPUTS + PACKING_INPUTS [R, L] / [R, E], labels and example_weights [R, E]."""
+  return packing.pack_examples({k: v[order] for k, v in feats.items()}, max_seq_length,
+                               max_examples_per_row)
 
 
 def _glue_metrics(names, preds, labels, scores=None):
@@ -230,6 +260,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
                      "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
   if config.task not in TASKS:
     raise ValueError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
+  packed = bool(config.get("packing", False))
+  if packed and config.task not in PACKABLE_TASKS:
+    raise ValueError(f"packing is only supported for classification fine-tuning (task glue or custom), "
+                     f"not task={config.task!r}: set --config.packing=False.")
+  if packed and config.get("max_examples_per_row", 0) < 1:
+    raise ValueError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   enc_cfg, enc_params = load_encoder(config.init_checkpoint)
   cfg = enc_cfg.replace(hidden_dropout_rate=config.model.hidden_dropout_rate,
                         attention_dropout_rate=config.model.attention_dropout_rate,
@@ -244,10 +280,32 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   task = TASKS[config.task](config, tok, cfg)
   n_train = len(task.train["input_ids"])
   B = config.global_batch_size
-  steps_per_epoch = n_train // B
-  if steps_per_epoch == 0:
-    raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
-  total = steps_per_epoch * config.num_epochs
+  epoch_order = lambda epoch: np.random.default_rng([config.seed, epoch]).permutation(n_train)
+  if packed:
+    # Rows per epoch depend on that epoch's shuffle: pack each once up front for the
+    # schedule's length (packing is deterministic, so a resumed run re-packs the same rows).
+    pack = lambda epoch: pack_epoch(task.train, epoch_order(epoch), config.max_seq_length,
+                                    config.max_examples_per_row)
+    rows, fill = [], []
+    for e in range(config.num_epochs):
+      packed_e = pack(e)
+      rows.append(len(packed_e["input_ids"]))
+      fill.append(packing.packing_stats(packed_e)["token_fill"])
+    del packed_e
+    steps = [r // B for r in rows]
+    logging.info("Packing: %d examples -> %s rows an epoch (%.2f examples a row, %.0f%% of tokens "
+                 "real), %s steps of %d rows.", n_train, rows, n_train / max(np.mean(rows), 1),
+                 100 * np.mean(fill), steps, B)
+    if min(steps, default=1) == 0:
+      raise ValueError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
+                       f"of {B} rows: lower global_batch_size.")
+    task.model = PackedInputs(task.model)
+    task.objective = task.objective.replace(inputs=TEXT_INPUTS + PACKING_INPUTS)
+  else:
+    steps = [n_train // B] * config.num_epochs
+    if n_train // B == 0:
+      raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
+  total = sum(steps)
   config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy for the schedule
   config.schedule.warmup_steps = int(config.warmup_fraction * total)
   config.schedule.decay_steps = total
@@ -255,10 +313,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   mesh = sharding.make_mesh(config.mesh_shape)
   rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
   model, objective = task.model, task.objective
+  head = model.module if packed else model  # the nn.Module (init / predict: unpacked inputs)
   sample = {k: v[:1] for k, v in task.train.items() if k in TEXT_INPUTS}
 
   def init(rng):
-    params = model.init({"params": rng}, *(jnp.asarray(sample[k]) for k in TEXT_INPUTS))["params"]
+    params = head.init({"params": rng}, *(jnp.asarray(sample[k]) for k in TEXT_INPUTS))["params"]
     return train.TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -283,7 +342,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     p_train = jax.jit(functools.partial(train.train_step, model=model, tx=tx, objective=objective),
                       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
                       donate_argnums=(0,))
-    p_predict = jax.jit(lambda p, b: model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
+    p_predict = jax.jit(lambda p, b: head.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
                         in_shardings=(state_sh.params, batch_sh))
     writer = metrics_lib.make_writer(workdir)
     best_path = os.path.join(workdir, "best")
@@ -291,22 +350,32 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
     step = int(jax.device_get(state.step))
     epoch0, offset = (data_state or {}).get("epoch", 0), (data_state or {}).get("offset", 0)
+    if offset and bool((data_state or {}).get("packing", False)) != packed:
+      raise ValueError(f"The checkpoint in {workdir} stopped mid-epoch with packing="
+                       f"{not packed}; resume with the same --config.packing (its offset counts "
+                       f"{'examples' if packed else 'rows'}).")
     history = _read_json(os.path.join(workdir, "metrics.json")).get("epochs", [])
     for epoch in range(epoch0, config.num_epochs):
-      order = np.random.default_rng([config.seed, epoch]).permutation(n_train)
+      if packed:  # rows of this epoch's shuffled examples; offsets count rows
+        feats = pack(epoch)
+        order = np.arange(len(feats["input_ids"]))
+      else:
+        feats, order = task.train, epoch_order(epoch)
       sums = None
-      for start, batch in _batches(task.train, B, order, offset if epoch == epoch0 else 0):
+      for start, batch in _batches(feats, B, order, offset if epoch == epoch0 else 0):
         state, m = p_train(state, sharding.host_to_global(batch, batch_sh), dropout_rng)
         sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
         step += 1
         if step % config.log_every_steps == 0:
           host = jax.device_get(sums)
-          logging.info("epoch %d step %d/%d | loss %.4f | train acc %.4f", epoch + 1, step, total,
-                       host["loss_sum"] / max(host["weight"], 1e-8), host["correct_sum"] / max(host["weight"], 1e-8))
+          # Sums and weight count examples (packed rows: filled example slots only).
+          logging.info("epoch %d step %d/%d | loss %.4f | train acc %.4f | %d examples", epoch + 1, step,
+                       total, host["loss_sum"] / max(host["weight"], 1e-8),
+                       host["correct_sum"] / max(host["weight"], 1e-8), host["weight"])
           if not np.isfinite(host["loss_sum"]):
             raise metrics_lib.NonFiniteLossError(f"Non-finite fine-tuning loss at step {step}.")
         if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
-          ckpt.save(step, state, {"epoch": epoch, "offset": start + B}, config)
+          ckpt.save(step, state, {"epoch": epoch, "offset": start + B, "packing": packed}, config)
       outputs = _predict(p_predict, state.params, task.eval, config.eval_batch_size, batch_sh)
       result, write = task.evaluate(outputs)
       result = {k: float(v) for k, v in result.items()}
@@ -317,7 +386,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
         best = {"epoch": epoch + 1, "step": step, **result}
         _save_params(best_path, state.params, cfg, config, task.labels)
         write(workdir)
-      ckpt.save(step, state, {"epoch": epoch + 1, "offset": 0}, config)
+      ckpt.save(step, state, {"epoch": epoch + 1, "offset": 0, "packing": packed}, config)
       with open(os.path.join(workdir, "metrics.json"), "w") as f:
         json.dump({"task": config.task, "main_metric": task.main_metric, "best": best, "epochs": history}, f, indent=2)
     ckpt.close()

@@ -16,16 +16,25 @@ from bert_jax.model import BertConfig, BertModel, _dense
 
 
 class BertForSequenceClassification(nn.Module):
-  """Softmax (or, with num_labels=1, regression) on the pooled [CLS] output."""
+  """Softmax (or, with num_labels=1, regression) on the pooled [CLS] output.
+
+  Packed rows (several examples in one row, see input_pipeline/packing.py) pass
+  `position_ids` and `packed_example_ids` [B, L] and `cls_positions` [B, E]:
+  the logits are then [B, E, C], one per example slot (empty slots carry
+  example_weights 0 in the loss).
+  """
   config: BertConfig
   num_labels: int
 
   @nn.compact
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
-    _, pooled_BD = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask, deterministic)
-    pooled_BD = nn.Dropout(self.config.hidden_dropout_rate)(pooled_BD, deterministic=deterministic)
-    logits_BC = _dense(self.config, self.num_labels, ("embed", None), "classifier")(pooled_BD)
-    return logits_BC.astype(jnp.float32)
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+               position_ids=None, packed_example_ids=None, cls_positions=None):
+    _, pooled = BertModel(self.config, name="bert")(
+        input_ids, segment_ids, input_mask, deterministic, position_ids=position_ids,
+        packed_example_ids=packed_example_ids, cls_positions=cls_positions)  # [B, D] or [B, E, D]
+    pooled = nn.Dropout(self.config.hidden_dropout_rate)(pooled, deterministic=deterministic)
+    logits = _dense(self.config, self.num_labels, ("embed", None), "classifier")(pooled)
+    return logits.astype(jnp.float32)  # [B, C] or [B, E, C]
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -70,14 +79,21 @@ def _nll(logits, labels):
   return -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), labels[..., None], -1)[..., 0]
 
 
-def classification_loss(logits_BC: jax.Array, batch: Mapping[str, jax.Array]):
-  """Cross-entropy, or squared error when there is one output (STS-B)."""
-  w_B = batch.get("example_weights", jnp.ones(logits_BC.shape[:1])).astype(jnp.float32)
+def classification_loss(logits: jax.Array, batch: Mapping[str, jax.Array]):
+  """Cross-entropy, or squared error when there is one output (STS-B).
+
+  logits [B, C] with labels / example_weights [B], or packed rows: logits
+  [R, E, C] with labels / example_weights [R, E] (flattened to R*E examples;
+  empty slots weigh 0). Sums and the weight therefore count examples, not rows.
+  """
+  logits_BC = logits.reshape(-1, logits.shape[-1])
+  w_B = batch.get("example_weights", jnp.ones(logits_BC.shape[:1])).reshape(-1).astype(jnp.float32)
+  labels_B = batch["labels"].reshape(-1)
   if logits_BC.shape[-1] == 1:
-    per_example = jnp.square(logits_BC[:, 0] - batch["labels"].astype(jnp.float32))
+    per_example = jnp.square(logits_BC[:, 0] - labels_B.astype(jnp.float32))
     correct = jnp.zeros_like(per_example)
   else:
-    labels = batch["labels"].astype(jnp.int32)
+    labels = labels_B.astype(jnp.int32)
     per_example = _nll(logits_BC, labels)
     correct = (jnp.argmax(logits_BC, -1) == labels).astype(jnp.float32)
   return _weighted(per_example, correct, w_B)

@@ -1,0 +1,162 @@
+"""Packed classification fine-tuning: same loss/gradients as unpacked, no cross-talk, end to end."""
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import finetune, heads, train
+from bert_jax import model as model_lib
+from configs import classify_custom, squad
+from input_pipeline import packing
+from tests.test_finetune import _sentiment, pretrained  # noqa: F401  (module fixture)
+
+CFG = model_lib.BertConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                           max_position_embeddings=64, hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+L = 32
+
+
+def _examples(n=7, num_labels=3, seed=0):
+  """Classification features at max_seq_length L: [CLS] a [SEP] (b [SEP]), varied lengths."""
+  rng = np.random.default_rng(seed)
+  f = {k: np.zeros((n, L), np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+  f["labels"] = (rng.integers(0, num_labels, n).astype(np.int32) if num_labels > 1
+                 else rng.normal(size=n).astype(np.float32))
+  for i in range(n):
+    la, lb = rng.integers(1, 7, size=2)
+    ids = [2] + list(rng.integers(5, 60, la)) + [3] + (list(rng.integers(5, 60, lb)) + [3] if i % 2 else [])
+    f["input_ids"][i, :len(ids)] = ids
+    f["input_mask"][i, :len(ids)] = 1
+    f["segment_ids"][i, la + 2:len(ids)] = 1
+  return f
+
+
+def _loss_fn(model, objective, batch):
+  """What train.train_step differentiates (inputs positionally, dropout rate 0)."""
+  def loss(params):
+    outputs = model.apply({"params": params}, *(batch[k] for k in objective.inputs), deterministic=False,
+                          rngs={"dropout": jax.random.key(0)})
+    sums = objective.sums(outputs, batch)
+    return objective.loss(sums, objective.denominators(batch)), sums
+  return loss
+
+
+@pytest.mark.parametrize("num_labels", [3, 1])
+def test_packed_loss_and_gradients_equal_unpacked(num_labels):
+  f = _examples(num_labels=num_labels)
+  packed = finetune.pack_epoch(f, np.arange(len(f["input_ids"])), L, max_examples_per_row=4)
+  R, E = packed["input_ids"].shape[0], packed["cls_positions"].shape[1]
+  assert R < 7 and E == 4  # Really packed, several examples a row.
+  assert packed["example_weights"].sum() == 7 and packed["labels"].shape == (R, E)
+  head = heads.BertForSequenceClassification(CFG, num_labels=num_labels)
+  params = nn.unbox(head.init(jax.random.key(0), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))["params"]
+  objective = finetune._objective(heads.classification_loss, "example_weights")
+  logits = finetune.PackedInputs(head).apply({"params": params}, *(packed[k] for k in finetune.TEXT_INPUTS
+                                                                     + finetune.PACKING_INPUTS))
+  assert logits.shape == (R, E, num_labels)
+  (l1, s1), g1 = jax.value_and_grad(_loss_fn(head, objective, f), has_aux=True)(params)
+  packed_objective = objective.replace(inputs=finetune.TEXT_INPUTS + finetune.PACKING_INPUTS)
+  (l2, s2), g2 = jax.value_and_grad(_loss_fn(finetune.PackedInputs(head), packed_objective, packed),
+                                    has_aux=True)(params)
+  np.testing.assert_allclose(l1, l2, rtol=1e-5)
+  assert float(s1["weight"]) == float(s2["weight"]) == 7.0  # Examples, not rows or slots.
+  np.testing.assert_allclose(s1["correct_sum"], s2["correct_sum"])
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), g1, g2)
+  # Each filled slot's logits are its example's unpacked logits (the packer may fill an
+  # earlier row, so slots are matched to examples through a per-example index).
+  unpacked = head.apply({"params": params}, *(f[k] for k in finetune.TEXT_INPUTS))
+  index = finetune.pack_epoch(dict(f, index=np.arange(7)), np.arange(7), L, 4)["index"]
+  filled = packed["example_weights"] > 0
+  np.testing.assert_allclose(np.asarray(logits)[filled], np.asarray(unpacked)[index[filled]], atol=1e-5)
+
+
+def test_classification_loss_flattens_packed_slots():
+  logits = jnp.log(jnp.array([[[0.4, 0.6], [0.9, 0.1], [0.2, 0.8]]]))  # [R=1, E=3, C=2]
+  batch = {"labels": jnp.array([[0, 0, 1]]), "example_weights": jnp.array([[1.0, 1.0, 0.0]])}
+  loss, m = heads.classification_loss(logits, batch)
+  np.testing.assert_allclose(loss, -(np.log(0.4) + np.log(0.9)) / 2, rtol=1e-6)
+  assert float(m["weight"]) == 2.0 and float(m["correct_sum"]) == 1.0
+
+
+def test_packed_examples_do_not_see_each_other():
+  f = _examples(n=2, seed=3)
+  packed = finetune.pack_epoch(f, np.arange(2), L, max_examples_per_row=2)
+  assert packed["input_ids"].shape[0] == 1
+  head = finetune.PackedInputs(heads.BertForSequenceClassification(CFG, num_labels=3))
+  params = nn.unbox(head.module.init(jax.random.key(1), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))
+  run = lambda ids: np.asarray(head.apply(params, ids, *(packed[k] for k in ("segment_ids", "input_mask")
+                                                         + finetune.PACKING_INPUTS)))
+  changed = packed["input_ids"].copy()
+  second = packed["packed_example_ids"][0] == 2
+  changed[0, second] = 7  # Rewrite example 2 entirely.
+  before, after = run(packed["input_ids"]), run(changed)
+  np.testing.assert_allclose(after[0, 0], before[0, 0], atol=1e-6)
+  assert np.abs(after[0, 1] - before[0, 1]).max() > 1e-4  # ... which did change example 2.
+
+
+def _config(tmp_path, pretrained, n=64, rows_per_batch=2, epochs=1):
+  """Custom CSV sentiment fine-tuning, packed up to 4 examples a row of L tokens."""
+  rows = _sentiment(np.random.default_rng(2), n)
+  (tmp_path / "train.csv").write_text("text,label\n" + "".join(f"{s},{['neg', 'pos'][l]}\n" for s, l in rows))
+  c = classify_custom.get_config()
+  c.train_file = c.eval_file = str(tmp_path / "train.csv")
+  c.init_checkpoint, c.vocab_path = pretrained
+  c.max_seq_length, c.num_epochs = L, epochs
+  c.global_batch_size, c.eval_batch_size, c.log_every_steps = rows_per_batch, 16, 1000
+  c.model.hidden_dropout_rate = c.model.attention_dropout_rate = 0.0
+  c.opt.learning_rate = 3e-3
+  c.packing, c.max_examples_per_row = True, 4
+  return c
+
+
+def test_packed_finetuning_end_to_end(tmp_path, pretrained):
+  c = _config(tmp_path, pretrained, epochs=5)
+  best = train.train_and_evaluate(c, str(tmp_path / "work"))
+  # global_batch_size=2 counts rows of up to 4 examples: far fewer steps than 64 // 2 examples.
+  metrics = json.loads((tmp_path / "work" / "metrics.json").read_text())
+  steps = [e["step"] for e in metrics["epochs"]]
+  feats = finetune.classification_task(c, finetune.Tokenizer.from_path(pretrained[1]), CFG).train
+  rows = [len(finetune.pack_epoch(feats, np.random.default_rng([c.seed, e]).permutation(64), L, 4)
+              ["input_ids"]) for e in range(5)]
+  assert steps == list(np.cumsum([r // 2 for r in rows])), (steps, rows)
+  assert max(rows) <= 64 // 2  # At least 2 examples a row (each is ~7 tokens of 32).
+  assert best["accuracy"] >= 0.9, best  # It learns (the label is one word).
+
+
+def test_packed_finetuning_resumes_mid_epoch(tmp_path, pretrained, monkeypatch):
+  c = _config(tmp_path, pretrained, n=32, epochs=2)
+  full = train.train_and_evaluate(c, str(tmp_path / "full"))
+
+  class Killed(Exception):
+    pass
+
+  calls = {"n": 0}
+  real = finetune.sharding.host_to_global
+
+  def dying(batch, sh):
+    if "labels" in batch:  # a training batch (eval batches carry no labels)
+      calls["n"] += 1
+      if calls["n"] == 3:
+        raise Killed()
+    return real(batch, sh)
+
+  c.checkpoint_every_steps = 1
+  monkeypatch.setattr(finetune.sharding, "host_to_global", dying)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(c, str(tmp_path / "resumed"))
+  monkeypatch.setattr(finetune.sharding, "host_to_global", real)
+  c.packing = False  # The checkpoint's offset counts rows: refuse to read it as examples.
+  with pytest.raises(ValueError, match="same --config.packing"):
+    train.train_and_evaluate(c, str(tmp_path / "resumed"))
+  c.packing = True
+  resumed = train.train_and_evaluate(c, str(tmp_path / "resumed"))
+  assert resumed == full  # Same rows, same steps, same result after a kill at step 2.
+
+
+def test_packing_other_tasks_is_a_clear_error(tmp_path):
+  c = squad.get_config("v1")
+  c.init_checkpoint, c.packing = str(tmp_path), True
+  with pytest.raises(ValueError, match="packing is only supported for classification fine-tuning"):
+    train.train_and_evaluate(c, str(tmp_path / "work"))
