@@ -39,7 +39,7 @@ from input_pipeline import glue, packing, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 
 TEXT_INPUTS = ("input_ids", "segment_ids", "input_mask")
-PACKING_INPUTS = ("position_ids", "packed_example_ids", "cls_positions")
+PACKING_INPUTS = train.PACKED_INPUTS  # passed to the head by keyword
 PACKABLE_TASKS = ("glue", "custom")
 
 
@@ -68,19 +68,6 @@ def _objective(loss_fn: Callable, weight_key: str) -> train.Objective:
 
   return train.Objective(inputs=TEXT_INPUTS, sums=sums, denominators=denominators,
                          loss=lambda s, d: s["loss_sum"] / jnp.maximum(d["weight"], 1e-8))
-
-
-@dataclasses.dataclass(frozen=True)
-class PackedInputs:
-  """A head fed packed rows by `train.train_step`, which passes `objective.inputs`
-  positionally (TEXT_INPUTS + PACKING_INPUTS): the packing inputs go to the head
-  by keyword. Same parameters as the head itself."""
-  module: nn.Module
-
-  def apply(self, variables, input_ids, segment_ids, input_mask, position_ids, packed_example_ids,
-            cls_positions, **kwargs):
-    return self.module.apply(variables, input_ids, segment_ids, input_mask, position_ids=position_ids,
-                             packed_example_ids=packed_example_ids, cls_positions=cls_positions, **kwargs)
 
 
 def pack_epoch(feats: dict[str, np.ndarray], order: np.ndarray, max_seq_length: int,
@@ -299,8 +286,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     if min(steps, default=1) == 0:
       raise ValueError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
                        f"of {B} rows: lower global_batch_size.")
-    task.model = PackedInputs(task.model)
-    task.objective = task.objective.replace(inputs=TEXT_INPUTS + PACKING_INPUTS)
+    task.objective = task.objective.replace(keyword_inputs=PACKING_INPUTS)
   else:
     steps = [n_train // B] * config.num_epochs
     if n_train // B == 0:
@@ -313,11 +299,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   mesh = sharding.make_mesh(config.mesh_shape)
   rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
   model, objective = task.model, task.objective
-  head = model.module if packed else model  # the nn.Module (init / predict: unpacked inputs)
   sample = {k: v[:1] for k, v in task.train.items() if k in TEXT_INPUTS}
 
   def init(rng):
-    params = head.init({"params": rng}, *(jnp.asarray(sample[k]) for k in TEXT_INPUTS))["params"]
+    params = model.init({"params": rng}, *(jnp.asarray(sample[k]) for k in TEXT_INPUTS))["params"]
     return train.TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -342,7 +327,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     p_train = jax.jit(functools.partial(train.train_step, model=model, tx=tx, objective=objective),
                       in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
                       donate_argnums=(0,))
-    p_predict = jax.jit(lambda p, b: head.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
+    p_predict = jax.jit(lambda p, b: model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
                         in_shardings=(state_sh.params, batch_sh))
     writer = metrics_lib.make_writer(workdir)
     best_path = os.path.join(workdir, "best")

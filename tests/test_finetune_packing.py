@@ -34,10 +34,10 @@ def _examples(n=7, num_labels=3, seed=0):
 
 
 def _loss_fn(model, objective, batch):
-  """What train.train_step differentiates (inputs positionally, dropout rate 0)."""
+  """What train.train_step differentiates (dropout rate 0)."""
   def loss(params):
-    outputs = model.apply({"params": params}, *(batch[k] for k in objective.inputs), deterministic=False,
-                          rngs={"dropout": jax.random.key(0)})
+    outputs = objective.apply(model, params, batch, deterministic=False,
+                              rngs={"dropout": jax.random.key(0)})
     sums = objective.sums(outputs, batch)
     return objective.loss(sums, objective.denominators(batch)), sums
   return loss
@@ -53,12 +53,11 @@ def test_packed_loss_and_gradients_equal_unpacked(num_labels):
   head = heads.BertForSequenceClassification(CFG, num_labels=num_labels)
   params = nn.unbox(head.init(jax.random.key(0), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))["params"]
   objective = finetune._objective(heads.classification_loss, "example_weights")
-  logits = finetune.PackedInputs(head).apply({"params": params}, *(packed[k] for k in finetune.TEXT_INPUTS
-                                                                     + finetune.PACKING_INPUTS))
+  packed_objective = objective.replace(keyword_inputs=finetune.PACKING_INPUTS)
+  logits = packed_objective.apply(head, params, packed)
   assert logits.shape == (R, E, num_labels)
   (l1, s1), g1 = jax.value_and_grad(_loss_fn(head, objective, f), has_aux=True)(params)
-  packed_objective = objective.replace(inputs=finetune.TEXT_INPUTS + finetune.PACKING_INPUTS)
-  (l2, s2), g2 = jax.value_and_grad(_loss_fn(finetune.PackedInputs(head), packed_objective, packed),
+  (l2, s2), g2 = jax.value_and_grad(_loss_fn(head, packed_objective, packed),
                                     has_aux=True)(params)
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
   assert float(s1["weight"]) == float(s2["weight"]) == 7.0  # Examples, not rows or slots.
@@ -84,10 +83,10 @@ def test_packed_examples_do_not_see_each_other():
   f = _examples(n=2, seed=3)
   packed = finetune.pack_epoch(f, np.arange(2), L, max_examples_per_row=2)
   assert packed["input_ids"].shape[0] == 1
-  head = finetune.PackedInputs(heads.BertForSequenceClassification(CFG, num_labels=3))
-  params = nn.unbox(head.module.init(jax.random.key(1), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))
-  run = lambda ids: np.asarray(head.apply(params, ids, *(packed[k] for k in ("segment_ids", "input_mask")
-                                                         + finetune.PACKING_INPUTS)))
+  head = heads.BertForSequenceClassification(CFG, num_labels=3)
+  params = nn.unbox(head.init(jax.random.key(1), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))
+  run = lambda ids: np.asarray(head.apply(params, ids, packed["segment_ids"], packed["input_mask"],
+                                          **{k: packed[k] for k in finetune.PACKING_INPUTS}))
   changed = packed["input_ids"].copy()
   second = packed["packed_example_ids"][0] == 2
   changed[0, second] = 7  # Rewrite example 2 entirely.
