@@ -9,7 +9,7 @@ On a shared CPU, step times drift by 2x with the load of other processes, so
 every comparison here is made inside one process: all variants are compiled
 first, then run round-robin (one step of each per round) next to a 2048^3
 float32 matmul, and each variant's median is reported with its median ratio to
-the first variant of the same round. XLA:CPU options are passed per compilation
+this checkout's step in the same round. XLA:CPU options are passed per compilation
 (`compile(compiler_options=...)`), so they too compare in one process.
 """
 from __future__ import annotations
@@ -41,7 +41,13 @@ def _model_at(rev: str):
   path = os.path.join(tempfile.mkdtemp(), f"model_{re.sub(r'[^0-9A-Za-z]', '_', rev)}.py")
   with open(path, "w") as f:
     f.write(src)
-  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  return _model_file(path)
+
+
+def _model_file(path: str):
+  """A variant of bert_jax/model.py at `path`, imported as a separate module."""
+  name = "variant_" + re.sub(r"[^0-9A-Za-z]", "_", path)
+  spec = importlib.util.spec_from_file_location(name, path)
   mod = importlib.util.module_from_spec(spec)
   sys.modules[spec.name] = mod  # dataclasses look their module up
   spec.loader.exec_module(mod)
@@ -74,6 +80,49 @@ def _setup(preset: str, seq_len: int, batch: int, dtype: str):
   return config, cfg, tx, state, data, preds
 
 
+def _dots_only(cfg, batch: int, seq_len: int, preds: int):
+  """(fn, args, flops): the matmuls of one train step alone, at the step's shapes (forward
+  x @ W, backward dX = dY @ W^T and dW = X^T @ dY), with no elementwise work between them:
+  the floor the step would reach if everything but the dots were free. Every dot gets
+  its own operands (XLA would merge identical ones)."""
+  import jax
+  import jax.numpy as jnp
+  N, D, F, V, H, K = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size,
+                      cfg.vocab_size, cfg.num_heads, cfg.head_dim)
+  n = cfg.num_layers
+  keys = iter(jax.random.split(jax.random.key(0), 16))
+  arr = lambda *s: jax.random.normal(next(keys), s, jnp.float32)
+  args = dict(x_ND=arr(n, 4, N, D), dy_ND=arr(n, 4, N, D), w_DD=arr(n, 4, D, D),
+              x_NF=arr(n, N, F), w_DF=arr(n, 2, D, F), q_BHLK=arr(n, 3, batch, H, seq_len, K),
+              p_BHLM=arr(n, 2, batch, H, seq_len, seq_len), h_PD=arr(batch * preds, D),
+              e_VD=arr(V, D))
+
+  def step(a):
+    outs = []
+    for i in range(n):
+      x, dy, w = a["x_ND"][i], a["dy_ND"][i], a["w_DD"][i]
+      for j in range(4):  # q, k, v, output projections: forward, dX, dW
+        outs += [x[j] @ w[j], dy[j] @ w[j].T, x[j].T @ dy[j]]
+      x_NF, w_DF = a["x_NF"][i], a["w_DF"][i]
+      outs += [x[0] @ w_DF[0], x_NF @ w_DF[0].T, x[1].T @ x_NF,  # FFN in
+               x_NF @ w_DF[1].T, x[2] @ w_DF[1], x_NF.T @ x[3]]  # FFN out
+      q, p = a["q_BHLK"][i], a["p_BHLM"][i]
+      outs += [jnp.einsum("bhlk,bhmk->bhlm", q[0], q[1]),  # scores
+               jnp.einsum("bhlm,bhmk->bhlk", p[0], q[2]),  # context
+               jnp.einsum("bhlm,bhmk->bhlk", p[1], q[0]),  # d scores -> dq
+               jnp.einsum("bhlm,bhlk->bhmk", p[1], q[1]),  # d scores -> dk
+               jnp.einsum("bhlm,bhlk->bhmk", p[0], q[2]),  # d context -> dv
+               jnp.einsum("bhlk,bhmk->bhlm", q[2], q[0])]  # d context -> dprobs
+    logits = a["h_PD"] @ a["e_VD"].T  # tied vocabulary projection at the masked positions
+    outs += [logits, logits @ a["e_VD"], logits.T @ a["h_PD"]]
+    return outs
+
+  from bert_jax import flops as flops_lib
+  flops = flops_lib.train_flops_per_step(cfg, batch, seq_len, preds) - 3 * batch * (
+      2 * preds * D * D + 2 * D * D + 4 * D)  # less the small MLM transform, pooler, NSP
+  return jax.jit(step), (args,), flops
+
+
 def _time_round_robin(fns: dict, rounds: int) -> dict:
   """{name: (callable, args)} -> {name: [seconds per round]}; one call of each per round."""
   import jax
@@ -90,7 +139,7 @@ def _time_round_robin(fns: dict, rounds: int) -> dict:
 
 def _report(times: dict, flops: float | None = None) -> None:
   names = list(times)
-  ref = names[0]
+  ref = next((n for n in names if n.startswith("step")), names[0])
   peak = times.get("matmul 2048^3")
   print(f"{'variant':58s} {'median ms':>10s} {'min ms':>9s} {'vs ' + ref[:12]:>16s}"
         + ("   MFU(median, vs same-round matmul)" if flops and peak else ""))
@@ -113,18 +162,25 @@ def main(argv=None) -> None:
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--ref_rev", default="", help="also time the model of this git revision")
+  parser.add_argument("--model_files", default="",
+                      help="comma list of variant model.py files to time as well")
   parser.add_argument("--options", default="",
                       help="';'-separated variants of XLA:CPU compiler options, each "
                            "'name=value&name=value' (e.g. 'xla_cpu_experimental_ynn_fusion_type=')")
+  parser.add_argument("--no_mesh", action="store_true",
+                      help="plain jax.jit of train_step (no mesh, rules or shardings)")
+  parser.add_argument("--compare_no_mesh", action="store_true",
+                      help="also time a plain jax.jit of train_step")
   parser.add_argument("--pieces", action="store_true", help="forward / backward / optimizer split")
   parser.add_argument("--trace", default="", help="write an xprof trace of 2 steps here")
   args = parser.parse_args(argv)
 
+  import flax.linen as nn
   import jax
   import jax.numpy as jnp
   import optax
   from bert_jax import flops as flops_lib
-  from bert_jax import train
+  from bert_jax import sharding, train
   from bert_jax.model import pretraining_loss
   config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)
   flops = flops_lib.train_flops_per_step(cfg, args.batch, args.seq_len, preds)
@@ -132,34 +188,55 @@ def main(argv=None) -> None:
   x = jnp.asarray(np.random.default_rng(0).standard_normal((2048, 2048)), jnp.float32)
   fns = {"matmul 2048^3": (jax.jit(lambda a: a @ a), (x,))}
 
-  def compiled_step(model, options=None):
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx))
+  def compiled_step(model, options=None, use_mesh=True):
+    """The train step as the trainer runs it (state donated), on its own copy of the state."""
     t = time.perf_counter()
-    c = step.lower(state, data, rng).compile(compiler_options=options or None)
+    if args.no_mesh or not use_mesh:
+      step = jax.jit(functools.partial(train.train_step, model=model, tx=tx), donate_argnums=(0,))
+      c = step.lower(state, data, rng).compile(compiler_options=options or None)
+    else:  # as bench.train_step and the trainer: a mesh, logical axis rules, shardings
+      mesh = sharding.make_mesh(config.mesh_shape)
+      rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
+      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        _, state_sh, _ = train.create_train_state(config, model, tx, mesh, rules)
+        repl = sharding.replicated(mesh)
+        step = jax.jit(functools.partial(train.train_step, model=model, tx=tx),
+                       in_shardings=(state_sh, sharding.batch_sharding(mesh, rules), repl),
+                       out_shardings=(state_sh, repl), donate_argnums=(0,))
+        c = step.lower(state, data, rng).compile(compiler_options=options or None)
     print(f"compiled in {time.perf_counter() - t:.1f} s: options={options}", flush=True)
-    return c
+    own = [jax.tree.map(jnp.copy, state)]
+
+    def run():
+      own[0], metrics = c(own[0], data, rng)
+      return metrics
+    return run
 
   model = train.BertForPreTraining(cfg)
   if args.trace:
-    c = compiled_step(model)
-    jax.block_until_ready(c(state, data, rng))
+    run = compiled_step(model)
+    jax.block_until_ready(run())
     jax.profiler.start_trace(args.trace)
     for _ in range(2):
-      jax.block_until_ready(c(state, data, rng))
+      jax.block_until_ready(run())
     jax.profiler.stop_trace()
     print(f"trace in {args.trace} (set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true for per-op "
           "events; summarise with bench/profile_step.py --summarize=...)")
     return
-  fns["step (this checkout)"] = (compiled_step(model), (state, data, rng))
-  if args.ref_rev:
-    old = _model_at(args.ref_rev)
-    known = {f.name for f in dataclasses.fields(old.BertConfig)}
-    ref_model = old.BertForPreTraining(old.BertConfig(
+  fns["step (this checkout)"] = (compiled_step(model), ())
+  variants = [(f"model.py @ {args.ref_rev}", _model_at(args.ref_rev))] if args.ref_rev else []
+  variants += [(path, _model_file(path)) for path in filter(None, args.model_files.split(","))]
+  for name, mod in variants:
+    known = {f.name for f in dataclasses.fields(mod.BertConfig)}
+    other = mod.BertForPreTraining(mod.BertConfig(
         **{k: v for k, v in cfg.to_dict().items() if k in known}))
-    fns[f"step (model.py @ {args.ref_rev})"] = (compiled_step(ref_model), (state, data, rng))
+    fns[f"step ({name})"] = (compiled_step(other), ())
+  if args.compare_no_mesh:
+    fns["step (no mesh)"] = (compiled_step(model, use_mesh=False), ())
   for variant in filter(None, args.options.split(";")):
     opts = dict(kv.split("=", 1) for kv in variant.split("&"))
-    fns[f"step {variant}"] = (compiled_step(model, opts), (state, data, rng))
+    opts = {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in opts.items()}
+    fns[f"step {variant}"] = (compiled_step(model, opts), ())
   if args.pieces:
     def loss(params, deterministic):
       out = model.apply({"params": params}, *(data[k] for k in train.MODEL_INPUTS),
@@ -172,6 +249,9 @@ def main(argv=None) -> None:
     fns["forward+backward (deterministic)"] = (jax.jit(jax.grad(lambda p: loss(p, True))), (p,))
     fns["optimizer update"] = (jax.jit(lambda s, g: optax.apply_updates(
         s.params, tx.update(g, s.opt_state, s.params)[0])), (state, p))
+    dots, dots_args, dots_flops = _dots_only(cfg, args.batch, args.seq_len, preds)
+    print(f"dots only: {dots_flops / 1e9:.1f} GFLOP")
+    fns["the step's matmuls alone"] = (dots, dots_args)
     fns["grad_norm + param_norm"] = (jax.jit(lambda s, g: (optax.global_norm(g), optax.global_norm(
         s.params))), (state, p))
   times = _time_round_robin(fns, args.rounds)
