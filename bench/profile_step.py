@@ -18,9 +18,7 @@ import argparse
 import collections
 import dataclasses
 import functools
-import gzip
 import importlib.util
-import json
 import os
 import re
 import statistics
@@ -58,16 +56,9 @@ def _setup(preset: str, seq_len: int, batch: int, dtype: str):
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
-  from bench.train_step import PREDICTIONS, _batch
+  from bench.train_step import _batch, bench_config
   from bert_jax import optim, train
-  from configs import default
-  config = default.get_config()
-  config.model.preset = preset
-  config.model.vocab_size = 30522
-  config.model.dtype = dtype
-  config.data.max_seq_length = seq_len
-  config.data.max_predictions_per_seq = PREDICTIONS.get(seq_len, max(1, seq_len * 15 // 100))
-  config.global_batch_size = batch
+  config = bench_config(preset, seq_len, dtype, batch, vocab=30522)
   preds = config.data.max_predictions_per_seq
   cfg = train.bert_config(config)
   tx = optim.make_optimizer(config)

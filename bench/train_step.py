@@ -53,11 +53,8 @@ def matmul_peak(n: int = 2048, reps: int = 10) -> float:
   return 2 * n ** 3 / best
 
 
-def bench_ours(preset, seq_len, dtype, batch, steps, warmup, vocab):
-  import flax.linen as nn
-  import jax
-  from bert_jax import flops as flops_lib
-  from bert_jax import optim, sharding, train
+def bench_config(preset: str, seq_len: int, dtype: str, batch: int, vocab: int):
+  """configs/default.py set to the benchmarked model, length, dtype and batch."""
   from configs import default
   config = default.get_config()
   config.model.preset = preset
@@ -66,6 +63,15 @@ def bench_ours(preset, seq_len, dtype, batch, steps, warmup, vocab):
   config.data.max_seq_length = seq_len
   config.data.max_predictions_per_seq = PREDICTIONS.get(seq_len, max(1, seq_len * 15 // 100))
   config.global_batch_size = batch
+  return config
+
+
+def bench_ours(preset, seq_len, dtype, batch, steps, warmup, vocab):
+  import flax.linen as nn
+  import jax
+  from bert_jax import flops as flops_lib
+  from bert_jax import optim, sharding, train
+  config = bench_config(preset, seq_len, dtype, batch, vocab)
   preds = config.data.max_predictions_per_seq
   cfg = train.bert_config(config)
   model = train.BertForPreTraining(cfg)

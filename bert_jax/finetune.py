@@ -269,20 +269,21 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   B = config.global_batch_size
   epoch_order = lambda epoch: np.random.default_rng([config.seed, epoch]).permutation(n_train)
   if packed:
-    # Rows per epoch depend on that epoch's shuffle: pack each once up front for the
-    # schedule's length (packing is deterministic, so a resumed run re-packs the same rows).
+    # Rows per epoch depend on that epoch's shuffle: count them up front (row assignment
+    # only) for the schedule's length; each epoch is packed when it starts (packing is
+    # deterministic, so a resumed run re-packs the same rows).
     pack = lambda epoch: pack_epoch(task.train, epoch_order(epoch), config.max_seq_length,
                                     config.max_examples_per_row)
-    rows, fill = [], []
-    for e in range(config.num_epochs):
-      packed_e = pack(e)
-      rows.append(len(packed_e["input_ids"]))
-      fill.append(packing.packing_stats(packed_e)["token_fill"])
-    del packed_e
+    lengths = task.train["input_mask"].sum(-1)
+    rows = [packing.assign_rows(lengths[epoch_order(e)], np.zeros_like(lengths),
+                                max_seq_length=config.max_seq_length,
+                                max_examples_per_row=config.max_examples_per_row,
+                                max_predictions_per_row=0)[-1]
+            for e in range(config.num_epochs)]
     steps = [r // B for r in rows]
     logging.info("Packing: %d examples -> %s rows an epoch (%.2f examples a row, %.0f%% of tokens "
                  "real), %s steps of %d rows.", n_train, rows, n_train / max(np.mean(rows), 1),
-                 100 * np.mean(fill), steps, B)
+                 100 * lengths.sum() / (np.mean(rows) * config.max_seq_length), steps, B)
     if min(steps, default=1) == 0:
       raise ValueError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
                        f"of {B} rows: lower global_batch_size.")

@@ -117,8 +117,3 @@ def pack_examples(feats: dict[str, np.ndarray], max_seq_length: int, max_example
       out[k][rr, pp] = v[ii, kk] + (start[ii] if k == "masked_lm_positions" else 0)
   return out
 
-
-def packing_stats(rows: dict[str, np.ndarray]) -> dict[str, float]:
-  """Examples per row and the share of real (non-padding) tokens."""
-  return {"examples_per_row": float(rows["example_weights"].astype(bool).sum(-1).mean()),
-          "token_fill": float(rows["input_mask"].mean())}
