@@ -260,7 +260,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   if config.max_seq_length > cfg.max_position_embeddings:
     raise ValueError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
                      f"{cfg.max_position_embeddings} positions.")
-  tok = Tokenizer.from_path(config.vocab_path)
+  tok = Tokenizer.from_path(config.vocab_path, config.get("lowercase"))
   if tok.vocab_size != cfg.vocab_size:
     raise ValueError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
                      f"{cfg.vocab_size}: use the vocabulary the model was pre-trained with.")

@@ -132,7 +132,11 @@ def main(argv=None) -> None:
   from input_pipeline.tokenizer import Tokenizer
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--checkpoint", required=True)
-  parser.add_argument("--vocab", required=True, help="vocab.txt or SentencePiece model the model was trained with")
+  parser.add_argument("--vocab", required=True, help="vocab.txt or SentencePiece model the model was "
+                      "trained with, or the directory holding it (e.g. the HuggingFace model directory)")
+  parser.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
+                      help="Override the vocabulary's casing (default: as the files beside it say, "
+                      "e.g. do_lower_case in a HuggingFace tokenizer_config.json).")
   parser.add_argument("--mode", choices=["fill_mask", "features", "classify", "qa", "tag"], default="fill_mask")
   parser.add_argument("--text_pair", action="append", help="classify: second segment per --text.")
   parser.add_argument("--question")
@@ -149,7 +153,7 @@ def main(argv=None) -> None:
   if args.input_file:
     with open(args.input_file, encoding="utf-8", errors="replace") as f:
       texts += [line.rstrip("\n") for line in f if line.strip()]
-  tokenizer = Tokenizer.from_path(args.vocab)
+  tokenizer = Tokenizer.from_path(args.vocab, args.lowercase)
   if args.mode in ("classify", "qa", "tag"):
     cfg, params, task, labels = load_finetuned(args.checkpoint)
     _check_vocab(cfg, tokenizer)

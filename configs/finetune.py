@@ -17,7 +17,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = default.get_config()
   c.task = "glue"  # glue | custom | squad | conll | swag (| pretrain)
   c.init_checkpoint = ""  # required: the pre-trained model
-  c.vocab_path = ""  # vocab.txt / SentencePiece model the checkpoint was trained with
+  c.vocab_path = ""  # vocab.txt / SentencePiece model (or a HuggingFace model dir) of the checkpoint
+  # None: cased or uncased as the files beside the vocabulary say (a HuggingFace
+  # tokenizer_config.json's do_lower_case, ...); True/False overrides them.
+  c.lowercase = ml_collections.config_dict.placeholder(bool)
   c.data_dir = ""  # the task's files (GLUE: train.tsv, dev.tsv, ...); "tfds[:DIR]" = local TFDS glue/*
   c.tfds_name = ""  # with data_dir=tfds: the TFDS dataset ("" = glue/<glue_task>)
   c.glue_task = "cola"  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli

@@ -22,7 +22,8 @@ from input_pipeline import pretrain
 from input_pipeline import tokenizer as tokenizer_lib
 
 _OVERRIDES = ("prepared_dir", "tfrecord_pattern", "vocab_path", "max_seq_length",
-              "max_predictions_per_seq", "masked_lm_prob", "nsp", "whole_word_masking")
+              "max_predictions_per_seq", "masked_lm_prob", "nsp", "whole_word_masking",
+              "lowercase")
 
 
 def format_example(ex: dict, tok: tokenizer_lib.Tokenizer) -> str:
@@ -86,6 +87,8 @@ def _flag_values() -> flags.FlagValues:
   flags.DEFINE_float("masked_lm_prob", None, "Masking rate.", flag_values=fv)
   flags.DEFINE_boolean("nsp", None, "Next-sentence pairs.", flag_values=fv)
   flags.DEFINE_boolean("whole_word_masking", None, "Whole-word masking.", flag_values=fv)
+  flags.DEFINE_boolean("lowercase", None, "Override the vocabulary's casing (default: as "
+                       "the files beside it say).", flag_values=fv)
   flags.DEFINE_enum("split", "train", list(pretrain.SPLITS), "Split.", flag_values=fv)
   flags.DEFINE_integer("seed", 0, "Data seed.", flag_values=fv)
   flags.DEFINE_integer("batch_size", 32, "Examples per batch.", flag_values=fv)

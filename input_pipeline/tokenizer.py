@@ -10,10 +10,12 @@ that does not spell out special tokens: "[MASK]" written in the text is tokenize
 
 This module imports no TensorFlow (the prepare workers use it), except to read gs:// paths.
 """
+import dataclasses
 import hashlib
 import json
 import os
 
+from absl import logging
 import numpy as np
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -56,11 +58,91 @@ def resolve_vocab_path(path: str) -> tuple[str, str]:
       "--input=... --output=DIR --vocab_size=N`.")
 
 
-def _sidecar_config(vocab_file: str) -> dict:
-  config_file = os.path.join(os.path.dirname(vocab_file), CONFIG_NAME)
-  if not _exists(config_file):
+def _read_json_beside(vocab_file: str, name: str) -> dict:
+  path = vocab_file.rsplit("/", 1)[0] + "/" + name if "/" in vocab_file else name
+  if not _exists(path):
     return {}
-  return json.loads(read_bytes(config_file))
+  try:
+    data = json.loads(read_bytes(path))
+  except ValueError as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); fix or remove it.") from e
+  return data if isinstance(data, dict) else {}
+
+
+# Above this share of (non-special) entries with an upper-case letter, a bare vocab.txt
+# reads as cased. Letters without a lower-case form ("ℝ", which str.isupper() calls
+# upper-case and bert-base-uncased holds) do not count; a cased vocabulary has capitalised
+# words in the tens of percent, an uncased one (almost) none.
+CASED_SHARE = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalization:
+  """BERT's basic-tokenizer settings: what `transformers.BertTokenizer` calls
+  do_lower_case, strip_accents (None = follow lowercase) and tokenize_chinese_chars."""
+  lowercase: bool
+  strip_accents: bool | None = None
+  tokenize_chinese_chars: bool = True
+  reason: str = ""
+
+
+def _casing_from_vocab(tokens: list[str]) -> tuple[bool, str]:
+  words = [t for t in tokens if t not in SPECIAL_TOKENS and not (t.startswith("[") and t.endswith("]"))]
+  cased = sum(any(c != c.lower() for c in t) for t in words)
+  share = cased / max(len(words), 1)
+  lowercase = share <= CASED_SHARE
+  return lowercase, (f"no tokenizer_config.json says; {cased} of {len(words)} entries "
+                     f"({100 * share:.2f}%) have upper-case letters, "
+                     f"{'at most' if lowercase else 'more than'} {100 * CASED_SHARE:g}%: "
+                     f"read as {'uncased' if lowercase else 'cased'}")
+
+
+def wordpiece_normalization(vocab_file: str, tokens: list[str],
+                            lowercase: bool | None = None) -> Normalization:
+  """How a WordPiece vocabulary's text is normalised, and why.
+
+  In order: an explicit `lowercase`; a HuggingFace tokenizer_config.json beside the vocab
+  (do_lower_case, strip_accents, tokenize_chinese_chars: what transformers reads); the
+  BertNormalizer of a tokenizer.json beside it; the `lowercase` that
+  `input_pipeline.vocab` saved; else the share of vocabulary entries with upper-case letters.
+  """
+  config = _read_json_beside(vocab_file, CONFIG_NAME)
+  if config.get("do_basic_tokenize") is False:
+    raise ValueError(
+        f"{vocab_file}: tokenizer_config.json sets do_basic_tokenize=false, which bert_jax "
+        "does not implement (it always splits punctuation and CJK characters as BERT does).")
+  normalizer = _read_json_beside(vocab_file, "tokenizer.json").get("normalizer") or {}
+  if normalizer.get("type") != "BertNormalizer":
+    normalizer = {}
+  strip_accents = config.get("strip_accents", normalizer.get("strip_accents"))
+  chinese = config.get("tokenize_chinese_chars", normalizer.get("handle_chinese_chars", True))
+  if lowercase is not None:
+    reason = "set explicitly"
+  elif "do_lower_case" in config:
+    lowercase, reason = bool(config["do_lower_case"]), f"do_lower_case in {CONFIG_NAME}"
+  elif "lowercase" in normalizer:
+    lowercase, reason = bool(normalizer["lowercase"]), "the BertNormalizer of tokenizer.json"
+  elif "lowercase" in config:
+    lowercase, reason = bool(config["lowercase"]), f"lowercase in {CONFIG_NAME} (input_pipeline.vocab)"
+  else:
+    lowercase, reason = _casing_from_vocab(tokens)
+  return Normalization(bool(lowercase), None if strip_accents is None else bool(strip_accents),
+                       bool(chinese), reason)
+
+
+_LOGGED: set = set()
+
+
+def _log_once(vocab_file: str, norm: Normalization) -> None:
+  key = (vocab_file, norm)
+  if key in _LOGGED:
+    return
+  _LOGGED.add(key)
+  accents = {None: "strip accents when lower-casing", True: "strip accents",
+             False: "keep accents"}[norm.strip_accents]
+  logging.info("Vocabulary %s: %s, %s%s (%s). Override with the `lowercase` option.",
+               vocab_file, "uncased (lower-case)" if norm.lowercase else "cased", accents,
+               "" if norm.tokenize_chinese_chars else ", CJK characters not split", norm.reason)
 
 
 def _missing_special_error(path: str, missing: list[str]) -> ValueError:
@@ -81,8 +163,9 @@ class Tokenizer:
   """
 
   def __init__(self, kind: str, path: str, lowercase: bool, tokens: list[str], backend,
-               sha256: str):
+               sha256: str, normalization: Normalization | None = None):
     self.kind, self.path, self.lowercase = kind, path, lowercase
+    self.normalization = normalization or Normalization(lowercase)
     self.tokens, self._backend, self.sha256 = tokens, backend, sha256
     self._ids = {t: i for i, t in enumerate(tokens)}
     missing = [t for t in SPECIAL_TOKENS if t not in self._ids]
@@ -102,31 +185,33 @@ class Tokenizer:
 
   @classmethod
   def from_path(cls, path: str, lowercase: bool | None = None) -> "Tokenizer":
-    """Loads a WordPiece vocab.txt or SentencePiece model (file or directory).
+    """Loads a WordPiece vocab.txt or SentencePiece model (the file, or a directory holding
+    it such as a HuggingFace model directory: both give the same tokenizer).
 
-    lowercase=None takes the value saved beside the vocab by `input_pipeline.vocab`, else
-    (WordPiece) lower-cases when no vocab entry has an upper-case letter, else (SentencePiece)
-    leaves normalization to the model.
+    lowercase=None: WordPiece text is normalised as the files beside the vocab say (see
+    `wordpiece_normalization`; the decision and its reason are logged once); SentencePiece
+    takes the `lowercase` saved by `input_pipeline.vocab`, else leaves normalization to
+    the model. An explicit `lowercase` overrides both.
     """
     kind, vocab_file = resolve_vocab_path(path)
     data = read_bytes(vocab_file)
     sha256 = hashlib.sha256(data).hexdigest()
-    if lowercase is None:
-      lowercase = _sidecar_config(vocab_file).get("lowercase")
     if kind == "wordpiece":
       # As transformers' load_vocab: one token per line, only "\n" stripped.
       tokens = data.decode("utf-8").split("\n")
       if tokens and tokens[-1] == "":
         tokens.pop()
-      if lowercase is None:
-        lowercase = not any(c.isupper() for t in tokens if t not in SPECIAL_TOKENS for c in t)
-      backend = _wordpiece_backend(tokens, lowercase, vocab_file)
+      norm = wordpiece_normalization(vocab_file, tokens, lowercase)
+      _log_once(vocab_file, norm)
+      backend = _wordpiece_backend(tokens, norm, vocab_file)
     else:
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+      if lowercase is None:
+        lowercase = _read_json_beside(vocab_file, CONFIG_NAME).get("lowercase")
       backend = spm.SentencePieceProcessor(model_proto=data)
       tokens = [backend.id_to_piece(i) for i in range(backend.get_piece_size())]
-      lowercase = bool(lowercase)
-    return cls(kind, vocab_file, lowercase, tokens, backend, sha256)
+      norm = Normalization(bool(lowercase), reason="SentencePiece")
+    return cls(kind, vocab_file, norm.lowercase, tokens, backend, sha256, norm)
 
   def encode(self, text: str) -> list[int]:
     """Token ids of one text, without [CLS]/[SEP]."""
@@ -152,7 +237,7 @@ class Tokenizer:
     return self._backend.decode(ids)
 
 
-def _wordpiece_backend(tokens: list[str], lowercase: bool, vocab_file: str):
+def _wordpiece_backend(tokens: list[str], norm: Normalization, vocab_file: str):
   from tokenizers import Tokenizer as RustTokenizer  # pylint: disable=g-import-not-at-top
   from tokenizers import decoders, models, normalizers, pre_tokenizers
   vocab = {t: i for i, t in enumerate(tokens)}
@@ -163,12 +248,19 @@ def _wordpiece_backend(tokens: list[str], lowercase: bool, vocab_file: str):
       vocab, unk_token="[UNK]", max_input_chars_per_word=100, continuing_subword_prefix="##"))
   # strip_accents=None: strip exactly when lower-casing, as the original BERT.
   backend.normalizer = normalizers.BertNormalizer(
-      clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
+      clean_text=True, handle_chinese_chars=norm.tokenize_chinese_chars,
+      strip_accents=norm.strip_accents, lowercase=norm.lowercase)
   backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   backend.decoder = decoders.WordPiece(prefix="##")
   return backend
 
 
 def write_tokenizer_config(directory: str, kind: str, lowercase: bool) -> None:
+  """tokenizer_config.json: our `lowercase` plus, for WordPiece, the keys transformers
+  reads, so `AutoTokenizer.from_pretrained(directory)` tokenizes as bert_jax does."""
+  config = {"kind": kind, "lowercase": lowercase}
+  if kind == "wordpiece":
+    config.update(tokenizer_class="BertTokenizer", do_lower_case=lowercase, strip_accents=None,
+                  tokenize_chinese_chars=True)
   with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-    json.dump({"kind": kind, "lowercase": lowercase}, f, indent=2)
+    json.dump(config, f, indent=2)
