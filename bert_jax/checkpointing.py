@@ -141,11 +141,12 @@ def _step_dir(path: str) -> epath.Path:
   return path / str(steps[-1])
 
 
-def saved_param_shapes(path: str) -> dict[str, tuple[int, ...]]:
-  """keystr(path) -> shape of every saved parameter (from metadata, nothing read)."""
+def saved_param_shapes(path: str) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """Key path (a tuple of names) -> shape of every saved parameter (from metadata,
+  nothing read)."""
   with ocp.StandardCheckpointer() as ckptr:
     tree = ckptr.metadata(_step_dir(path) / "state").item_metadata["params"]
-  return {jax.tree_util.keystr(p): tuple(m.shape)
+  return {tuple(str(getattr(k, "key", k)) for k in p): tuple(m.shape)
           for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 

@@ -16,6 +16,7 @@ import os
 import re
 from typing import Any, Callable, Iterable, Mapping
 
+from absl import logging
 import numpy as np
 
 from bert_jax.model import BertConfig
@@ -43,8 +44,23 @@ def _t(x: Array) -> Array:
   return np.ascontiguousarray(x.T)
 
 
-def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Callable, Callable]]:
-  """(hf_name, flax_path, hf->flax, flax->hf) for every parameter of the model."""
+# The parts a BERT checkpoint may hold: the encoder (always), the pooler, the masked-LM
+# head (cls.predictions.*) and the next-sentence head (cls.seq_relationship.*). A part is
+# loaded whole or not at all.
+PARTS = ("encoder", "pooler", "mlm", "nsp")
+# HuggingFace's architecture name for each set of heads (export).
+ARCHITECTURES = {(True, True): "BertForPreTraining", (True, False): "BertForMaskedLM",
+                 (False, False): "BertModel", (False, True): "BertForPreTraining"}
+
+
+def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Callable, Callable, str]]:
+  """(hf_name, flax_path, hf->flax, flax->hf, part) for every parameter of the model.
+
+  target "pretraining": the tree of BertForPreTraining (encoder under `bert`, heads at the
+  top); "encoder": the tree of BertModel (no heads).
+  """
+  if target not in ("pretraining", "encoder"):
+    raise ValueError(f"target must be 'pretraining' or 'encoder', got {target!r}.")
   D, H, K = cfg.hidden_size, cfg.num_heads, cfg.head_dim
   same = (lambda x: x, lambda x: x)
   dense = (_t, _t)
@@ -52,9 +68,10 @@ def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Cal
   qkv_b = (lambda b: b.reshape(H, K), lambda b: b.reshape(D))
   out_w = (lambda w: _t(w).reshape(H, K, D), lambda k: _t(k.reshape(D, D)))
   rules = []
+  part = "encoder"
 
   def add(hf, path, fns):
-    rules.append((hf, path, *fns))
+    rules.append((hf, path, *fns, part))
 
   def layer_norm(hf, path):
     add(hf + ".weight", path + ("scale",), same)
@@ -78,15 +95,29 @@ def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Cal
     linear(f"{hf}.intermediate.dense", path + ("intermediate",))
     linear(f"{hf}.output.dense", path + ("output",))
     layer_norm(f"{hf}.output.LayerNorm", path + ("output_LayerNorm",))
+  part = "pooler"
   linear("pooler.dense", root + ("pooler",))
   if target == "pretraining":
+    part = "mlm"
     linear("cls.predictions.transform.dense", ("transform",))
     layer_norm("cls.predictions.transform.LayerNorm", ("transform_LayerNorm",))
     add("cls.predictions.bias", ("output_bias",), same)
+    part = "nsp"
     linear("cls.seq_relationship", ("seq_relationship",))
-  elif target != "encoder":
-    raise ValueError(f"target must be 'pretraining' or 'encoder', got {target!r}.")
   return rules
+
+
+def heads(params: Params) -> dict[str, bool]:
+  """Which optional parts a parameter tree holds: {"pooler", "mlm", "nsp"} -> bool."""
+  encoder = params.get("bert", params)
+  return {"pooler": "pooler" in encoder, "mlm": "transform" in params,
+          "nsp": "seq_relationship" in params}
+
+
+def describe_heads(h: Mapping[str, bool]) -> str:
+  """"encoder + masked-LM head + pooler", ... for messages."""
+  labels = (("mlm", "masked-LM head"), ("nsp", "NSP head"), ("pooler", "pooler"))
+  return " + ".join(["encoder"] + [label for name, label in labels if h.get(name)])
 
 
 def _set(tree: dict, path: tuple[str, ...], value) -> None:
@@ -136,8 +167,18 @@ def _is_scanned(params: Params) -> bool:
 # Canonical dict <-> params.
 
 def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str = "pretraining",
-                        scan_layers: bool = False, source: str = "checkpoint") -> Params:
-  """Maps a canonical flat dict onto the param tree; fails on any mismatch."""
+                        scan_layers: bool = False, source: str = "checkpoint",
+                        require_mlm: bool = True) -> Params:
+  """Maps a canonical flat dict onto the param tree of `target`; fails on any mismatch.
+
+  The encoder must be complete. The pooler, the masked-LM head and the NSP head are each
+  loaded when the checkpoint has them (a part present only in part is an error), so one
+  call reads BertForPreTraining, BertForMaskedLM and BertModel checkpoints; see `heads`.
+  target="pretraining" with `require_mlm` fails without the masked-LM head. Tensors of no
+  part (another task's head, e.g. `cls.extra.*` or `classifier.*`; the heads when
+  target="encoder") are named in one warning and left out; unknown tensors inside the
+  encoder's namespaces (embeddings., encoder., pooler.) are an error.
+  """
   state = dict(state)
   # The MLM decoder is tied to the word embeddings (and its bias to the output
   # bias): accept the duplicates only when they really are tied.
@@ -152,9 +193,15 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
         raise CheckpointMismatchError(
             f"{source}: {dup} differs from {orig}; bert_jax ties the MLM output "
             "projection to the word embeddings and cannot load an untied one.")
+  rules = _rules(cfg, target)
+  present = {part: [hf in state for hf, *_, p in rules if p == part] for part in PARTS}
+  loaded = {part: part == "encoder" or (bool(flags) and all(flags))
+            for part, flags in present.items()}
   params: Params = {}
   missing, bad_shape, used = [], [], set()
-  for hf, path, to_flax, _ in _rules(cfg, target):
+  for hf, path, to_flax, _, part in rules:
+    if not loaded[part] and not any(present[part]):
+      continue  # an optional part the checkpoint does not have
     if hf not in state:
       missing.append(hf)
       continue
@@ -167,11 +214,9 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
       continue
     _set(params, path, value)
   unused = sorted(k for k in state if k not in used and not _IGNORED.match(k))
-  if target == "encoder":
-    # Loading a pre-training checkpoint into the bare encoder: the heads are
-    # expected leftovers, reported but not an error.
-    unused = [k for k in unused if not k.startswith("cls.")]
-  if missing or bad_shape or unused:
+  structural = [k for k in unused if k.startswith(("embeddings.", "encoder.", "pooler."))]
+  no_mlm = target == "pretraining" and require_mlm and not any(present["mlm"])
+  if missing or bad_shape or structural or no_mlm:
     lines = [f"{source} does not match a {target} BERT of config {cfg.to_dict()}:"]
     if missing:
       lines.append(f"  missing tensors ({len(missing)}): {', '.join(missing)}")
@@ -179,16 +224,21 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
       lines.append(f"  tensors of the wrong shape ({len(bad_shape)}): {', '.join(bad_shape)}")
     if unused:
       lines.append(f"  unused tensors ({len(unused)}): {', '.join(unused)}")
-    if missing and all(m.startswith(("cls.", "pooler.")) for m in missing):
-      lines.append("  The checkpoint has no pre-training heads: load it with target='encoder' "
-                   "(fine-tuning) instead.")
+    if no_mlm and not (missing or bad_shape or structural):
+      lines.append("  The checkpoint has no masked-LM head (cls.predictions.*): it is an "
+                   "encoder-only checkpoint (BertModel). Load it with target='encoder' "
+                   "(fine-tuning, features); fill-mask needs a BertForMaskedLM or "
+                   "BertForPreTraining checkpoint.")
     raise CheckpointMismatchError("\n".join(lines))
+  if unused:
+    logging.warning("%s: %d tensors that a %s BERT does not use are left out: %s",
+                    source, len(unused), target, ", ".join(unused))
   _check_shapes(params, cfg, target)
   return stack_layers(params, cfg.num_layers) if scan_layers else params
 
 
 def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
-  """Compares every tensor with the shape the model expects."""
+  """Compares every tensor with the shape the model (with all its heads) expects."""
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
@@ -201,7 +251,10 @@ def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
   flat_expected = jax.tree_util.tree_flatten_with_path(expected)[0]
   for path, leaf in flat_expected:
     keys = tuple(p.key for p in path)
-    got = _get(params, keys).shape
+    try:
+      got = _get(params, keys).shape
+    except KeyError:
+      continue  # an optional part that is absent
     if tuple(got) != tuple(leaf.shape):
       wrong.append(f"{'/'.join(keys)}: got {tuple(got)}, expected {tuple(leaf.shape)}")
   if wrong:
@@ -209,12 +262,14 @@ def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
 
 
 def params_to_canonical(params: Params, cfg: BertConfig) -> dict[str, Array]:
+  """Param tree (any heads, scanned or not) -> canonical flat dict of what it holds."""
   params = _to_numpy(params)
   if _is_scanned(params):
     params = unstack_layers(params, cfg.num_layers)
   target = "pretraining" if "bert" in params else "encoder"
+  have = dict(heads(params), encoder=True)
   return {hf: np.ascontiguousarray(to_hf(np.asarray(_get(params, path), np.float32)))
-          for hf, path, _, to_hf in _rules(cfg, target)}
+          for hf, path, _, to_hf, part in _rules(cfg, target) if have[part]}
 
 
 def _to_numpy(tree):
@@ -244,9 +299,9 @@ def config_from_hf(hf: Mapping[str, Any], **overrides) -> BertConfig:
       initializer_range=hf.get("initializer_range", 0.02)).replace(**overrides)
 
 
-def config_to_hf(cfg: BertConfig) -> dict[str, Any]:
+def config_to_hf(cfg: BertConfig, architecture: str = "BertForPreTraining") -> dict[str, Any]:
   return {
-      "architectures": ["BertForPreTraining"], "model_type": "bert",
+      "architectures": [architecture], "model_type": "bert",
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
       "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
       "intermediate_size": cfg.intermediate_size,
@@ -330,16 +385,24 @@ def _find_tf_checkpoint(path: str) -> str | None:
 
 
 def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool = False,
-                    config_overrides: Mapping[str, Any] | None = None) -> tuple[BertConfig, Params]:
-  """Loads (config, params) from a bert_jax export, a HuggingFace dir or a TF checkpoint."""
+                    config_overrides: Mapping[str, Any] | None = None,
+                    require_mlm: bool = True) -> tuple[BertConfig, Params]:
+  """Loads (config, params) from a bert_jax export, a HuggingFace dir or a TF checkpoint.
+
+  The params hold the heads the checkpoint has (`heads(params)` says which): target
+  "pretraining" reads BertForPreTraining and BertForMaskedLM checkpoints (and, with
+  require_mlm=False, encoder-only ones), "encoder" the encoder (+ pooler) of any.
+  """
   overrides = dict(config_overrides or {})
   if os.path.isdir(path) and os.path.exists(os.path.join(path, NATIVE_CONFIG)):
-    return load_native(path, target=target, scan_layers=scan_layers, config_overrides=overrides)
+    return load_native(path, target=target, scan_layers=scan_layers, config_overrides=overrides,
+                       require_mlm=require_mlm)
   if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
     with open(os.path.join(path, "config.json")) as f:
       cfg = config_from_hf(json.load(f), **overrides)
     state = read_hf_state(path)
-    return cfg, canonical_to_params(state, cfg, target, scan_layers, source=f"HuggingFace checkpoint {path}")
+    return cfg, canonical_to_params(state, cfg, target, scan_layers, require_mlm=require_mlm,
+                                    source=f"HuggingFace checkpoint {path}")
   ckpt = _find_tf_checkpoint(path)
   if ckpt is not None:
     config_path = os.path.join(os.path.dirname(ckpt), "bert_config.json")
@@ -352,7 +415,7 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
       hf = {**hf, "hidden_act": "gelu_new"}
     cfg = config_from_hf(hf, **overrides)
     return cfg, canonical_to_params(read_tf_state(ckpt), cfg, target, scan_layers,
-                                    source=f"TF checkpoint {ckpt}")
+                                    require_mlm=require_mlm, source=f"TF checkpoint {ckpt}")
   raise FileNotFoundError(
       f"{path} is not a checkpoint bert_jax can read: expected a directory with "
       f"{NATIVE_CONFIG} (bert_jax), config.json + model.safetensors/pytorch_model.bin "
@@ -378,7 +441,8 @@ def save_native(path: str, cfg: BertConfig, params: Params) -> None:
 
 
 def load_native(path: str, *, target: str = "pretraining", scan_layers: bool = False,
-                config_overrides: Mapping[str, Any] | None = None) -> tuple[BertConfig, Params]:
+                config_overrides: Mapping[str, Any] | None = None,
+                require_mlm: bool = True) -> tuple[BertConfig, Params]:
   from safetensors.numpy import load_file
   with open(os.path.join(path, NATIVE_CONFIG)) as f:
     cfg = BertConfig.from_dict(json.load(f)).replace(**dict(config_overrides or {}))
@@ -387,18 +451,25 @@ def load_native(path: str, *, target: str = "pretraining", scan_layers: bool = F
     _set(params, tuple(key.split("/")), value)
   # Round-trip through the canonical dict so the same checks apply.
   state = params_to_canonical(params, cfg)
-  return cfg, canonical_to_params(state, cfg, target, scan_layers, source=f"bert_jax export {path}")
+  return cfg, canonical_to_params(state, cfg, target, scan_layers, require_mlm=require_mlm,
+                                  source=f"bert_jax export {path}")
 
 
 def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
-  """safetensors + config.json that `transformers.BertForPreTraining` loads."""
+  """safetensors + config.json for the transformers class of the heads the params hold:
+  BertForPreTraining (MLM + NSP), BertForMaskedLM (MLM only) or BertModel (encoder)."""
   from safetensors.numpy import save_file
-  state = {(k if k.startswith("cls.") else "bert." + k): v
-           for k, v in params_to_canonical(params, cfg).items()}
+  h = heads(params)
+  architecture = ARCHITECTURES[(h["mlm"], h["nsp"])]
+  canonical = params_to_canonical(params, cfg)
+  if architecture == "BertModel":  # as transformers saves a BertModel: no prefix
+    state = canonical
+  else:
+    state = {(k if k.startswith("cls.") else "bert." + k): v for k, v in canonical.items()}
   os.makedirs(path, exist_ok=True)
   save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config_to_hf(cfg), f, indent=2)
+    json.dump(config_to_hf(cfg, architecture), f, indent=2)
 
 
 def main(argv: Iterable[str] | None = None) -> None:
@@ -408,16 +479,18 @@ def main(argv: Iterable[str] | None = None) -> None:
   parser.add_argument("--output", required=True, help="Directory to write.")
   parser.add_argument("--to", choices=["bert_jax", "huggingface"], default="bert_jax")
   parser.add_argument("--target", choices=["pretraining", "encoder"], default="pretraining",
-                      help="'encoder' for checkpoints without MLM/NSP heads.")
+                      help="'pretraining' keeps the heads the checkpoint has (masked-LM, NSP, "
+                      "pooler); 'encoder' keeps the encoder and pooler only.")
   args = parser.parse_args(argv)
-  cfg, params = load_pretrained(args.input, target=args.target)
+  cfg, params = load_pretrained(args.input, target=args.target, require_mlm=False)
   if args.to == "huggingface":
     export_huggingface(args.output, cfg, params)
   else:
     save_native(args.output, cfg, params)
   n = sum(int(np.size(x)) for x in __import__("jax").tree_util.tree_leaves(params))
-  print(f"Converted {args.input} -> {args.output} ({args.to}): {n:,} parameters, "
-        f"{cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}.")
+  print(f"Converted {args.input} -> {args.output} ({args.to}): {describe_heads(heads(params))}, "
+        f"{n:,} parameters, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+        f"vocab {cfg.vocab_size}.")
 
 
 if __name__ == "__main__":

@@ -318,7 +318,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
       logging.info("Resumed fine-tuning at step %d.", step0)
     else:
       state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=state_sh)(jax.random.key(config.seed))
-      # The pre-trained encoder replaces the fresh one; only `classifier` stays new.
+      # The pre-trained encoder replaces the fresh one; only `classifier` stays new (and
+      # the pooler, for checkpoints without one: BertForMaskedLM, BertModel(add_pooling_layer=False)).
+      if "pooler" not in enc_params:
+        logging.warning("init_checkpoint %s has no pooler: it starts from a fresh "
+                        "initialisation (as transformers does for such checkpoints).",
+                        config.init_checkpoint)
+        enc_params = {**enc_params, "pooler": jax.device_get(state.params["bert"]["pooler"])}
       bert = jax.tree.map(lambda a, x: jax.device_put(np.asarray(x, a.dtype), a.sharding),
                           abstract.params["bert"], enc_params)
       state = state.replace(params={**state.params, "bert": bert})

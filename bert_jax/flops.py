@@ -39,7 +39,8 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int) -> int:
+def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int,
+                               nsp: bool = True) -> int:
   """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence."""
   L, D, F, V, P = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, num_predictions
   per_layer = (2 * L * D * 3 * D  # q, k, v projections
@@ -48,14 +49,14 @@ def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: i
                + 2 * L * D * D  # attention output projection
                + 2 * L * D * F * 2)  # feed-forward in and out
   mlm = 2 * P * D * D + 2 * P * D * V  # transform + tied vocabulary projection at P positions
-  nsp = 2 * D * D + 2 * D * 2  # pooler + classifier
-  return cfg.num_layers * per_layer + mlm + nsp
+  pooler_nsp = (2 * D * D + 2 * D * 2) if nsp else 0  # pooler + classifier
+  return cfg.num_layers * per_layer + mlm + pooler_nsp
 
 
 def train_flops_per_step(cfg: BertConfig, batch_size: int, seq_len: int,
-                         num_predictions: int) -> int:
+                         num_predictions: int, nsp: bool = True) -> int:
   """Forward + backward (2x forward: grads w.r.t. activations and weights)."""
-  return 3 * batch_size * forward_flops_per_sequence(cfg, seq_len, num_predictions)
+  return 3 * batch_size * forward_flops_per_sequence(cfg, seq_len, num_predictions, nsp)
 
 
 def _cache_path() -> pathlib.Path:

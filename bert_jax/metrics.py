@@ -41,17 +41,26 @@ def quiet_library_logs() -> None:
 
 
 def summarize(sums: Mapping[str, float]) -> dict[str, float]:
-  """Metric sums -> means and accuracies."""
+  """Metric sums -> means and accuracies (NSP ones only when the model has the NSP head)."""
   mlm_w = max(sums["mlm_weight"], 1e-8)
-  n = max(sums["num_examples"], 1e-8)
   out = {
       "mlm_loss": sums["mlm_loss_sum"] / mlm_w,
       "mlm_accuracy": sums["mlm_correct_sum"] / mlm_w,
-      "nsp_loss": sums["nsp_loss_sum"] / n,
-      "nsp_accuracy": sums["nsp_correct_sum"] / n,
   }
-  out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+  out["loss"] = out["mlm_loss"]
+  if "nsp_loss_sum" in sums:
+    n = max(sums["num_examples"], 1e-8)
+    out["nsp_loss"] = sums["nsp_loss_sum"] / n
+    out["nsp_accuracy"] = sums["nsp_correct_sum"] / n
+    out["loss"] += out["nsp_loss"]
   return out
+
+
+def _nsp_text(scalars: Mapping[str, float], loss: bool = False) -> str:
+  if "nsp_accuracy" not in scalars:
+    return ""
+  return (f" | nsp_loss {scalars['nsp_loss']:.4f}" if loss else "") + \
+      f" | nsp_acc {scalars['nsp_accuracy']:.4f}"
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -137,10 +146,9 @@ class TrainMetrics:
         speed += f" ({scalars['real_tokens_per_sec']:,.0f} non-padding)"
       speed += f" | MFU {100 * scalars['mfu']:.2f}%"
     logging.info(
-        "step %d/%d | loss %.4f | mlm_acc %.4f | nsp_acc %.4f | lr %.3g | grad_norm %.3f%s"
-        " | ETA %s", step, self.total_steps, scalars["loss"], scalars["mlm_accuracy"],
-        scalars["nsp_accuracy"], scalars["learning_rate"], scalars["grad_norm"], speed,
-        _fmt_eta(eta))
+        "step %d/%d | loss %.4f | mlm_acc %.4f%s | lr %.3g | grad_norm %.3f%s | ETA %s",
+        step, self.total_steps, scalars["loss"], scalars["mlm_accuracy"], _nsp_text(scalars),
+        scalars["learning_rate"], scalars["grad_norm"], speed, _fmt_eta(eta))
     self.last = scalars
     return scalars
 
@@ -149,8 +157,7 @@ def report_eval(writer: metric_writers.MetricWriter, step: int, sums: Mapping[st
                 ) -> dict[str, float]:
   scalars = summarize(sums)
   writer.write_scalars(step, {f"eval/{k}": v for k, v in scalars.items()})
-  logging.info("eval at step %d | loss %.4f | mlm_loss %.4f | mlm_acc %.4f | nsp_loss %.4f | "
-               "nsp_acc %.4f | %d examples", step, scalars["loss"], scalars["mlm_loss"],
-               scalars["mlm_accuracy"], scalars["nsp_loss"], scalars["nsp_accuracy"],
-               int(sums["num_examples"]))
+  logging.info("eval at step %d | loss %.4f | mlm_loss %.4f | mlm_acc %.4f%s | %d examples",
+               step, scalars["loss"], scalars["mlm_loss"], scalars["mlm_accuracy"],
+               _nsp_text(scalars, loss=True), int(sums["num_examples"]))
   return scalars

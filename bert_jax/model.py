@@ -346,14 +346,20 @@ class Encoder(nn.Module):
 
 
 class BertModel(nn.Module):
-  """The BERT encoder: returns (sequence_output [B, L, D], pooled_output [B, D])."""
+  """The BERT encoder: returns (sequence_output [B, L, D], pooled_output [B, D]).
+
+  `add_pooler=False` leaves out the pooler (as HuggingFace's BertForMaskedLM does); the
+  pooled output is then None.
+  """
   config: BertConfig
+  add_pooler: bool = True
 
   def setup(self):
     cfg = self.config
     self.embeddings = Embeddings(cfg)
     self.encoder = Encoder(cfg)
-    self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
+    if self.add_pooler:
+      self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
 
   def __call__(self, input_ids, segment_ids=None, input_mask=None, deterministic: bool = True,
                position_ids=None, packed_example_ids=None, cls_positions=None):
@@ -380,6 +386,8 @@ class BertModel(nn.Module):
     else:
       bias = packed_attention_bias(packed_example_ids, cfg.dtype)
     x_BLD = self.encoder(x_BLD, bias, deterministic)
+    if not self.add_pooler:
+      return x_BLD, None
     cls_BD = x_BLD[:, 0] if cls_positions is None else gather_positions(x_BLD, cls_positions)
     pooled_BD = jnp.tanh(self.pooler(cls_BD))
     return x_BLD, pooled_BD
@@ -394,17 +402,24 @@ def gather_positions(x_BLD: jax.Array, positions_BP: jax.Array) -> jax.Array:
 
 
 class BertForPreTraining(nn.Module):
-  """Encoder + masked-LM head (at gathered positions only) + NSP head."""
+  """Encoder + masked-LM head (at gathered positions only) + NSP head.
+
+  `nsp=False` is the masked-LM-only model (HuggingFace's BertForMaskedLM): no NSP head and
+  no pooler (which only the NSP head reads in pre-training); outputs then hold no
+  "nsp_logits" and `pretraining_loss` is the masked-LM loss alone.
+  """
   config: BertConfig
+  nsp: bool = True
 
   def setup(self):
     cfg = self.config
-    self.bert = BertModel(cfg)
+    self.bert = BertModel(cfg, add_pooler=self.nsp)
     self.transform = _dense(cfg, cfg.hidden_size, ("embed", None), "transform")
     self.transform_LayerNorm = _layer_norm(cfg, "transform_LayerNorm")
     self.output_bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,),
                                   cfg.param_dtype)
-    self.seq_relationship = _dense(cfg, 2, ("embed", None), "seq_relationship")
+    if self.nsp:
+      self.seq_relationship = _dense(cfg, 2, ("embed", None), "seq_relationship")
 
   def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions,
                deterministic: bool = True, position_ids=None, packed_example_ids=None,
@@ -418,13 +433,16 @@ class BertForPreTraining(nn.Module):
     h_BPD = self.transform_LayerNorm(ACTIVATIONS[cfg.hidden_act](self.transform(h_BPD)))
     logits_BPV = self.bert.attend_vocab(h_BPD).astype(jnp.float32)
     logits_BPV = logits_BPV + jnp.asarray(self.output_bias, jnp.float32)
+    if not self.nsp:
+      return {"mlm_logits": logits_BPV}
     nsp_logits_B2 = self.seq_relationship(pooled_BD).astype(jnp.float32)
     return {"mlm_logits": logits_BPV, "nsp_logits": nsp_logits_B2}
 
 
 def pretraining_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Weighted-mean masked-LM cross-entropy + mean NSP cross-entropy.
+  """Weighted-mean masked-LM cross-entropy + mean NSP cross-entropy (when the outputs
+  hold "nsp_logits"; the masked-LM loss alone otherwise).
 
   Returns the scalar loss and metric *sums* with their denominators, so metrics
   can be summed over steps/devices and divided once on the host.
@@ -437,27 +455,28 @@ def pretraining_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.A
   mlm_weight = jnp.sum(w_BP)
   mlm_loss_sum = jnp.sum(mlm_nll_BP * w_BP)
   mlm_loss = mlm_loss_sum / jnp.maximum(mlm_weight, 1e-8)
-
-  # [B, 2], or [B, E, 2] for packed rows (E examples a row): flatten to examples.
-  nsp_logits_B2 = outputs["nsp_logits"].reshape(-1, 2)
-  labels_B = batch["next_sentence_labels"].reshape(-1).astype(jnp.int32)
-  nsp_nll_B = -jnp.take_along_axis(jax.nn.log_softmax(nsp_logits_B2), labels_B[:, None], axis=-1)[:, 0]
-  # Examples may carry a weight (0 for padding rows of a ragged final batch, or
-  # for empty example slots of a packed row).
-  ex_w_B = batch.get("next_sentence_weights", batch.get("example_weights", jnp.ones_like(nsp_nll_B)))
-  ex_w_B = ex_w_B.reshape(-1).astype(jnp.float32)
-  num_examples = jnp.sum(ex_w_B)
-  nsp_loss_sum = jnp.sum(nsp_nll_B * ex_w_B)
-  nsp_loss = nsp_loss_sum / jnp.maximum(num_examples, 1e-8)
-
   metrics = {
       "mlm_loss_sum": mlm_loss_sum,
       "mlm_correct_sum": jnp.sum((jnp.argmax(logits_BPV, -1) == ids_BP) * w_BP),
       "mlm_weight": mlm_weight,
-      "nsp_loss_sum": nsp_loss_sum,
-      "nsp_correct_sum": jnp.sum((jnp.argmax(nsp_logits_B2, -1) == labels_B) * ex_w_B),
-      "num_examples": num_examples,
   }
+  # Examples may carry a weight (0 for padding rows of a ragged final batch, or
+  # for empty example slots of a packed row).
+  labels = batch["next_sentence_labels"]
+  ex_w_B = batch.get("next_sentence_weights", batch.get("example_weights", jnp.ones(labels.shape)))
+  ex_w_B = ex_w_B.reshape(-1).astype(jnp.float32)
+  metrics["num_examples"] = jnp.sum(ex_w_B)
+  if "nsp_logits" not in outputs:
+    return mlm_loss, metrics
+
+  # [B, 2], or [B, E, 2] for packed rows (E examples a row): flatten to examples.
+  nsp_logits_B2 = outputs["nsp_logits"].reshape(-1, 2)
+  labels_B = labels.reshape(-1).astype(jnp.int32)
+  nsp_nll_B = -jnp.take_along_axis(jax.nn.log_softmax(nsp_logits_B2), labels_B[:, None], axis=-1)[:, 0]
+  nsp_loss_sum = jnp.sum(nsp_nll_B * ex_w_B)
+  nsp_loss = nsp_loss_sum / jnp.maximum(metrics["num_examples"], 1e-8)
+  metrics["nsp_loss_sum"] = nsp_loss_sum
+  metrics["nsp_correct_sum"] = jnp.sum((jnp.argmax(nsp_logits_B2, -1) == labels_B) * ex_w_B)
   return mlm_loss + nsp_loss, metrics
 
 

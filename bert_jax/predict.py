@@ -89,7 +89,13 @@ def fill_mask(cfg, params, tokenizer, texts: Sequence[str], top_k: int = 5, max_
   pos = np.zeros((len(rows), p), np.int32)
   for i, x in enumerate(positions):
     pos[i, :len(x)] = x
-  module = model_lib.BertForPreTraining(cfg)
+  h = convert.heads(params)
+  if not h["mlm"]:
+    raise ValueError("The checkpoint has no masked-LM head (cls.predictions.*): fill-mask needs a "
+                     "BertForMaskedLM or BertForPreTraining checkpoint, not an encoder-only one.")
+  if h["pooler"] and not h["nsp"]:  # a pooler without the NSP head: unused by the MLM model
+    params = {**params, "bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
+  module = model_lib.BertForPreTraining(cfg, nsp=h["nsp"])
   out = jax.jit(lambda prm, a, b, c: module.apply({"params": prm}, a, jnp.zeros_like(a), b, c))(
       params, ids, mask, pos)
   probs = np.asarray(jax.nn.softmax(out["mlm_logits"], -1))
@@ -110,7 +116,10 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
   rows = [[tokenizer.cls_id] + list(r)[:max_len - 2] + [tokenizer.sep_id] for r in tokenizer.encode_batch(list(texts))]
   ids, mask = _pad(rows, max_len)
   encoder_params = params["bert"] if "bert" in params else params
-  module = model_lib.BertModel(cfg)
+  if pooled and "pooler" not in encoder_params:
+    raise ValueError("The checkpoint has no pooler (e.g. a BertForMaskedLM checkpoint): "
+                     "--pooled is not available; take a layer's [CLS] vector instead.")
+  module = model_lib.BertModel(cfg, add_pooler="pooler" in encoder_params)
 
   @jax.jit
   def run(a, b):
@@ -118,7 +127,7 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
         {"params": encoder_params}, a, jnp.zeros_like(a), b, capture_intermediates=
         lambda mdl, _: isinstance(mdl, model_lib.EncoderLayer))
     hidden = [state["intermediates"]["encoder"][f"layer_{i}"]["__call__"][0] for i in range(cfg.num_layers)]
-    return pool, jnp.stack([hidden[l] for l in layers], axis=2)
+    return (pool if pooled else None), jnp.stack([hidden[l] for l in layers], axis=2)
 
   outs = []
   for s in range(0, len(rows), batch_size):

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from absl import logging
+import flax
 import flax.linen as nn
 from flax import struct
 import jax
@@ -120,10 +121,17 @@ def _pretraining_sums(outputs, batch):
   return dict(pretraining_loss(outputs, batch)[1], num_tokens=num_tokens)
 
 
+def _pretraining_loss(sums, denominators):
+  loss = sums["mlm_loss_sum"] / denominators["mlm"]
+  if "nsp_loss_sum" in sums:  # a model with the NSP head (BertForPreTraining(nsp=True))
+    loss = loss + sums["nsp_loss_sum"] / denominators["nsp"]
+  return loss
+
+
+# MLM + NSP, or MLM alone for BertForPreTraining(nsp=False): the sums say which.
 PRETRAINING = Objective(
     inputs=MODEL_INPUTS, sums=_pretraining_sums,
-    denominators=_pretraining_denominators,
-    loss=lambda s, d: s["mlm_loss_sum"] / d["mlm"] + s["nsp_loss_sum"] / d["nsp"])
+    denominators=_pretraining_denominators, loss=_pretraining_loss)
 # Packed rows (data.packing): the same loss over the examples of every row.
 PRETRAINING_PACKED = PRETRAINING.replace(keyword_inputs=PACKED_INPUTS)
 
@@ -198,42 +206,80 @@ def create_train_state(config: ml_collections.ConfigDict, model: BertForPreTrain
   return abstract, shardings, functools.partial(jit_init, rng)
 
 
-def _check_fits(path: str, cfg: BertConfig, abstract_params: Any,
-                got: dict[str, tuple[int, ...]]) -> None:
-  want = {jax.tree_util.keystr(p): tuple(a.shape)
-          for p, a in jax.tree_util.tree_flatten_with_path(abstract_params)[0]}
-  problems = [f"missing {k}" for k in sorted(set(want) - set(got))]
-  problems += [f"unexpected {k}" for k in sorted(set(got) - set(want))]
-  problems += [f"{k}: checkpoint {got[k]} vs model {want[k]}"
-               for k in sorted(set(got) & set(want)) if tuple(got[k]) != want[k]]
+def _flat_keys(tree: Any) -> dict[tuple[str, ...], Any]:
+  return {tuple(str(getattr(k, "key", k)) for k in path): leaf
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _part(keys: tuple[str, ...]) -> str:
+  """Which part of BertForPreTraining a parameter belongs to."""
+  if keys[0] == "bert":
+    return "pooler" if keys[1] == "pooler" else "encoder"
+  if keys[0] in ("transform", "transform_LayerNorm", "output_bias"):
+    return "masked-LM head"
+  return "NSP head" if keys[0] == "seq_relationship" else "other"
+
+
+def _check_fits(path: str, cfg: BertConfig, want: dict[tuple, tuple[int, ...]],
+                got: dict[tuple, tuple[int, ...]]) -> tuple[list[str], list[str]]:
+  """Fails unless the checkpoint's encoder fits the model; returns (parts the model has and
+  the checkpoint lacks, which start fresh; parts the checkpoint has and the model does not use)."""
+  missing = sorted(set(want) - set(got))
+  unused = sorted(set(got) - set(want))
+  problems = [f"missing {'/'.join(k)}" for k in missing if _part(k) == "encoder"]
+  problems += [f"unexpected {'/'.join(k)}" for k in unused if _part(k) == "encoder"]
+  problems += [f"{'/'.join(k)}: checkpoint {tuple(got[k])} vs model {tuple(want[k])}"
+               for k in sorted(set(got) & set(want)) if tuple(got[k]) != tuple(want[k])]
   if problems:
     raise ValueError(f"init_checkpoint {path} does not fit the configured model "
                      f"({cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab "
                      f"{cfg.vocab_size}, {cfg.max_position_embeddings} positions):\n  "
                      + "\n  ".join(problems[:20]))
+  fresh = sorted({_part(k) for k in missing})
+  extra = sorted({_part(k) for k in unused})
+  return fresh, extra
 
 
-def load_init_params(path: str, cfg: BertConfig, abstract_params: Any) -> Any:
+def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_params: Any) -> Any:
   """Params from `config.init_checkpoint`: a run of ours (Orbax) or a converted
-  HuggingFace / Google / exported checkpoint; placed with the target shardings."""
+  HuggingFace / Google / exported checkpoint (BertForPreTraining, BertForMaskedLM or
+  BertModel), placed with the target shardings. Parts of the model the checkpoint lacks
+  (the NSP head and pooler of an MLM-only checkpoint, the masked-LM head of an encoder-only
+  one) keep their `fresh_params`; parts the model does not use (e.g. the NSP head when
+  data.nsp is off) are left out. Both are logged."""
+  want = {k: a for k, a in _flat_keys(abstract_params).items()}
+  want_shapes = {k: tuple(a.shape) for k, a in want.items()}
   if checkpointing.is_orbax_checkpoint(path):
-    _check_fits(path, cfg, abstract_params, checkpointing.saved_param_shapes(path))
-    step, params = checkpointing.restore_params(path, abstract_params)
+    got = {tuple(k): v for k, v in checkpointing.saved_param_shapes(path).items()}
+    fresh, extra = _check_fits(path, cfg, want_shapes, got)
+    subset = flax.traverse_util.unflatten_dict({k: a for k, a in want.items() if k in got})
+    step, params = checkpointing.restore_params(path, subset)
+    loaded = _flat_keys(params)
     logging.info("Initialised params from %s (step %d).", path, step)
-    return params
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
-  ckpt_cfg, params = convert.load_pretrained(path, target="pretraining",
-                                             scan_layers=cfg.scan_layers)
-  differ = [f"{f}: checkpoint {getattr(ckpt_cfg, f)!r} vs config {getattr(cfg, f)!r}"
-            for f in ARCHITECTURE_FIELDS if getattr(ckpt_cfg, f) != getattr(cfg, f)]
-  if differ:
-    raise ValueError(f"init_checkpoint {path} was trained with another architecture; set "
-                     "config.model to match it:\n  " + "\n  ".join(differ))
-  _check_fits(path, cfg, abstract_params, {jax.tree_util.keystr(p): np.shape(x) for p, x in
-                                           jax.tree_util.tree_flatten_with_path(params)[0]})
-  logging.info("Initialised params from converted checkpoint %s.", path)
-  return jax.tree.map(lambda a, x: jax.make_array_from_callback(
-      a.shape, a.sharding, lambda idx: np.asarray(x, a.dtype)[idx]), abstract_params, params)
+  else:
+    from bert_jax import convert  # pylint: disable=g-import-not-at-top
+    ckpt_cfg, params = convert.load_pretrained(path, target="pretraining", require_mlm=False,
+                                               scan_layers=cfg.scan_layers)
+    differ = [f"{f}: checkpoint {getattr(ckpt_cfg, f)!r} vs config {getattr(cfg, f)!r}"
+              for f in ARCHITECTURE_FIELDS if getattr(ckpt_cfg, f) != getattr(cfg, f)]
+    if differ:
+      raise ValueError(f"init_checkpoint {path} was trained with another architecture; set "
+                       "config.model to match it:\n  " + "\n  ".join(differ))
+    host = _flat_keys(params)
+    fresh, extra = _check_fits(path, cfg, want_shapes, {k: np.shape(x) for k, x in host.items()})
+    loaded = {k: jax.make_array_from_callback(
+        a.shape, a.sharding, lambda idx, x=host[k], a=a: np.asarray(x, a.dtype)[idx])
+              for k, a in want.items() if k in host}
+    logging.info("Initialised params from converted checkpoint %s (%s).", path,
+                 convert.describe_heads(convert.heads(params)))
+  if fresh:
+    logging.warning("init_checkpoint %s has no %s: %s from a fresh initialisation.", path,
+                    " and no ".join(fresh), "they start" if len(fresh) > 1 else "it starts")
+  if extra:
+    logging.warning("init_checkpoint %s holds a %s that this model does not use (e.g. "
+                    "data.nsp=False has no NSP head): left out.", path, " and a ".join(extra))
+  fresh_flat = _flat_keys(fresh_params)
+  return flax.traverse_util.unflatten_dict({k: loaded.get(k, fresh_flat[k]) for k in want})
 
 
 class _Preemption:
@@ -285,7 +331,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   os.makedirs(workdir, exist_ok=True)
   data_cfg, vocab_size = data_lib.prepare(config, workdir)
   cfg = bert_config(config, vocab_size)
-  model = BertForPreTraining(cfg)
+  model = BertForPreTraining(cfg, nsp=data_cfg.nsp)
   tx = optim.make_optimizer(config)
   mesh = sharding.make_mesh(config.mesh_shape)
   rules = tuple((name, tuple(ax) if isinstance(ax, list) else ax)
@@ -315,8 +361,9 @@ def _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro) -> 
                    "iterator starts afresh.", step)
       data_state = None
   elif config.init_checkpoint:
-    params = load_init_params(config.init_checkpoint, cfg, abstract.params)
-    state = init_fn().replace(params=params)
+    state = init_fn()
+    state = state.replace(params=load_init_params(config.init_checkpoint, cfg, abstract.params,
+                                                  state.params))
   else:
     state = init_fn()
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
@@ -348,7 +395,8 @@ def _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro) -> 
   train_metrics = metrics_lib.TrainMetrics(
       writer, total_steps=config.num_train_steps,
       tokens_per_step=config.global_batch_size * seq_len,
-      flops_per_step=flops_lib.train_flops_per_step(cfg, config.global_batch_size, seq_len, preds),
+      flops_per_step=flops_lib.train_flops_per_step(cfg, config.global_batch_size, seq_len, preds,
+                                                    nsp=model.nsp),
       peak_flops=flops_lib.peak_flops(str(cfg.dtype), config.peak_flops_per_device),
       learning_rate=functools.partial(optim.host_learning_rate, config))
   dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
