@@ -40,6 +40,17 @@ def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
           zip(everything.reshape(len(lengths), -1), np.ravel(lengths))]
 
 
+class ModelMismatchError(ValueError):
+  """The checkpoints of a workdir do not fit the configured model (not corruption)."""
+
+
+def _read_saved_config(step_dir: epath.Path) -> dict:
+  try:
+    return json.loads((step_dir / "config" / "metadata").read_text())
+  except Exception:  # pylint: disable=broad-except
+    return {}
+
+
 class Checkpointer:
   """A thin policy layer over `ocp.CheckpointManager`: when to save, what to keep,
   and how to recover from a checkpoint that does not restore."""
@@ -68,16 +79,20 @@ class Checkpointer:
                                 "states": gather_process_states(data_state)}),
         config=ocp.args.JsonSave(json.loads(config.to_json_best_effort()))))
 
-  def restore(self, abstract_state: Any) -> tuple[int, Any, Any, dict] | None:
+  def restore(self, abstract_state: Any, config: ml_collections.ConfigDict | None = None
+              ) -> tuple[int, Any, Any, dict] | None:
     """Latest restorable checkpoint -> (step, state, this process's data state, config).
 
     `abstract_state` holds jax.ShapeDtypeStructs with the target shardings
     (any mesh). Returns None when there is no checkpoint. Corrupt checkpoints are
-    skipped (newest first) with a warning; if none restores, raises.
+    skipped (newest first) with a warning; if none restores, raises. A checkpoint whose
+    parameters do not fit the configured model is not corrupt: that raises
+    `ModelMismatchError` (naming the `config` fields that changed) and moves nothing.
     """
     steps = sorted(self.manager.all_steps(), reverse=True)
     errors = []
     for step in steps:
+      self._check_model_fits(step, abstract_state, config)
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state),
@@ -104,6 +119,41 @@ class Checkpointer:
       raise RuntimeError("No checkpoint in %s could be restored:\n  %s" % (
           self.directory, "\n  ".join(errors)))
     return None
+
+  def _check_model_fits(self, step: int, abstract_state: Any,
+                        config: ml_collections.ConfigDict | None) -> None:
+    """Compares the saved parameters' names and shapes (checkpoint metadata) with the
+    model's; unreadable metadata is left to the restore (which may find it corrupt)."""
+    try:
+      got = saved_param_shapes(os.fspath(self.directory / str(step)))
+    except Exception:  # pylint: disable=broad-except
+      return
+    want = {tuple(str(getattr(k, "key", k)) for k in path): tuple(a.shape) for path, a in
+            jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]}
+    if got == want:
+      return
+    diffs = [f"model lacks {'/'.join(k)}" for k in sorted(set(got) - set(want))]
+    diffs += [f"checkpoint lacks {'/'.join(k)}" for k in sorted(set(want) - set(got))]
+    diffs += [f"{'/'.join(k)}: saved {got[k]}, model {want[k]}"
+              for k in sorted(set(got) & set(want)) if got[k] != want[k]]
+    changed = []
+    if config is not None:
+      saved = _read_saved_config(self.directory / str(step))
+      now = json.loads(config.to_json_best_effort())
+      for section in ("model", "data"):
+        a, b = saved.get(section) or {}, now.get(section) or {}
+        changed += [f"{section}.{k}: saved {a.get(k)!r}, now {b.get(k)!r}"
+                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    raise ModelMismatchError(
+        f"The checkpoints in {self.directory} (latest: step {step}) hold a model that does not "
+        f"fit the configured one; nothing was moved or changed.\n"
+        + (f"  Config fields that differ from the saved run's:\n    " + "\n    ".join(changed) + "\n"
+           if changed else "")
+        + "  Parameters that differ:\n    " + "\n    ".join(diffs[:12])
+        + (f"\n    ... ({len(diffs) - 12} more)" if len(diffs) > 12 else "")
+        + "\n  Either resume with the config the run was started with (saved in "
+        f"{self.directory / str(step) / 'config'}), train the new model in another --workdir, "
+        f"or start it from these weights there with --config.init_checkpoint={self.directory.parent}.")
 
   def _quarantine(self, step: int) -> None:
     """Moves an unreadable step aside so that later saves of that step can succeed."""
@@ -144,8 +194,12 @@ def _step_dir(path: str) -> epath.Path:
 def saved_param_shapes(path: str) -> dict[tuple[str, ...], tuple[int, ...]]:
   """Key path (a tuple of names) -> shape of every saved parameter (from metadata,
   nothing read)."""
-  with ocp.StandardCheckpointer() as ckptr:
-    tree = ckptr.metadata(_step_dir(path) / "state").item_metadata["params"]
+  # The item handler's own metadata: the step-level file is not needed (nor warned about).
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    tree = handler.metadata(_step_dir(path) / "state").tree["params"]
+  finally:
+    handler.close()
   return {tuple(str(getattr(k, "key", k)) for k in p): tuple(m.shape)
           for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
 

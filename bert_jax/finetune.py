@@ -132,6 +132,13 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
   train_feats = {k: v for k, v in conv(train_ex).items() if k in TEXT_INPUTS + ("start_positions", "end_positions")}
   eval_feats = conv(eval_ex)
   v2 = config.version_2_with_negative
+  too_long = squad.answers_over_length(eval_ex, tok, config.max_answer_length)
+  if too_long["answers"]:
+    logging.warning("%d gold answers (%d questions with no shorter one) are longer than "
+                    "max_answer_length=%d tokens (the longest: %d) and cannot be predicted "
+                    "exactly; raise --config.max_answer_length to reach them.",
+                    too_long["answers"], too_long["examples"], config.max_answer_length,
+                    too_long["longest"])
 
   def evaluate(outputs):
     start, end = outputs
@@ -140,6 +147,8 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
         max_answer_length=config.max_answer_length, version_2=v2, null_threshold=config.null_score_threshold)
     gold = {e.qid: list(e.answers) for e in eval_ex}
     result = scoring.squad_scores(preds, gold, na_probs=null_diffs if v2 else None)
+    # Questions whose every gold answer exceeds max_answer_length (unreachable spans).
+    result["answers_over_max_length"] = too_long["examples"]
 
     def write(out_dir):
       for fname, obj in (("predictions.json", preds), ("nbest_predictions.json", nbest)) + (
@@ -312,7 +321,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             sharding.strip_boxes(boxed), state_sh)
     ckpt = checkpointing.Checkpointer(workdir, keep=2, keep_period=None, async_save=False)
-    restored = ckpt.restore(abstract)
+    restored = ckpt.restore(abstract, config)
     if restored is not None:
       step0, state, data_state, _ = restored
       logging.info("Resumed fine-tuning at step %d.", step0)

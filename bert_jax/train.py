@@ -247,7 +247,7 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
   (the NSP head and pooler of an MLM-only checkpoint, the masked-LM head of an encoder-only
   one) keep their `fresh_params`; parts the model does not use (e.g. the NSP head when
   data.nsp is off) are left out. Both are logged."""
-  want = {k: a for k, a in _flat_keys(abstract_params).items()}
+  want = _flat_keys(abstract_params)
   want_shapes = {k: tuple(a.shape) for k, a in want.items()}
   if checkpointing.is_orbax_checkpoint(path):
     got = {tuple(k): v for k, v in checkpointing.saved_param_shapes(path).items()}
@@ -276,8 +276,9 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
     logging.warning("init_checkpoint %s has no %s: %s from a fresh initialisation.", path,
                     " and no ".join(fresh), "they start" if len(fresh) > 1 else "it starts")
   if extra:
-    logging.warning("init_checkpoint %s holds a %s that this model does not use (e.g. "
-                    "data.nsp=False has no NSP head): left out.", path, " and a ".join(extra))
+    logging.warning("init_checkpoint %s holds parts that this model does not use, left out: "
+                    "%s (a model with data.nsp=False has no NSP head and no pooler).", path,
+                    ", ".join(extra))
   fresh_flat = _flat_keys(fresh_params)
   return flax.traverse_util.unflatten_dict({k: loaded.get(k, fresh_flat[k]) for k in want})
 
@@ -351,7 +352,7 @@ def _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro) -> 
   ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints,
                                     keep_period=config.keep_checkpoint_period,
                                     async_save=config.async_checkpointing)
-  restored = ckpt.restore(abstract)
+  restored = ckpt.restore(abstract, config)
   data_state = None
   if restored is not None:
     step, state, data_state, saved_cfg = restored

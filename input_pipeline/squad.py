@@ -116,6 +116,24 @@ def convert_examples(examples: list[QAExample], tokenizer, max_seq_length: int =
   return {k: np.asarray(v, np.int32 if k not in ("max_context",) else bool) for k, v in feats.items()}
 
 
+def answers_over_length(examples: list[QAExample], tokenizer, max_answer_length: int
+                        ) -> dict[str, int]:
+  """Gold answers longer than `max_answer_length` WordPiece tokens, which span decoding
+  never predicts: {"examples": answerable examples whose every gold answer is longer
+  (no exact match possible), "answers": such gold answers, "longest": tokens of the
+  longest gold answer}."""
+  answerable = [e for e in examples if e.answers]
+  lengths = tokenizer.encode_batch([a for e in answerable for a in e.answers])
+  out, i = {"examples": 0, "answers": 0, "longest": 0}, 0
+  for e in answerable:
+    n = [len(ids) for ids in lengths[i:i + len(e.answers)]]
+    i += len(e.answers)
+    out["answers"] += sum(x > max_answer_length for x in n)
+    out["examples"] += min(n) > max_answer_length
+    out["longest"] = max(out["longest"], max(n))
+  return out
+
+
 def decode_answers(examples: list[QAExample], features: dict[str, np.ndarray],
                    start_logits: np.ndarray, end_logits: np.ndarray, *, n_best: int = 20,
                    max_answer_length: int = 30, version_2: bool = False,

@@ -171,3 +171,20 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tmp_path, prepared):
   out = tu.run(_real_data_args(tmp_path, prepared, num_train_steps=step + 2))
   assert f"Resumed from {tmp_path / 'checkpoints'}/{step}" in out.stderr
   assert tu.checkpoint_steps(tmp_path)[-1] == step + 2
+
+
+def test_resume_with_another_model_is_refused_and_moves_nothing(tmp_path):
+  """A workdir rerun with a model that does not fit its checkpoints (here: NSP switched
+  off, or another depth) is a clear error naming the changed fields; the checkpoints are
+  valid and stay where they are (never called corrupt, never moved)."""
+  config = tu.tiny_config(num_train_steps=2, checkpoint_every_steps=2, eval_steps=0)
+  train.train_and_evaluate(config, str(tmp_path))
+  for change, field in (({"data__nsp": False}, "data.nsp"), ({"model__num_layers": 3}, "model.num_layers")):
+    changed = tu.tiny_config(num_train_steps=4, checkpoint_every_steps=2, eval_steps=0, **change)
+    with pytest.raises(ValueError, match=f"(?s){field}.*--workdir.*init_checkpoint"):
+      train.train_and_evaluate(changed, str(tmp_path))
+    assert tu.checkpoint_steps(tmp_path) == [2]
+    assert not (tmp_path / "checkpoints_corrupt").exists()
+  state = train.train_and_evaluate(tu.tiny_config(num_train_steps=4, checkpoint_every_steps=2,
+                                                  eval_steps=0), str(tmp_path))
+  assert int(state.step) == 4

@@ -76,3 +76,24 @@ def test_phase2_continues_phase1_in_the_same_workdir(tmp_path, caplog):
   state = train.train_and_evaluate(phase2, str(tmp_path))
   assert "data config changed since step 4" in caplog.text
   assert int(state.step) == 6 and tu.checkpoint_steps(tmp_path)[-2:] == [4, 6]
+
+
+def test_init_from_our_workdir_with_nsp_switched(tmp_path, caplog):
+  """An MLM+NSP run of ours starts an MLM-only run (NSP head and pooler left out, said
+  once), and an MLM-only run starts an MLM+NSP one (NSP head and pooler fresh, said once)."""
+  caplog.set_level(logging.WARNING)
+  with_nsp, without = tmp_path / "with_nsp", tmp_path / "without"
+  train.train_and_evaluate(tu.tiny_config(num_train_steps=2), str(with_nsp))
+  state = train.train_and_evaluate(
+      tu.tiny_config(init_checkpoint=str(with_nsp), data__nsp=False, **FROZEN), str(without))
+  want = tu.flat(tu.load_checkpoint(with_nsp, 2)["params"])
+  got = tu.flat(state.params)
+  assert set(got) == {k for k in want if "seq_relationship" not in k and "pooler" not in k}
+  for k in got:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert caplog.text.count("that this model does not use") == 1
+  assert "left out: NSP head, pooler" in caplog.text
+  state = train.train_and_evaluate(
+      tu.tiny_config(init_checkpoint=str(without), **FROZEN), str(tmp_path / "again"))
+  assert "seq_relationship" in state.params
+  assert caplog.text.count("no NSP head and no pooler: they start from a fresh") == 1

@@ -191,3 +191,21 @@ def test_continued_pretraining_nsp_off_runs_and_resumes(hub, tmp_path):
   assert sorted(loss) == [1, 2, 3, 4] and all(np.isfinite(v) for v in loss.values())
   assert not tu.read_scalars(workdir, "train/nsp_accuracy")
   assert tu.read_scalars(workdir, "train/mlm_accuracy")
+
+
+def test_lowercase_override_reaches_the_tokenizer(hub, capsys, monkeypatch):
+  """predict --no-lowercase: the vocabulary's do_lower_case=true is overridden."""
+  seen = []
+  real = tokenizer_lib.Tokenizer.from_path.__func__
+
+  def spy(cls, path, lowercase=None):
+    tok = real(cls, path, lowercase)
+    seen.append(tok.lowercase)
+    return tok
+
+  monkeypatch.setattr(tokenizer_lib.Tokenizer, "from_path", classmethod(spy))
+  for flag, expected in (("--no-lowercase", False), ("--lowercase", True), (None, True)):
+    predict.main([f"--checkpoint={hub['dir']}", f"--vocab={hub['dir']}", "--text=D1W3 [MASK]"]
+                 + ([flag] if flag else []))
+    assert seen[-1] is expected, flag
+  capsys.readouterr()

@@ -179,3 +179,19 @@ def test_glue_from_a_local_tfds_copy(tmp_path):
   assert all(e.label is None for e in glue.read_tfds_glue("cola", "test", str(tmp_path), name="tiny_glue_cola"))
   with pytest.raises(FileNotFoundError, match="not prepared locally"):
     glue.read_tfds_glue("cola", "dev", str(tmp_path / "none"))
+
+
+def test_squad_answers_longer_than_max_answer_length_are_counted(tmp_path):
+  examples = squad.read_squad(_squad_file(tmp_path, version_2=True))
+  tok = make_vocab(tmp_path, [CONTEXT] + [e.question for e in examples])
+  lengths = {e.qid: len(tok.encode(e.answers[0])) for e in examples if e.answers}
+  longest = max(lengths.values())  # "King Charles III of West Francia": 6 words
+  assert longest >= 6
+  assert squad.answers_over_length(examples, tok, 30) == {"examples": 0, "answers": 0,
+                                                           "longest": longest}
+  counted = squad.answers_over_length(examples, tok, 4)
+  assert counted["answers"] == counted["examples"] == sum(n > 4 for n in lengths.values()) > 0
+  # A question with a second, shorter gold answer stays reachable.
+  two = squad.QAExample("q", "?", CONTEXT, ("King Charles III of West Francia", "Rollo"), 0)
+  assert squad.answers_over_length([two], tok, 4) == {"examples": 0, "answers": 1,
+                                                      "longest": lengths["q3"]}

@@ -31,7 +31,9 @@ def test_wordpiece_layout(corpus_file, tmp_path):
   assert any(l.startswith("##") for l in lines)
   assert not any(c.isupper() for l in lines[5:] for c in l)  # Lower-cased.
   config = json.load(open(tmp_path / "wp" / tokenizer_lib.CONFIG_NAME))
-  assert config == {"kind": "wordpiece", "lowercase": True}
+  # Ours, plus the keys transformers reads (so AutoTokenizer agrees on the casing).
+  assert config == {"kind": "wordpiece", "lowercase": True, "tokenizer_class": "BertTokenizer",
+                    "do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": True}
   tok = tokenizer_lib.Tokenizer.from_path(str(tmp_path / "wp"))
   assert tok.pad_id == 0 and tok.vocab_size <= 200
   assert tok.unk_id not in tok.encode("the players were playing")
