@@ -26,6 +26,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from bert_jax import fileio
+
 
 def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
   """Every process's (small, JSON) iterator state, in process order, on every process."""
@@ -57,8 +59,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, keep: int, keep_period: int | None,
                async_save: bool = True):
-    self.directory = epath.Path(workdir) / "checkpoints"
-    self.corrupt_directory = epath.Path(workdir) / "checkpoints_corrupt"
+    self.directory = fileio.path(workdir) / "checkpoints"
+    self.corrupt_directory = fileio.path(workdir) / "checkpoints_corrupt"
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, keep_period=keep_period or None, create=True,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
@@ -165,7 +167,9 @@ class Checkpointer:
       while dst.exists():
         suffix += 1
         dst = self.corrupt_directory / f"{step}.{suffix}"
-      os.replace(os.fspath(src), os.fspath(dst))
+      # A directory rename: atomic on local disks; on GCS a copy then a delete (a kill in
+      # between leaves both, and the copy under checkpoints_corrupt/ is only a copy).
+      src.rename(dst)
       logging.warning("Moved unreadable checkpoint %s to %s.", src, dst)
     multihost_utils.sync_global_devices(f"quarantine_{step}")
     self.manager.reload()
@@ -180,7 +184,7 @@ class Checkpointer:
 
 def _step_dir(path: str) -> epath.Path:
   """A workdir, its `checkpoints/` dir or one `<step>` dir -> the (latest) step dir."""
-  path = epath.Path(path)
+  path = fileio.path(path)
   if (path / "checkpoints").is_dir():
     path = path / "checkpoints"
   if (path / "state").is_dir():
@@ -221,7 +225,7 @@ def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
 
 def is_orbax_checkpoint(path: str) -> bool:
   """Whether `path` is one of our workdirs / checkpoint dirs (vs. HF or TF files)."""
-  p = epath.Path(path)
+  p = fileio.path(path)
   candidates = [p / "checkpoints", p, p.parent]
   for c in candidates:
     if c.is_dir() and any(x.name.isdigit() and (x / "state").exists() for x in c.iterdir()):
@@ -236,8 +240,7 @@ def load_params_for_inference(path: str):
     return None
   from bert_jax import train  # pylint: disable=g-import-not-at-top  (train imports us)
   step_dir = _step_dir(path)
-  with open(os.fspath(step_dir / "config" / "metadata")) as f:
-    saved = ml_collections.ConfigDict(json.load(f))
+  saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
   with ocp.StandardCheckpointer() as ckptr:
     meta = ckptr.metadata(step_dir / "state").item_metadata["params"]
     abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)

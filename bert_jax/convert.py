@@ -17,8 +17,10 @@ import re
 from typing import Any, Callable, Iterable, Mapping
 
 from absl import logging
+from etils import epath
 import numpy as np
 
+from bert_jax import fileio
 from bert_jax.model import BertConfig
 
 Array = np.ndarray
@@ -318,17 +320,31 @@ def config_to_hf(cfg: BertConfig, architecture: str = "BertForPreTraining") -> d
 # ----------------------------------------------------------------------------
 # Readers.
 
+def _read_safetensors(p: epath.Path) -> dict[str, Array]:
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  if fileio.is_remote(p):
+    return safetensors.numpy.load(p.read_bytes())
+  return safetensors.numpy.load_file(os.fspath(p))  # memory-mapped
+
+
+def _write_safetensors(p: epath.Path, tensors: dict[str, Array], metadata=None) -> None:
+  import safetensors.numpy  # pylint: disable=g-import-not-at-top
+  p.write_bytes(safetensors.numpy.save(tensors, metadata=metadata))
+
+
 def read_hf_state(path: str) -> dict[str, Array]:
   """model.safetensors (sharded too) or pytorch_model.bin, `bert.` prefix stripped."""
-  from safetensors.numpy import load_file
-  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  d = fileio.path(path)
+  files = sorted((f for f in d.iterdir() if f.name.endswith(".safetensors")), key=str)
   state: dict[str, Array] = {}
   if files:
     for f in files:
-      state.update(load_file(os.path.join(path, f)))
-  elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
+      state.update(_read_safetensors(f))
+  elif (d / "pytorch_model.bin").exists():
+    import io  # pylint: disable=g-import-not-at-top
     import torch  # Only for .bin files; never unpickles arbitrary objects.
-    raw = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    raw = torch.load(io.BytesIO((d / "pytorch_model.bin").read_bytes()), map_location="cpu",
+                     weights_only=True)
     state = {k: v.float().numpy() for k, v in raw.items()}
   else:
     raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}.")
@@ -371,16 +387,16 @@ def read_tf_state(ckpt_path: str) -> dict[str, Array]:
 
 
 def _find_tf_checkpoint(path: str) -> str | None:
-  if os.path.exists(path + ".index"):
+  if fileio.path(path + ".index").exists():
     return path
-  if os.path.isdir(path):
+  if fileio.path(path).is_dir():
     import tensorflow as tf
     latest = tf.train.latest_checkpoint(path)
     if latest:
       return latest
-    for f in sorted(os.listdir(path)):
-      if f.endswith(".index"):
-        return os.path.join(path, f[:-len(".index")])
+    for f in sorted(fileio.path(path).iterdir(), key=str):
+      if f.name.endswith(".index"):
+        return fileio.join(path, f.name[:-len(".index")])
   return None
 
 
@@ -394,22 +410,21 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
   require_mlm=False, encoder-only ones), "encoder" the encoder (+ pooler) of any.
   """
   overrides = dict(config_overrides or {})
-  if os.path.isdir(path) and os.path.exists(os.path.join(path, NATIVE_CONFIG)):
+  d = fileio.path(path)
+  if (d / NATIVE_CONFIG).exists():
     return load_native(path, target=target, scan_layers=scan_layers, config_overrides=overrides,
                        require_mlm=require_mlm)
-  if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-    with open(os.path.join(path, "config.json")) as f:
-      cfg = config_from_hf(json.load(f), **overrides)
+  if (d / "config.json").exists():
+    cfg = config_from_hf(json.loads((d / "config.json").read_text()), **overrides)
     state = read_hf_state(path)
     return cfg, canonical_to_params(state, cfg, target, scan_layers, require_mlm=require_mlm,
                                     source=f"HuggingFace checkpoint {path}")
   ckpt = _find_tf_checkpoint(path)
   if ckpt is not None:
-    config_path = os.path.join(os.path.dirname(ckpt), "bert_config.json")
-    if not os.path.exists(config_path):
+    config_path = fileio.path(ckpt).parent / "bert_config.json"
+    if not config_path.exists():
       raise FileNotFoundError(f"TF checkpoint {ckpt} has no bert_config.json beside it.")
-    with open(config_path) as f:
-      hf = json.load(f)
+    hf = json.loads(config_path.read_text())
     # Google's TF code implements "gelu" with the tanh approximation.
     if hf.get("hidden_act") == "gelu":
       hf = {**hf, "hidden_act": "gelu_new"}
@@ -426,28 +441,28 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
 # Writers.
 
 def save_native(path: str, cfg: BertConfig, params: Params) -> None:
-  """Our portable format: safetensors of the unrolled tree + the BertConfig."""
-  from safetensors.numpy import save_file
+  """Our portable format: safetensors of the unrolled tree + the BertConfig (written last:
+  a directory without it is not a checkpoint, so a killed save is never read)."""
   import jax
   params = _to_numpy(params)
   if _is_scanned(params):
     params = unstack_layers(params, cfg.num_layers)
   flat = {"/".join(p.key for p in path): np.ascontiguousarray(v)
           for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-  os.makedirs(path, exist_ok=True)
-  save_file(flat, os.path.join(path, NATIVE_PARAMS))
-  with open(os.path.join(path, NATIVE_CONFIG), "w") as f:
-    json.dump(cfg.to_dict(), f, indent=2)
+  d = fileio.path(path)
+  d.mkdir(parents=True, exist_ok=True)
+  _write_safetensors(d / NATIVE_PARAMS, flat)
+  (d / NATIVE_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
 def load_native(path: str, *, target: str = "pretraining", scan_layers: bool = False,
                 config_overrides: Mapping[str, Any] | None = None,
                 require_mlm: bool = True) -> tuple[BertConfig, Params]:
-  from safetensors.numpy import load_file
-  with open(os.path.join(path, NATIVE_CONFIG)) as f:
-    cfg = BertConfig.from_dict(json.load(f)).replace(**dict(config_overrides or {}))
+  d = fileio.path(path)
+  cfg = BertConfig.from_dict(json.loads((d / NATIVE_CONFIG).read_text())).replace(
+      **dict(config_overrides or {}))
   params: Params = {}
-  for key, value in load_file(os.path.join(path, NATIVE_PARAMS)).items():
+  for key, value in _read_safetensors(d / NATIVE_PARAMS).items():
     _set(params, tuple(key.split("/")), value)
   # Round-trip through the canonical dict so the same checks apply.
   state = params_to_canonical(params, cfg)
@@ -457,8 +472,8 @@ def load_native(path: str, *, target: str = "pretraining", scan_layers: bool = F
 
 def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
   """safetensors + config.json for the transformers class of the heads the params hold:
-  BertForPreTraining (MLM + NSP), BertForMaskedLM (MLM only) or BertModel (encoder)."""
-  from safetensors.numpy import save_file
+  BertForPreTraining (MLM + NSP), BertForMaskedLM (MLM only) or BertModel (encoder).
+  config.json is written last: a directory without it is not read as a checkpoint."""
   h = heads(params)
   architecture = ARCHITECTURES[(h["mlm"], h["nsp"])]
   canonical = params_to_canonical(params, cfg)
@@ -466,10 +481,10 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
     state = canonical
   else:
     state = {(k if k.startswith("cls.") else "bert." + k): v for k, v in canonical.items()}
-  os.makedirs(path, exist_ok=True)
-  save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config_to_hf(cfg, architecture), f, indent=2)
+  d = fileio.path(path)
+  d.mkdir(parents=True, exist_ok=True)
+  _write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})
+  (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture), indent=2))
 
 
 def main(argv: Iterable[str] | None = None) -> None:

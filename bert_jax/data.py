@@ -6,7 +6,6 @@ dicts, `global_batch // process_count` rows) and has `get_state()` /
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Iterator
 
 from absl import logging
@@ -15,6 +14,8 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import tensorflow as tf
+
+from bert_jax import fileio
 
 PAD_ID, MASK_ID = 0, 4  # synthetic batches only; real ids come from the vocabulary
 
@@ -70,9 +71,19 @@ class SyntheticIterator:
 
 
 def _in_workdir(path: str, workdir: str) -> str:
-  if not path or os.path.isabs(path) or "://" in path:
+  if not path or path.startswith("/") or fileio.is_remote(path):
     return path
-  return os.path.join(workdir, path)
+  return fileio.join(workdir, path)
+
+
+def _vocab_complete(vocab_path: str) -> bool:
+  """A vocabulary built here is complete once its marker is written. Without the marker:
+  a user's file or directory, or one built before markers existed (by a rename that
+  finished: its `.tmp` source is gone)."""
+  p = fileio.path(vocab_path)
+  if not p.exists():
+    return False
+  return fileio.is_complete(p) or not fileio.path(vocab_path.rstrip("/") + ".tmp").exists()
 
 
 def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> None:
@@ -81,15 +92,20 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
   from input_pipeline import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   build = config.build
   lowercase = True if data_cfg.lowercase is None else data_cfg.lowercase
-  if data_cfg.vocab_path and not tf.io.gfile.exists(data_cfg.vocab_path):
+  if data_cfg.vocab_path and not _vocab_complete(data_cfg.vocab_path):
     logging.info("Training a %d-entry %s vocabulary on %r into %s.", build.vocab_size,
                  build.vocab_kind, build.corpus, data_cfg.vocab_path)
     tmp = data_cfg.vocab_path.rstrip("/") + ".tmp"
+    for leftover in (tmp, data_cfg.vocab_path):  # of a build that was killed
+      if fileio.path(leftover).exists():
+        fileio.path(leftover).rmtree()
     vocab_lib.train_vocab(build.corpus, tmp, vocab_size=build.vocab_size,
                           kind=build.vocab_kind, lowercase=lowercase,
                           max_chars=build.max_chars)
-    tf.io.gfile.rename(tmp, data_cfg.vocab_path, overwrite=True)  # complete or absent
-  summary = os.path.join(data_cfg.prepared_dir, prepare_lib.SUMMARY_NAME)
+    # Atomic on local disks; on GCS a copy then a delete, hence the marker written last.
+    fileio.path(tmp).rename(fileio.path(data_cfg.vocab_path))
+    fileio.mark_complete(data_cfg.vocab_path)
+  summary = fileio.join(data_cfg.prepared_dir, prepare_lib.SUMMARY_NAME)
   if data_cfg.prepared_dir and not tf.io.gfile.exists(summary):
     logging.info("Preparing corpus %r into %s.", build.corpus, data_cfg.prepared_dir)
     prepare_lib.prepare_corpus(build.corpus, data_cfg.vocab_path, data_cfg.prepared_dir,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from typing import Any, Callable
 
 from absl import logging
@@ -32,7 +31,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax import checkpointing, convert, heads, optim, scoring, sharding, train
+from bert_jax import checkpointing, convert, fileio, heads, optim, scoring, sharding, train
 from bert_jax import metrics as metrics_lib
 from bert_jax.model import BertConfig
 from input_pipeline import glue, packing, squad, tagging
@@ -113,10 +112,9 @@ def classification_task(config, tok, cfg: BertConfig) -> TaskData:
     result = _glue_metrics(metrics, preds, gold, scores)
 
     def write(out_dir):
-      with open(os.path.join(out_dir, f"{name}.tsv"), "w") as f:
-        f.write("index\tprediction\n")
-        for ex, p in zip(eval_ex, preds):
-          f.write(f"{ex.guid}\t{p:.3f}\n" if regression else f"{ex.guid}\t{labels[int(p)]}\n")
+      rows = [f"{ex.guid}\t{p:.3f}\n" if regression else f"{ex.guid}\t{labels[int(p)]}\n"
+              for ex, p in zip(eval_ex, preds)]
+      (out_dir / f"{name}.tsv").write_text("index\tprediction\n" + "".join(rows))
     return result, write
 
   return TaskData(model, _objective(heads.classification_loss, "example_weights"),
@@ -153,8 +151,7 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
     def write(out_dir):
       for fname, obj in (("predictions.json", preds), ("nbest_predictions.json", nbest)) + (
           (("null_odds.json", null_diffs),) if v2 else ()):
-        with open(os.path.join(out_dir, fname), "w") as f:
-          json.dump(obj, f, indent=1)
+        (out_dir / fname).write_text(json.dumps(obj, indent=1))
     return result, write
 
   return TaskData(heads.BertForQuestionAnswering(cfg), _objective(heads.span_loss, "example_weights"),
@@ -162,8 +159,8 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
 
 
 def conll_task(config, tok, cfg: BertConfig) -> TaskData:
-  train_s = tagging.read_conll(os.path.join(config.data_dir, config.train_file))
-  eval_s = tagging.read_conll(os.path.join(config.data_dir, config.eval_file))
+  train_s = tagging.read_conll(fileio.join(config.data_dir, config.train_file))
+  eval_s = tagging.read_conll(fileio.join(config.data_dir, config.eval_file))
   if config.tag_scheme == "iob1":  # train on IOB2 targets; scores read both
     train_s = [(w, tagging.iob1_to_iob2(t)) for w, t in train_s]
     eval_s = [(w, tagging.iob1_to_iob2(t)) for w, t in eval_s]
@@ -182,10 +179,9 @@ def conll_task(config, tok, cfg: BertConfig) -> TaskData:
     result = scoring.ner_scores(pred_tags, [t for _, t in eval_s])
 
     def write(out_dir):
-      with open(os.path.join(out_dir, "predictions.txt"), "w") as f:
-        for (words, gold), pred in zip(eval_s, pred_tags):
-          f.writelines(f"{w} {g} {p}\n" for w, g, p in zip(words, gold, pred))
-          f.write("\n")
+      (out_dir / "predictions.txt").write_text("".join(
+          "".join(f"{w} {g} {p}\n" for w, g, p in zip(words, gold, pred)) + "\n"
+          for (words, gold), pred in zip(eval_s, pred_tags)))
     return result, write
 
   return TaskData(heads.BertForTokenClassification(cfg, num_labels=len(labels)),
@@ -195,8 +191,8 @@ def conll_task(config, tok, cfg: BertConfig) -> TaskData:
 
 
 def swag_task(config, tok, cfg: BertConfig) -> TaskData:
-  train_ex = tagging.read_swag(os.path.join(config.data_dir, config.train_file))
-  eval_ex = tagging.read_swag(os.path.join(config.data_dir, config.eval_file))
+  train_ex = tagging.read_swag(fileio.join(config.data_dir, config.train_file))
+  eval_ex = tagging.read_swag(fileio.join(config.data_dir, config.eval_file))
   L = config.max_seq_length
   eval_feats = tagging.encode_swag(eval_ex, tok, L)
 
@@ -205,9 +201,8 @@ def swag_task(config, tok, cfg: BertConfig) -> TaskData:
     result = {"accuracy": scoring.accuracy(preds, eval_feats["labels"])}
 
     def write(out_dir):
-      with open(os.path.join(out_dir, "predictions.csv"), "w") as f:
-        f.write("id,pred\n")
-        f.writelines(f"{e['id']},{int(p)}\n" for e, p in zip(eval_ex, preds))
+      (out_dir / "predictions.csv").write_text(
+          "id,pred\n" + "".join(f"{e['id']},{int(p)}\n" for e, p in zip(eval_ex, preds)))
     return result, write
 
   return TaskData(heads.BertForMultipleChoice(cfg), _objective(heads.classification_loss, "example_weights"),
@@ -250,7 +245,8 @@ def _predict(p_predict, params, feats, batch_size, batch_sh):
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics."""
-  os.makedirs(workdir, exist_ok=True)
+  out_dir = fileio.path(workdir)
+  out_dir.mkdir(parents=True, exist_ok=True)
   if not config.init_checkpoint:
     raise ValueError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
                      "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
@@ -346,8 +342,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     p_predict = jax.jit(lambda p, b: model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
                         in_shardings=(state_sh.params, batch_sh))
     writer = metrics_lib.make_writer(workdir)
-    best_path = os.path.join(workdir, "best")
-    best = _read_json(os.path.join(workdir, "metrics.json")).get("best", {})
+    best_path = out_dir / "best"
+    metrics_path = out_dir / "metrics.json"
+    best = _read_json(metrics_path).get("best", {})
     dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
     step = int(jax.device_get(state.step))
     epoch0, offset = (data_state or {}).get("epoch", 0), (data_state or {}).get("offset", 0)
@@ -355,7 +352,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
       raise ValueError(f"The checkpoint in {workdir} stopped mid-epoch with packing="
                        f"{not packed}; resume with the same --config.packing (its offset counts "
                        f"{'examples' if packed else 'rows'}).")
-    history = _read_json(os.path.join(workdir, "metrics.json")).get("epochs", [])
+    history = _read_json(metrics_path).get("epochs", [])
     for epoch in range(epoch0, config.num_epochs):
       if packed:  # rows of this epoch's shuffled examples; offsets count rows
         feats = pack(epoch)
@@ -386,33 +383,37 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
       if not best or result[task.main_metric] > best[task.main_metric]:
         best = {"epoch": epoch + 1, "step": step, **result}
         _save_params(best_path, state.params, cfg, config, task.labels)
-        write(workdir)
+        if jax.process_index() == 0:  # shared files: one writer, every host reads them
+          write(out_dir)
       ckpt.save(step, state, {"epoch": epoch + 1, "offset": 0, "packing": packed}, config)
-      with open(os.path.join(workdir, "metrics.json"), "w") as f:
-        json.dump({"task": config.task, "main_metric": task.main_metric, "best": best, "epochs": history}, f, indent=2)
+      if jax.process_index() == 0:
+        metrics_path.write_text(json.dumps({"task": config.task, "main_metric": task.main_metric,
+                                            "best": best, "epochs": history}, indent=2))
     ckpt.close()
     writer.flush()
   logging.info("Best dev %s: %s", task.main_metric, best)
   return best
 
 
-def _read_json(path: str) -> dict:
+def _read_json(path) -> dict:
   try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
+    return json.loads(path.read_text()) if path.exists() else {}
+  except ValueError:
     return {}
 
 
-def _save_params(path: str, params, cfg: BertConfig, config, labels) -> None:
-  """The best parameters (head included) + what is needed to use them."""
-  checkpointer = ocp.StandardCheckpointer()
-  target = os.path.abspath(os.path.join(path, "params"))
-  if os.path.exists(target):
-    import shutil
-    shutil.rmtree(target)
-  checkpointer.save(target, params)
-  checkpointer.wait_until_finished()
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump({"bert": cfg.to_dict(), "labels": labels,
-               "task": json.loads(config.to_json_best_effort())}, f, indent=2)
+def _save_params(path, params, cfg: BertConfig, config, labels) -> None:
+  """The best parameters (head included) + what is needed to use them, in `path` (best/).
+
+  config.json marks best/ complete: it is removed before the parameters are replaced and
+  written after them, so a kill in between leaves a best/ that predict refuses, never one
+  whose config and parameters disagree (a directory rename is not atomic on GCS)."""
+  marker = path / "config.json"
+  if jax.process_index() == 0 and marker.exists():
+    marker.unlink()
+  with ocp.StandardCheckpointer() as checkpointer:  # every process writes its shards
+    checkpointer.save(path / "params", params, force=True)
+    checkpointer.wait_until_finished()
+  if jax.process_index() == 0:
+    marker.write_text(json.dumps({"bert": cfg.to_dict(), "labels": labels,
+                                  "task": json.loads(config.to_json_best_effort())}, indent=2))

@@ -19,7 +19,6 @@ workdir.
 from __future__ import annotations
 
 import json
-import os
 from typing import Sequence
 
 import jax
@@ -27,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import convert
+from bert_jax import fileio
 from bert_jax import model as model_lib
 
 MASK_TEXT = "[MASK]"
@@ -160,8 +160,8 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   texts = list(args.text or [])
   if args.input_file:
-    with open(args.input_file, encoding="utf-8", errors="replace") as f:
-      texts += [line.rstrip("\n") for line in f if line.strip()]
+    data = fileio.path(args.input_file).read_bytes().decode("utf-8", errors="replace")
+    texts += [line.rstrip("\r") for line in data.split("\n") if line.strip()]
   tokenizer = Tokenizer.from_path(args.vocab, args.lowercase)
   if args.mode in ("classify", "qa", "tag"):
     cfg, params, task, labels = load_finetuned(args.checkpoint)
@@ -195,22 +195,22 @@ def main(argv=None) -> None:
     layers = [int(x) for x in args.layers.split(",")]
     feats, mask = extract_features(cfg, params, tokenizer, texts, layers, args.max_seq_length, args.pooled)
     out = args.output or "features.npy"
-    np.save(out, feats)
-    np.save(out.removesuffix(".npy") + "_mask.npy", mask)
+    for name, array in ((out, feats), (out.removesuffix(".npy") + "_mask.npy", mask)):
+      with fileio.path(name).open("wb") as f:
+        np.save(f, array)
     print(json.dumps({"output": out, "shape": list(feats.shape), "layers": layers, "pooled": args.pooled}))
 
 
 def load_finetuned(workdir: str):
   """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  best = os.path.join(workdir, "best")
-  if not os.path.exists(os.path.join(best, "config.json")):
+  best = fileio.path(workdir) / "best"
+  if not (best / "config.json").exists():
     raise FileNotFoundError(f"{best}/config.json not found: --checkpoint must be the workdir "
                             "of a fine-tuning run (it keeps its best parameters in best/).")
-  with open(os.path.join(best, "config.json")) as f:
-    saved = json.load(f)
+  saved = json.loads((best / "config.json").read_text())
   with ocp.StandardCheckpointer() as ckptr:
-    params = jax.tree.map(np.asarray, ckptr.restore(os.path.abspath(os.path.join(best, "params"))))
+    params = jax.tree.map(np.asarray, ckptr.restore(best / "params"))
   cfg = model_lib.BertConfig.from_dict(saved["bert"]).replace(scan_layers=False, remat="none")
   return cfg, params, saved["task"], saved.get("labels")
 

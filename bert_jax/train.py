@@ -28,6 +28,7 @@ import optax
 
 from bert_jax import checkpointing
 from bert_jax import data as data_lib
+from bert_jax import fileio
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
@@ -329,7 +330,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   """Pre-trains (MLM + NSP) to config.num_train_steps; evaluates on held-out data."""
   workdir = os.fspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   data_cfg, vocab_size = data_lib.prepare(config, workdir)
   cfg = bert_config(config, vocab_size)
   model = BertForPreTraining(cfg, nsp=data_cfg.nsp)

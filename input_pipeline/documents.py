@@ -12,7 +12,6 @@ The returned dict is described in instances.py (tokens, sent_start, doc_sent, do
 piece_sent, piece_doc).
 """
 import math
-import os
 
 import numpy as np
 
@@ -60,7 +59,7 @@ def _host_chunks(prepared_dir: str, summary: dict, split: str, n_eval: int,
   eval_in_shard = [max(0, math.ceil((n_eval - s) / num_shards)) for s in range(num_shards)]
   out = []
   for shard, name in enumerate(summary["files"]):
-    path = os.path.join(prepared_dir, name)
+    path = prepared_dir.rstrip("/") + "/" + name
     if split == "eval":
       got = _read_shard(path, 0, eval_in_shard[shard]) if eval_in_shard[shard] else []
     elif num_shards >= process_count:

@@ -9,7 +9,6 @@ import csv
 import dataclasses
 import io
 import json
-import os
 import sys
 from typing import Iterable, Sequence
 
@@ -95,10 +94,11 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
   name = spec.splits.get(split)
   if name is None:
     raise ValueError(f"{task} has no split {split!r}; it has {sorted(spec.splits)}.")
-  path = os.path.join(data_dir, name)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths too)
+  path = data_dir.rstrip("/") + "/" + name
   header_flag = spec.header
-  if task == "cola" and split in _COLA_RAW and not os.path.exists(path):
-    path = os.path.join(data_dir, _COLA_RAW[split])  # The CoLA 1.1 release layout.
+  if task == "cola" and split in _COLA_RAW and not tf.io.gfile.exists(path):
+    path = data_dir.rstrip("/") + "/" + _COLA_RAW[split]  # The CoLA 1.1 release layout.
   is_test = split.startswith("test")
   if task == "cola" and is_test:
     header_flag = True

@@ -140,7 +140,7 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
   num_workers = num_workers or os.cpu_count() or 1
   tok = tokenizer_lib.Tokenizer.from_path(vocab_path, lowercase)  # Fails early if bad.
   tf.io.gfile.makedirs(output_dir)
-  summary_path = os.path.join(output_dir, SUMMARY_NAME)
+  summary_path = output_dir.rstrip("/") + "/" + SUMMARY_NAME
   if tf.io.gfile.exists(summary_path):
     tf.io.gfile.remove(summary_path)  # Incomplete until rewritten at the end.
   read_stats = corpus.new_stats()
@@ -157,7 +157,7 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
              "empty_documents": 0}
   bar = _Progress(progress)
   start = time.time()
-  writers = [tf.io.TFRecordWriter(os.path.join(output_dir, n)) for n in names]
+  writers = [tf.io.TFRecordWriter(output_dir.rstrip("/") + "/" + n) for n in names]
   try:
     for result in _results(docs, tok.path, tok.lowercase, num_workers):
       for record in result.pop("records"):
@@ -194,7 +194,7 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
 def load_summary(prepared_dir: str) -> dict:
   """summary.json of a prepared corpus, with a clear error if the run never finished."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  path = os.path.join(prepared_dir, SUMMARY_NAME)
+  path = prepared_dir.rstrip("/") + "/" + SUMMARY_NAME
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(
         f"{path} not found: {prepared_dir!r} is not a (completely) prepared corpus. Run "

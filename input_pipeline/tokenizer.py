@@ -16,6 +16,7 @@ import json
 import os
 
 from absl import logging
+from etils import epath
 import numpy as np
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -26,19 +27,11 @@ _WORD_START = "\u2581"  # SentencePiece's word-start marker "▁".
 
 
 def read_bytes(path: str) -> bytes:
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    with tf.io.gfile.GFile(path, "rb") as f:
-      return f.read()
-  with open(path, "rb") as f:
-    return f.read()
+  return epath.Path(path).read_bytes()
 
 
 def _exists(path: str) -> bool:
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.exists(path)
-  return os.path.exists(path)
+  return epath.Path(path).exists()
 
 
 def resolve_vocab_path(path: str) -> tuple[str, str]:
@@ -50,7 +43,7 @@ def resolve_vocab_path(path: str) -> tuple[str, str]:
       return kind, candidate
   if path.endswith(".model") and _exists(path):
     return "sentencepiece", path
-  if _exists(path) and not os.path.isdir(path):
+  if _exists(path) and not epath.Path(path).is_dir():
     return "wordpiece", path
   raise FileNotFoundError(
       f"No vocabulary at {path!r}: expected a WordPiece vocab.txt, a SentencePiece .model, "
@@ -262,5 +255,4 @@ def write_tokenizer_config(directory: str, kind: str, lowercase: bool) -> None:
   if kind == "wordpiece":
     config.update(tokenizer_class="BertTokenizer", do_lower_case=lowercase, strip_accents=None,
                   tokenize_chinese_chars=True)
-  with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-    json.dump(config, f, indent=2)
+  (epath.Path(directory) / CONFIG_NAME).write_text(json.dumps(config, indent=2))

@@ -10,13 +10,13 @@ directory gets the vocabulary plus tokenizer_config.json (kind, lowercase), whic
 symbols, which text never produces).
 """
 import os
-import shutil
 import sys
 import tempfile
 import time
 
 from absl import flags
 from absl import logging
+from etils import epath
 
 from input_pipeline import corpus
 from input_pipeline import tokenizer as tokenizer_lib
@@ -100,15 +100,11 @@ def _train_sentencepiece(text_file: str, out_dir: str, vocab_size: int, lowercas
 
 
 def _copy_dir(src: str, dst: str) -> None:
-  if "://" not in dst:
-    os.makedirs(dst, exist_ok=True)
-    for name in os.listdir(src):
-      shutil.copy(os.path.join(src, name), os.path.join(dst, name))
-    return
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  tf.io.gfile.makedirs(dst)
-  for name in os.listdir(src):
-    tf.io.gfile.copy(os.path.join(src, name), dst.rstrip("/") + "/" + name, overwrite=True)
+  """Local scratch dir `src` -> the user's `dst` (local or gs://), file by file."""
+  out = epath.Path(dst)
+  out.mkdir(parents=True, exist_ok=True)
+  for f in sorted(epath.Path(src).iterdir(), key=str):
+    (out / f.name).write_bytes(f.read_bytes())
 
 
 def _flag_values() -> flags.FlagValues:

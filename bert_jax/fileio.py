@@ -1,0 +1,70 @@
+"""The one path layer for every path a user gives: local paths and gs:// alike.
+
+Everything goes through etils `epath` (what Orbax uses; with TensorFlow installed its
+gs:// backend is `tf.io.gfile`), never through `open`, `os.path`, `shutil` or `pathlib`,
+which do not understand gs:// (`os.makedirs("gs://b/x")` silently makes a local
+`./gs:/b/x`). On GCS a directory rename is a copy then a delete, so "complete or absent"
+outputs write a marker file last (`mark_complete` / `is_complete`) instead of renaming.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from etils import epath
+
+COMPLETE_MARKER = "COMPLETE"
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+  return "://" in os.fspath(path)
+
+
+def path(p: str | os.PathLike) -> epath.Path:
+  """An absolute epath.Path: gs://... as given, local paths made absolute (Orbax wants
+  absolute paths; `Path.absolute()` would turn gs://b into <cwd>/gs:/b)."""
+  p = os.fspath(p)
+  if is_remote(p):
+    if p.startswith("gs://"):
+      require_gcs_client(p)
+    return epath.Path(p)
+  return epath.Path(os.path.abspath(p))
+
+
+def join(base: str, *names: str) -> str:
+  """`base/name/...` as a string (a relative base stays relative)."""
+  return "/".join([os.fspath(base).rstrip("/")] + [n.strip("/") for n in names])
+
+
+def read_json(p: str | os.PathLike, default: Any = None) -> Any:
+  """The JSON in `p`, or `default` when it does not exist."""
+  p = path(p)
+  if not p.exists():
+    return default
+  return json.loads(p.read_text())
+
+
+def write_json(p: str | os.PathLike, obj: Any) -> None:
+  p = path(p)
+  p.parent.mkdir(parents=True, exist_ok=True)
+  p.write_text(json.dumps(obj, indent=2))
+
+
+def mark_complete(directory: str | os.PathLike) -> None:
+  """Written last into a directory whose other files are complete."""
+  (path(directory) / COMPLETE_MARKER).write_text("")
+
+
+def is_complete(directory: str | os.PathLike) -> bool:
+  return (path(directory) / COMPLETE_MARKER).exists()
+
+
+def require_gcs_client(p: str) -> None:
+  """gs:// checkpoints need google-cloud-storage (Orbax asks it about every gs:// dir)."""
+  try:
+    import google.cloud.storage  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    raise ImportError(
+        f"{p} is on Google Cloud Storage, which needs the google-cloud-storage package: "
+        "pip install -c constraints.txt -e . (or pip install google-cloud-storage).") from e
