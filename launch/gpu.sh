@@ -107,7 +107,13 @@ while (( $# > 0 )); do
     --gpus_per_node=*) GPUS=${arg#*=} ;;
     --process_per_gpu) PER_GPU=1 ;;
     --local_id=*) LOCAL_ID=${arg#*=} ;;
-    --) PASS+=("$@"); break ;;
+    --)
+      # Everything after -- goes to bert_jax.main, except --dry_run: a dry run stays a dry
+      # run wherever the flag stands (never start the real thing by a misplaced flag).
+      for arg in "$@"; do
+        if [[ $arg == --dry_run ]]; then DRY_RUN=1; else PASS+=("$arg"); fi
+      done
+      break ;;
     *) die "unknown flag: $arg (see --help)" ;;
   esac
 done

@@ -167,7 +167,13 @@ parse_flags() {
       --max_failures=*) MAX_FAILURES=${arg#*=} ;;
       --fake_states=*) FAKE_STATES=${arg#*=}; HAVE_FAKE_STATES=1 ;;
       --fake_train_states=*) FAKE_TRAIN_STATES=${arg#*=}; HAVE_FAKE_TRAIN_STATES=1 ;;
-      --) PASS+=("$@"); break ;;
+      --)
+        # Everything after -- goes to bert_jax.main, except --dry_run: a dry run stays a dry
+        # run wherever the flag stands (never start the real thing by a misplaced flag).
+        for arg in "$@"; do
+          if [[ $arg == --dry_run ]]; then DRY_RUN=1; else PASS+=("$arg"); fi
+        done
+        break ;;
       *) die "unknown flag: $arg (see --help)" ;;
     esac
   done

@@ -156,3 +156,30 @@ def test_sbatch_example_with_fake_srun(tmp_path):
         "bert_jax.main", "--config=configs/base_pretrain.py", "--workdir=gs://my-bucket/bert_base",
         "--config.model.dtype=bfloat16", "--config.num_train_steps=10",
         "--coordinator_address=gpu01:61517", "--num_processes=2", f"--process_id={process_id}"]
+
+
+def test_dry_run_after_double_dash_stays_a_dry_run():
+  """`--dry_run` written after `--` (meant for the trainer) still makes a dry run."""
+  proc = subprocess.run(["bash", str(GPU_SH), f"--config={CONFIG}", "--workdir=/data/run", "--",
+                         "--dry_run", "--config.seed=3"], capture_output=True, text=True,
+                        env=clean_env(), cwd=REPO, timeout=30)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  _, argv = command(proc.stdout)
+  assert argv[-1] == "--config.seed=3" and "--dry_run" not in argv
+
+
+def test_sbatch_passes_cpus_per_task_to_srun(tmp_path):
+  """Slurm >= 22.05: srun does not inherit --cpus-per-task from sbatch; the script passes it."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  calls = tmp_path / "srun_args"
+  srun = bin_dir / "srun"
+  srun.write_text(f"#!/bin/bash\necho \"$@\" > {calls}\n")
+  srun.chmod(0o755)
+  env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_SUBMIT_DIR=str(REPO),
+                  SLURM_CPUS_PER_TASK="32", WORKDIR="gs://my-bucket/bert_base")
+  proc = subprocess.run(["bash", str(SBATCH), "--dry_run"], capture_output=True, text=True,
+                        env=env, cwd=tmp_path, timeout=30)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  args = calls.read_text().split()
+  assert args[:2] == ["--kill-on-bad-exit=1", "--cpus-per-task=32"], args

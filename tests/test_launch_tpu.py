@@ -104,6 +104,16 @@ def test_v4_8_single_host(tpu):
   assert flag(cmd, "command") == expected_train_command("--config.num_train_steps=1000")
 
 
+def test_dry_run_after_double_dash_stays_a_dry_run(tpu):
+  """`--dry_run` written after `--` (among the trainer's arguments) still makes a dry run:
+  the fake gcloud is never called (the fixture checks) and the flag is not passed on."""
+  args = [f"--name=bert-v4-8", f"--zone={ZONE}", f"--project={PROJECT}", "--accelerator_type=v4-8",
+          f"--config={CONFIG}", f"--workdir={WORKDIR}", "--", "--dry_run", "--config.seed=3"]
+  out = tpu("train", *args).stdout
+  [cmd] = gcloud(out)
+  assert flag(cmd, "command") == expected_train_command("--config.seed=3")
+
+
 def test_single_host_setup_copies_checkout_and_installs(tpu):
   out = tpu("setup", *base("bert-v4-8", "v4-8")).stdout
   cmds = commands(out)
