@@ -21,7 +21,12 @@ with --process_per_gpu); under SLURM, `srun bash launch/gpu.sh ...` does that.
   --cudnn_attention             adds --config.model.attention_impl=cudnn and
                                 --config.model.attention_dropout_rate=0.0 (the fused cuDNN kernel
                                 runs only without attention-probability dropout; needs bf16/fp16)
-  --xla_flags=FLAGS             appended to XLA_FLAGS
+  --xla_flags=FLAGS             appended to XLA_FLAGS (after the defaults: a later flag wins)
+  --no_default_xla_flags        leave out the default XLA_FLAGS below
+
+XLA_FLAGS defaults (JAX's GPU performance tips; accepted by the pinned jaxlib, tested):
+  --xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_highest_priority_async_stream=true
+  (overlap collectives with compute); then any XLA_FLAGS of the environment, then --xla_flags.
   --dry_run                     print the command (prefixed "+ ") instead of running it
 
 Several processes (jax.distributed); the explicit flags win over the environment:
@@ -83,6 +88,9 @@ first_host() {
 }
 
 CONFIG="" WORKDIR="" PY="python3" MEM_FRACTION="" BF16=0 CUDNN=0 XLA_EXTRA="" DRY_RUN=0
+DEFAULT_XLA=1
+# Kept in one line: tests/test_launch_gpu.py starts the pinned jaxlib with exactly these.
+DEFAULT_XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_highest_priority_async_stream=true"
 COORD="" NPROC="" PROC_ID="" COORD_PORT="" GPUS="" PER_GPU=0 LOCAL_ID=""
 PASS=()
 
@@ -99,6 +107,7 @@ while (( $# > 0 )); do
     --bf16) BF16=1 ;;
     --cudnn_attention) CUDNN=1 ;;
     --xla_flags=*) XLA_EXTRA=${arg#*=} ;;
+    --no_default_xla_flags) DEFAULT_XLA=0 ;;
     --dry_run) DRY_RUN=1 ;;
     --coordinator=*) COORD=${arg#*=} ;;
     --num_processes=*) NPROC=${arg#*=} ;;
@@ -142,9 +151,11 @@ if [[ -n $MEM_FRACTION ]]; then
 elif [[ -z ${XLA_PYTHON_CLIENT_MEM_FRACTION:-} ]]; then
   ENVS+=("XLA_PYTHON_CLIENT_MEM_FRACTION=0.90")
 fi
-if [[ -n $XLA_EXTRA ]]; then
-  ENVS+=("XLA_FLAGS=${XLA_FLAGS:+$XLA_FLAGS }$XLA_EXTRA")
-fi
+xla=""
+(( DEFAULT_XLA )) && xla=$DEFAULT_XLA_FLAGS
+xla+="${xla:+${XLA_FLAGS:+ }}${XLA_FLAGS:-}"
+xla+="${xla:+${XLA_EXTRA:+ }}$XLA_EXTRA"
+[[ -n $xla ]] && ENVS+=("XLA_FLAGS=$xla")
 
 if (( NPROC > 1 )); then
   if [[ -z $COORD ]]; then

@@ -3,6 +3,7 @@ import os
 import pathlib
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -19,6 +20,11 @@ def clean_env(**extra):
   env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
   env.update(extra)
   return env
+
+
+# gpu.sh's default XLA_FLAGS (JAX's GPU performance tips).
+DEFAULT_XLA = ("--xla_gpu_enable_latency_hiding_scheduler=true "
+               "--xla_gpu_enable_highest_priority_async_stream=true")
 
 
 def gpu(*args, check=True, **env):
@@ -47,12 +53,13 @@ def test_single_host():
   proc = gpu(f"--config={CONFIG}", "--workdir=/data/runs/base", "--bf16",
              "--config.global_batch_size=256")
   env, argv = command(proc.stdout)
-  assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90"}
+  assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90", "XLA_FLAGS": DEFAULT_XLA}
   assert argv == ["python3", "-m", "bert_jax.main", f"--config={CONFIG}", "--workdir=/data/runs/base",
                   "--config.model.dtype=bfloat16", "--config.global_batch_size=256"]
   assert "single process" in proc.stdout
   line = next(l for l in proc.stdout.splitlines() if l.startswith("+ "))
-  assert line == ("+ env XLA_PYTHON_CLIENT_MEM_FRACTION=0.90 python3 -m bert_jax.main "
+  assert line == (f"+ env XLA_PYTHON_CLIENT_MEM_FRACTION=0.90 'XLA_FLAGS={DEFAULT_XLA}' "
+                  "python3 -m bert_jax.main "
                   f"--config={CONFIG} --workdir=/data/runs/base --config.model.dtype=bfloat16 "
                   "--config.global_batch_size=256")
 
@@ -63,7 +70,7 @@ def test_single_host_options():
              "--", "--config.data.vocab_path=gs://b/my vocab.txt")
   env, argv = command(proc.stdout)
   assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.8",
-                 "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
+                 "XLA_FLAGS": DEFAULT_XLA + " --xla_gpu_enable_latency_hiding_scheduler=true"}
   assert argv == ["/opt/venv/bin/python", "-m", "bert_jax.main", f"--config={CONFIG}",
                   "--workdir=gs://b/run", "--config.model.attention_impl=cudnn",
                   "--config.model.attention_dropout_rate=0.0", "--config.data.vocab_path=gs://b/my vocab.txt"]
@@ -83,7 +90,8 @@ def test_two_node_slurm(nodelist):
   assert argv == ["python3", "-m", "bert_jax.main", f"--config={CONFIG}", "--workdir=gs://my-bucket/base",
                   "--config.model.dtype=bfloat16", f"--coordinator_address={coordinator}",
                   "--num_processes=2", "--process_id=1"]
-  assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90", "JAX_COORDINATOR_ADDRESS": coordinator,
+  assert env == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90", "XLA_FLAGS": DEFAULT_XLA,
+                 "JAX_COORDINATOR_ADDRESS": coordinator,
                  "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1",
                  "JAX_LOCAL_DEVICE_IDS": "0,1,2,3,4,5,6,7"}
   assert f"process 1 of 2 (8 GPUs on this host), coordinator {coordinator}" in proc.stdout
@@ -183,3 +191,25 @@ def test_sbatch_passes_cpus_per_task_to_srun(tmp_path):
   assert proc.returncode == 0, proc.stdout + proc.stderr
   args = calls.read_text().split()
   assert args[:2] == ["--kill-on-bad-exit=1", "--cpus-per-task=32"], args
+
+
+def test_default_xla_flags_order_and_opt_out():
+  """Defaults first, then the environment's XLA_FLAGS, then --xla_flags (a later flag wins)."""
+  env, _ = command(gpu(f"--config={CONFIG}", "--workdir=/w", "--xla_flags=--xla_b=1",
+                       XLA_FLAGS="--xla_a=1").stdout)
+  assert env["XLA_FLAGS"] == DEFAULT_XLA + " --xla_a=1 --xla_b=1"
+  env, _ = command(gpu(f"--config={CONFIG}", "--workdir=/w", "--no_default_xla_flags").stdout)
+  assert "XLA_FLAGS" not in env
+
+
+def test_default_xla_flags_are_accepted_by_the_pinned_jaxlib():
+  """An XLA flag the jaxlib does not know aborts it at start ("Unknown flag in XLA_FLAGS");
+  the defaults must start it (the CPU build registers the GPU flags too)."""
+  code = "import jax; jax.numpy.zeros(1).block_until_ready(); print('started')"
+  def start(flags):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=clean_env(XLA_FLAGS=flags, JAX_PLATFORMS="cpu"))
+  ok = start(DEFAULT_XLA)
+  assert ok.returncode == 0 and "started" in ok.stdout, ok.stderr[-2000:]
+  bad = start("--xla_gpu_no_such_flag_for_this_test=true")
+  assert bad.returncode != 0 and "Unknown flag in XLA_FLAGS" in bad.stderr
