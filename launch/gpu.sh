@@ -131,8 +131,26 @@ done
 [[ -n $WORKDIR ]] || die "--workdir is required"
 num='^[0-9]+$'
 
+# Tasks on this host, and this one's local rank: Open MPI (mpirun) or SLURM (srun).
+LOCAL_SIZE=""
+if [[ -n ${OMPI_COMM_WORLD_SIZE:-} ]]; then
+  NPROC=${NPROC:-$OMPI_COMM_WORLD_SIZE}
+  PROC_ID=${PROC_ID:-${OMPI_COMM_WORLD_RANK:-}}
+  LOCAL_ID=${LOCAL_ID:-${OMPI_COMM_WORLD_LOCAL_RANK:-}}
+  LOCAL_SIZE=${OMPI_COMM_WORLD_LOCAL_SIZE:-}
+elif [[ -n ${SLURM_NTASKS_PER_NODE:-} ]]; then
+  LOCAL_SIZE=$SLURM_NTASKS_PER_NODE
+elif [[ -n ${SLURM_TASKS_PER_NODE:-} ]]; then
+  LOCAL_SIZE=${SLURM_TASKS_PER_NODE%%[(,]*}  # "8(x2)" or "8,4" -> this job's first node count
+fi
 NPROC=${NPROC:-${SLURM_NTASKS:-${SLURM_NPROCS:-1}}}
 PROC_ID=${PROC_ID:-${SLURM_PROCID:-0}}
+if [[ $LOCAL_SIZE =~ ^[0-9]+$ ]] && (( LOCAL_SIZE > 1 )) && (( ! PER_GPU )); then
+  # Several processes on one host must not all claim every GPU: one GPU each, by local
+  # rank, as JAX's own cluster detection does.
+  note "$LOCAL_SIZE processes on this host: one GPU per process (its local rank), as --process_per_gpu"
+  PER_GPU=1
+fi
 if ! [[ $NPROC =~ $num ]] || (( NPROC < 1 )); then
   die "--num_processes must be a positive number, got '$NPROC'"
 fi
@@ -160,7 +178,10 @@ xla+="${xla:+${XLA_EXTRA:+ }}$XLA_EXTRA"
 if (( NPROC > 1 )); then
   if [[ -z $COORD ]]; then
     nodelist=${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}
-    [[ -n $nodelist ]] || die "$NPROC processes but no --coordinator=HOST:PORT and no SLURM_JOB_NODELIST"
+    if [[ -z $nodelist ]]; then
+      [[ -n ${OMPI_COMM_WORLD_SIZE:-} ]] && die "under mpirun, pass --coordinator=HOST:PORT (a port on the host of rank 0)"
+      die "$NPROC processes but no --coordinator=HOST:PORT and no SLURM_JOB_NODELIST"
+    fi
     if [[ -z $COORD_PORT ]]; then
       if [[ ${SLURM_JOB_ID:-} =~ $num ]]; then
         COORD_PORT=$((61440 + 10#$SLURM_JOB_ID % 4096))
@@ -174,7 +195,7 @@ if (( NPROC > 1 )); then
   ENVS+=("JAX_COORDINATOR_ADDRESS=$COORD" "JAX_NUM_PROCESSES=$NPROC" "JAX_PROCESS_ID=$PROC_ID")
   if (( PER_GPU )); then
     LOCAL_ID=${LOCAL_ID:-${SLURM_LOCALID:-}}
-    [[ $LOCAL_ID =~ $num ]] || die "--process_per_gpu needs SLURM_LOCALID or --local_id"
+    [[ $LOCAL_ID =~ $num ]] || die "--process_per_gpu needs SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK or --local_id"
     ENVS+=("JAX_LOCAL_DEVICE_IDS=$LOCAL_ID")
     note "process $PROC_ID of $NPROC (GPU $LOCAL_ID of this host), coordinator $COORD"
   else

@@ -13,7 +13,8 @@ SBATCH = REPO / "launch" / "slurm.sbatch"
 CONFIG = "configs/base_pretrain.py"
 
 # Variables the launcher reads: the tests set exactly the ones they need.
-_SCRUB = ("SLURM_", "JAX_", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_FLAGS")
+_SCRUB = ("SLURM_", "JAX_", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_FLAGS",
+          "OMPI_")
 
 
 def clean_env(**extra):
@@ -213,3 +214,26 @@ def test_default_xla_flags_are_accepted_by_the_pinned_jaxlib():
   assert ok.returncode == 0 and "started" in ok.stdout, ok.stderr[-2000:]
   bad = start("--xla_gpu_no_such_flag_for_this_test=true")
   assert bad.returncode != 0 and "Unknown flag in XLA_FLAGS" in bad.stderr
+
+
+def test_several_slurm_tasks_per_node_get_one_gpu_each():
+  """8 tasks per node without --process_per_gpu: not 8 processes each claiming 8 GPUs."""
+  proc = gpu(f"--config={CONFIG}", "--workdir=/w", SLURM_NTASKS="16", SLURM_PROCID="9",
+             SLURM_LOCALID="1", SLURM_TASKS_PER_NODE="8(x2)", SLURM_JOB_NODELIST="gpu[01-02]",
+             SLURM_JOB_ID="5", SLURM_GPUS_ON_NODE="8")
+  env, argv = command(proc.stdout)
+  assert env["JAX_LOCAL_DEVICE_IDS"] == "1" and env["JAX_PROCESS_ID"] == "9"
+  assert "8 processes on this host: one GPU per process" in proc.stdout
+
+
+def test_mpirun_ranks_are_read_from_open_mpi():
+  proc = gpu(f"--config={CONFIG}", "--workdir=/w", "--coordinator=node0:1234",
+             OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_LOCAL_RANK="1",
+             OMPI_COMM_WORLD_LOCAL_SIZE="2")
+  env, argv = command(proc.stdout)
+  assert argv[-3:] == ["--coordinator_address=node0:1234", "--num_processes=4", "--process_id=3"]
+  assert env["JAX_LOCAL_DEVICE_IDS"] == "1"
+  # Without a coordinator, mpirun has no nodelist: a clear refusal, not N independent runs.
+  proc = gpu(f"--config={CONFIG}", "--workdir=/w", check=False, OMPI_COMM_WORLD_SIZE="4",
+             OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_LOCAL_SIZE="2")
+  assert proc.returncode != 0 and "under mpirun, pass --coordinator" in proc.stderr
