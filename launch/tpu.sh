@@ -29,6 +29,12 @@ Common flags
   --project=PROJECT         GCP project (default: gcloud's configured project)
   --accelerator_type=TYPE   v4-8 (default), v4-32, v5litepod-16, v5p-8, v6e-8, ...
   --dry_run                 print every command (prefixed "+ ") instead of running it
+  --internal_ip             ssh/scp to the workers' internal IPs (VMs without external IPs;
+                            run from a machine inside the VPC)
+  --tunnel_through_iap      ssh/scp through Identity-Aware Proxy (uses `gcloud alpha`, the
+                            only track with --tunnel-through-iap for tpu-vm ssh/scp)
+  --ssh_flag=FLAG           extra flag for every tpu-vm ssh/scp (repeatable), e.g.
+                            --ssh_flag=--ssh-key-file=~/.ssh/tpu
 
 create
   --runtime_version=VER     default per family: v2/v3/v4 tpu-ubuntu2204-base,
@@ -127,6 +133,7 @@ PASS=() ENVS=() CREATE_FLAGS=()
 WORKER=0 LINES=100 FOLLOW=1 FROM="" TO="" STOP_WAIT=600
 RESTART=0 POLL=60 MAX_RECOVERIES=100 MAX_FAILURES=10 FAKE_STATES="" FAKE_TRAIN_STATES=""
 HAVE_FAKE_STATES=0 HAVE_FAKE_TRAIN_STATES=0
+INTERNAL_IP=0 IAP=0 SSH_FLAGS=()
 RUN_DIR="bert_jax_run"   # on the workers, relative to $HOME (see launch/tpu_worker.sh)
 
 parse_flags() {
@@ -145,6 +152,9 @@ parse_flags() {
       --preemptible) PREEMPTIBLE=1 ;;
       --create_flag=*) CREATE_FLAGS+=("${arg#*=}") ;;
       --dry_run) DRY_RUN=1 ;;
+      --internal_ip) INTERNAL_IP=1 ;;
+      --tunnel_through_iap) IAP=1 ;;
+      --ssh_flag=*) SSH_FLAGS+=("${arg#*=}") ;;
       --repo=*) REPO=${arg#*=} ;;
       --ref=*) REF=${arg#*=} ;;
       --python=*) PYTHON_BIN=${arg#*=} ;;
@@ -236,8 +246,33 @@ loc_flags() {
   return 0
 }
 
+# gcloud's tpu-vm ssh/scp, with the reachability flags: --internal_ip (no external IP;
+# run from inside the VPC) and --tunnel_through_iap (IAP; only `gcloud alpha` has it for
+# tpu-vm ssh/scp).
+remote() {  # remote ssh|scp -> fills RCMD with the gcloud command prefix
+  RCMD=(gcloud)
+  (( IAP )) && RCMD+=(alpha)
+  RCMD+=(compute tpus tpu-vm "$1")
+}
+
+remote_flags() {
+  RFLAGS=()
+  (( INTERNAL_IP )) && RFLAGS+=(--internal-ip)
+  (( IAP )) && RFLAGS+=(--tunnel-through-iap)
+  RFLAGS+=(${SSH_FLAGS[@]+"${SSH_FLAGS[@]}"})
+  return 0
+}
+
 ssh_cmd() {  # ssh_cmd WORKER COMMAND -> fills SSH array
-  SSH=(gcloud compute tpus tpu-vm ssh "$NAME" "${LOC[@]}" --worker="$1" --command="$2")
+  remote ssh
+  remote_flags
+  SSH=("${RCMD[@]}" "$NAME" "${LOC[@]}" --worker="$1" ${RFLAGS[@]+"${RFLAGS[@]}"} --command="$2")
+}
+
+scp_run() {  # scp_run ARGS... (sources, destination, --worker=...)
+  remote scp
+  remote_flags
+  run "${RCMD[@]}" "$@" "${LOC[@]}" ${RFLAGS[@]+"${RFLAGS[@]}"}
 }
 
 # ------------------------------------------------------------- commands ----
@@ -286,7 +321,7 @@ do_setup() {
     [[ -n $REF ]] && fetch+=" && git -C ~/$REMOTE_DIR checkout --quiet $(q "$REF")"
   else
     make_tarball || return 1
-    run gcloud compute tpus tpu-vm scp "$TARBALL" "$NAME:bert_jax_src.tar.gz" "${LOC[@]}" --worker=all || return 1
+    scp_run "$TARBALL" "$NAME:bert_jax_src.tar.gz" --worker=all || return 1
     fetch="rm -rf ~/$REMOTE_DIR && mkdir -p ~/$REMOTE_DIR && tar -xzf ~/bert_jax_src.tar.gz -C ~/$REMOTE_DIR"
   fi
   ssh_cmd all "$fetch && $(install_remote_cmd)"
@@ -339,14 +374,14 @@ do_copy() {
   if [[ -z $FROM ]]; then
     run mkdir -p "$dest"
     for ((w = 0; w < HOSTS; w++)); do
-      run gcloud compute tpus tpu-vm scp "$NAME:$RUN_DIR/train.log" "$dest/worker_$w.log" "${LOC[@]}" --worker="$w"
+      scp_run "$NAME:$RUN_DIR/train.log" "$dest/worker_$w.log" --worker="$w"
     done
   elif [[ $FROM == gs://* ]]; then
     run mkdir -p "$dest"
     run gcloud storage cp --recursive "$FROM" "$dest"
   else
     run mkdir -p "$dest"
-    run gcloud compute tpus tpu-vm scp --recurse "$NAME:$FROM" "$dest" "${LOC[@]}" --worker="$WORKER"
+    scp_run --recurse "$NAME:$FROM" "$dest" --worker="$WORKER"
   fi
 }
 

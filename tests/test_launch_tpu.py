@@ -114,6 +114,22 @@ def test_dry_run_after_double_dash_stays_a_dry_run(tpu):
   assert flag(cmd, "command") == expected_train_command("--config.seed=3")
 
 
+def test_ssh_and_scp_reachability_flags(tpu):
+  """Projects without external IPs: --internal_ip, or IAP (only `gcloud alpha` has
+  --tunnel-through-iap for tpu-vm ssh/scp), plus any extra --ssh_flag, on every ssh/scp."""
+  out = tpu("setup", *base("bert-v4-8", "v4-8", "--tunnel_through_iap", "--internal_ip",
+                           "--ssh_flag=--strict-host-key-checking=no")).stdout
+  cmds = [c for c in gcloud(out) if "ssh" in c or "scp" in c]
+  assert len(cmds) == 2  # scp of the checkout, then ssh to install
+  for cmd in cmds:
+    assert cmd[:5] == ["gcloud", "alpha", "compute", "tpus", "tpu-vm"]
+    assert {"--internal-ip", "--tunnel-through-iap", "--strict-host-key-checking=no"} <= set(cmd)
+  out = tpu("logs", *base("bert-v4-8", "v4-8", "--nofollow")).stdout
+  [cmd] = gcloud(out)
+  assert cmd[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]
+  assert "--internal-ip" not in cmd and "--tunnel-through-iap" not in cmd
+
+
 def test_single_host_setup_copies_checkout_and_installs(tpu):
   out = tpu("setup", *base("bert-v4-8", "v4-8")).stdout
   cmds = commands(out)
