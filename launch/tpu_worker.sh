@@ -59,12 +59,56 @@ is_running() {
   fi
 }
 
+# The TPU chips' device files (v2-v4: /dev/accel*; v5e/v5p/v6e: /dev/vfio/N) and libtpu's
+# lock file. Overridable for the tests.
+TPU_DEVICES=${BERT_JAX_TPU_DEVICES:-/dev/accel* /dev/vfio/[0-9]*}
+LIBTPU_LOCKFILE=${BERT_JAX_LIBTPU_LOCKFILE:-/tmp/libtpu_lockfile}
+
+# PIDs (other than ours) with one of the TPU device files open, from /proc/*/fd.
+tpu_holders() {
+  local dev fd target pid
+  local -a devs=()
+  for dev in $TPU_DEVICES; do [[ -e $dev ]] && devs+=("$(readlink -f "$dev")"); done
+  (( ${#devs[@]} > 0 )) || return 0
+  for fd in /proc/[0-9]*/fd/*; do
+    target=$(readlink "$fd" 2>/dev/null) || continue
+    for dev in "${devs[@]}"; do
+      if [[ $target == "$dev" ]]; then
+        pid=${fd#/proc/}; pid=${pid%%/*}
+        [[ $pid != "$$" && $pid != "$BASHPID" ]] && echo "$pid"
+      fi
+    done
+  done | sort -u
+}
+
+# A process left from an earlier run (a killed ssh session, a crashed launcher) still
+# holding the TPU makes the new run fail with "TPU in use": stop it, then drop libtpu's
+# stale lock file.
+free_tpu() {
+  local pids pid i
+  pids=$(tpu_holders)
+  if [[ -n $pids ]]; then
+    echo "freeing the TPU: stopping stale process(es) $(echo $pids) that hold it"
+    for pid in $pids; do kill -TERM "$pid" 2>/dev/null || sudo -n kill -TERM "$pid" 2>/dev/null || true; done
+    for ((i = 0; i < 100; i++)); do
+      [[ -z $(tpu_holders) ]] && break
+      sleep 0.1
+    done
+    for pid in $(tpu_holders); do kill -KILL "$pid" 2>/dev/null || sudo -n kill -KILL "$pid" 2>/dev/null || true; done
+  fi
+  if [[ -e $LIBTPU_LOCKFILE ]]; then
+    echo "removing the stale libtpu lock file $LIBTPU_LOCKFILE"
+    rm -f "$LIBTPU_LOCKFILE" 2>/dev/null || sudo -n rm -f "$LIBTPU_LOCKFILE" 2>/dev/null || true
+  fi
+}
+
 cmd_start() {
   (( $# > 0 )) || die "start needs a command"
   mkdir -p "$RUN_DIR"
   if is_running; then
     die "a run is already running here (pid $(recorded_pid)); stop it first: bash $SELF stop"
   fi
+  free_tpu
   rm -f "$EXIT_FILE" "$SIGNAL_FILE" "$PID_FILE"
   {
     printf '=== %s %s start:' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)"

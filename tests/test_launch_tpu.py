@@ -462,3 +462,30 @@ def test_shellcheck():
   proc = subprocess.run([shellcheck, "--shell=bash", *map(str, scripts)], capture_output=True,
                         text=True, timeout=60)
   assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_start_frees_a_tpu_held_by_a_stale_process(tmp_path):
+  """A process left holding the TPU device (and libtpu's lock file) is stopped before the
+  new run starts; the run itself then starts normally."""
+  device = tmp_path / "accel0"
+  device.write_text("")
+  lock = tmp_path / "libtpu_lockfile"
+  lock.write_text("")
+  stale = subprocess.Popen(["bash", "-c", f"exec 3<{device}; exec sleep 300"])
+  try:
+    wait_for_open = time.monotonic() + 5
+    while time.monotonic() < wait_for_open and not any(
+        os.path.realpath(f"/proc/{stale.pid}/fd/{fd}") == str(device)
+        for fd in os.listdir(f"/proc/{stale.pid}/fd")):
+      time.sleep(0.02)
+    env = dict(os.environ, BERT_JAX_RUN_DIR=str(tmp_path / "run"),
+               BERT_JAX_TPU_DEVICES=str(tmp_path / "accel*"), BERT_JAX_LIBTPU_LOCKFILE=str(lock))
+    proc = subprocess.run(["bash", str(WORKER_SH), "start", "true"], capture_output=True,
+                          text=True, env=env, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert f"stopping stale process(es) {stale.pid}" in proc.stdout
+    assert stale.wait(timeout=10) is not None
+    assert not lock.exists() and "stale libtpu lock file" in proc.stdout
+    assert wait_status(tmp_path / "run", "DONE") == "DONE"
+  finally:
+    stale.kill()
