@@ -401,7 +401,8 @@ pop_fake() {
   printf '%s' "${items[$idx]}"
 }
 
-# Sets STATE: READY, PREEMPTED, TERMINATED, CREATING, ..., MISSING or UNKNOWN.
+# Sets STATE: the API's state (READY, PREEMPTED, TERMINATED, STOPPED, CREATING, UNKNOWN, ...),
+# MISSING (no such VM) or QUERY_FAILED (gcloud itself failed: not a state of the VM).
 query_state() {
   local cmd=(gcloud compute tpus tpu-vm describe "$NAME" "${LOC[@]}" "--format=value(state)") out
   log_cmd "${cmd[@]}"
@@ -413,20 +414,22 @@ query_state() {
   fi
   if out=$("${cmd[@]}" 2>&1); then
     STATE=$(printf '%s\n' "$out" | tail -n 1 | tr -d '[:space:]')
-    [[ -n $STATE ]] || STATE=UNKNOWN
+    [[ -n $STATE ]] || STATE=QUERY_FAILED
   elif printf '%s' "$out" | grep -qiE 'NOT_FOUND|not found|was not found'; then
     STATE=MISSING
   else
     printf '%s\n' "$out" >&2
-    STATE=UNKNOWN
+    STATE=QUERY_FAILED
   fi
   note "state: $STATE"
 }
 
-# Sets TSTATE from worker 0: RUNNING, DONE, FAILED, STOPPED, LOST, NONE or UNKNOWN.
+# Sets TSTATE from worker 0: RUNNING, DONE, FAILED, STOPPED, LOST, NONE, NOT_SET_UP (the
+# project is not installed there: a VM created by hand, or a create whose setup never ran)
+# or UNKNOWN.
 query_train_state() {
   local out
-  ssh_cmd 0 "bash ~/$REMOTE_DIR/launch/tpu_worker.sh status"
+  ssh_cmd 0 "if [ -f ~/$REMOTE_DIR/launch/tpu_worker.sh ]; then bash ~/$REMOTE_DIR/launch/tpu_worker.sh status; else echo NOT_SET_UP; fi"
   log_cmd "${SSH[@]}"
   if (( DRY_RUN )); then
     TSTATE=$(pop_fake "$FAKE_TRAIN_STATES" "$FAKE_TRAIN_IDX") || return 1
@@ -504,6 +507,10 @@ train_resilient() {
             fi
             note "a previous run failed on this VM ($TSTATE); starting this one"
             if do_train; then started=1; else failed_step train; fi ;;
+          NOT_SET_UP)
+            note "the VM is READY but the project is not set up on it: setting it up"
+            if ! do_setup; then failed_step setup; pause; continue; fi
+            if do_train; then started=1; FAILS=0; else failed_step train; fi ;;
           STOPPED* | LOST | NONE)
             # SIGTERM-ed (preemption in progress, or a manual stop), vanished, or never started.
             (( started )) && note "no training process on worker 0 ($TSTATE): starting it again"
@@ -525,7 +532,15 @@ train_resilient() {
         if ! do_setup; then failed_step setup; pause; continue; fi
         need_setup=0
         if do_train; then started=1; FAILS=0; else failed_step train; fi ;;
-      UNKNOWN) failed_step "state query" ;;
+      STOPPED)
+        # Stopped (by hand or by maintenance): its disk is kept, so start it again; the
+        # next poll finds no training process and restarts it.
+        recoveries=$((recoveries + 1))
+        (( recoveries <= MAX_RECOVERIES )) || { echo "tpu.sh: giving up after $MAX_RECOVERIES re-creations" >&2; exit 1; }
+        note "recovery $recoveries/$MAX_RECOVERIES: VM is STOPPED: starting it"
+        started=0
+        if ! run gcloud compute tpus tpu-vm start "$NAME" "${LOC[@]}"; then failed_step start; fi ;;
+      QUERY_FAILED) failed_step "state query" ;;
       *) note "waiting: VM is $STATE" ;;
     esac
     pause

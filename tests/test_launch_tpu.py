@@ -489,3 +489,21 @@ def test_start_frees_a_tpu_held_by_a_stale_process(tmp_path):
     assert wait_status(tmp_path / "run", "DONE") == "DONE"
   finally:
     stale.kill()
+
+
+def test_recovery_states_not_set_up_stopped_unknown(tpu):
+  # A READY VM on which the project was never set up: set it up, then train.
+  proc = resilient(tpu, "READY,READY", "NOT_SET_UP,RUNNING")
+  assert actions(proc.stdout)[:6] == ["describe", "train_status", "pack", "scp", "setup", "train"]
+  assert "not set up on it: setting it up" in proc.stdout
+  # STOPPED: started again (not waited on forever); the next poll restarts the training.
+  proc = resilient(tpu, "STOPPED,READY", "LOST")
+  assert actions(proc.stdout)[:5] == ["describe", "start", "sleep", "describe", "train_status"]
+  assert "train" in actions(proc.stdout)[5:]
+  # The API's UNKNOWN state is waited on; only a failed query counts as a failure.
+  proc = tpu("train", *base("bert-pod", "v4-32", "--spot", f"--config={CONFIG}",
+                            f"--workdir={WORKDIR}", "--restart_on_preemption", "--max_failures=2",
+                            "--fake_states=UNKNOWN,UNKNOWN,UNKNOWN,QUERY_FAILED,QUERY_FAILED",
+                            "--fake_train_states="), check=False)
+  assert proc.stdout.count("waiting: VM is UNKNOWN") == 3
+  assert proc.returncode == 1 and "giving up after 2 consecutive failures" in proc.stderr
