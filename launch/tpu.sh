@@ -41,6 +41,11 @@ create
                             v5p v2-alpha-tpuv5, v5litepod v2-alpha-tpuv5-lite, v6e v2-alpha-tpuv6e
   --spot | --preemptible    spot (recommended) or legacy preemptible VM
   --create_flag=FLAG        extra flag for `gcloud ... create` (repeatable), e.g. --create_flag=--network=my-net
+  --queued                  request the TPU as a queued resource (`gcloud compute tpus queued-resources
+                            create ID --node-id=NAME`, ID = NAME): Google's queue waits for capacity
+                            (WAITING_FOR_RESOURCES) instead of failing; the way to get large spot
+                            slices. create/delete/status then act on the queued resource
+  --valid_until_duration=D  (with --queued) give up the request if not provisioned within D (e.g. 6h)
 
 setup
   --repo=URL [--ref=REF]    git clone URL (checkout REF) on every worker; default: pack the
@@ -60,16 +65,28 @@ train
                                  (training resumes from the last checkpoint in --workdir).
                                  Needs the create and setup flags too. Creates the VM if missing.
   --poll_interval=60             seconds between polls
-  --max_recoveries=100           give up after this many re-creations
+  --max_recoveries=100           give up after this many preemptions (re-creations)
   --max_failures=10              give up after this many consecutive failed steps
+  --max_backoff=1800             a create that fails (no capacity) or a FAILED queued request is
+                                 retried after --poll_interval, then twice as long each time, up to
+                                 this many seconds; neither counts as a recovery
+  --max_capacity_wait=86400      give up after waiting this long in total for capacity (0 = never)
   --fake_states=S1,S2,...        (with --dry_run) VM states the state query returns, in order
                                  (READY, PREEMPTED, TERMINATED, MISSING, CREATING, ...)
   --fake_train_states=T1,T2,...  (with --dry_run) training states worker 0 reports, in order
                                  (RUNNING, DONE, FAILED, STOPPED, LOST, NONE)
+  --fake_create=R1,R2,...        (with --dry_run) results of the create commands, in order:
+                                 OK, NO_CAPACITY, ERROR (OK once the list is used up)
+  With --queued, --fake_states lists the queued resource's states (WAITING_FOR_RESOURCES, ACTIVE,
+  SUSPENDED, FAILED, MISSING, ...); after each ACTIVE the next item is the VM's state (READY, ...).
 
 logs     --worker=N (default 0)  --lines=100  --nofollow
 copy     --from=gs://...|PATH --to=DIR (default ./tpu_results/NAME)  --worker=N
          without --from: the training log of every worker -> DIR/worker_N.log
+         (with a gs:// workdir every worker also uploads its log to WORKDIR/logs/worker_N/,
+         one file per training segment, every --log_upload_interval seconds and at exit,
+         so a preempted VM's log is kept: copy --from=gs://.../logs)
+train    --log_upload_interval=300  seconds between log uploads (0 = only when the trainer exits)
 stop     --wait=600  seconds each worker waits for the trainer to exit
 
 Hosts (TPU VM workers) per accelerator type (Cloud TPU docs):
@@ -84,6 +101,9 @@ Examples
       --config=configs/base_pretrain.py --workdir=gs://my-bucket/bert_base \
       --config.data.prepared_dir=gs://my-bucket/data/prepared --config.num_train_steps=100000
   bash launch/tpu.sh logs   --name=bert --zone=us-central2-b --worker=3
+  # Spot v5e slice through the queue, kept training across preemptions:
+  bash launch/tpu.sh train  --name=bert --zone=us-west4-a --accelerator_type=v5litepod-16 --spot \
+      --queued --restart_on_preemption --config=configs/base_pretrain.py --workdir=gs://my-bucket/bert_base
 EOF
 }
 
@@ -132,7 +152,8 @@ CONFIG="" WORKDIR=""
 PASS=() ENVS=() CREATE_FLAGS=()
 WORKER=0 LINES=100 FOLLOW=1 FROM="" TO="" STOP_WAIT=600
 RESTART=0 POLL=60 MAX_RECOVERIES=100 MAX_FAILURES=10 FAKE_STATES="" FAKE_TRAIN_STATES=""
-HAVE_FAKE_STATES=0 HAVE_FAKE_TRAIN_STATES=0
+HAVE_FAKE_STATES=0 HAVE_FAKE_TRAIN_STATES=0 FAKE_CREATE="" HAVE_FAKE_CREATE=0
+MAX_BACKOFF=1800 MAX_CAPACITY_WAIT=86400 QUEUED=0 VALID_UNTIL="" LOG_UPLOAD_INTERVAL=300
 INTERNAL_IP=0 IAP=0 SSH_FLAGS=()
 RUN_DIR="bert_jax_run"   # on the workers, relative to $HOME (see launch/tpu_worker.sh)
 
@@ -151,6 +172,8 @@ parse_flags() {
       --spot) SPOT=1 ;;
       --preemptible) PREEMPTIBLE=1 ;;
       --create_flag=*) CREATE_FLAGS+=("${arg#*=}") ;;
+      --queued) QUEUED=1 ;;
+      --valid_until_duration=*) VALID_UNTIL=${arg#*=} ;;
       --dry_run) DRY_RUN=1 ;;
       --internal_ip) INTERNAL_IP=1 ;;
       --tunnel_through_iap) IAP=1 ;;
@@ -175,6 +198,10 @@ parse_flags() {
       --poll_interval=*) POLL=${arg#*=} ;;
       --max_recoveries=*) MAX_RECOVERIES=${arg#*=} ;;
       --max_failures=*) MAX_FAILURES=${arg#*=} ;;
+      --max_backoff=*) MAX_BACKOFF=${arg#*=} ;;
+      --max_capacity_wait=*) MAX_CAPACITY_WAIT=${arg#*=} ;;
+      --log_upload_interval=*) LOG_UPLOAD_INTERVAL=${arg#*=} ;;
+      --fake_create=*) FAKE_CREATE=${arg#*=}; HAVE_FAKE_CREATE=1 ;;
       --fake_states=*) FAKE_STATES=${arg#*=}; HAVE_FAKE_STATES=1 ;;
       --fake_train_states=*) FAKE_TRAIN_STATES=${arg#*=}; HAVE_FAKE_TRAIN_STATES=1 ;;
       --)
@@ -227,12 +254,17 @@ validate() {
   [[ $VENV_DIR =~ $safe_path ]] || die "--venv must be a plain path relative to \$HOME"
   [[ $PYTHON_BIN =~ $safe_path ]] || die "--python must be a plain command name"
   local v
-  for v in "$WORKER" "$LINES" "$POLL" "$MAX_RECOVERIES" "$MAX_FAILURES" "$STOP_WAIT"; do
+  for v in "$WORKER" "$LINES" "$POLL" "$MAX_RECOVERIES" "$MAX_FAILURES" "$STOP_WAIT" \
+           "$MAX_BACKOFF" "$MAX_CAPACITY_WAIT" "$LOG_UPLOAD_INTERVAL"; do
     [[ $v =~ $num ]] || die "expected a number, got '$v'"
   done
   (( SPOT && PREEMPTIBLE )) && die "--spot and --preemptible are exclusive"
-  if (( HAVE_FAKE_STATES || HAVE_FAKE_TRAIN_STATES )) && (( ! DRY_RUN )); then
-    die "--fake_states/--fake_train_states are only for --dry_run"
+  (( QUEUED && PREEMPTIBLE )) && die "--queued takes --spot, not the legacy --preemptible"
+  [[ -z $VALID_UNTIL ]] || (( QUEUED )) || die "--valid_until_duration needs --queued"
+  [[ -z $VALID_UNTIL || $VALID_UNTIL =~ ^([0-9]+[smhd])+$ ]] || \
+    die "--valid_until_duration=$VALID_UNTIL: expected a duration such as 6h, 90m or 1d12h"
+  if (( HAVE_FAKE_STATES || HAVE_FAKE_TRAIN_STATES || HAVE_FAKE_CREATE )) && (( ! DRY_RUN )); then
+    die "--fake_states/--fake_train_states/--fake_create are only for --dry_run"
   fi
   accel_info
   RUNTIME=${RUNTIME:-$DEFAULT_RUNTIME}
@@ -277,16 +309,51 @@ scp_run() {  # scp_run ARGS... (sources, destination, --worker=...)
 
 # ------------------------------------------------------------- commands ----
 do_create() {
-  local cmd=(gcloud compute tpus tpu-vm create "$NAME" "${LOC[@]}"
-    --accelerator-type="$ACCEL" --version="$RUNTIME")
-  (( SPOT )) && cmd+=(--spot)
-  (( PREEMPTIBLE )) && cmd+=(--preemptible)
+  local cmd
+  if (( QUEUED )); then
+    cmd=(gcloud compute tpus queued-resources create "$NAME" "${LOC[@]}" --node-id="$NAME"
+      --accelerator-type="$ACCEL" --runtime-version="$RUNTIME")
+    (( SPOT )) && cmd+=(--spot)
+    [[ -n $VALID_UNTIL ]] && cmd+=(--valid-until-duration="$VALID_UNTIL")
+  else
+    cmd=(gcloud compute tpus tpu-vm create "$NAME" "${LOC[@]}"
+      --accelerator-type="$ACCEL" --version="$RUNTIME")
+    (( SPOT )) && cmd+=(--spot)
+    (( PREEMPTIBLE )) && cmd+=(--preemptible)
+  fi
   cmd+=(${CREATE_FLAGS[@]+"${CREATE_FLAGS[@]}"})
   run "${cmd[@]}"
 }
 
 do_delete() {
-  run gcloud compute tpus tpu-vm delete "$NAME" "${LOC[@]}" --quiet
+  if (( QUEUED )); then
+    # --force deletes the queued resource's VM(s) too.
+    run gcloud compute tpus queued-resources delete "$NAME" "${LOC[@]}" --force --quiet
+  else
+    run gcloud compute tpus tpu-vm delete "$NAME" "${LOC[@]}" --quiet
+  fi
+}
+
+# The create of the recovery loop. Sets CREATE_RESULT: OK, NO_CAPACITY (the zone has no
+# capacity, or the quota is used up: worth waiting for) or ERROR (anything else).
+create_for_recovery() {
+  local out rc=0
+  if (( DRY_RUN )); then
+    do_create
+    CREATE_RESULT=$(pop_fake "$FAKE_CREATE" "$FAKE_CREATE_IDX") || CREATE_RESULT=OK
+    FAKE_CREATE_IDX=$((FAKE_CREATE_IDX + 1))
+    [[ $CREATE_RESULT == OK ]] || note "create: $CREATE_RESULT (injected)"
+    return 0
+  fi
+  out=$(do_create 2>&1) || rc=$?
+  printf '%s\n' "$out"
+  if (( rc == 0 )); then
+    CREATE_RESULT=OK
+  elif printf '%s' "$out" | grep -qiE 'RESOURCE_EXHAUSTED|no more capacity|insufficient capacity|out of capacity|stockout|quota|ZONE_RESOURCE_POOL_EXHAUSTED'; then
+    CREATE_RESULT=NO_CAPACITY
+  else
+    CREATE_RESULT=ERROR
+  fi
 }
 
 TARBALL=""
@@ -331,6 +398,8 @@ do_setup() {
 # The command every worker runs (identical on all of them).
 train_remote_cmd() {
   local line="cd ~/$REMOTE_DIR && bash launch/tpu_worker.sh start" e a
+  # A gs:// workdir also keeps every worker's log (per worker, per start): WORKDIR/logs/worker_N/.
+  [[ $WORKDIR == gs://* ]] && line+=" $(q "--log_dir=${WORKDIR%/}/logs") --log_upload_interval=$LOG_UPLOAD_INTERVAL"
   if (( ${#ENVS[@]} > 0 )); then
     line+=" env"
     for e in "${ENVS[@]}"; do line+=" $(q "$e")"; done
@@ -391,7 +460,7 @@ do_stop() {
 }
 
 # ---------------------------------------------------- state queries --------
-FAKE_IDX=0 FAKE_TRAIN_IDX=0
+FAKE_IDX=0 FAKE_TRAIN_IDX=0 FAKE_CREATE_IDX=0
 
 # pop_fake LIST INDEX_VAR -> prints the next item, fails when exhausted
 pop_fake() {
@@ -401,18 +470,20 @@ pop_fake() {
   printf '%s' "${items[$idx]}"
 }
 
-# Sets STATE: the API's state (READY, PREEMPTED, TERMINATED, STOPPED, CREATING, UNKNOWN, ...),
-# MISSING (no such VM) or QUERY_FAILED (gcloud itself failed: not a state of the VM).
-query_state() {
-  local cmd=(gcloud compute tpus tpu-vm describe "$NAME" "${LOC[@]}" "--format=value(state)") out
-  log_cmd "${cmd[@]}"
+# describe_state LABEL CMD... -> sets STATE: the API's state (READY, PREEMPTED, ... for a VM;
+# WAITING_FOR_RESOURCES, ACTIVE, SUSPENDED, ... for a queued resource), MISSING (no such
+# resource) or QUERY_FAILED (gcloud itself failed: not a state of the resource).
+describe_state() {
+  local label=$1 out
+  shift
+  log_cmd "$@"
   if (( DRY_RUN )); then
     STATE=$(pop_fake "$FAKE_STATES" "$FAKE_IDX") || return 1
     FAKE_IDX=$((FAKE_IDX + 1))
-    note "state: $STATE (injected)"
+    note "$label: $STATE (injected)"
     return 0
   fi
-  if out=$("${cmd[@]}" 2>&1); then
+  if out=$("$@" 2>&1); then
     STATE=$(printf '%s\n' "$out" | tail -n 1 | tr -d '[:space:]')
     [[ -n $STATE ]] || STATE=QUERY_FAILED
   elif printf '%s' "$out" | grep -qiE 'NOT_FOUND|not found|was not found'; then
@@ -421,7 +492,16 @@ query_state() {
     printf '%s\n' "$out" >&2
     STATE=QUERY_FAILED
   fi
-  note "state: $STATE"
+  note "$label: $STATE"
+}
+
+query_state() {
+  describe_state state gcloud compute tpus tpu-vm describe "$NAME" "${LOC[@]}" "--format=value(state)"
+}
+
+query_qr_state() {
+  describe_state "queued resource" gcloud compute tpus queued-resources describe "$NAME" "${LOC[@]}" \
+    "--format=value(state.state)"
 }
 
 # Sets TSTATE from worker 0: RUNNING, DONE, FAILED, STOPPED, LOST, NONE, NOT_SET_UP (the
@@ -448,6 +528,9 @@ query_train_state() {
 
 do_status() {
   note "$NAME: $ACCEL, $HOSTS host(s)"
+  if (( QUEUED )); then
+    if query_qr_state; then :; else note "dry run: no state injected"; fi
+  fi
   if query_state; then :; else note "dry run: no state injected"; fi
   if (( DRY_RUN )) || [[ ${STATE:-} == READY ]]; then
     ssh_cmd all "echo \"\$(hostname): \$(bash ~/$REMOTE_DIR/launch/tpu_worker.sh status)\""
@@ -463,86 +546,185 @@ failed_step() {
   (( FAILS < MAX_FAILURES )) || { echo "tpu.sh: giving up after $FAILS consecutive failures" >&2; exit 1; }
 }
 
+# Seconds until the next poll: --poll_interval, or a back-off after a failed create.
+NEXT_SLEEP=""
 pause() {
+  local secs=${NEXT_SLEEP:-$POLL}
+  NEXT_SLEEP=""
   if (( DRY_RUN )); then
-    log_cmd sleep "$POLL"
+    log_cmd sleep "$secs"
   else
-    sleep "$POLL"
+    sleep "$secs"
   fi
 }
+
+# A create that found no capacity (or a queued request that FAILED) is retried with
+# exponential back-off: --poll_interval, twice that, ... up to --max_backoff seconds. It is
+# not a recovery and not a failed step; --max_capacity_wait bounds the total wait.
+CAPACITY_TRIES=0 CAPACITY_WAITED=0
+back_off() {  # back_off REASON
+  local delay=$POLL i
+  CAPACITY_TRIES=$((CAPACITY_TRIES + 1))
+  for ((i = 1; i < CAPACITY_TRIES && delay < MAX_BACKOFF; i++)); do delay=$((delay * 2)); done
+  (( delay <= MAX_BACKOFF )) || delay=$MAX_BACKOFF
+  (( delay > 0 )) || delay=1
+  if (( MAX_CAPACITY_WAIT > 0 && CAPACITY_WAITED >= MAX_CAPACITY_WAIT )); then
+    echo "tpu.sh: giving up: no capacity after waiting ${CAPACITY_WAITED}s (--max_capacity_wait=$MAX_CAPACITY_WAIT)$( (( QUEUED )) || echo '; --queued lets Google'"'"'s queue wait for capacity')" >&2
+    exit 1
+  fi
+  CAPACITY_WAITED=$((CAPACITY_WAITED + delay))
+  note "$1: attempt $CAPACITY_TRIES, retrying in ${delay}s (waited ${CAPACITY_WAITED}s in all)"
+  NEXT_SLEEP=$delay
+}
+
+capacity_found() { CAPACITY_TRIES=0; CAPACITY_WAITED=0; }
 
 end_of_injected() {
   note "dry run: no more injected states (--fake_states/--fake_train_states); stopping"
   exit 0
 }
 
+STARTED=0 NEED_SETUP=0 RECOVERIES=0 RECREATING=0
+
+# Count one preemption (once per event, however many creates it then takes).
+count_recovery() {  # count_recovery WHAT
+  (( RECREATING )) && return 0
+  RECREATING=1
+  RECOVERIES=$((RECOVERIES + 1))
+  (( RECOVERIES <= MAX_RECOVERIES )) || { echo "tpu.sh: giving up after $MAX_RECOVERIES re-creations" >&2; exit 1; }
+  note "recovery $RECOVERIES/$MAX_RECOVERIES: $1"
+}
+
+# Create the VM (or the queued request) again; false when the create did not succeed.
+recreate() {
+  STARTED=0
+  create_for_recovery
+  case $CREATE_RESULT in
+    OK) ;;
+    NO_CAPACITY) back_off "no capacity for $ACCEL in $ZONE"; return 1 ;;
+    *) failed_step create; back_off "create failed"; return 1 ;;
+  esac
+  RECREATING=0
+  NEED_SETUP=1
+  (( QUEUED )) && return 1   # the queued request is provisioned later: poll it
+  capacity_found
+  if ! do_setup; then failed_step setup; return 1; fi
+  NEED_SETUP=0
+  if do_train; then STARTED=1; FAILS=0; else failed_step train; fi
+}
+
+# The VM is READY: set it up if needed, then look at (or start) the training.
+on_ready() {
+  if (( NEED_SETUP )); then
+    if do_setup; then NEED_SETUP=0; else failed_step setup; return 0; fi
+  fi
+  query_train_state || end_of_injected
+  case $TSTATE in
+    RUNNING)
+      (( STARTED )) || note "training already running: monitoring it"
+      STARTED=1
+      FAILS=0 ;;
+    DONE)
+      if (( STARTED )); then
+        note "training finished (worker 0 exited 0); the VM is left running: bash launch/tpu.sh delete --name=$NAME --zone=$ZONE$( (( QUEUED )) && echo ' --queued')"
+        exit 0
+      fi
+      note "a previous run finished on this VM; starting this one"
+      if do_train; then STARTED=1; else failed_step train; fi ;;
+    FAILED*)
+      if (( STARTED )); then
+        echo "tpu.sh: training failed on worker 0 ($TSTATE); see: bash launch/tpu.sh logs --name=$NAME --zone=$ZONE --worker=0" >&2
+        exit 1
+      fi
+      note "a previous run failed on this VM ($TSTATE); starting this one"
+      if do_train; then STARTED=1; else failed_step train; fi ;;
+    NOT_SET_UP)
+      note "the VM is READY but the project is not set up on it: setting it up"
+      if ! do_setup; then failed_step setup; return 0; fi
+      if do_train; then STARTED=1; FAILS=0; else failed_step train; fi ;;
+    STOPPED* | LOST | NONE)
+      # SIGTERM-ed (preemption in progress, or a manual stop), vanished, or never started.
+      (( STARTED )) && note "no training process on worker 0 ($TSTATE): starting it again"
+      if do_train; then STARTED=1; else failed_step train; fi ;;
+    *) failed_step "training state query ($TSTATE)" ;;
+  esac
+}
+
+# One poll of a VM created with `tpu-vm create`.
+poll_vm() {
+  query_state || end_of_injected
+  case $STATE in
+    READY) capacity_found; on_ready ;;
+    PREEMPTED | TERMINATED | MISSING)
+      if (( RECREATING )); then
+        note "VM is $STATE: creating it again"
+      elif (( STARTED || RECOVERIES > 0 )) || [[ $STATE != MISSING ]]; then
+        count_recovery "VM is $STATE"
+      else
+        note "VM does not exist yet: creating it"
+        RECREATING=1
+      fi
+      if [[ $STATE != MISSING ]] && ! do_delete; then failed_step delete; return 0; fi
+      recreate || true ;;
+    STOPPED)
+      # Stopped (by hand or by maintenance): its disk is kept, so start it again; the
+      # next poll finds no training process and restarts it.
+      count_recovery "VM is STOPPED: starting it"
+      RECREATING=0
+      STARTED=0
+      if ! run gcloud compute tpus tpu-vm start "$NAME" "${LOC[@]}"; then failed_step start; fi ;;
+    QUERY_FAILED) failed_step "state query" ;;
+    *) note "waiting: VM is $STATE" ;;
+  esac
+}
+
+# One poll of a queued resource (--queued): the request's state first, its VM's once ACTIVE.
+poll_queued() {
+  query_qr_state || end_of_injected
+  case $STATE in
+    ACTIVE)
+      capacity_found
+      query_state || end_of_injected
+      case $STATE in
+        READY) on_ready ;;
+        PREEMPTED | TERMINATED)
+          count_recovery "the queued resource's VM is $STATE"
+          if ! do_delete; then failed_step delete; return 0; fi
+          recreate || true ;;
+        QUERY_FAILED) failed_step "state query" ;;
+        *) note "waiting: queued resource ACTIVE, VM is $STATE" ;;
+      esac ;;
+    SUSPENDED)
+      # A spot slice was preempted: its VMs are gone and the request is spent.
+      count_recovery "queued resource SUSPENDED (preempted)"
+      if ! do_delete; then failed_step delete; return 0; fi
+      recreate || true ;;
+    FAILED)
+      # Not provisioned in time (--valid_until_duration) or refused: ask again, after a back-off.
+      note "queued resource FAILED (not provisioned, or refused): deleting it and asking again"
+      RECREATING=1
+      if ! do_delete; then failed_step delete; return 0; fi
+      back_off "queued request failed" ;;
+    MISSING)
+      if (( RECREATING )); then
+        note "queued resource is missing: requesting it again"
+      elif (( STARTED || RECOVERIES > 0 )); then
+        count_recovery "queued resource is gone"
+      else
+        note "queued resource does not exist yet: requesting it"
+        RECREATING=1
+      fi
+      recreate || true ;;
+    QUERY_FAILED) failed_step "state query" ;;
+    *) note "waiting: queued resource is $STATE" ;;
+  esac
+}
+
 # Poll the VM; recreate + setup + train when it was preempted; exit when done.
 train_resilient() {
-  local recoveries=0 started=0 need_setup=0
   (( SPOT || PREEMPTIBLE )) || note "note: neither --spot nor --preemptible: re-created VMs will be on-demand"
   while :; do
-    query_state || end_of_injected
-    case $STATE in
-      READY)
-        if (( need_setup )); then
-          if do_setup; then need_setup=0; else failed_step setup; pause; continue; fi
-        fi
-        query_train_state || end_of_injected
-        case $TSTATE in
-          RUNNING)
-            (( started )) || note "training already running: monitoring it"
-            started=1
-            FAILS=0 ;;
-          DONE)
-            if (( started )); then
-              note "training finished (worker 0 exited 0); the VM is left running: bash launch/tpu.sh delete --name=$NAME --zone=$ZONE"
-              return 0
-            fi
-            note "a previous run finished on this VM; starting this one"
-            if do_train; then started=1; else failed_step train; fi ;;
-          FAILED*)
-            if (( started )); then
-              echo "tpu.sh: training failed on worker 0 ($TSTATE); see: bash launch/tpu.sh logs --name=$NAME --zone=$ZONE --worker=0" >&2
-              exit 1
-            fi
-            note "a previous run failed on this VM ($TSTATE); starting this one"
-            if do_train; then started=1; else failed_step train; fi ;;
-          NOT_SET_UP)
-            note "the VM is READY but the project is not set up on it: setting it up"
-            if ! do_setup; then failed_step setup; pause; continue; fi
-            if do_train; then started=1; FAILS=0; else failed_step train; fi ;;
-          STOPPED* | LOST | NONE)
-            # SIGTERM-ed (preemption in progress, or a manual stop), vanished, or never started.
-            (( started )) && note "no training process on worker 0 ($TSTATE): starting it again"
-            if do_train; then started=1; else failed_step train; fi ;;
-          *) failed_step "training state query ($TSTATE)" ;;
-        esac ;;
-      PREEMPTED | TERMINATED | MISSING)
-        if (( started || recoveries > 0 )) || [[ $STATE != MISSING ]]; then
-          recoveries=$((recoveries + 1))
-          (( recoveries <= MAX_RECOVERIES )) || { echo "tpu.sh: giving up after $MAX_RECOVERIES re-creations" >&2; exit 1; }
-          note "recovery $recoveries/$MAX_RECOVERIES: VM is $STATE"
-        else
-          note "VM does not exist yet: creating it"
-        fi
-        started=0
-        if [[ $STATE != MISSING ]] && ! do_delete; then failed_step delete; pause; continue; fi
-        if ! do_create; then failed_step "create (no capacity?)"; pause; continue; fi
-        need_setup=1
-        if ! do_setup; then failed_step setup; pause; continue; fi
-        need_setup=0
-        if do_train; then started=1; FAILS=0; else failed_step train; fi ;;
-      STOPPED)
-        # Stopped (by hand or by maintenance): its disk is kept, so start it again; the
-        # next poll finds no training process and restarts it.
-        recoveries=$((recoveries + 1))
-        (( recoveries <= MAX_RECOVERIES )) || { echo "tpu.sh: giving up after $MAX_RECOVERIES re-creations" >&2; exit 1; }
-        note "recovery $recoveries/$MAX_RECOVERIES: VM is STOPPED: starting it"
-        started=0
-        if ! run gcloud compute tpus tpu-vm start "$NAME" "${LOC[@]}"; then failed_step start; fi ;;
-      QUERY_FAILED) failed_step "state query" ;;
-      *) note "waiting: VM is $STATE" ;;
-    esac
+    if (( QUEUED )); then poll_queued; else poll_vm; fi
     pause
   done
 }

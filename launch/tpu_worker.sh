@@ -3,12 +3,16 @@
 # Starts one training command in the background, and answers whether it is
 # still running, finished, failed or was stopped by SIGTERM (preemption).
 #
-#   bash launch/tpu_worker.sh start CMD [ARG...]   run CMD with nohup in the background
+#   bash launch/tpu_worker.sh start [--log_dir=gs://...] CMD [ARG...]
+#                                                  run CMD with nohup in the background
 #   bash launch/tpu_worker.sh status               print one word (see below)
 #   bash launch/tpu_worker.sh stop [--wait=SECS]   SIGTERM the run (the trainer checkpoints, exits 0)
 #
 # Files (BERT_JAX_RUN_DIR, default ~/bert_jax_run): train.log (appended), train.pid,
 # train.exit (exit status once finished), train.signal (present if it got SIGTERM).
+# With --log_dir, the run's part of train.log (one "segment" per start) is also copied to
+# LOG_DIR/worker_N/SEGMENT.log every --log_upload_interval seconds and when the run exits,
+# so the log of a VM that is preempted and deleted is kept.
 set -euo pipefail
 
 RUN_DIR=${BERT_JAX_RUN_DIR:-$HOME/bert_jax_run}
@@ -21,7 +25,7 @@ SELF=$SELF_DIR/$(basename "${BASH_SOURCE[0]}")
 
 usage() {
   cat <<'EOF'
-Usage: bash launch/tpu_worker.sh start CMD [ARG...]
+Usage: bash launch/tpu_worker.sh start [--log_dir=DIR] [--log_upload_interval=SECS] CMD [ARG...]
        bash launch/tpu_worker.sh status
        bash launch/tpu_worker.sh stop [--wait=SECS]
 
@@ -30,6 +34,11 @@ Runs on a TPU VM worker; launch/tpu.sh calls it on every worker over ssh.
 start   Run CMD in the background (nohup, stdin from /dev/null), appending its
         output to $BERT_JAX_RUN_DIR/train.log (default ~/bert_jax_run/train.log).
         Refuses if a run started here is still alive.
+        --log_dir=gs://BUCKET/RUN/logs: also copy this run's part of the log (a
+        segment) to DIR/worker_N/YYYYmmddTHHMMSSZ_PID.log (`gcloud storage cp`, else
+        `gsutil cp`) every --log_upload_interval seconds (default 300; 0 = only at
+        the end) and when the run exits (also after SIGTERM). N is the TPU worker
+        number from the VM metadata (BERT_JAX_WORKER_ID overrides it).
 status  Prints one of:
           RUNNING        the run is alive
           DONE           it exited 0 without having received SIGTERM (training finished)
@@ -88,7 +97,7 @@ free_tpu() {
   local pids pid i
   pids=$(tpu_holders)
   if [[ -n $pids ]]; then
-    echo "freeing the TPU: stopping stale process(es) $(echo $pids) that hold it"
+    echo "freeing the TPU: stopping stale process(es) ${pids//$'\n'/ } that hold it"
     for pid in $pids; do kill -TERM "$pid" 2>/dev/null || sudo -n kill -TERM "$pid" 2>/dev/null || true; done
     for ((i = 0; i < 100; i++)); do
       [[ -z $(tpu_holders) ]] && break
@@ -102,39 +111,87 @@ free_tpu() {
   fi
 }
 
+# This host's TPU worker number (the metadata server's agent-worker-number, which JAX's
+# TPU cluster detection uses too), else the host name.
+worker_id() {
+  local id=${BERT_JAX_WORKER_ID:-}
+  if [[ -z $id ]] && command -v curl >/dev/null 2>&1; then
+    id=$(curl -s -f -m 3 -H 'Metadata-Flavor: Google' \
+      http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number \
+      2>/dev/null) || id=""
+  fi
+  [[ $id =~ ^[0-9]+$ ]] || id=$(hostname)
+  printf '%s' "$id"
+}
+
+# upload_log OFFSET URL: copy train.log from byte OFFSET (this run's segment) to URL.
+upload_log() {
+  local offset=$1 url=$2
+  if command -v gcloud >/dev/null 2>&1; then
+    tail -c "+$((offset + 1))" "$LOG" | gcloud storage cp --quiet - "$url" >/dev/null 2>&1
+  elif command -v gsutil >/dev/null 2>&1; then
+    tail -c "+$((offset + 1))" "$LOG" | gsutil -q cp - "$url" >/dev/null 2>&1
+  else
+    return 1
+  fi
+}
+
 cmd_start() {
+  local log_dir="" interval=300
+  while (( $# > 0 )); do
+    case $1 in
+      --log_dir=*) log_dir=${1#*=}; shift ;;
+      --log_upload_interval=*) interval=${1#*=}; shift ;;
+      --) shift; break ;;
+      *) break ;;
+    esac
+  done
   (( $# > 0 )) || die "start needs a command"
+  [[ $interval =~ ^[0-9]+$ ]] || die "--log_upload_interval must be a number of seconds"
   mkdir -p "$RUN_DIR"
   if is_running; then
     die "a run is already running here (pid $(recorded_pid)); stop it first: bash $SELF stop"
   fi
   free_tpu
   rm -f "$EXIT_FILE" "$SIGNAL_FILE" "$PID_FILE"
+  local offset=0 url=""
+  [[ -f $LOG ]] && offset=$(wc -c <"$LOG")
+  if [[ -n $log_dir ]]; then
+    url="${log_dir%/}/worker_$(worker_id)/$(date -u +%Y%m%dT%H%M%SZ)_$$.log"
+    command -v gcloud >/dev/null 2>&1 || command -v gsutil >/dev/null 2>&1 ||
+      echo "warning: neither gcloud nor gsutil is installed: the log is not copied to $log_dir"
+  fi
   {
     printf '=== %s %s start:' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(hostname)"
     printf ' %q' "$@"
     printf '\n'
   } >>"$LOG"
-  PYTHONUNBUFFERED=1 nohup bash "$SELF" _run "$@" >>"$LOG" 2>&1 </dev/null &
+  PYTHONUNBUFFERED=1 nohup bash "$SELF" _run "$offset" "$url" "$interval" "$@" >>"$LOG" 2>&1 </dev/null &
   local i
   for ((i = 0; i < 100; i++)); do
     [[ -s $PID_FILE ]] && break
     sleep 0.05
   done
-  echo "started on $(hostname) (pid $(recorded_pid || echo '?')); log: $LOG"
+  echo "started on $(hostname) (pid $(recorded_pid || echo '?')); log: $LOG${url:+ (copied to $url)}"
 }
 
 # Internal: the background wrapper. Forwards SIGTERM to the trainer, records that
 # it was signalled, waits for the trainer to finish and records its exit status.
 cmd_run() {
   echo "$$" >"$PID_FILE"
-  local rc=0 r have_rc=0
+  local offset=$1 url=$2 interval=$3 rc=0 r have_rc=0 uploader=""
+  shift 3
   CHILD=""
   GOT_SIGNAL=0
   trap 'on_signal TERM' TERM
   trap 'on_signal INT' INT
   "$@" &
   CHILD=$!
+  if [[ -n $url ]] && (( interval > 0 )); then
+    # Periodic copy of the segment; a hard kill of the VM loses at most `interval` seconds.
+    (trap - TERM INT; while sleep "$interval"; do upload_log "$offset" "$url" || true; done) &
+    uploader=$!
+  fi
   # A trapped signal makes `wait` return early (>128) while the trainer may still
   # be writing its checkpoint: then wait again, for its real exit status (bash
   # keeps it even if the child was already reaped; 127 = nothing left to wait for).
@@ -146,9 +203,17 @@ cmd_run() {
     have_rc=1
     (( GOT_SIGNAL )) || break
   done
+  [[ -n $uploader ]] && kill "$uploader" 2>/dev/null
+  echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) exit status $rc"
+  if [[ -n $url ]]; then
+    if upload_log "$offset" "$url"; then
+      echo "=== log copied to $url"
+    else
+      echo "=== warning: could not copy the log to $url"
+    fi
+  fi
   echo "$rc" >"$EXIT_FILE.tmp"
   mv "$EXIT_FILE.tmp" "$EXIT_FILE"
-  echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) exit status $rc"
 }
 
 on_signal() {

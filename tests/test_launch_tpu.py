@@ -82,7 +82,8 @@ def base(name, accel, *extra):
 def expected_train_command(*overrides, multihost=False):
   """The remote training command, for overrides that need no quoting."""
   assert all(shlex.quote(o) == o for o in overrides)
-  return ("cd ~/bert_jax && bash launch/tpu_worker.sh start ~/bert_jax_venv/bin/python "
+  return ("cd ~/bert_jax && bash launch/tpu_worker.sh start "
+          f"--log_dir={WORKDIR}/logs --log_upload_interval=300 ~/bert_jax_venv/bin/python "
           f"-m bert_jax.main --config={CONFIG} --workdir={WORKDIR}" +
           " --multihost" * multihost + "".join(f" {o}" for o in overrides))
 
@@ -184,7 +185,8 @@ def test_v4_32_pod(tpu):
   assert flag(ssh, "worker") == "all"
   remote = flag(ssh, "command")
   assert remote == (
-      "cd ~/bert_jax && bash launch/tpu_worker.sh start ~/bert_jax_venv/bin/python -m bert_jax.main"
+      "cd ~/bert_jax && bash launch/tpu_worker.sh start --log_dir=gs://my-bucket/bert/base_run1/logs"
+      " --log_upload_interval=300 ~/bert_jax_venv/bin/python -m bert_jax.main"
       " --config=configs/base_pretrain.py --workdir=gs://my-bucket/bert/base_run1 --multihost"
       " --config.num_train_steps=125000 --config.global_batch_size=1024"
       " --config.data.tfrecord_pattern='gs://my-bucket/tfrecords/part-*'"
@@ -332,6 +334,8 @@ def actions(stdout):
       seq.append("sleep")
     elif cmd[0] == "tar":
       seq.append("pack")
+    elif cmd[:4] == ["gcloud", "compute", "tpus", "queued-resources"]:
+      seq.append(f"qr_{cmd[4]}")
     elif cmd[:4] == ["gcloud", "compute", "tpus", "tpu-vm"]:
       verb = cmd[4]
       if verb == "ssh":
@@ -507,3 +511,186 @@ def test_recovery_states_not_set_up_stopped_unknown(tpu):
                             "--fake_train_states="), check=False)
   assert proc.stdout.count("waiting: VM is UNKNOWN") == 3
   assert proc.returncode == 1 and "giving up after 2 consecutive failures" in proc.stderr
+
+
+# ----------------------------- capacity back-off and queued resources ----
+
+def sleeps(stdout):
+  return [int(c[1]) for c in commands(stdout) if c[0] == "sleep"]
+
+
+def test_failed_create_backs_off_and_is_not_a_recovery(tpu):
+  """No spot capacity: the re-create is retried after 60 s, 120 s, 240 s ... (capped), and the
+  whole episode is one recovery, not one per attempt; a create error of another kind is a
+  failed step."""
+  proc = tpu("train", *base("bert-pod", "v4-32", "--spot", f"--config={CONFIG}",
+                            f"--workdir={WORKDIR}", "--restart_on_preemption", "--max_backoff=200",
+                            "--fake_states=READY,PREEMPTED,MISSING,MISSING,MISSING,READY",
+                            "--fake_train_states=RUNNING,DONE",
+                            "--fake_create=NO_CAPACITY,NO_CAPACITY,NO_CAPACITY,OK"))
+  assert actions(proc.stdout) == [
+      "describe", "train_status", "sleep",
+      "describe", "delete", "create", "sleep",          # PREEMPTED: no capacity
+      "describe", "create", "sleep",                    # MISSING: no capacity
+      "describe", "create", "sleep",                    # MISSING: no capacity
+      "describe", "create", "pack", "scp", "setup", "train", "sleep",  # capacity: set up, train
+      "describe", "train_status"]                       # DONE
+  assert sleeps(proc.stdout) == [60, 60, 120, 200, 60]
+  assert proc.stdout.count("recovery 1/100") == 1 and "recovery 2" not in proc.stdout
+  assert "step failed" not in proc.stdout
+  assert "no capacity for v4-32 in us-central2-b: attempt 3, retrying in 200s" in proc.stdout
+
+  # The total wait for capacity is bounded; the message points at --queued.
+  proc = tpu("train", *base("bert-pod", "v4-32", "--spot", f"--config={CONFIG}",
+                            f"--workdir={WORKDIR}", "--restart_on_preemption",
+                            "--max_capacity_wait=150", "--fake_states=MISSING,MISSING,MISSING,MISSING",
+                            "--fake_train_states=", "--fake_create=NO_CAPACITY,NO_CAPACITY,NO_CAPACITY"),
+             check=False)
+  assert proc.returncode == 1
+  assert "no capacity after waiting 180s (--max_capacity_wait=150); --queued" in proc.stderr
+  assert sleeps(proc.stdout) == [60, 120]
+
+  # Any other create error is a failed step (and backs off too): it ends at --max_failures.
+  proc = tpu("train", *base("bert-pod", "v4-32", "--spot", f"--config={CONFIG}",
+                            f"--workdir={WORKDIR}", "--restart_on_preemption", "--max_failures=2",
+                            "--fake_states=MISSING,MISSING,MISSING", "--fake_train_states=",
+                            "--fake_create=ERROR,ERROR"), check=False)
+  assert proc.returncode == 1 and "giving up after 2 consecutive failures" in proc.stderr
+  assert "step failed: create (1/2" in proc.stdout
+
+
+def test_queued_resources_create_delete_status(tpu):
+  out = tpu("create", *base("bert-v5e", "v5litepod-16", "--spot", "--queued",
+                            "--valid_until_duration=6h", "--create_flag=--network=my-net")).stdout
+  assert gcloud(out) == [[
+      "gcloud", "compute", "tpus", "queued-resources", "create", "bert-v5e", f"--zone={ZONE}",
+      f"--project={PROJECT}", "--node-id=bert-v5e", "--accelerator-type=v5litepod-16",
+      "--runtime-version=v2-alpha-tpuv5-lite", "--spot", "--valid-until-duration=6h",
+      "--network=my-net"]]
+  out = tpu("delete", *base("bert-v5e", "v5litepod-16", "--queued")).stdout
+  assert gcloud(out) == [["gcloud", "compute", "tpus", "queued-resources", "delete", "bert-v5e",
+                          f"--zone={ZONE}", f"--project={PROJECT}", "--force", "--quiet"]]
+  out = tpu("status", *base("bert-v5e", "v5litepod-16", "--queued")).stdout
+  describes = [c for c in gcloud(out) if c[4] == "describe"]
+  assert [c[3] for c in describes] == ["queued-resources", "tpu-vm"]
+  assert flag(describes[0], "format") == "value(state.state)"
+  # The ssh/scp of setup and train go to the VM (node id = --name) as usual.
+  out = tpu("train", *base("bert-v5e", "v5litepod-16", "--queued", f"--config={CONFIG}",
+                           f"--workdir={WORKDIR}")).stdout
+  [cmd] = gcloud(out)
+  assert cmd[3:6] == ["tpu-vm", "ssh", "bert-v5e"]
+  for args, message in [(("--queued", "--preemptible"), "takes --spot"),
+                        (("--valid_until_duration=6h",), "needs --queued"),
+                        (("--queued", "--valid_until_duration=soon"), "expected a duration")]:
+    proc = tpu("create", *base("bert-v5e", "v5litepod-16", *args), check=False)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_queued_resource_recovery_loop(tpu):
+  """--queued --restart_on_preemption: request, wait in the queue, set up and train once ACTIVE,
+  and after a spot preemption (SUSPENDED) delete the spent request and queue a new one."""
+  proc = tpu("train", *base("bert-v5e", "v5litepod-16", "--spot", "--queued",
+                            f"--config={CONFIG}", f"--workdir={WORKDIR}", "--restart_on_preemption",
+                            "--fake_states=" + ",".join([
+                                "MISSING", "WAITING_FOR_RESOURCES", "PROVISIONING",
+                                "ACTIVE", "READY", "ACTIVE", "READY", "SUSPENDING", "SUSPENDED",
+                                "WAITING_FOR_RESOURCES", "ACTIVE", "READY", "ACTIVE", "READY"]),
+                            "--fake_train_states=NONE,RUNNING,NONE,DONE"))
+  assert actions(proc.stdout) == [
+      "qr_describe", "qr_create", "sleep",                       # MISSING: request it
+      "qr_describe", "sleep", "qr_describe", "sleep",            # queued, provisioning
+      "qr_describe", "describe", "pack", "scp", "setup", "train_status", "train", "sleep",
+      "qr_describe", "describe", "train_status", "sleep",        # RUNNING
+      "qr_describe", "sleep",                                    # SUSPENDING
+      "qr_describe", "qr_delete", "qr_create", "sleep",          # SUSPENDED: a new request
+      "qr_describe", "sleep",
+      "qr_describe", "describe", "scp", "setup", "train_status", "train", "sleep",
+      "qr_describe", "describe", "train_status"]                 # DONE
+  assert "waiting: queued resource is WAITING_FOR_RESOURCES" in proc.stdout
+  assert "recovery 1/100: queued resource SUSPENDED (preempted)" in proc.stdout
+  assert "recovery 2" not in proc.stdout
+  assert "training finished" in proc.stdout and "delete --name=bert-v5e" in proc.stdout
+
+  # A request that FAILED (not provisioned within --valid_until_duration): deleted and asked
+  # again after a back-off, not counted as a recovery.
+  proc = tpu("train", *base("bert-v5e", "v5litepod-16", "--spot", "--queued",
+                            "--valid_until_duration=2h", f"--config={CONFIG}", f"--workdir={WORKDIR}",
+                            "--restart_on_preemption",
+                            "--fake_states=FAILED,MISSING,FAILED,MISSING,WAITING_FOR_RESOURCES",
+                            "--fake_train_states="))
+  assert actions(proc.stdout) == [
+      "qr_describe", "qr_delete", "sleep", "qr_describe", "qr_create", "sleep",
+      "qr_describe", "qr_delete", "sleep", "qr_describe", "qr_create", "sleep",
+      "qr_describe", "sleep", "qr_describe"]
+  assert sleeps(proc.stdout) == [60, 60, 120, 60, 60]
+  assert "recovery" not in proc.stdout
+
+
+def test_train_command_copies_worker_logs_to_gs_workdir(tpu):
+  out = tpu("train", *base("bert-v4-8", "v4-8", f"--config={CONFIG}", f"--workdir={WORKDIR}/",
+                           "--log_upload_interval=60")).stdout
+  words = shlex.split(flag(gcloud(out)[0], "command"))
+  start = words.index("start")
+  assert words[start + 1:start + 3] == [f"--log_dir={WORKDIR}/logs", "--log_upload_interval=60"]
+  # A local workdir (single host, no recovery) has no bucket to copy the logs to.
+  out = tpu("train", *base("bert-v4-8", "v4-8", f"--config={CONFIG}", "--workdir=/tmp/run")).stdout
+  assert "--log_dir" not in flag(gcloud(out)[0], "command")
+
+
+def test_worker_copies_each_segment_of_the_log_to_the_bucket(tmp_path):
+  """`start --log_dir=gs://...` copies this run's part of train.log to
+  LOG_DIR/worker_N/<start time>_<pid>.log while it runs and when it exits (also after SIGTERM),
+  one file per start; earlier segments are kept."""
+  bucket = tmp_path / "gcs"
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  fake = bin_dir / "gcloud"
+  fake.write_text(
+      "#!/bin/bash\n"
+      '[[ $1 == storage && $2 == cp && $3 == --quiet && $4 == - ]] || { echo "bad: $*" >&2; exit 2; }\n'
+      f'dest="{bucket}/${{5#gs://}}"; mkdir -p "$(dirname "$dest")"; cat > "$dest.tmp"; mv "$dest.tmp" "$dest"\n')
+  fake.chmod(0o755)
+  run_dir = tmp_path / "run"
+  env = dict(os.environ, BERT_JAX_RUN_DIR=str(run_dir), BERT_JAX_WORKER_ID="3",
+             PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+  def start(*cmd, interval=1):
+    proc = subprocess.run(["bash", str(WORKER_SH), "start", "--log_dir=gs://b/run/logs",
+                           f"--log_upload_interval={interval}", *cmd],
+                          capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+  def segments():
+    return sorted((bucket / "b/run/logs/worker_3").glob("*.log"))
+
+  # A run that is still going has its log copied every interval.
+  trainer = 'echo first segment line; sleep 3; echo first segment end'
+  assert "copied to gs://b/run/logs/worker_3/" in start("bash", "-c", trainer).stdout
+  deadline = time.monotonic() + 10
+  while not segments() and time.monotonic() < deadline:
+    time.sleep(0.1)
+  [seg1] = segments()
+  assert "first segment line" in seg1.read_text()
+  assert wait_status(run_dir, "DONE") == "DONE"
+  text1 = seg1.read_text()
+  assert "first segment end" in text1 and "exit status 0" in text1
+
+  # A second start: a new segment holding only its own output; the first is unchanged.
+  time.sleep(1.1)  # a new start-time stamp
+  start("bash", "-c", 'trap "echo checkpointing; exit 0" TERM; echo second run; sleep 30 & wait',
+        interval=0)
+  assert wait_status(run_dir, "RUNNING") == "RUNNING"
+  stop = subprocess.run(["bash", str(WORKER_SH), "stop", "--wait=10"], capture_output=True,
+                        text=True, env=env, timeout=30)
+  assert stop.returncode == 0, stop.stderr
+  assert worker(run_dir, "status").stdout.strip() == "STOPPED 0"
+  seg1_again, seg2 = segments()
+  assert seg1_again == seg1 and seg1.read_text() == text1
+  text2 = seg2.read_text()
+  assert "second run" in text2 and "checkpointing" in text2 and "exit status 0" in text2
+  assert "first segment" not in text2
+  # The local log keeps both, and says where the copy went.
+  local = (run_dir / "train.log").read_text()
+  assert "first segment line" in local and "second run" in local
+  assert f"log copied to gs://b/run/logs/worker_3/{seg2.name}" in local
