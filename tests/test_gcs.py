@@ -4,9 +4,11 @@ TensorBoard in the bucket; rerun resumes; a corrupt newest checkpoint falls back
 fine-tuning GLUE data on gs:// from a gs:// init_checkpoint into a gs:// workdir,
 predict from gs://, convert to and from gs://. Nothing may land in a local ./gs: dir."""
 import json
+import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests import test_main
@@ -138,4 +140,65 @@ def test_convert_to_and_from_gs(gcs, tmp_path):  # noqa: F811
   back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "back")
   for name, value in back.state_dict().items():
     assert torch.equal(value, hf.state_dict()[name]), name
+  _no_local_gs_dir()
+
+
+def _download(gcs, gs_prefix, local):  # noqa: F811
+  """Copies every object under gs_prefix into the local directory `local`."""
+  for name in gcs.list_objects(gs_prefix + "/"):
+    if name.endswith("/"):
+      continue
+    target = local / name[len(gs_prefix) + 1:]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(gcs.read_object(name))
+  return local
+
+
+@pytest.mark.slow
+def test_kill_9_and_sigterm_on_gs_resume_exactly(gcs, pretrained, tmp_path):  # noqa: F811
+  """gs:// workdir: kill -9 while a checkpoint is being written to the bucket, rerun: the
+  final parameters equal those of an uninterrupted run bit for bit; SIGTERM saves into the
+  bucket and exits 0, and the rerun resumes from that step."""
+  run, _ = pretrained
+  root = gcs.fresh_prefix()
+  settings = {**SHORT, "data.vocab_path": f"{run}/vocab", "data.prepared_dir": f"{run}/prepared",
+              "num_train_steps": 8, "checkpoint_every_steps": 2, "keep_checkpoints": 20}
+  straight, broken = f"{root}/straight", f"{root}/broken"
+  _run(gcs, tu.main_args(straight, **settings))
+  env = {**tu.env(1), **gcs.env()}
+  proc = subprocess.Popen(tu.main_args(broken, **settings), cwd=tu.REPO, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    tu.wait_for(lambda: any(o.startswith(f"{broken}/checkpoints/4")
+                            for o in gcs.list_objects(f"{broken}/checkpoints/")),
+                240, "checkpoint 4 in the bucket", proc)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  again = _run(gcs, tu.main_args(broken, **settings)).stderr
+  assert "Resumed from" in again and "step 8/8" in again
+  a = tu.load_checkpoint(_download(gcs, straight, tmp_path / "straight"), 8)
+  b = tu.load_checkpoint(_download(gcs, broken, tmp_path / "broken"), 8)
+  fa, fb = tu.flat(a), tu.flat(b)
+  assert fa.keys() == fb.keys()
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+
+  preempted = f"{root}/preempted"
+  log = tmp_path / "sigterm.log"
+  with open(log, "w") as f:
+    proc = subprocess.Popen(
+        tu.main_args(preempted, **{**settings, "num_train_steps": 100_000,
+                                   "checkpoint_every_steps": 1000, "log_every_steps": 1}),
+        cwd=tu.REPO, env=env, stdout=f, stderr=f)
+    tu.wait_for(lambda: "step 3/" in log.read_text(), 240, "step 3", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+  assert "Preempted" in log.read_text()
+  names = {o.split("/checkpoints/")[1].split("/")[0]
+           for o in gcs.list_objects(f"{preempted}/checkpoints/")}
+  steps = sorted(int(n) for n in names if n.isdigit())
+  assert len(steps) == 1 and steps[0] >= 3
+  resumed = _run(gcs, tu.main_args(preempted, **{**settings, "num_train_steps": steps[0] + 2}))
+  assert f"Resumed from {preempted}/checkpoints/{steps[0]}" in resumed.stderr
   _no_local_gs_dir()
