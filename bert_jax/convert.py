@@ -20,6 +20,7 @@ from absl import logging
 from etils import epath
 import numpy as np
 
+from bert_jax import errors
 from bert_jax import fileio
 from bert_jax.model import BertConfig
 
@@ -487,6 +488,7 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
   (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture), indent=2))
 
 
+@errors.reported
 def main(argv: Iterable[str] | None = None) -> None:
   import argparse
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

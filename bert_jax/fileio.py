@@ -14,6 +14,8 @@ from typing import Any
 
 from etils import epath
 
+from bert_jax import errors
+
 COMPLETE_MARKER = "COMPLETE"
 
 
@@ -65,6 +67,6 @@ def require_gcs_client(p: str) -> None:
   try:
     import google.cloud.storage  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
-    raise ImportError(
+    raise errors.MissingDependencyError(
         f"{p} is on Google Cloud Storage, which needs the google-cloud-storage package: "
         "pip install -c constraints.txt -e . (or pip install google-cloud-storage).") from e

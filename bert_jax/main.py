@@ -17,6 +17,7 @@ import jax
 from ml_collections import config_flags
 import tensorflow as tf
 
+from bert_jax import errors
 from bert_jax import metrics
 from bert_jax import train
 
@@ -47,6 +48,7 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer("heartbeat_timeout", 60,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+@errors.reported
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")

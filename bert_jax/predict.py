@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import convert
+from bert_jax import errors
 from bert_jax import fileio
 from bert_jax import model as model_lib
 
@@ -136,6 +137,7 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
   return np.concatenate(outs), mask
 
 
+@errors.reported
 def main(argv=None) -> None:
   import argparse
   from input_pipeline.tokenizer import Tokenizer

@@ -1,9 +1,14 @@
 """bert_jax.fileio: the one path layer (local and gs:// paths)."""
+import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
 
 from bert_jax import fileio
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_local_paths_become_absolute_and_remote_ones_stay(tmp_path, monkeypatch):
@@ -17,6 +22,27 @@ def test_gs_path_without_the_gcs_client_is_one_clear_error(monkeypatch):
   monkeypatch.setitem(sys.modules, "google.cloud.storage", None)  # import fails
   with pytest.raises(ImportError, match=r"gs://bucket/run .*google-cloud-storage.*pip install"):
     fileio.path("gs://bucket/run")
+
+
+@pytest.mark.parametrize("module,args", [
+    ("bert_jax.main", ["--config=configs/tiny_pretrain.py", "--workdir=gs://bucket/run"]),
+    ("bert_jax.predict", ["--checkpoint=gs://bucket/run", "--vocab={vocab}", "--text=a [MASK] b"]),
+    ("bert_jax.convert", ["--input=gs://bucket/hf", "--output=/tmp/never"]),
+])
+def test_entry_points_report_a_missing_gcs_client_in_one_line(module, args, tmp_path):
+  """The main job, predict and convert with a gs:// path and no google-cloud-storage: one line
+  naming the pip command, exit status 2, no traceback."""
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\n")
+  args = [a.format(vocab=vocab) for a in args]
+  code = ("import runpy, sys; sys.modules['google.cloud.storage'] = None; "
+          f"sys.argv = [{module!r}] + {args!r}; runpy.run_module({module!r}, run_name='__main__')")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=REPO)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert "error: gs://bucket/" in last and "pip install" in last, proc.stderr[-3000:]
 
 
 def test_completion_marker_and_json(tmp_path):
