@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
 from clu import metric_writers
@@ -56,6 +56,10 @@ def summarize(sums: Mapping[str, float]) -> dict[str, float]:
   return out
 
 
+# (scalar, label) pairs of the pre-training progress line (after the loss).
+PRETRAINING_CONSOLE = (("mlm_accuracy", "mlm_acc"), ("nsp_accuracy", "nsp_acc"))
+
+
 def _nsp_text(scalars: Mapping[str, float], loss: bool = False) -> str:
   if "nsp_accuracy" not in scalars:
     return ""
@@ -74,8 +78,14 @@ class TrainMetrics:
 
   def __init__(self, writer: metric_writers.MetricWriter, *, total_steps: int,
                tokens_per_step: int, flops_per_step: float, peak_flops: float,
-               learning_rate: Callable[[int], float]):
+               learning_rate: Callable[[int], float],
+               summarize: Callable[[Mapping[str, float]], dict[str, float]] = summarize,
+               console: Sequence[tuple[str, str]] = PRETRAINING_CONSOLE,
+               prefix: Callable[[int], str] | None = None):
+    """`summarize` turns metric sums into scalars (the objective's); `console` names the
+    scalars printed after the loss; `prefix(step)` may start the line (e.g. the epoch)."""
     self.writer = writer
+    self.summarize, self.console, self.prefix = summarize, tuple(console), prefix
     self.total_steps = total_steps
     self.tokens_per_step, self.flops_per_step = tokens_per_step, flops_per_step
     self.peak_flops = peak_flops
@@ -121,7 +131,7 @@ class TrainMetrics:
       return {}
     step = upto
     sums = {k: float(sum(v[k] for v in values)) for k in values[0]}
-    scalars = summarize(sums)
+    scalars = self.summarize(sums)
     scalars["loss"] = sums["loss"] / len(values)  # the optimised objective, mean over steps
     scalars["grad_norm"] = float(values[-1]["grad_norm"])
     scalars["param_norm"] = float(values[-1]["param_norm"])
@@ -145,9 +155,11 @@ class TrainMetrics:
       if "real_tokens_per_sec" in scalars:
         speed += f" ({scalars['real_tokens_per_sec']:,.0f} non-padding)"
       speed += f" | MFU {100 * scalars['mfu']:.2f}%"
+    shown = "".join(f" | {label} {scalars[key]:.4f}" for key, label in self.console
+                    if key in scalars)
     logging.info(
-        "step %d/%d | loss %.4f | mlm_acc %.4f%s | lr %.3g | grad_norm %.3f%s | ETA %s",
-        step, self.total_steps, scalars["loss"], scalars["mlm_accuracy"], _nsp_text(scalars),
+        "%sstep %d/%d | loss %.4f%s | lr %.3g | grad_norm %.3f%s | ETA %s",
+        self.prefix(step) if self.prefix else "", step, self.total_steps, scalars["loss"], shown,
         scalars["learning_rate"], scalars["grad_norm"], speed, _fmt_eta(eta))
     self.last = scalars
     return scalars

@@ -115,12 +115,13 @@ def num_batch_shards(mesh: Mesh, rules: Rules) -> int:
   return math.prod(mesh.shape[a] for a in batch_axes(rules))
 
 
-def check_batch_size(global_batch: int, micro_steps: int, mesh: Mesh, rules: Rules) -> None:
+def check_batch_size(global_batch: int, micro_steps: int, mesh: Mesh, rules: Rules,
+                     name: str = "global_batch_size") -> None:
   shards = num_batch_shards(mesh, rules)
   procs = jax.process_count()
-  if global_batch % (micro_steps * shards) or global_batch % procs or shards % procs:
+  if global_batch < 1 or global_batch % (micro_steps * shards) or global_batch % procs or shards % procs:
     raise ValueError(
-        f"global_batch_size {global_batch} must split into {micro_steps} micro-batches "
+        f"{name} {global_batch} must split into {micro_steps} micro-batches "
         f"each divisible by the {shards} batch shards of mesh {dict(mesh.shape)}, and over "
         f"{procs} processes (the batch axes must span the processes).")
 

@@ -1,25 +1,19 @@
-"""BERT pre-training: train state, the jitted train/eval steps, and the training loop.
+"""BERT pre-training: the job that `main.py` runs for `config.task == "pretrain"`.
 
-`train_and_evaluate(config, workdir)` is the whole job (what `main.py` calls):
-shapes first (`jax.eval_shape` of the init), shardings from the parameters'
-logical axis names, a jitted init that creates the state already sharded (or a
-restore of the latest checkpoint in `workdir`), then one jitted
-`train_step(state, batch, rng)` with the state donated.
+It picks the model (BertForPreTraining, with or without NSP), the objective (masked LM +
+optional NSP, packed or not), the data (the prepared corpus or synthetic batches) and the
+held-out evaluation; `bert_jax/trainer.py` does the rest (sharded state, jitted steps,
+checkpoints, the loop). `train_and_evaluate(config, workdir)` dispatches by config.task.
 """
 from __future__ import annotations
 
 import functools
-import json
 import os
-import signal
-import threading
-import time
 from typing import Any
 
 from absl import logging
 import flax
 import flax.linen as nn
-from flax import struct
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -32,8 +26,9 @@ from bert_jax import fileio
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
-from bert_jax import sharding
+from bert_jax import trainer as trainer_lib
 from bert_jax.model import BertConfig, BertForPreTraining, pretraining_loss
+from bert_jax.trainer import Objective, TrainState  # pylint: disable=unused-import  (the public names)
 
 MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")
 # Packed rows (data.packing) also pass these, by keyword (see bert_jax.model.BertModel).
@@ -42,13 +37,6 @@ PACKED_INPUTS = ("position_ids", "packed_example_ids", "cls_positions")
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                        "intermediate_size", "max_position_embeddings", "type_vocab_size",
                        "hidden_act", "layer_norm_eps")
-
-
-class TrainState(struct.PyTreeNode):
-  """Everything a checkpoint must hold to continue bit-identically (plus the data position)."""
-  step: jax.Array  # int32 scalar: updates applied so far
-  params: Any  # float32 master weights
-  opt_state: Any  # float32 optimizer moments (+ counters)
 
 
 def bert_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
@@ -67,44 +55,19 @@ def bert_config(config: ml_collections.ConfigDict, vocab_size: int | None = None
   return BertConfig.from_preset(config.model.preset, **overrides)
 
 
+def pretraining_sample(seq_len: int, num_predictions: int) -> dict[str, np.ndarray]:
+  """One row of the pre-training model inputs (what the init traces; values do not matter)."""
+  ids = np.ones((1, seq_len), np.int32)
+  return {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": ids,
+          "masked_lm_positions": np.zeros((1, num_predictions), np.int32)}
+
+
 def init_state(rng: jax.Array, *, model: BertForPreTraining, tx: optax.GradientTransformation,
                seq_len: int, num_predictions: int) -> TrainState:
-  """A fresh TrainState with *boxed* (logically named) params and optimizer state."""
-  ids = jnp.ones((1, seq_len), jnp.int32)
-  positions = jnp.zeros((1, num_predictions), jnp.int32)
-  params = model.init({"params": rng}, ids, jnp.zeros_like(ids), ids, positions)["params"]
-  # tx.init maps over the boxed params, so moments inherit their logical axes.
-  return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
-
-
-def _microbatches(batch: dict[str, jax.Array], n: int) -> dict[str, jax.Array]:
-  """[B, ...] -> [n, B/n, ...]; micro-batch i holds rows i, n+i, 2n+i, ... so that each
-  device's rows split locally (no data movement under batch sharding)."""
-  def split(x):
-    x = jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
-    return nn.with_logical_constraint(x, (None, "activation_batch") + (None,) * (x.ndim - 2))
-  return jax.tree.map(split, batch)
-
-
-@struct.dataclass
-class Objective:
-  """What a train step optimises: the model inputs, per-batch metric sums, the
-  denominators taken over the *global* batch, and how they make the loss.
-
-  Pre-training is one objective (PRETRAINING); each fine-tuning task is another
-  (bert_jax/finetune.py), all run by the same `train_step`.
-  """
-  inputs: tuple[str, ...] = struct.field(pytree_node=False)
-  sums: Any = struct.field(pytree_node=False)  # (outputs, batch) -> dict of sums
-  denominators: Any = struct.field(pytree_node=False)  # global batch -> dict of scalars
-  loss: Any = struct.field(pytree_node=False)  # (sums, denominators) -> scalar loss
-  # Batch keys passed to the model by keyword (e.g. PACKED_INPUTS for packed rows).
-  keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=())
-
-  def apply(self, model, params, batch, **kwargs):
-    """model.apply on the objective's inputs of `batch`."""
-    return model.apply({"params": params}, *(batch[k] for k in self.inputs),
-                       **{k: batch[k] for k in self.keyword_inputs}, **kwargs)
+  """A fresh pre-training TrainState with *boxed* (logically named) params."""
+  return trainer_lib.init_state(rng, model=model, tx=tx,
+                                sample_batch=pretraining_sample(seq_len, num_predictions),
+                                inputs=MODEL_INPUTS)
 
 
 def _pretraining_denominators(batch):
@@ -132,7 +95,8 @@ def _pretraining_loss(sums, denominators):
 # MLM + NSP, or MLM alone for BertForPreTraining(nsp=False): the sums say which.
 PRETRAINING = Objective(
     inputs=MODEL_INPUTS, sums=_pretraining_sums,
-    denominators=_pretraining_denominators, loss=_pretraining_loss)
+    denominators=_pretraining_denominators, loss=_pretraining_loss,
+    summarize=metrics_lib.summarize, console=metrics_lib.PRETRAINING_CONSOLE)
 # Packed rows (data.packing): the same loss over the examples of every row.
 PRETRAINING_PACKED = PRETRAINING.replace(keyword_inputs=PACKED_INPUTS)
 
@@ -141,46 +105,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
                model: BertForPreTraining, tx: optax.GradientTransformation,
                micro_steps: int = 1, objective: Objective = PRETRAINING
                ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer update on the global batch, accumulated over `micro_steps` micro-batches.
-
-  Losses are normalised by the *global* batch's denominators (MLM weight and
-  example count for pre-training), so the summed micro-batch gradients equal the
-  gradient of the full batch.
-  """
-  rng = jax.random.fold_in(rng, state.step)
-  denominators = objective.denominators(batch)
-
-  def loss_fn(params, micro, micro_rng):
-    outputs = objective.apply(model, params, micro, deterministic=False,
-                              rngs={"dropout": micro_rng})
-    sums = objective.sums(outputs, micro)
-    return objective.loss(sums, denominators), sums
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if micro_steps == 1:
-    (loss, sums), grads = grad_fn(state.params, batch, jax.random.fold_in(rng, 0))
-  else:
-    def accumulate(carry, xs):
-      micro, i = xs
-      (l, s), g = grad_fn(state.params, micro, jax.random.fold_in(rng, i))
-      return jax.tree.map(jnp.add, carry, (l, s, g)), None
-    micro = _microbatches(batch, micro_steps)
-    first = jax.tree.map(lambda x: x[0], micro)
-    zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                         jax.eval_shape(grad_fn, state.params, first, rng))
-    (loss, sums, grads), _ = jax.lax.scan(
-        accumulate, (zeros[0][0], zeros[0][1], zeros[1]), (micro, jnp.arange(micro_steps)))
-
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  metrics = dict(sums, loss=loss, grad_norm=optax.global_norm(grads),
-                 param_norm=optax.global_norm(params))
-  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  """trainer.train_step with the pre-training objective by default."""
+  return trainer_lib.train_step(state, batch, rng, model=model, tx=tx, objective=objective,
+                                micro_steps=micro_steps)
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: BertForPreTraining,
               objective: Objective = PRETRAINING) -> dict[str, jax.Array]:
-  return objective.sums(objective.apply(model, params, batch, deterministic=True), batch)
+  return trainer_lib.eval_step(params, batch, model=model, objective=objective)
 
 
 def pretraining_objective(data_cfg) -> Objective:
@@ -191,18 +123,11 @@ def pretraining_objective(data_cfg) -> Objective:
 def create_train_state(config: ml_collections.ConfigDict, model: BertForPreTraining,
                        tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
                        rules) -> tuple[Any, Any, functools.partial]:
-  """Shapes and shardings of the state, and a jitted init that yields it sharded.
-
-  Returns (abstract_state, state_shardings, init_fn): abstract_state holds
-  ShapeDtypeStructs carrying their shardings (a restore target for Orbax).
-  """
+  """(abstract_state, state_shardings, init_fn) of a pre-training state (see trainer.build)."""
   init = functools.partial(init_state, model=model, tx=tx, seq_len=config.data.max_seq_length,
                            num_predictions=config.data.max_predictions_per_seq)
   rng = jax.random.key(config.seed)
-  boxed = jax.eval_shape(init, rng)
-  shardings = sharding.logical_shardings(boxed, mesh, rules)
-  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          sharding.strip_boxes(boxed), shardings)
+  abstract, shardings = trainer_lib.abstract_state(init, rng, mesh, rules)
   jit_init = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)
   return abstract, shardings, functools.partial(jit_init, rng)
 
@@ -284,41 +209,6 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
   return flax.traverse_util.unflatten_dict({k: loaded.get(k, fresh_flat[k]) for k in want})
 
 
-class _Preemption:
-  """SIGTERM -> save a checkpoint at the next step and exit cleanly. With several
-  processes, Orbax's preemption sync point makes all of them stop at one step."""
-
-  def __init__(self, checkpointer: checkpointing.Checkpointer):
-    self.checkpointer = checkpointer
-    self.requested = False
-    self._previous = None
-    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    del frame
-    logging.warning("Received signal %d: checkpointing and stopping.", signum)
-    self.requested = True
-
-  def __call__(self, step: int) -> bool:
-    if jax.process_count() > 1:
-      self.requested = bool(self.checkpointer.manager.reached_preemption(step))
-    return self.requested
-
-  def restore(self) -> None:
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
-
-
-def evaluate(p_eval_step, params, batches, batch_sharding) -> dict[str, float]:
-  """Metric sums over held-out host-local `batches`."""
-  sums = None
-  for batch in batches:
-    m = p_eval_step(params, sharding.host_to_global(batch, batch_sharding))
-    sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
-  return {k: float(v) for k, v in jax.device_get(sums).items()}
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   """Runs the job `config.task` in `workdir` (resuming from its checkpoints)."""
   if config.task == "pretrain":
@@ -328,69 +218,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
 
 
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Pre-trains (MLM + NSP) to config.num_train_steps; evaluates on held-out data."""
+  """Pre-trains (MLM + optional NSP) to config.num_train_steps; evaluates on held-out data."""
   workdir = os.fspath(workdir)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   data_cfg, vocab_size = data_lib.prepare(config, workdir)
   cfg = bert_config(config, vocab_size)
   model = BertForPreTraining(cfg, nsp=data_cfg.nsp)
-  tx = optim.make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
-  rules = tuple((name, tuple(ax) if isinstance(ax, list) else ax)
-                for name, ax in config.logical_axis_rules)
-  micro = config.grad_accum_steps
-  sharding.check_batch_size(config.global_batch_size, micro, mesh, rules)
-  if config.eval_steps > 0:
-    sharding.check_batch_size(config.eval_batch_size, 1, mesh, rules)
+  do_eval = config.eval_steps > 0
+  trainer = trainer_lib.build(
+      config, model, pretraining_objective(data_cfg),
+      pretraining_sample(config.data.max_seq_length, config.data.max_predictions_per_seq),
+      workdir, eval_batch_size=config.eval_batch_size if do_eval else None)
   logging.info("Model %s: %s; %d devices, mesh %s.", config.model.preset, cfg,
-               jax.device_count(), dict(mesh.shape))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    return _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro)
+               jax.device_count(), dict(trainer.mesh.shape))
+  init_params = None
+  if config.init_checkpoint:
+    init_params = lambda state: load_init_params(config.init_checkpoint, cfg,
+                                                 trainer.abstract.params, state.params)
+  state, data_state = trainer.restore_or_init(init_params)
+  logging.info("%s parameters.", f"{trainer.num_params():,}")
 
-
-def _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro) -> TrainState:
-  abstract, state_sh, init_fn = create_train_state(config, model, tx, mesh, rules)
-  ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints,
-                                    keep_period=config.keep_checkpoint_period,
-                                    async_save=config.async_checkpointing)
-  restored = ckpt.restore(abstract, config)
-  data_state = None
-  if restored is not None:
-    step, state, data_state, saved_cfg = restored
-    logging.info("Resumed from %s/%d.", ckpt.directory, step)
-    if saved_cfg.get("data") != json.loads(config.to_json_best_effort())["data"]:
-      logging.info("The data config changed since step %d (e.g. phase 2): the input "
-                   "iterator starts afresh.", step)
-      data_state = None
-  elif config.init_checkpoint:
-    state = init_fn()
-    state = state.replace(params=load_init_params(config.init_checkpoint, cfg, abstract.params,
-                                                  state.params))
-  else:
-    state = init_fn()
-  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract.params))
-  logging.info("%s parameters.", f"{n_params:,}")
-
-  per_host = config.global_batch_size // jax.process_count()
-  train_iter = data_lib.make_iterator(config, data_cfg, split="train", batch_size=per_host,
+  n = jax.process_count()
+  train_iter = data_lib.make_iterator(config, data_cfg, split="train",
+                                      batch_size=config.global_batch_size // n,
                                       vocab_size=cfg.vocab_size, seed=config.seed)
   if data_state is not None:
     train_iter.set_state(data_state)
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  repl = sharding.replicated(mesh)
-  objective = pretraining_objective(data_cfg)
-  p_train_step = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, micro_steps=micro, objective=objective),
-      in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-      donate_argnums=(0,))
-  p_eval_step = jax.jit(functools.partial(eval_step, model=model, objective=objective),
-                        in_shardings=(state_sh.params, batch_sh), out_shardings=repl)
   eval_iter, eval_batches = None, []
-  if config.eval_steps > 0:
-    eval_iter = data_lib.make_iterator(
-        config, data_cfg, split="eval", batch_size=config.eval_batch_size // jax.process_count(),
-        vocab_size=cfg.vocab_size, seed=config.seed)
-
+  if do_eval:
+    eval_iter = data_lib.make_iterator(config, data_cfg, split="eval",
+                                       batch_size=config.eval_batch_size // n,
+                                       vocab_size=cfg.vocab_size, seed=config.seed)
   from input_pipeline import pretrain as pretrain_data  # pylint: disable=g-import-not-at-top
   seq_len, preds = data_cfg.max_seq_length, pretrain_data.predictions_per_row(data_cfg)
   writer = metrics_lib.make_writer(workdir)
@@ -400,64 +258,21 @@ def _pretrain(config, workdir, data_cfg, cfg, model, tx, mesh, rules, micro) -> 
       flops_per_step=flops_lib.train_flops_per_step(cfg, config.global_batch_size, seq_len, preds,
                                                     nsp=model.nsp),
       peak_flops=flops_lib.peak_flops(str(cfg.dtype), config.peak_flops_per_device),
-      learning_rate=functools.partial(optim.host_learning_rate, config))
-  dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
-  preempted = _Preemption(ckpt)
+      learning_rate=functools.partial(optim.host_learning_rate, config),
+      summarize=trainer.objective.summarize, console=trainer.objective.console)
 
-  def run_eval(step):
+  def evaluate(step, state):
     if not eval_batches:  # the same held-out batches every time, read once
       eval_batches.extend(next(eval_iter) for _ in range(config.eval_steps))
-    sums = evaluate(p_eval_step, state.params, eval_batches, batch_sh)
+    sums = trainer_lib.evaluate_sums(trainer, state.params, eval_batches)
     return metrics_lib.report_eval(writer, step, sums)
 
-  start = int(jax.device_get(state.step))
-  end = config.num_train_steps
-  if config.max_steps_per_run > 0:
-    end = min(end, start + config.max_steps_per_run)
-  if start >= config.num_train_steps:
-    logging.info("Training already reached step %d (num_train_steps=%d).", start, end)
-  log_step = None
-  step = start
-  try:
-    for step in range(start + 1, end + 1):  # `step` counts updates done after this one
-      t0 = time.perf_counter()
-      with jax.profiler.StepTraceAnnotation("train", step_num=step):
-        batch = sharding.host_to_global(next(train_iter), batch_sh)
-        state, m = p_train_step(state, batch, dropout_rng)
-      train_metrics.add(step, m)
-      if step == start + 1:
-        jax.block_until_ready(m)
-        logging.info("First step (compilation included) took %.1fs.", time.perf_counter() - t0)
-        train_metrics.start_timer(step)
-      if log_step is not None:  # read the previous log step now that this one is queued
-        train_metrics.report(log_step)
-        log_step = None
-      stop = preempted(step) or step == end
-      do_eval = eval_iter is not None and (
-          (config.eval_every_steps and step % config.eval_every_steps == 0)
-          or step == config.num_train_steps)
-      do_save = step % config.checkpoint_every_steps == 0 or stop
-      if step % config.log_every_steps == 0 or stop:
-        if do_eval or do_save:
-          train_metrics.report(step)  # blocking here anyway
-        else:
-          log_step = step
-      if do_save:
-        train_metrics.check(step)  # never save a state whose loss went NaN
-        ckpt.save(step, state, train_iter.get_state(), config)
-      if do_eval:
-        run_eval(step)
-      if stop:
-        break
-  except metrics_lib.NonFiniteLossError:
-    ckpt.wait()
-    logging.error("Stopping: non-finite loss. Checkpoints kept in %s (latest: step %s).",
-                  ckpt.directory, ckpt.latest_step())
-    raise
-  finally:
-    preempted.restore()
-    ckpt.close()
-    writer.flush()
-  if preempted.requested:
-    logging.warning("Preempted: saved step %d; rerun the same command to continue.", step)
-  return state
+  eval_at = lambda step: bool((config.eval_every_steps and step % config.eval_every_steps == 0)
+                              or step == config.num_train_steps)
+  result = trainer_lib.run(trainer, state, train_iter, num_steps=config.num_train_steps,
+                           metrics=train_metrics, evaluate=evaluate if do_eval else None,
+                           eval_at=eval_at)
+  logging.info("Outputs in %s: checkpoints (latest: step %d) in %s; TensorBoard: "
+               "tensorboard --logdir=%s", workdir, result.step, trainer.checkpointer.directory,
+               workdir)
+  return result.state

@@ -1,0 +1,362 @@
+"""One setup and one loop for every job: pre-training and each fine-tuning task.
+
+    trainer = build(config, model, objective, sample_batch, workdir)
+    state, data_state = trainer.restore_or_init()
+    state = run(trainer, state, train_iter, num_steps=..., metrics=..., evaluate=...)
+
+`build` states the sharding once: mesh and logical-axis rules from the config, the
+state's shapes from `jax.eval_shape` of the init, their shardings from the parameters'
+logical names, a jitted init that creates the state already sharded, the jitted train
+and eval steps (state donated), the optimizer and the Checkpointer. `run` is the loop:
+metrics read one step late, console progress and TensorBoard, evaluation and checkpoint
+cadence, SIGTERM (preemption) save, NaN/Inf stop, and resume through the iterator's
+`get_state()`. A job (bert_jax/train.py, bert_jax/finetune.py) picks model, objective,
+data and evaluation; the `Objective` owns the inputs, loss and metric sums.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import signal
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+from absl import logging
+import flax.linen as nn
+from flax import struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from bert_jax import checkpointing
+from bert_jax import metrics as metrics_lib
+from bert_jax import optim
+from bert_jax import sharding
+
+
+class TrainState(struct.PyTreeNode):
+  """Everything a checkpoint must hold to continue bit-identically (plus the data position)."""
+  step: jax.Array  # int32 scalar: updates applied so far
+  params: Any  # float32 master weights
+  opt_state: Any  # float32 optimizer moments (+ counters)
+
+
+@struct.dataclass
+class Objective:
+  """What a train step optimises and what the logs show.
+
+  inputs / keyword_inputs: batch keys passed to the model positionally / by keyword.
+  sums(outputs, batch): metric sums of a (micro-)batch; denominators(batch): scalars over
+  the *global* batch; loss(sums, denominators): the optimised scalar. summarize(sums) turns
+  host-side sums into the scalars that the console and TensorBoard show; `console` lists
+  (scalar, label) pairs printed on each progress line after the loss.
+  """
+  inputs: tuple[str, ...] = struct.field(pytree_node=False)
+  sums: Any = struct.field(pytree_node=False)  # (outputs, batch) -> dict of sums
+  denominators: Any = struct.field(pytree_node=False)  # global batch -> dict of scalars
+  loss: Any = struct.field(pytree_node=False)  # (sums, denominators) -> scalar loss
+  keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=())
+  summarize: Any = struct.field(pytree_node=False, default=None)  # host sums -> scalars
+  console: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
+
+  def apply(self, model, params, batch, **kwargs):
+    """model.apply on the objective's inputs of `batch`."""
+    return model.apply({"params": params}, *(batch[k] for k in self.inputs),
+                       **{k: batch[k] for k in self.keyword_inputs}, **kwargs)
+
+
+def _microbatches(batch: dict[str, jax.Array], n: int) -> dict[str, jax.Array]:
+  """[B, ...] -> [n, B/n, ...]; micro-batch i holds rows i, n+i, 2n+i, ... so that each
+  device's rows split locally (no data movement under batch sharding)."""
+  def split(x):
+    x = jnp.swapaxes(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 0, 1)
+    return nn.with_logical_constraint(x, (None, "activation_batch") + (None,) * (x.ndim - 2))
+  return jax.tree.map(split, batch)
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *,
+               model: nn.Module, tx: optax.GradientTransformation, objective: Objective,
+               micro_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update on the global batch, accumulated over `micro_steps` micro-batches.
+
+  Losses are normalised by the *global* batch's denominators, so the summed micro-batch
+  gradients equal the gradient of the full batch.
+  """
+  rng = jax.random.fold_in(rng, state.step)
+  denominators = objective.denominators(batch)
+
+  def loss_fn(params, micro, micro_rng):
+    outputs = objective.apply(model, params, micro, deterministic=False,
+                              rngs={"dropout": micro_rng})
+    sums = objective.sums(outputs, micro)
+    return objective.loss(sums, denominators), sums
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if micro_steps == 1:
+    (loss, sums), grads = grad_fn(state.params, batch, jax.random.fold_in(rng, 0))
+  else:
+    def accumulate(carry, xs):
+      micro, i = xs
+      (l, s), g = grad_fn(state.params, micro, jax.random.fold_in(rng, i))
+      return jax.tree.map(jnp.add, carry, (l, s, g)), None
+    micro = _microbatches(batch, micro_steps)
+    first = jax.tree.map(lambda x: x[0], micro)
+    zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                         jax.eval_shape(grad_fn, state.params, first, rng))
+    (loss, sums, grads), _ = jax.lax.scan(
+        accumulate, (zeros[0][0], zeros[0][1], zeros[1]), (micro, jnp.arange(micro_steps)))
+
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(sums, loss=loss, grad_norm=optax.global_norm(grads),
+                 param_norm=optax.global_norm(params))
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *, model: nn.Module,
+              objective: Objective) -> dict[str, jax.Array]:
+  return objective.sums(objective.apply(model, params, batch, deterministic=True), batch)
+
+
+def init_state(rng: jax.Array, *, model: nn.Module, tx: optax.GradientTransformation,
+               sample_batch: Mapping[str, Any], inputs: tuple[str, ...]) -> TrainState:
+  """A fresh TrainState with *boxed* (logically named) params and optimizer state; the
+  model is initialised on `sample_batch[k] for k in inputs` (only shapes matter)."""
+  params = model.init({"params": rng}, *(jnp.asarray(sample_batch[k]) for k in inputs))["params"]
+  # tx.init maps over the boxed params, so moments inherit their logical axes.
+  return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def logical_rules(config: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
+  """config.logical_axis_rules as hashable tuples (ConfigDict turns tuples into lists)."""
+  return tuple((name, tuple(ax) if isinstance(ax, list) else ax)
+               for name, ax in config.logical_axis_rules)
+
+
+def abstract_state(init: Callable[[jax.Array], Any], rng: jax.Array, mesh: jax.sharding.Mesh,
+                   rules) -> tuple[Any, Any]:
+  """(abstract state, shardings) of `init(rng)`: ShapeDtypeStructs carrying their shardings
+  (a restore target for Orbax), from the logical axis names; nothing is allocated."""
+  boxed = jax.eval_shape(init, rng)
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          sharding.strip_boxes(boxed), shardings)
+  return abstract, shardings
+
+
+@dataclasses.dataclass
+class Trainer:
+  """Everything `build` sets up for one job; `run` drives it."""
+  config: ml_collections.ConfigDict
+  model: nn.Module
+  objective: Objective
+  tx: optax.GradientTransformation
+  mesh: jax.sharding.Mesh
+  rules: tuple[tuple[str, Any], ...]
+  abstract: Any  # TrainState of ShapeDtypeStructs with shardings
+  state_shardings: Any
+  batch_sharding: jax.sharding.NamedSharding
+  replicated: jax.sharding.NamedSharding
+  init: Callable[[], TrainState]  # jitted: a fresh state, already sharded
+  train_step: Callable  # jitted (state, global batch, rng) -> (state, metrics); state donated
+  eval_step: Callable  # jitted (params, global batch) -> metric sums (replicated)
+  checkpointer: checkpointing.Checkpointer | None
+  micro_steps: int = 1
+
+  @contextlib.contextmanager
+  def activate(self) -> Iterator[None]:
+    """The mesh and logical-axis rules under which the model traces."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      yield
+
+  def to_global(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+    """This host's rows of a global batch -> global jax.Arrays on the batch sharding."""
+    return sharding.host_to_global(batch, self.batch_sharding)
+
+  @property
+  def dropout_rng(self) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(self.config.seed), 1)
+
+  def restore_or_init(self, init_params: Callable[[TrainState], Any] | None = None
+                      ) -> tuple[TrainState, Any]:
+    """(state, this process's data state or None): the newest restorable checkpoint of the
+    workdir, else a fresh state whose params `init_params(state)` may replace (e.g. from
+    config.init_checkpoint)."""
+    restored = self.checkpointer.restore(self.abstract, self.config) if self.checkpointer else None
+    if restored is not None:
+      step, state, data_state, saved_cfg = restored
+      logging.info("Resumed from %s/%d.", self.checkpointer.directory, step)
+      if saved_cfg.get("data") != json_config(self.config).get("data"):
+        logging.info("The data config changed since step %d (e.g. phase 2): the input "
+                     "iterator starts afresh.", step)
+        data_state = None
+      return state, data_state
+    with self.activate():
+      state = self.init()
+    if init_params is not None:
+      state = state.replace(params=init_params(state))
+    return state, None
+
+  def num_params(self) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.abstract.params))
+
+
+def json_config(config: ml_collections.ConfigDict) -> dict:
+  return json.loads(config.to_json_best_effort())
+
+
+def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Objective,
+          sample_batch: Mapping[str, Any], workdir: str | None, *,
+          eval_batch_size: int | None = None) -> Trainer:
+  """Mesh, rules, sharded state shapes, jitted init/train/eval steps, optimizer and (with a
+  workdir) the Checkpointer of a job, from its config, model, objective and one sample
+  batch (any number of rows: only the shapes of `objective.inputs` are used)."""
+  tx = optim.make_optimizer(config)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  rules = logical_rules(config)
+  micro = int(config.get("grad_accum_steps", 1))
+  sharding.check_batch_size(config.global_batch_size, micro, mesh, rules)
+  if eval_batch_size:
+    sharding.check_batch_size(eval_batch_size, 1, mesh, rules, name="eval_batch_size")
+  sample = {k: np.asarray(sample_batch[k])[:1] for k in objective.inputs}
+  init = functools.partial(init_state, model=model, tx=tx, sample_batch=sample,
+                           inputs=objective.inputs)
+  rng = jax.random.key(config.seed)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract, state_sh = abstract_state(init, rng, mesh, rules)
+  jit_init = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=state_sh)
+  batch_sh = sharding.batch_sharding(mesh, rules)
+  repl = sharding.replicated(mesh)
+  p_train = jax.jit(functools.partial(train_step, model=model, tx=tx, objective=objective,
+                                      micro_steps=micro),
+                    in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
+                    donate_argnums=(0,))
+  p_eval = jax.jit(functools.partial(eval_step, model=model, objective=objective),
+                   in_shardings=(state_sh.params, batch_sh), out_shardings=repl)
+  ckpt = None
+  if workdir is not None:
+    ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints,
+                                      keep_period=config.keep_checkpoint_period,
+                                      async_save=config.async_checkpointing)
+  return Trainer(config=config, model=model, objective=objective, tx=tx, mesh=mesh, rules=rules,
+                 abstract=abstract, state_shardings=state_sh, batch_sharding=batch_sh,
+                 replicated=repl, init=functools.partial(jit_init, rng), train_step=p_train,
+                 eval_step=p_eval, checkpointer=ckpt, micro_steps=micro)
+
+
+class Preemption:
+  """SIGTERM -> save a checkpoint at the next step and exit cleanly. With several
+  processes, Orbax's preemption sync point makes all of them stop at one step."""
+
+  def __init__(self, checkpointer: checkpointing.Checkpointer):
+    self.checkpointer = checkpointer
+    self.requested = False
+    self._previous = None
+    if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del frame
+    logging.warning("Received signal %d: checkpointing and stopping.", signum)
+    self.requested = True
+
+  def __call__(self, step: int) -> bool:
+    if jax.process_count() > 1:
+      self.requested = bool(self.checkpointer.manager.reached_preemption(step))
+    return self.requested
+
+  def restore(self) -> None:
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def evaluate_sums(trainer: Trainer, params: Any, batches) -> dict[str, float]:
+  """Metric sums of the eval step over host-local `batches` (summed over the global batch)."""
+  sums = None
+  with trainer.activate():
+    for batch in batches:
+      m = trainer.eval_step(params, trainer.to_global(batch))
+      sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
+  return {k: float(v) for k, v in jax.device_get(sums).items()}
+
+
+@dataclasses.dataclass
+class RunResult:
+  state: TrainState
+  step: int  # updates applied when the loop ended
+  preempted: bool
+
+
+def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
+        metrics: metrics_lib.TrainMetrics,
+        evaluate: Callable[[int, TrainState], Any] | None = None,
+        eval_at: Callable[[int], bool] = lambda step: False,
+        save_at: Callable[[int], bool] = lambda step: False) -> RunResult:
+  """Trains from `state.step` to `num_steps` (or config.max_steps_per_run more).
+
+  `train_iter` yields this host's rows of each global batch and has get_state() (saved with
+  every checkpoint). Every config.log_every_steps the metrics of the steps so far are read
+  (one step late, so the device never waits) and reported; `evaluate(step, state)` runs
+  where `eval_at(step)`, before the checkpoint of that step; checkpoints are saved every
+  config.checkpoint_every_steps, where `save_at(step)`, on SIGTERM and at the end. A
+  non-finite loss stops the run without saving that state.
+  """
+  config, ckpt = trainer.config, trainer.checkpointer
+  rng = trainer.dropout_rng
+  preempted = Preemption(ckpt)
+  start = int(jax.device_get(state.step))
+  end = num_steps
+  if config.get("max_steps_per_run", -1) > 0:
+    end = min(end, start + config.max_steps_per_run)
+  if start >= num_steps:
+    logging.info("Training already reached step %d (num_train_steps=%d).", start, num_steps)
+  log_step = None
+  step = start
+  try:
+    with trainer.activate():
+      for step in range(start + 1, end + 1):  # `step` counts updates done after this one
+        t0 = time.perf_counter()
+        with jax.profiler.StepTraceAnnotation("train", step_num=step):
+          batch = trainer.to_global(next(train_iter))
+          state, m = trainer.train_step(state, batch, rng)
+        metrics.add(step, m)
+        if step == start + 1:
+          jax.block_until_ready(m)
+          logging.info("First step (compilation included) took %.1fs.", time.perf_counter() - t0)
+          metrics.start_timer(step)
+        if log_step is not None:  # read the previous log step now that this one is queued
+          metrics.report(log_step)
+          log_step = None
+        stop = preempted(step) or step == end
+        do_eval = evaluate is not None and eval_at(step)
+        do_save = (step % config.checkpoint_every_steps == 0) or save_at(step) or stop
+        if step % config.log_every_steps == 0 or stop:
+          if do_eval or do_save:
+            metrics.report(step)  # blocking here anyway
+          else:
+            log_step = step
+        if do_eval:
+          metrics.check(step)
+          evaluate(step, state)
+        if do_save:
+          metrics.check(step)  # never save a state whose loss went NaN
+          ckpt.save(step, state, train_iter.get_state(), config)
+        if stop:
+          break
+  except metrics_lib.NonFiniteLossError:
+    ckpt.wait()
+    logging.error("Stopping: non-finite loss. Checkpoints kept in %s (latest: step %s).",
+                  ckpt.directory, ckpt.latest_step())
+    raise
+  finally:
+    preempted.restore()
+    ckpt.close()
+    metrics.writer.flush()
+  if preempted.requested:
+    logging.warning("Preempted: saved step %d; rerun the same command to continue.", step)
+  return RunResult(state=state, step=step, preempted=preempted.requested)
