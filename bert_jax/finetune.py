@@ -3,11 +3,13 @@
     python -m bert_jax.main --config=configs/glue.py:cola --config.init_checkpoint=DIR \
         --config.data_dir=glue/CoLA --config.vocab_path=vocab.txt --workdir=/tmp/cola
 
-Reuses the training system: `train.train_step` (with a task objective), the mesh
-and sharding rules, the optimizer, Orbax checkpoints (resume after a kill) and
-the metric writer. Evaluates on the dev set after every epoch, keeps the best
-parameters (`workdir/best`), and writes predictions in each task's submission
-format plus `metrics.json`.
+Each task picks its head, objective, features and dev evaluation; `bert_jax/trainer.py`
+does the rest as for pre-training: sharded state, gradient accumulation, remat, Orbax
+checkpoints (resume after a kill, SIGTERM save), progress lines with tokens/s, MFU and
+ETA, TensorBoard curves. The batches come from input_pipeline/epochs.py (shuffled per
+epoch, each host feeding its rows of the global batch). After every epoch it evaluates
+on the dev set, keeps the best parameters (`workdir/best`), and writes predictions in
+each task's submission format plus `metrics.json` (process 0 writes, every host reads).
 
 With `config.packing` (classification only), each epoch's shuffled training
 examples are packed several to a row (input_pipeline/packing.py): attention is
@@ -32,9 +34,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax import checkpointing, convert, fileio, heads, optim, scoring, sharding, train
+from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
+from bert_jax import trainer as trainer_lib
 from bert_jax.model import BertConfig
-from input_pipeline import glue, packing, squad, tagging
+from input_pipeline import glue, squad, tagging
+from input_pipeline.epochs import EpochIterator, pack_epoch  # pylint: disable=unused-import
 from input_pipeline.tokenizer import Tokenizer
 
 TEXT_INPUTS = ("input_ids", "segment_ids", "input_mask")
@@ -46,7 +51,7 @@ PACKABLE_TASKS = ("glue", "custom")
 class TaskData:
   """Everything task-specific: features, the model head, loss and decoding."""
   model: nn.Module
-  objective: train.Objective
+  objective: trainer_lib.Objective
   train: dict[str, np.ndarray]
   eval: dict[str, np.ndarray]
   evaluate: Callable[[Any], tuple[dict[str, float], Callable[[str], None]]]  # outputs -> (metrics, writer)
@@ -54,7 +59,7 @@ class TaskData:
   labels: tuple | None = None  # class / tag names, saved beside the best params for predict
 
 
-def _objective(loss_fn: Callable, weight_key: str) -> train.Objective:
+def _objective(loss_fn: Callable, weight_key: str) -> trainer_lib.Objective:
   """Adapts a heads.*_loss to the train step: sums + one denominator."""
   def sums(outputs, batch):
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
@@ -65,16 +70,13 @@ def _objective(loss_fn: Callable, weight_key: str) -> train.Objective:
       return {"weight": jnp.sum(batch[weight_key].astype(jnp.float32))}
     return {"weight": jnp.float32(batch["input_ids"].shape[0])}
 
-  return train.Objective(inputs=TEXT_INPUTS, sums=sums, denominators=denominators,
-                         loss=lambda s, d: s["loss_sum"] / jnp.maximum(d["weight"], 1e-8))
+  def summarize(host_sums):
+    w = max(host_sums["weight"], 1e-8)
+    return {"loss": host_sums["loss_sum"] / w, "accuracy": host_sums["correct_sum"] / w}
 
-
-def pack_epoch(feats: dict[str, np.ndarray], order: np.ndarray, max_seq_length: int,
-               max_examples_per_row: int) -> dict[str, np.ndarray]:
-  """The examples `feats[order]`, in that order, packed into rows (see packing.pack_examples):
-  TEXT_INPUTS + PACKING_INPUTS [R, L] / [R, E], labels and example_weights [R, E]."""
-  return packing.pack_examples({k: v[order] for k, v in feats.items()}, max_seq_length,
-                               max_examples_per_row)
+  return trainer_lib.Objective(inputs=TEXT_INPUTS, sums=sums, denominators=denominators,
+                               loss=lambda s, d: s["loss_sum"] / jnp.maximum(d["weight"], 1e-8),
+                               summarize=summarize, console=(("accuracy", "train_acc"),))
 
 
 def _glue_metrics(names, preds, labels, scores=None):
@@ -224,22 +226,20 @@ def load_encoder(path: str) -> tuple[BertConfig, Any]:
   return convert.load_pretrained(path, target="encoder")
 
 
-def _batches(feats: dict[str, np.ndarray], batch_size: int, order: np.ndarray, offset: int = 0):
-  for start in range(offset, len(order) - batch_size + 1, batch_size):
-    idx = order[start:start + batch_size]
-    yield start, {k: v[idx] for k, v in feats.items()}
-
-
-def _predict(p_predict, params, feats, batch_size, batch_sh):
-  """Outputs for every eval feature; the last batch is padded (weight-free)."""
+def _predict(trainer: trainer_lib.Trainer, predict_fn, params, feats, batch_size: int):
+  """Model outputs for every eval feature, on every host. Each host feeds its rows of each
+  global batch of `batch_size`; the last batch is padded (outputs cut to the real rows)."""
   n = len(feats["input_ids"])
+  b = batch_size // jax.process_count()
+  lo = jax.process_index() * b
   outs = []
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size) % n
-    batch = sharding.host_to_global({k: feats[k][idx] for k in TEXT_INPUTS}, batch_sh)
-    out = jax.device_get(p_predict(params, batch))
-    take = min(batch_size, n - start)
-    outs.append(jax.tree.map(lambda x: np.asarray(x)[:take], out))
+  with trainer.activate():
+    for start in range(0, n, batch_size):
+      idx = (np.arange(start, start + batch_size) % n)[lo:lo + b]
+      batch = trainer.to_global({k: feats[k][idx] for k in TEXT_INPUTS})
+      out = jax.device_get(predict_fn(params, batch))  # replicated: whole on every host
+      take = min(batch_size, n - start)
+      outs.append(jax.tree.map(lambda x: np.asarray(x)[:take], out))
   return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
@@ -259,9 +259,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   if packed and config.get("max_examples_per_row", 0) < 1:
     raise ValueError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   enc_cfg, enc_params = load_encoder(config.init_checkpoint)
+  # Parameters keep the unscanned layout of the checkpoints; remat comes from the config.
   cfg = enc_cfg.replace(hidden_dropout_rate=config.model.hidden_dropout_rate,
                         attention_dropout_rate=config.model.attention_dropout_rate,
-                        dtype=config.model.dtype, scan_layers=False, remat="none")
+                        dtype=config.model.dtype, scan_layers=False, remat=config.model.remat)
   if config.max_seq_length > cfg.max_position_embeddings:
     raise ValueError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
                      f"{cfg.max_position_embeddings} positions.")
@@ -272,20 +273,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   task = TASKS[config.task](config, tok, cfg)
   n_train = len(task.train["input_ids"])
   B = config.global_batch_size
-  epoch_order = lambda epoch: np.random.default_rng([config.seed, epoch]).permutation(n_train)
+  batches = EpochIterator(task.train, global_batch_size=B, num_epochs=config.num_epochs,
+                          seed=config.seed, max_seq_length=config.max_seq_length,
+                          max_examples_per_row=config.max_examples_per_row if packed else 0,
+                          process_index=jax.process_index(), process_count=jax.process_count())
+  steps, rows = batches.steps_per_epoch, batches.rows_per_epoch
   if packed:
-    # Rows per epoch depend on that epoch's shuffle: count them up front (row assignment
-    # only) for the schedule's length; each epoch is packed when it starts (packing is
-    # deterministic, so a resumed run re-packs the same rows).
-    pack = lambda epoch: pack_epoch(task.train, epoch_order(epoch), config.max_seq_length,
-                                    config.max_examples_per_row)
     lengths = task.train["input_mask"].sum(-1)
-    rows = [packing.assign_rows(lengths[epoch_order(e)], np.zeros_like(lengths),
-                                max_seq_length=config.max_seq_length,
-                                max_examples_per_row=config.max_examples_per_row,
-                                max_predictions_per_row=0)[-1]
-            for e in range(config.num_epochs)]
-    steps = [r // B for r in rows]
     logging.info("Packing: %d examples -> %s rows an epoch (%.2f examples a row, %.0f%% of tokens "
                  "real), %s steps of %d rows.", n_train, rows, n_train / max(np.mean(rows), 1),
                  100 * lengths.sum() / (np.mean(rows) * config.max_seq_length), steps, B)
@@ -293,105 +287,82 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
       raise ValueError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
                        f"of {B} rows: lower global_batch_size.")
     task.objective = task.objective.replace(keyword_inputs=PACKING_INPUTS)
-  else:
-    steps = [n_train // B] * config.num_epochs
-    if n_train // B == 0:
-      raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
+  elif n_train // B == 0:
+    raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
   total = sum(steps)
+  epoch_ends = list(np.cumsum(steps))
   config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy for the schedule
   config.schedule.warmup_steps = int(config.warmup_fraction * total)
   config.schedule.decay_steps = total
-  tx = optim.make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
-  rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
-  model, objective = task.model, task.objective
-  sample = {k: v[:1] for k, v in task.train.items() if k in TEXT_INPUTS}
 
-  def init(rng):
-    params = model.init({"params": rng}, *(jnp.asarray(sample[k]) for k in TEXT_INPUTS))["params"]
-    return train.TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
+  model = task.model
+  trainer = trainer_lib.build(config, model, task.objective, task.train, workdir,
+                              eval_batch_size=config.eval_batch_size)
 
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(init, jax.random.key(config.seed))
-    state_sh = sharding.logical_shardings(boxed, mesh, rules)
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            sharding.strip_boxes(boxed), state_sh)
-    ckpt = checkpointing.Checkpointer(workdir, keep=2, keep_period=None, async_save=False)
-    restored = ckpt.restore(abstract, config)
-    if restored is not None:
-      step0, state, data_state, _ = restored
-      logging.info("Resumed fine-tuning at step %d.", step0)
-    else:
-      state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=state_sh)(jax.random.key(config.seed))
-      # The pre-trained encoder replaces the fresh one; only `classifier` stays new (and
-      # the pooler, for checkpoints without one: BertForMaskedLM, BertModel(add_pooling_layer=False)).
-      if "pooler" not in enc_params:
-        logging.warning("init_checkpoint %s has no pooler: it starts from a fresh "
-                        "initialisation (as transformers does for such checkpoints).",
-                        config.init_checkpoint)
-        enc_params = {**enc_params, "pooler": jax.device_get(state.params["bert"]["pooler"])}
-      bert = jax.tree.map(lambda a, x: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-                          abstract.params["bert"], enc_params)
-      state = state.replace(params={**state.params, "bert": bert})
-      data_state = None
-    batch_sh = sharding.batch_sharding(mesh, rules)
-    repl = sharding.replicated(mesh)
-    p_train = jax.jit(functools.partial(train.train_step, model=model, tx=tx, objective=objective),
-                      in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                      donate_argnums=(0,))
-    p_predict = jax.jit(lambda p, b: model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
-                        in_shardings=(state_sh.params, batch_sh))
-    writer = metrics_lib.make_writer(workdir)
-    best_path = out_dir / "best"
-    metrics_path = out_dir / "metrics.json"
-    best = _read_json(metrics_path).get("best", {})
-    dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
-    step = int(jax.device_get(state.step))
-    epoch0, offset = (data_state or {}).get("epoch", 0), (data_state or {}).get("offset", 0)
-    if offset and bool((data_state or {}).get("packing", False)) != packed:
-      raise ValueError(f"The checkpoint in {workdir} stopped mid-epoch with packing="
-                       f"{not packed}; resume with the same --config.packing (its offset counts "
-                       f"{'examples' if packed else 'rows'}).")
-    history = _read_json(metrics_path).get("epochs", [])
-    for epoch in range(epoch0, config.num_epochs):
-      if packed:  # rows of this epoch's shuffled examples; offsets count rows
-        feats = pack(epoch)
-        order = np.arange(len(feats["input_ids"]))
-      else:
-        feats, order = task.train, epoch_order(epoch)
-      sums = None
-      for start, batch in _batches(feats, B, order, offset if epoch == epoch0 else 0):
-        state, m = p_train(state, sharding.host_to_global(batch, batch_sh), dropout_rng)
-        sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
-        step += 1
-        if step % config.log_every_steps == 0:
-          host = jax.device_get(sums)
-          # Sums and weight count examples (packed rows: filled example slots only).
-          logging.info("epoch %d step %d/%d | loss %.4f | train acc %.4f | %d examples", epoch + 1, step,
-                       total, host["loss_sum"] / max(host["weight"], 1e-8),
-                       host["correct_sum"] / max(host["weight"], 1e-8), host["weight"])
-          if not np.isfinite(host["loss_sum"]):
-            raise metrics_lib.NonFiniteLossError(f"Non-finite fine-tuning loss at step {step}.")
-        if config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0:
-          ckpt.save(step, state, {"epoch": epoch, "offset": start + B, "packing": packed}, config)
-      outputs = _predict(p_predict, state.params, task.eval, config.eval_batch_size, batch_sh)
-      result, write = task.evaluate(outputs)
-      result = {k: float(v) for k, v in result.items()}
-      logging.info("epoch %d dev: %s", epoch + 1, result)
-      writer.write_scalars(step, {f"dev/{k}": v for k, v in result.items() if isinstance(v, float)})
-      history.append({"epoch": epoch + 1, "step": step, **result})
-      if not best or result[task.main_metric] > best[task.main_metric]:
-        best = {"epoch": epoch + 1, "step": step, **result}
-        _save_params(best_path, state.params, cfg, config, task.labels)
-        if jax.process_index() == 0:  # shared files: one writer, every host reads them
-          write(out_dir)
-      ckpt.save(step, state, {"epoch": epoch + 1, "offset": 0, "packing": packed}, config)
-      if jax.process_index() == 0:
-        metrics_path.write_text(json.dumps({"task": config.task, "main_metric": task.main_metric,
-                                            "best": best, "epochs": history}, indent=2))
-    ckpt.close()
-    writer.flush()
+  def init_params(state):
+    # The pre-trained encoder replaces the fresh one; only the head stays new (and the
+    # pooler, for checkpoints without one: BertForMaskedLM, BertModel(add_pooling_layer=False)).
+    params = enc_params
+    if "pooler" not in params:
+      logging.warning("init_checkpoint %s has no pooler: it starts from a fresh "
+                      "initialisation (as transformers does for such checkpoints).",
+                      config.init_checkpoint)
+      params = {**params, "pooler": jax.device_get(state.params["bert"]["pooler"])}
+    bert = jax.tree.map(lambda a, x: jax.device_put(np.asarray(x, a.dtype), a.sharding),
+                        trainer.abstract.params["bert"], params)
+    return {**state.params, "bert": bert}
+
+  state, data_state = trainer.restore_or_init(init_params)
+  if data_state is not None:
+    batches.set_state(data_state)
+  if int(jax.device_get(state.step)):
+    logging.info("Resumed fine-tuning at step %d.", int(jax.device_get(state.step)))
+  predict_fn = jax.jit(
+      lambda p, b: model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
+      in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
+      out_shardings=trainer.replicated)
+  writer = metrics_lib.make_writer(workdir)
+  seqs = int(np.prod(task.train["input_ids"].shape[1:-1], dtype=np.int64))  # SWAG: choices
+  L = config.max_seq_length
+  epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
+  train_metrics = metrics_lib.TrainMetrics(
+      writer, total_steps=total, tokens_per_step=B * seqs * L,
+      flops_per_step=flops_lib.train_flops_per_step(cfg, B * seqs, L, 0, nsp=False),
+      peak_flops=flops_lib.peak_flops(str(cfg.dtype), config.peak_flops_per_device),
+      learning_rate=functools.partial(optim.host_learning_rate, config),
+      summarize=task.objective.summarize, console=task.objective.console,
+      prefix=lambda step: f"epoch {epoch_of(step)} ")
+  best_path = out_dir / "best"
+  metrics_path = out_dir / "metrics.json"
+  saved = _read_json(metrics_path)
+  best, history = saved.get("best", {}), saved.get("epochs", [])
+
+  def evaluate(step, state):
+    nonlocal best, history
+    epoch = epoch_ends.index(step) + 1
+    outputs = _predict(trainer, predict_fn, state.params, task.eval, config.eval_batch_size)
+    result, write = task.evaluate(outputs)
+    result = {k: float(v) for k, v in result.items()}
+    logging.info("epoch %d dev: %s", epoch, result)
+    writer.write_scalars(step, {f"dev/{k}": v for k, v in result.items()})
+    # A run killed between this evaluation and its checkpoint evaluates the epoch again.
+    history = [h for h in history if h.get("epoch") != epoch] + [{"epoch": epoch, "step": step, **result}]
+    if not best or result[task.main_metric] > best[task.main_metric]:
+      best = {"epoch": epoch, "step": step, **result}
+      _save_params(best_path, state.params, cfg, config, task.labels)
+      if jax.process_index() == 0:  # shared files: one writer, every host reads them
+        write(out_dir)
+    if jax.process_index() == 0:
+      metrics_path.write_text(json.dumps({"task": config.task, "main_metric": task.main_metric,
+                                          "best": best, "epochs": history}, indent=2))
+
+  is_epoch_end = lambda step: step in epoch_ends
+  result = trainer_lib.run(trainer, state, batches, num_steps=total, metrics=train_metrics,
+                           evaluate=evaluate, eval_at=is_epoch_end, save_at=is_epoch_end)
   logging.info("Best dev %s: %s", task.main_metric, best)
+  logging.info("Outputs in %s: best/ (epoch %s), metrics.json, the dev predictions, checkpoints "
+               "(step %d); TensorBoard: tensorboard --logdir=%s", workdir, best.get("epoch"),
+               result.step, workdir)
   return best
 
 

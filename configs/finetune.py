@@ -63,5 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.hidden_dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.1
   c.checkpoint_every_steps = 1000  # plus one at every epoch end
+  c.keep_checkpoints = 2  # the newest N (the best parameters are kept apart, in best/)
+  c.keep_checkpoint_period = 0
   c.log_every_steps = 50
   return c

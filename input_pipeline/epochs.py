@@ -1,0 +1,109 @@
+"""Fine-tuning batches: shuffled epochs over in-memory features, resumable, one slice per host.
+
+    batches = EpochIterator(features, global_batch_size=32, num_epochs=3, seed=0,
+                            process_index=jax.process_index(), process_count=jax.process_count())
+    for batch in batches: ...            # this host's rows of each global batch
+    batches.get_state()                   # {"epoch", "offset", "packing"}: where the next batch starts
+
+Epoch `e` visits the examples in the order `permutation(seed, e)`, a pure function of
+(seed, epoch), so any process count sees the same global batches and a resumed run
+continues exactly. With `max_examples_per_row > 0` each epoch's shuffled examples are
+packed into rows first (input_pipeline/packing.py): steps and offsets then count rows.
+A remainder smaller than the global batch is dropped at the end of each epoch.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from input_pipeline import packing
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def pack_epoch(feats: Mapping[str, np.ndarray], order: np.ndarray, max_seq_length: int,
+               max_examples_per_row: int) -> dict[str, np.ndarray]:
+  """The examples `feats[order]`, in that order, packed into rows (packing.pack_examples):
+  token inputs and position_ids / packed_example_ids [R, L], cls_positions, labels and
+  example_weights [R, E]."""
+  return packing.pack_examples({k: v[order] for k, v in feats.items()}, max_seq_length,
+                               max_examples_per_row)
+
+
+class EpochIterator:
+  """This host's rows of each global batch of `num_epochs` shuffled epochs."""
+
+  def __init__(self, feats: Mapping[str, np.ndarray], *, global_batch_size: int, num_epochs: int,
+               seed: int, max_seq_length: int | None = None, max_examples_per_row: int = 0,
+               process_index: int = 0, process_count: int = 1):
+    if global_batch_size % process_count:
+      raise ValueError(f"global_batch_size {global_batch_size} does not split over "
+                       f"{process_count} processes.")
+    self.feats = dict(feats)
+    self.batch_size, self.num_epochs, self.seed = global_batch_size, num_epochs, seed
+    self.packed = max_examples_per_row > 0
+    self.max_seq_length, self.max_examples_per_row = max_seq_length, max_examples_per_row
+    self.process_index, self.process_count = process_index, process_count
+    self.num_examples = len(self.feats["input_ids"])
+    if self.packed:
+      # Rows per epoch depend on that epoch's shuffle: counted up front (row assignment only).
+      lengths = self.feats["input_mask"].sum(-1)
+      self.rows_per_epoch = [
+          packing.assign_rows(lengths[self._order(e)], np.zeros_like(lengths),
+                              max_seq_length=max_seq_length,
+                              max_examples_per_row=max_examples_per_row,
+                              max_predictions_per_row=0)[-1]
+          for e in range(num_epochs)]
+    else:
+      self.rows_per_epoch = [self.num_examples] * num_epochs
+    self.steps_per_epoch = [r // global_batch_size for r in self.rows_per_epoch]
+    self.epoch, self.offset = 0, 0
+    self._cached: tuple[int, dict[str, np.ndarray], np.ndarray] | None = None
+
+  def _order(self, epoch: int) -> np.ndarray:
+    return epoch_order(self.seed, epoch, self.num_examples)
+
+  def _epoch(self, epoch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(features, row order) of an epoch: packed rows in order, or the examples shuffled."""
+    if self._cached is None or self._cached[0] != epoch:
+      if self.packed:
+        rows = pack_epoch(self.feats, self._order(epoch), self.max_seq_length,
+                          self.max_examples_per_row)
+        self._cached = (epoch, rows, np.arange(len(rows["input_ids"])))
+      else:
+        self._cached = (epoch, self.feats, self._order(epoch))
+    return self._cached[1], self._cached[2]
+
+  def _normalize(self) -> None:
+    while self.epoch < self.num_epochs and self.offset + self.batch_size > self.rows_per_epoch[self.epoch]:
+      self.epoch, self.offset = self.epoch + 1, 0
+
+  def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    self._normalize()
+    if self.epoch >= self.num_epochs:
+      raise StopIteration
+    feats, order = self._epoch(self.epoch)
+    idx = order[self.offset:self.offset + self.batch_size]
+    self.offset += self.batch_size
+    b = self.batch_size // self.process_count
+    idx = idx[self.process_index * b:(self.process_index + 1) * b]
+    return {k: v[idx] for k, v in feats.items()}
+
+  def get_state(self) -> dict[str, Any]:
+    """Where the next batch starts (an epoch's end is the next epoch's start)."""
+    self._normalize()
+    return {"epoch": self.epoch, "offset": self.offset, "packing": self.packed}
+
+  def set_state(self, state: Mapping[str, Any]) -> None:
+    epoch, offset = int(state.get("epoch", 0)), int(state.get("offset", 0))
+    if offset and bool(state.get("packing", False)) != self.packed:
+      raise ValueError(f"The checkpoint stopped mid-epoch with packing={not self.packed}; "
+                       f"resume with the same --config.packing (its offset counts "
+                       f"{'examples' if self.packed else 'rows'}).")
+    self.epoch, self.offset = epoch, offset
