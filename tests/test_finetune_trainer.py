@@ -1,0 +1,151 @@
+"""Fine-tuning on the shared trainer: what pre-training has, fine-tuning now has too.
+
+Progress lines with tokens/s, MFU and ETA and TensorBoard train curves; gradient
+accumulation and remat; SIGTERM mid-epoch saves, and the rerun ends bit-identical to an
+uninterrupted run; two processes on loopback (each feeding its half of every global
+batch) fine-tune exactly as one process with two devices, and write predictions once.
+Every multi-process run is a subprocess with a timeout (a JAX process whose peer dies
+aborts)."""
+import json
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import glue
+from tests import test_finetune
+from tests import test_train_utils as tu
+from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import
+from tests.test_multiprocess import _free_port
+
+L = 16
+
+
+def _sst2(tmp_path, n_train=96, n_dev=24):
+  data = tmp_path / "SST-2"
+  data.mkdir(exist_ok=True)
+  rng = np.random.default_rng(0)
+  for split, n in (("train", n_train), ("dev", n_dev)):
+    rows = test_finetune._sentiment(rng, n)  # pylint: disable=protected-access
+    (data / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{l}\n" for s, l in rows))
+  return data
+
+
+def _config(tmp_path, pretrained, **overrides):  # noqa: F811
+  c = glue.get_config("sst2")
+  c.data_dir, c.max_seq_length = str(_sst2(tmp_path)), L
+  c.init_checkpoint, c.vocab_path = pretrained
+  c.global_batch_size, c.eval_batch_size, c.num_epochs = 8, 8, 2
+  c.opt.learning_rate = 3e-3
+  for k, v in overrides.items():
+    node = c
+    *parents, leaf = k.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = v
+  return c
+
+
+def _cli(workdir, pretrained, data_dir, **overrides):  # noqa: F811
+  settings = {"init_checkpoint": pretrained[0], "vocab_path": pretrained[1], "data_dir": data_dir,
+              "max_seq_length": L, "global_batch_size": 8, "eval_batch_size": 8,
+              "opt.learning_rate": 3e-3, **overrides}
+  return ([sys.executable, "-m", "bert_jax.main", "--config=configs/glue.py:sst2",
+           f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in settings.items()])
+
+
+def test_progress_lines_tensorboard_and_grad_accumulation(tmp_path, pretrained, caplog):  # noqa: F811
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  caplog.set_level("INFO")
+  c = _config(tmp_path, pretrained, log_every_steps=4,
+              **{"model.hidden_dropout_rate": 0.0, "model.attention_dropout_rate": 0.0})
+  train.train_and_evaluate(c, str(tmp_path / "one"))
+  lines = [r.getMessage() for r in caplog.records if "step 12/24" in r.getMessage()]
+  assert lines, [r.getMessage() for r in caplog.records][-20:]
+  for field in ("epoch 1 ", "loss", "train_acc", "lr", "grad_norm", "tok/s", "MFU", "ETA"):
+    assert field in lines[0], lines[0]
+  assert sorted(tu.read_scalars(tmp_path / "one", "train/loss")) == [4, 8, 12, 16, 20, 24]
+  assert sorted(tu.read_scalars(tmp_path / "one", "dev/accuracy")) == [12, 24]
+  # Two micro-batches of 4 (accumulated inside the step), with remat: the same updates up
+  # to float rounding.
+  c2 = _config(tmp_path, pretrained, grad_accum_steps=2, log_every_steps=4,
+               **{"model.remat": "full", "model.hidden_dropout_rate": 0.0,
+                  "model.attention_dropout_rate": 0.0})
+  train.train_and_evaluate(c2, str(tmp_path / "two"))
+  assert tu.checkpoint_steps(tmp_path / "one")[-1] == tu.checkpoint_steps(tmp_path / "two")[-1] == 24
+  a, b = tu.read_scalars(tmp_path / "one", "train/loss"), tu.read_scalars(tmp_path / "two", "train/loss")
+  np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=2e-4)
+  pa = tu.flat(tu.load_checkpoint(tmp_path / "one", 24)["params"])
+  pb = tu.flat(tu.load_checkpoint(tmp_path / "two", 24)["params"])
+  for k in pa:
+    np.testing.assert_allclose(pb[k], pa[k], rtol=2e-3, atol=2e-5, err_msg=k)
+
+
+def test_sigterm_mid_epoch_then_rerun_is_bit_identical(tmp_path, pretrained):  # noqa: F811
+  """Killed with SIGTERM in the middle of an epoch (dropout on): the run saves and exits 0;
+  rerunning the same command ends with the parameters and metrics of an uninterrupted run."""
+  data = _sst2(tmp_path, n_train=2000)
+  args = dict(num_epochs=2, checkpoint_every_steps=100_000, log_every_steps=1)
+  straight, broken = tmp_path / "straight", tmp_path / "broken"
+  tu.run(_cli(straight, pretrained, data, **args))
+  log = tmp_path / "log.txt"
+  with open(log, "w") as f:
+    proc = subprocess.Popen(_cli(broken, pretrained, data, **args), cwd=tu.REPO, env=tu.env(),
+                            stdout=f, stderr=f)
+    tu.wait_for(lambda: "step 30/" in log.read_text(), 240, "step 30", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+  text = log.read_text()
+  assert "Preempted" in text
+  (step,) = tu.checkpoint_steps(broken)
+  assert 30 <= step < 250, step  # mid-epoch 1 (250 steps an epoch)
+  rerun = tu.run(_cli(broken, pretrained, data, **args)).stderr
+  assert f"Resumed from {broken / 'checkpoints'}/{step}" in rerun
+  assert tu.checkpoint_steps(straight)[-1] == tu.checkpoint_steps(broken)[-1] == 500
+  fa = tu.flat(tu.load_checkpoint(straight, 500))
+  fb = tu.flat(tu.load_checkpoint(broken, 500))
+  assert fa.keys() == fb.keys()
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+  ma = json.loads((straight / "metrics.json").read_text())
+  mb = json.loads((broken / "metrics.json").read_text())
+  assert ma == mb and [e["epoch"] for e in mb["epochs"]] == [1, 2]
+  assert (straight / "SST-2.tsv").read_text() == (broken / "SST-2.tsv").read_text()
+
+
+def test_two_processes_finetune_like_one(tmp_path, pretrained):  # noqa: F811
+  """Two 1-device processes, each feeding its 4 rows of every global batch of 8, train
+  exactly as one process with 2 devices; dev predictions and metrics are written once."""
+  data = _sst2(tmp_path)
+  args = dict(num_epochs=2, log_every_steps=4)
+  single = tmp_path / "single"
+  tu.run(_cli(single, pretrained, data, **args), devices=2)
+  multi = tmp_path / "multi"
+  port = _free_port()
+  logs = [open(tmp_path / f"log{i}.txt", "w") for i in range(2)]
+  procs = [subprocess.Popen(
+      _cli(multi, pretrained, data, **args) + [
+          "--num_processes=2", f"--process_id={i}", f"--coordinator_address=127.0.0.1:{port}",
+          "--heartbeat_timeout=10", "--distributed_init_timeout=60"],
+      cwd=tu.REPO, env=tu.env(devices=1), stdout=logs[i], stderr=logs[i]) for i in range(2)]
+  try:
+    codes = [p.wait(timeout=300) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+    for f in logs:
+      f.close()
+  assert codes == [0, 0], [(tmp_path / f"log{i}.txt").read_text()[-3000:] for i in range(2)]
+  a, b = tu.read_scalars(single, "train/loss"), tu.read_scalars(multi, "train/loss")
+  assert sorted(a) == sorted(b) == [4, 8, 12, 16, 20, 24]
+  for step in a:
+    assert b[step] == a[step], step  # bit for bit
+  assert json.loads((multi / "metrics.json").read_text()) == json.loads(
+      (single / "metrics.json").read_text())
+  lines = (multi / "SST-2.tsv").read_text().splitlines()
+  assert lines[0] == "index\tprediction" and len(lines) == 25  # 24 dev rows, once
+  assert (multi / "SST-2.tsv").read_text() == (single / "SST-2.tsv").read_text()
+  assert (multi / "best" / "config.json").is_file()
