@@ -6,7 +6,7 @@
 
 `jax.experimental.topologies.get_topology_desc` asks libtpu's PJRT plugin for
 compile-only devices of a described slice; the step (the trainer's
-`train.train_step` under `train.create_train_state` shardings, via
+the train step of `trainer.build` (its shardings), via
 bench.compile_time.abstract_step) is lowered from abstract inputs over a mesh of
 those devices and compiled by the real TPU compiler. Reports compile seconds and
 the compiled step's per-device memory (`memory_analysis()`). Each target runs in a

@@ -14,7 +14,7 @@ import os
 import pathlib
 import time
 
-from bert_jax import train
+from bert_jax import finetune, train
 from configs import glue, tiny_pretrain
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
@@ -38,7 +38,7 @@ def main(argv=None) -> None:
   c = glue.get_config("cola")
   c.init_checkpoint, c.vocab_path, c.data_dir = pre_dir, os.path.join(pre_dir, "vocab"), args.cola_dir
   c.num_epochs, c.opt.learning_rate, c.max_seq_length = args.epochs, args.learning_rate, args.max_seq_length
-  best = train.train_and_evaluate(c, os.path.join(args.workdir, "cola"))
+  best = finetune.finetune(c, os.path.join(args.workdir, "cola"))
   t2 = time.time()
   line = (f"\n## CoLA from tiny pre-training ({datetime.date.today()})\n\n"
           f"Command: `python -m bench.cola --epochs={args.epochs} --learning_rate={args.learning_rate} "

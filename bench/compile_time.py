@@ -4,7 +4,7 @@
     python -m bench.compile_time --smoke              # seconds; what the test runs
 
 Nothing is allocated: the step is lowered from `jax.ShapeDtypeStruct`s that carry
-their shardings (the same `train.create_train_state` / `train.train_step` the
+their shardings (the same `trainer.build` init and train step the
 trainer jits), then compiled. Each configuration runs in a fresh subprocess so
 no trace or compilation cache carries over. Reports lower (trace + StableHLO)
 and compile (XLA) seconds and XLA's memory analysis. Appends the table to
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import platform
@@ -56,22 +55,17 @@ def abstract_step(config, devices: Sequence[Any] | None = None):
   Call `.lower(*args)` under `with jax.set_mesh(mesh), nn.logical_axis_rules(rules)`.
   `devices` may be real, fake-CPU or topology (AOT) devices.
   """
-  import flax.linen as nn
   import jax
   import jax.numpy as jnp
-  from bert_jax import optim, sharding, train
+  from bert_jax import train, trainer as trainer_lib
   cfg = train.bert_config(config)
   model = train.BertForPreTraining(cfg)
-  tx = optim.make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh_shape, devices)
-  rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
-  # No jax.set_mesh here: create_train_state makes a concrete PRNG key, which under a
-  # mesh of compile-only (topology) devices would try to run on them. Shapes and
-  # shardings of the init do not need the mesh context.
-  with nn.logical_axis_rules(rules):
-    abstract, state_sh, _ = train.create_train_state(config, model, tx, mesh, rules)
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  repl = sharding.replicated(mesh)
+  trainer = trainer_lib.build(config, model, train.PRETRAINING,
+                              train.pretraining_sample(config.data.max_seq_length,
+                                                       config.data.max_predictions_per_seq),
+                              workdir=None, devices=devices)
+  mesh, rules, abstract = trainer.mesh, trainer.rules, trainer.abstract
+  batch_sh, repl = trainer.batch_sharding, trainer.replicated
   B, L = config.global_batch_size, config.data.max_seq_length
   P = config.data.max_predictions_per_seq
   sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh)
@@ -81,11 +75,7 @@ def abstract_step(config, devices: Sequence[Any] | None = None):
                next_sentence_labels=sds((B,), jnp.int32))
   key = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=repl)
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx,
-                                   micro_steps=config.grad_accum_steps),
-                 in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                 donate_argnums=(0,))
-  return step, (abstract, batch, rng), mesh, rules, cfg
+  return trainer.train_step, (abstract, batch, rng), mesh, rules, cfg
 
 
 def memory_stats(compiled) -> dict[str, float]:

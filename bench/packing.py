@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import os
 import platform
 import statistics
@@ -36,9 +35,8 @@ class Run:
   """One mode's model, jitted step and iterator, stepped on demand."""
 
   def __init__(self, *, packing: bool, prepared: str, vocab: int, args):
-    import flax.linen as nn
     import jax
-    from bert_jax import optim, sharding, train
+    from bert_jax import train, trainer as trainer_lib
     from configs import default
     from input_pipeline import pretrain
     config = default.get_config()
@@ -51,20 +49,14 @@ class Run:
     self.packing = packing
     cfg = train.bert_config(config)
     model = train.BertForPreTraining(cfg)
-    tx = optim.make_optimizer(config)
-    self.mesh = sharding.make_mesh(config.mesh_shape, jax.devices()[:1])
-    self.rules = tuple((k, tuple(v) if isinstance(v, list) else v)
-                       for k, v in config.logical_axis_rules)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      _, state_sh, init_fn = train.create_train_state(config, model, tx, self.mesh, self.rules)
-      self.state = init_fn()
-      self.batch_sh = sharding.batch_sharding(self.mesh, self.rules)
-      repl = sharding.replicated(self.mesh)
-      self.step_fn = jax.jit(
-          functools.partial(train.train_step, model=model, tx=tx,
-                            objective=train.pretraining_objective(config.data)),
-          in_shardings=(state_sh, self.batch_sh, repl), out_shardings=(state_sh, repl),
-          donate_argnums=(0,))
+    self.trainer = trainer_lib.build(
+        config, model, train.PRETRAINING,
+        train.pretraining_sample(args.seq_len, config.data.max_predictions_per_seq),
+        workdir=None, devices=jax.devices()[:1])
+    self.mesh, self.rules = self.trainer.mesh, self.trainer.rules
+    self.batch_sh, self.step_fn = self.trainer.batch_sharding, self.trainer.train_step
+    with self.trainer.activate():
+      self.state = self.trainer.init()
     self.rng = jax.random.key(0)
     self.iter = pretrain.PretrainIterator(config.data, batch_size=args.rows, seed=0)
     self.times, self.tokens, self.examples, self.fill = [], 0, 0, []
@@ -73,15 +65,12 @@ class Run:
     self.compile_s = time.perf_counter() - t
 
   def steps(self, n: int, record: bool = True) -> None:
-    import flax.linen as nn
     import jax
-    from bert_jax import sharding
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with self.trainer.activate():
       for _ in range(n):
         t = time.perf_counter()
         batch = next(self.iter)
-        self.state, m = self.step_fn(self.state, sharding.host_to_global(batch, self.batch_sh),
-                                     self.rng)
+        self.state, m = self.step_fn(self.state, self.trainer.to_global(batch), self.rng)
         jax.block_until_ready(m)
         if record:
           self.times.append(time.perf_counter() - t)

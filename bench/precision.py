@@ -4,7 +4,7 @@
     python -m bench.precision --corpus=tagged:64   # the same on a made-up corpus learnt fast
     python -m bench.precision --smoke         # seconds; BERT-tiny on a tiny tagged corpus
 
-Both runs use the trainer's pieces (`train.create_train_state`, `train.train_step`,
+Both runs use the trainer's pieces (`trainer.build`: sharded init, jitted train step,
 `optim.make_optimizer`), the same seed (init and dropout) and the *same* batches:
 the batches are read once from the real input pipeline (`PretrainIterator` over a
 prepared corpus: the built-in corpus, with a WordPiece vocabulary trained on it,
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import os
 import platform
 import sys
@@ -68,9 +67,8 @@ def read_batches(prepared: str, *, seq_len: int, preds: int, batch: int, steps: 
 def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: int, vocab: int,
         lr: float, warmup: int, seed: int) -> list[float]:
   """Per-step training loss of one run in `dtype` compute (float32 master weights)."""
-  import flax.linen as nn
   import jax
-  from bert_jax import optim, sharding, train
+  from bert_jax import train, trainer as trainer_lib
   from configs import default
   config = default.get_config()
   config.seed = seed
@@ -84,21 +82,17 @@ def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: in
   config.mesh_shape.data = 1
   cfg = train.bert_config(config)
   model = train.BertForPreTraining(cfg)
-  tx = optim.make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh_shape, jax.devices()[:1])
-  rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
+  trainer = trainer_lib.build(config, model, train.PRETRAINING,
+                              train.pretraining_sample(config.data.max_seq_length,
+                                                       config.data.max_predictions_per_seq),
+                              workdir=None, devices=jax.devices()[:1])
   losses = []
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    _, state_sh, init_fn = train.create_train_state(config, model, tx, mesh, rules)
-    state = init_fn()
-    batch_sh, repl = sharding.batch_sharding(mesh, rules), sharding.replicated(mesh)
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx),
-                   in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                   donate_argnums=(0,))
-    rng = jax.random.fold_in(jax.random.key(seed), 1)  # as the trainer's dropout rng
+  with trainer.activate():
+    state = trainer.init()
+    rng = trainer.dropout_rng
     pending = []
     for b in batches:
-      state, m = step(state, sharding.host_to_global(b, batch_sh), rng)
+      state, m = trainer.train_step(state, trainer.to_global(b), rng)
       pending.append(m["loss"])
     losses = [float(x) for x in jax.device_get(pending)]
   return losses

@@ -172,7 +172,7 @@ def main(argv=None) -> None:
   import optax
   from bert_jax import flops as flops_lib
   from bert_jax import sharding, train
-  from bert_jax.model import pretraining_loss
+  from bert_jax.objectives import pretraining_loss
   config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)
   flops = flops_lib.train_flops_per_step(cfg, args.batch, args.seq_len, preds)
   rng = jax.random.key(1)

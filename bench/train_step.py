@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import os
 import platform
 import statistics
@@ -67,29 +66,21 @@ def bench_config(preset: str, seq_len: int, dtype: str, batch: int, vocab: int):
 
 
 def bench_ours(preset, seq_len, dtype, batch, steps, warmup, vocab):
-  import flax.linen as nn
   import jax
   from bert_jax import flops as flops_lib
-  from bert_jax import optim, sharding, train
+  from bert_jax import train, trainer as trainer_lib
   config = bench_config(preset, seq_len, dtype, batch, vocab)
   preds = config.data.max_predictions_per_seq
   cfg = train.bert_config(config)
   model = train.BertForPreTraining(cfg)
-  tx = optim.make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
-  rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    _, state_sh, init_fn = train.create_train_state(config, model, tx, mesh, rules)
-    state = init_fn()
-    batch_sh = sharding.batch_sharding(mesh, rules)
-    repl = sharding.replicated(mesh)
-    step_fn = jax.jit(functools.partial(train.train_step, model=model, tx=tx),
-                      in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                      donate_argnums=(0,))
-    data = sharding.host_to_global(_batch(np.random.default_rng(0), batch, seq_len, preds, vocab), batch_sh)
+  trainer = trainer_lib.build(config, model, train.PRETRAINING,
+                              train.pretraining_sample(seq_len, preds), workdir=None)
+  with trainer.activate():
+    state = trainer.init()
+    data = trainer.to_global(_batch(np.random.default_rng(0), batch, seq_len, preds, vocab))
     rng = jax.random.key(0)
     t = time.perf_counter()
-    compiled = step_fn.lower(state, data, rng).compile()
+    compiled = trainer.train_step.lower(state, data, rng).compile()
     compile_s = time.perf_counter() - t
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

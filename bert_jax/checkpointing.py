@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax import fileio
+from bert_jax import model as model_lib
 
 
 def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
@@ -238,7 +239,6 @@ def load_params_for_inference(path: str):
   ours, on the host, with no mesh; None if `path` is not one of our runs."""
   if not is_orbax_checkpoint(path):
     return None
-  from bert_jax import train  # pylint: disable=g-import-not-at-top  (train imports us)
   step_dir = _step_dir(path)
   saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
   with ocp.StandardCheckpointer() as ckptr:
@@ -250,4 +250,4 @@ def load_params_for_inference(path: str):
   params = jax.tree.map(np.asarray, params)
   vocab_size = params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0]
   saved.model.vocab_size = vocab_size
-  return train.bert_config(saved, vocab_size), params
+  return model_lib.config_from_fields(saved.model, vocab_size), params

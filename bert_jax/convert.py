@@ -11,6 +11,8 @@ the import fails naming the offending tensors. Nothing is re-initialised.
 """
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import os
 import re
@@ -18,10 +20,15 @@ from typing import Any, Callable, Iterable, Mapping
 
 from absl import logging
 from etils import epath
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
+import safetensors.numpy
 
 from bert_jax import errors
 from bert_jax import fileio
+from bert_jax import model as model_lib
 from bert_jax.model import BertConfig
 
 Array = np.ndarray
@@ -137,7 +144,6 @@ def _get(tree: Mapping, path: tuple[str, ...]):
 
 def stack_layers(params: Params, num_layers: int) -> Params:
   """Unrolled `encoder/layer_{i}` -> scanned `encoder/layers` (leading layer axis)."""
-  import jax
   out = dict(params)
   holder = dict(out["bert"]) if "bert" in out else out
   enc = holder["encoder"]
@@ -150,7 +156,6 @@ def stack_layers(params: Params, num_layers: int) -> Params:
 
 def unstack_layers(params: Params, num_layers: int) -> Params:
   """Scanned `encoder/layers` -> unrolled `encoder/layer_{i}`."""
-  import jax
   out = dict(params)
   holder = dict(out["bert"]) if "bert" in out else out
   stacked = holder["encoder"]["layers"]
@@ -242,10 +247,6 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
 
 def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
   """Compares every tensor with the shape the model (with all its heads) expects."""
-  import flax.linen as nn
-  import jax
-  import jax.numpy as jnp
-  from bert_jax import model as model_lib
   module = model_lib.BertForPreTraining(cfg) if target == "pretraining" else model_lib.BertModel(cfg)
   ids = jnp.zeros((1, 1), jnp.int32)
   args = (ids, ids, ids, ids) if target == "pretraining" else (ids,)
@@ -276,8 +277,6 @@ def params_to_canonical(params: Params, cfg: BertConfig) -> dict[str, Array]:
 
 
 def _to_numpy(tree):
-  import flax.linen as nn
-  import jax
   return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), nn.unbox(tree))
 
 
@@ -322,14 +321,12 @@ def config_to_hf(cfg: BertConfig, architecture: str = "BertForPreTraining") -> d
 # Readers.
 
 def _read_safetensors(p: epath.Path) -> dict[str, Array]:
-  import safetensors.numpy  # pylint: disable=g-import-not-at-top
   if fileio.is_remote(p):
     return safetensors.numpy.load(p.read_bytes())
   return safetensors.numpy.load_file(os.fspath(p))  # memory-mapped
 
 
 def _write_safetensors(p: epath.Path, tensors: dict[str, Array], metadata=None) -> None:
-  import safetensors.numpy  # pylint: disable=g-import-not-at-top
   p.write_bytes(safetensors.numpy.save(tensors, metadata=metadata))
 
 
@@ -342,8 +339,7 @@ def read_hf_state(path: str) -> dict[str, Array]:
     for f in files:
       state.update(_read_safetensors(f))
   elif (d / "pytorch_model.bin").exists():
-    import io  # pylint: disable=g-import-not-at-top
-    import torch  # Only for .bin files; never unpickles arbitrary objects.
+    import torch  # pylint: disable=g-import-not-at-top  (optional: only .bin files need torch; weights_only, never arbitrary objects)
     raw = torch.load(io.BytesIO((d / "pytorch_model.bin").read_bytes()), map_location="cpu",
                      weights_only=True)
     state = {k: v.float().numpy() for k, v in raw.items()}
@@ -375,7 +371,7 @@ def tf_name_to_canonical(name: str) -> tuple[str, bool]:
 
 
 def read_tf_state(ckpt_path: str) -> dict[str, Array]:
-  import tensorflow as tf
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: only Google TF checkpoints)
   reader = tf.train.load_checkpoint(ckpt_path)
   state = {}
   for name in reader.get_variable_to_shape_map():
@@ -391,7 +387,7 @@ def _find_tf_checkpoint(path: str) -> str | None:
   if fileio.path(path + ".index").exists():
     return path
   if fileio.path(path).is_dir():
-    import tensorflow as tf
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: only TF checkpoints)
     latest = tf.train.latest_checkpoint(path)
     if latest:
       return latest
@@ -444,7 +440,6 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
 def save_native(path: str, cfg: BertConfig, params: Params) -> None:
   """Our portable format: safetensors of the unrolled tree + the BertConfig (written last:
   a directory without it is not a checkpoint, so a killed save is never read)."""
-  import jax
   params = _to_numpy(params)
   if _is_scanned(params):
     params = unstack_layers(params, cfg.num_layers)
@@ -490,7 +485,6 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
 
 @errors.reported
 def main(argv: Iterable[str] | None = None) -> None:
-  import argparse
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--input", required=True, help="HuggingFace dir, TF checkpoint, or bert_jax export dir.")
   parser.add_argument("--output", required=True, help="Directory to write.")

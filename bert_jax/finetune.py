@@ -28,22 +28,22 @@ from typing import Any, Callable
 from absl import logging
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax import checkpointing, convert, fileio, heads, optim, scoring, sharding, train
+from bert_jax import checkpointing, convert, fileio, heads, optim, scoring
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
+from bert_jax import objectives
 from bert_jax import trainer as trainer_lib
 from bert_jax.model import BertConfig
 from input_pipeline import glue, squad, tagging
-from input_pipeline.epochs import EpochIterator, pack_epoch  # pylint: disable=unused-import
+from input_pipeline.epochs import EpochIterator
 from input_pipeline.tokenizer import Tokenizer
 
-TEXT_INPUTS = ("input_ids", "segment_ids", "input_mask")
-PACKING_INPUTS = train.PACKED_INPUTS  # passed to the head by keyword
+TEXT_INPUTS = objectives.TEXT_INPUTS
+PACKING_INPUTS = objectives.PACKED_INPUTS  # packed rows pass these to the head by keyword
 PACKABLE_TASKS = ("glue", "custom")
 
 
@@ -51,7 +51,7 @@ PACKABLE_TASKS = ("glue", "custom")
 class TaskData:
   """Everything task-specific: features, the model head, loss and decoding."""
   model: nn.Module
-  objective: trainer_lib.Objective
+  objective: objectives.Objective
   train: dict[str, np.ndarray]
   eval: dict[str, np.ndarray]
   evaluate: Callable[[Any], tuple[dict[str, float], Callable[[str], None]]]  # outputs -> (metrics, writer)
@@ -59,24 +59,7 @@ class TaskData:
   labels: tuple | None = None  # class / tag names, saved beside the best params for predict
 
 
-def _objective(loss_fn: Callable, weight_key: str) -> trainer_lib.Objective:
-  """Adapts a heads.*_loss to the train step: sums + one denominator."""
-  def sums(outputs, batch):
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    return loss_fn(*outputs, batch)[1]
-
-  def denominators(batch):
-    if weight_key in batch:
-      return {"weight": jnp.sum(batch[weight_key].astype(jnp.float32))}
-    return {"weight": jnp.float32(batch["input_ids"].shape[0])}
-
-  def summarize(host_sums):
-    w = max(host_sums["weight"], 1e-8)
-    return {"loss": host_sums["loss_sum"] / w, "accuracy": host_sums["correct_sum"] / w}
-
-  return trainer_lib.Objective(inputs=TEXT_INPUTS, sums=sums, denominators=denominators,
-                               loss=lambda s, d: s["loss_sum"] / jnp.maximum(d["weight"], 1e-8),
-                               summarize=summarize, console=(("accuracy", "train_acc"),))
+_objective = objectives.supervised
 
 
 def _glue_metrics(names, preds, labels, scores=None):
@@ -286,7 +269,6 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     if min(steps, default=1) == 0:
       raise ValueError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
                        f"of {B} rows: lower global_batch_size.")
-    task.objective = task.objective.replace(keyword_inputs=PACKING_INPUTS)
   elif n_train // B == 0:
     raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
   total = sum(steps)

@@ -18,6 +18,7 @@ from ml_collections import config_flags
 import tensorflow as tf
 
 from bert_jax import errors
+from bert_jax import finetune
 from bert_jax import metrics
 from bert_jax import train
 
@@ -48,6 +49,13 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer("heartbeat_timeout", 60,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def run(config, workdir: str):
+  """The job config.task names: pre-training, or a fine-tuning task."""
+  if config.task == "pretrain":
+    return train.train_and_evaluate(config, workdir)
+  return finetune.finetune(config, workdir)
+
+
 @errors.reported
 def main(argv):
   if len(argv) > 1:
@@ -67,7 +75,7 @@ def main(argv):
   logging.info("JAX process %d/%d, local devices: %s", jax.process_index(),
                jax.process_count(), jax.local_devices())
   logging.info("%d devices in total (%s).", jax.device_count(), jax.devices()[0].device_kind)
-  train.train_and_evaluate(flags.FLAGS.config, _WORKDIR.value)
+  run(flags.FLAGS.config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -40,33 +40,6 @@ def quiet_library_logs() -> None:
   logging.get_absl_handler().addFilter(_DropLibraryInfo())
 
 
-def summarize(sums: Mapping[str, float]) -> dict[str, float]:
-  """Metric sums -> means and accuracies (NSP ones only when the model has the NSP head)."""
-  mlm_w = max(sums["mlm_weight"], 1e-8)
-  out = {
-      "mlm_loss": sums["mlm_loss_sum"] / mlm_w,
-      "mlm_accuracy": sums["mlm_correct_sum"] / mlm_w,
-  }
-  out["loss"] = out["mlm_loss"]
-  if "nsp_loss_sum" in sums:
-    n = max(sums["num_examples"], 1e-8)
-    out["nsp_loss"] = sums["nsp_loss_sum"] / n
-    out["nsp_accuracy"] = sums["nsp_correct_sum"] / n
-    out["loss"] += out["nsp_loss"]
-  return out
-
-
-# (scalar, label) pairs of the pre-training progress line (after the loss).
-PRETRAINING_CONSOLE = (("mlm_accuracy", "mlm_acc"), ("nsp_accuracy", "nsp_acc"))
-
-
-def _nsp_text(scalars: Mapping[str, float], loss: bool = False) -> str:
-  if "nsp_accuracy" not in scalars:
-    return ""
-  return (f" | nsp_loss {scalars['nsp_loss']:.4f}" if loss else "") + \
-      f" | nsp_acc {scalars['nsp_accuracy']:.4f}"
-
-
 def _fmt_eta(seconds: float) -> str:
   if not np.isfinite(seconds):
     return "?"
@@ -79,8 +52,8 @@ class TrainMetrics:
   def __init__(self, writer: metric_writers.MetricWriter, *, total_steps: int,
                tokens_per_step: int, flops_per_step: float, peak_flops: float,
                learning_rate: Callable[[int], float],
-               summarize: Callable[[Mapping[str, float]], dict[str, float]] = summarize,
-               console: Sequence[tuple[str, str]] = PRETRAINING_CONSOLE,
+               summarize: Callable[[Mapping[str, float]], dict[str, float]],
+               console: Sequence[tuple[str, str]] = (),
                prefix: Callable[[int], str] | None = None):
     """`summarize` turns metric sums into scalars (the objective's); `console` names the
     scalars printed after the loss; `prefix(step)` may start the line (e.g. the epoch)."""
@@ -155,8 +128,7 @@ class TrainMetrics:
       if "real_tokens_per_sec" in scalars:
         speed += f" ({scalars['real_tokens_per_sec']:,.0f} non-padding)"
       speed += f" | MFU {100 * scalars['mfu']:.2f}%"
-    shown = "".join(f" | {label} {scalars[key]:.4f}" for key, label in self.console
-                    if key in scalars)
+    shown = _shown(scalars, self.console)
     logging.info(
         "%sstep %d/%d | loss %.4f%s | lr %.3g | grad_norm %.3f%s | ETA %s",
         self.prefix(step) if self.prefix else "", step, self.total_steps, scalars["loss"], shown,
@@ -165,11 +137,16 @@ class TrainMetrics:
     return scalars
 
 
-def report_eval(writer: metric_writers.MetricWriter, step: int, sums: Mapping[str, float]
-                ) -> dict[str, float]:
-  scalars = summarize(sums)
+def _shown(scalars: Mapping[str, float], pairs: Sequence[tuple[str, str]]) -> str:
+  return "".join(f" | {label} {scalars[key]:.4f}" for key, label in pairs if key in scalars)
+
+
+def report_eval(writer: metric_writers.MetricWriter, step: int, sums: Mapping[str, float],
+                objective) -> dict[str, float]:
+  """Held-out sums -> the objective's scalars, on the console and under eval/ in TensorBoard."""
+  scalars = objective.summarize(sums)
   writer.write_scalars(step, {f"eval/{k}": v for k, v in scalars.items()})
-  logging.info("eval at step %d | loss %.4f | mlm_loss %.4f | mlm_acc %.4f%s | %d examples",
-               step, scalars["loss"], scalars["mlm_loss"], scalars["mlm_accuracy"],
-               _nsp_text(scalars, loss=True), int(sums["num_examples"]))
+  count = f" | {int(sums[objective.count])} examples" if objective.count in sums else ""
+  logging.info("eval at step %d | loss %.4f%s%s", step, scalars["loss"],
+               _shown(scalars, objective.eval_console), count)
   return scalars

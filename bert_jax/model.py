@@ -119,6 +119,23 @@ class BertConfig:
     return cls(**d)
 
 
+def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> BertConfig:
+  """A config's `model` section (a preset + overrides; None = the preset's value) ->
+  BertConfig; `vocab_size` is the vocabulary's, used when the fields leave it unset."""
+  overrides = {k: v for k, v in fields.items() if k != "preset" and v is not None}
+  if "hidden_size" in overrides and "intermediate_size" not in overrides:
+    overrides["intermediate_size"] = 4 * overrides["hidden_size"]
+  if "vocab_size" not in overrides:
+    if vocab_size is None:
+      raise ValueError("config.model.vocab_size is unset and there is no vocabulary to take "
+                       "it from; set --config.model.vocab_size.")
+    overrides["vocab_size"] = vocab_size
+  elif vocab_size is not None and overrides["vocab_size"] < vocab_size:
+    raise ValueError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
+                     f"vocabulary ({vocab_size} entries).")
+  return BertConfig.from_preset(fields.get("preset", "base"), **overrides)
+
+
 def _truncated_normal(stddev: float):
   """TF's truncated_normal_initializer: normal(0, stddev) cut at +-2 stddev."""
   def init(key, shape, dtype=jnp.float32):
@@ -406,7 +423,7 @@ class BertForPreTraining(nn.Module):
 
   `nsp=False` is the masked-LM-only model (HuggingFace's BertForMaskedLM): no NSP head and
   no pooler (which only the NSP head reads in pre-training); outputs then hold no
-  "nsp_logits" and `pretraining_loss` is the masked-LM loss alone.
+  "nsp_logits" and `objectives.pretraining_loss` is the masked-LM loss alone.
   """
   config: BertConfig
   nsp: bool = True
@@ -437,47 +454,6 @@ class BertForPreTraining(nn.Module):
       return {"mlm_logits": logits_BPV}
     nsp_logits_B2 = self.seq_relationship(pooled_BD).astype(jnp.float32)
     return {"mlm_logits": logits_BPV, "nsp_logits": nsp_logits_B2}
-
-
-def pretraining_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
-                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Weighted-mean masked-LM cross-entropy + mean NSP cross-entropy (when the outputs
-  hold "nsp_logits"; the masked-LM loss alone otherwise).
-
-  Returns the scalar loss and metric *sums* with their denominators, so metrics
-  can be summed over steps/devices and divided once on the host.
-  """
-  logits_BPV = outputs["mlm_logits"]
-  ids_BP = batch["masked_lm_ids"].astype(jnp.int32)
-  w_BP = batch["masked_lm_weights"].astype(jnp.float32)
-  logp_BPV = jax.nn.log_softmax(logits_BPV, axis=-1)
-  mlm_nll_BP = -jnp.take_along_axis(logp_BPV, ids_BP[..., None], axis=-1)[..., 0]
-  mlm_weight = jnp.sum(w_BP)
-  mlm_loss_sum = jnp.sum(mlm_nll_BP * w_BP)
-  mlm_loss = mlm_loss_sum / jnp.maximum(mlm_weight, 1e-8)
-  metrics = {
-      "mlm_loss_sum": mlm_loss_sum,
-      "mlm_correct_sum": jnp.sum((jnp.argmax(logits_BPV, -1) == ids_BP) * w_BP),
-      "mlm_weight": mlm_weight,
-  }
-  # Examples may carry a weight (0 for padding rows of a ragged final batch, or
-  # for empty example slots of a packed row).
-  labels = batch["next_sentence_labels"]
-  ex_w_B = batch.get("next_sentence_weights", batch.get("example_weights", jnp.ones(labels.shape)))
-  ex_w_B = ex_w_B.reshape(-1).astype(jnp.float32)
-  metrics["num_examples"] = jnp.sum(ex_w_B)
-  if "nsp_logits" not in outputs:
-    return mlm_loss, metrics
-
-  # [B, 2], or [B, E, 2] for packed rows (E examples a row): flatten to examples.
-  nsp_logits_B2 = outputs["nsp_logits"].reshape(-1, 2)
-  labels_B = labels.reshape(-1).astype(jnp.int32)
-  nsp_nll_B = -jnp.take_along_axis(jax.nn.log_softmax(nsp_logits_B2), labels_B[:, None], axis=-1)[:, 0]
-  nsp_loss_sum = jnp.sum(nsp_nll_B * ex_w_B)
-  nsp_loss = nsp_loss_sum / jnp.maximum(metrics["num_examples"], 1e-8)
-  metrics["nsp_loss_sum"] = nsp_loss_sum
-  metrics["nsp_correct_sum"] = jnp.sum((jnp.argmax(nsp_logits_B2, -1) == labels_B) * ex_w_B)
-  return mlm_loss + nsp_loss, metrics
 
 
 def count_params(params) -> int:

@@ -18,35 +18,35 @@ workdir.
 """
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
+from bert_jax import checkpointing
 from bert_jax import convert
 from bert_jax import errors
 from bert_jax import fileio
+from bert_jax import heads
 from bert_jax import model as model_lib
+from input_pipeline import glue, squad, tagging
+from input_pipeline.tokenizer import Tokenizer
 
 MASK_TEXT = "[MASK]"
 
 
 def load_checkpoint(path: str, target: str = "pretraining"):
   """(BertConfig, unrolled params) for inference from any supported checkpoint."""
-  try:
-    from bert_jax import checkpointing  # A training workdir of ours.
-    loader = getattr(checkpointing, "load_params_for_inference", None)
-    if loader is not None:
-      found = loader(path)
-      if found is not None:
-        cfg, params = found
-        if target == "encoder" and "bert" in params:
-          params = params["bert"]
-        return _unrolled(cfg, params)
-  except ImportError:
-    pass
+  found = checkpointing.load_params_for_inference(path)  # a training workdir of ours
+  if found is not None:
+    cfg, params = found
+    if target == "encoder" and "bert" in params:
+      params = params["bert"]
+    return _unrolled(cfg, params)
   cfg, params = convert.load_pretrained(path, target=target)
   return _unrolled(cfg, params)
 
@@ -139,8 +139,6 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
 
 @errors.reported
 def main(argv=None) -> None:
-  import argparse
-  from input_pipeline.tokenizer import Tokenizer
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--checkpoint", required=True)
   parser.add_argument("--vocab", required=True, help="vocab.txt or SentencePiece model the model was "
@@ -205,7 +203,6 @@ def main(argv=None) -> None:
 
 def load_finetuned(workdir: str):
   """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   best = fileio.path(workdir) / "best"
   if not (best / "config.json").exists():
     raise FileNotFoundError(f"{best}/config.json not found: --checkpoint must be the workdir "
@@ -219,8 +216,6 @@ def load_finetuned(workdir: str):
 
 def classify(cfg, params, task, labels, tokenizer, texts, pairs=None):
   """[(label, probability, all probabilities)] per text (or a score for regression)."""
-  from bert_jax import heads  # pylint: disable=g-import-not-at-top
-  from input_pipeline import glue  # pylint: disable=g-import-not-at-top
   examples = [glue.Example(str(i), t, (pairs[i] if pairs else None), None) for i, t in enumerate(texts)]
   feats = glue.encode_examples(examples, tokenizer, task["max_seq_length"], labels)
   num = params["classifier"]["kernel"].shape[-1]
@@ -233,8 +228,6 @@ def classify(cfg, params, task, labels, tokenizer, texts, pairs=None):
 
 
 def answer(cfg, params, task, tokenizer, question: str, context: str) -> str:
-  from bert_jax import heads  # pylint: disable=g-import-not-at-top
-  from input_pipeline import squad  # pylint: disable=g-import-not-at-top
   ex = [squad.QAExample("q", question, context, (), -1)]
   feats = squad.convert_examples(ex, tokenizer, task["max_seq_length"], task["doc_stride"], task["max_query_length"])
   start, end = heads.BertForQuestionAnswering(cfg).apply(
@@ -247,8 +240,6 @@ def answer(cfg, params, task, tokenizer, question: str, context: str) -> str:
 
 
 def tag(cfg, params, task, labels, tokenizer, text: str) -> list[tuple[str, str]]:
-  from bert_jax import heads  # pylint: disable=g-import-not-at-top
-  from input_pipeline import tagging  # pylint: disable=g-import-not-at-top
   words = text.split()
   feats = tagging.encode_conll([(words, [labels[0]] * len(words))], tokenizer, task["max_seq_length"], labels)
   logits = heads.BertForTokenClassification(cfg, num_labels=len(labels)).apply(

@@ -3,7 +3,8 @@
 It picks the model (BertForPreTraining, with or without NSP), the objective (masked LM +
 optional NSP, packed or not), the data (the prepared corpus or synthetic batches) and the
 held-out evaluation; `bert_jax/trainer.py` does the rest (sharded state, jitted steps,
-checkpoints, the loop). `train_and_evaluate(config, workdir)` dispatches by config.task.
+checkpoints, the loop). `train_and_evaluate(config, workdir)` is the job; main.py picks it
+or finetune.finetune by config.task.
 """
 from __future__ import annotations
 
@@ -15,24 +16,26 @@ from absl import logging
 import flax
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
 from bert_jax import checkpointing
-from bert_jax import data as data_lib
 from bert_jax import fileio
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
+from bert_jax import objectives
 from bert_jax import optim
 from bert_jax import trainer as trainer_lib
-from bert_jax.model import BertConfig, BertForPreTraining, pretraining_loss
-from bert_jax.trainer import Objective, TrainState  # pylint: disable=unused-import  (the public names)
+from bert_jax import convert
+from bert_jax import model as model_lib
+from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.objectives import Objective
+from bert_jax.trainer import TrainState
+from input_pipeline import build as data_build
+from input_pipeline import pretrain as pretrain_data
 
-MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")
-# Packed rows (data.packing) also pass these, by keyword (see bert_jax.model.BertModel).
-PACKED_INPUTS = ("position_ids", "packed_example_ids", "cls_positions")
+MODEL_INPUTS = objectives.PRETRAINING_INPUTS
 # BertConfig fields an imported checkpoint must agree with (the rest, e.g. dropout, may differ).
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                        "intermediate_size", "max_position_embeddings", "type_vocab_size",
@@ -41,18 +44,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
 
 def bert_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
   """config.model (a preset + overrides; None = the preset's value) -> BertConfig."""
-  overrides = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
-  if "hidden_size" in overrides and "intermediate_size" not in overrides:
-    overrides["intermediate_size"] = 4 * overrides["hidden_size"]
-  if "vocab_size" not in overrides:
-    if vocab_size is None:
-      raise ValueError("config.model.vocab_size is unset and there is no vocabulary to take "
-                       "it from; set --config.model.vocab_size.")
-    overrides["vocab_size"] = vocab_size
-  elif vocab_size is not None and overrides["vocab_size"] < vocab_size:
-    raise ValueError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
-                     f"vocabulary ({vocab_size} entries).")
-  return BertConfig.from_preset(config.model.preset, **overrides)
+  return model_lib.config_from_fields(config.model, vocab_size)
 
 
 def pretraining_sample(seq_len: int, num_predictions: int) -> dict[str, np.ndarray]:
@@ -70,35 +62,8 @@ def init_state(rng: jax.Array, *, model: BertForPreTraining, tx: optax.GradientT
                                 inputs=MODEL_INPUTS)
 
 
-def _pretraining_denominators(batch):
-  mlm = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1e-8)
-  if "example_weights" in batch:
-    nsp = jnp.maximum(jnp.sum(batch["example_weights"].astype(jnp.float32)), 1e-8)
-  else:
-    nsp = jnp.float32(batch["next_sentence_labels"].shape[0])
-  return {"mlm": mlm, "nsp": nsp}
-
-
-def _pretraining_sums(outputs, batch):
-  # Real (non-padding) tokens: throughput that packing is measured by.
-  num_tokens = jnp.sum(batch["input_mask"].astype(jnp.float32))
-  return dict(pretraining_loss(outputs, batch)[1], num_tokens=num_tokens)
-
-
-def _pretraining_loss(sums, denominators):
-  loss = sums["mlm_loss_sum"] / denominators["mlm"]
-  if "nsp_loss_sum" in sums:  # a model with the NSP head (BertForPreTraining(nsp=True))
-    loss = loss + sums["nsp_loss_sum"] / denominators["nsp"]
-  return loss
-
-
-# MLM + NSP, or MLM alone for BertForPreTraining(nsp=False): the sums say which.
-PRETRAINING = Objective(
-    inputs=MODEL_INPUTS, sums=_pretraining_sums,
-    denominators=_pretraining_denominators, loss=_pretraining_loss,
-    summarize=metrics_lib.summarize, console=metrics_lib.PRETRAINING_CONSOLE)
-# Packed rows (data.packing): the same loss over the examples of every row.
-PRETRAINING_PACKED = PRETRAINING.replace(keyword_inputs=PACKED_INPUTS)
+# MLM + NSP, or MLM alone for BertForPreTraining(nsp=False); packed rows or not.
+PRETRAINING = objectives.pretraining()
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *,
@@ -116,8 +81,9 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, model: BertForPreTrai
 
 
 def pretraining_objective(data_cfg) -> Objective:
-  """PRETRAINING, or PRETRAINING_PACKED for data.packing rows."""
-  return PRETRAINING_PACKED if data_cfg.get("packing", False) else PRETRAINING
+  """The pre-training objective (packed rows pass their extra inputs by keyword)."""
+  del data_cfg
+  return PRETRAINING
 
 
 def create_train_state(config: ml_collections.ConfigDict, model: BertForPreTraining,
@@ -183,7 +149,6 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
     loaded = _flat_keys(params)
     logging.info("Initialised params from %s (step %d).", path, step)
   else:
-    from bert_jax import convert  # pylint: disable=g-import-not-at-top
     ckpt_cfg, params = convert.load_pretrained(path, target="pretraining", require_mlm=False,
                                                scan_layers=cfg.scan_layers)
     differ = [f"{f}: checkpoint {getattr(ckpt_cfg, f)!r} vs config {getattr(cfg, f)!r}"
@@ -210,18 +175,19 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Runs the job `config.task` in `workdir` (resuming from its checkpoints)."""
-  if config.task == "pretrain":
-    return pretrain(config, workdir)
-  from bert_jax import finetune  # pylint: disable=g-import-not-at-top  (finetune imports us)
-  return finetune.finetune(config, workdir)
+  """Pre-trains in `workdir` (resuming from its checkpoints); main.py dispatches by
+  config.task to this or to finetune.finetune."""
+  if config.task != "pretrain":
+    raise ValueError(f"config.task={config.task!r} is a fine-tuning task: run it with "
+                     "bert_jax.main (or finetune.finetune).")
+  return pretrain(config, workdir)
 
 
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   """Pre-trains (MLM + optional NSP) to config.num_train_steps; evaluates on held-out data."""
   workdir = os.fspath(workdir)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  data_cfg, vocab_size = data_lib.prepare(config, workdir)
+  data_cfg, vocab_size = data_build.prepare(config, workdir)
   cfg = bert_config(config, vocab_size)
   model = BertForPreTraining(cfg, nsp=data_cfg.nsp)
   do_eval = config.eval_steps > 0
@@ -239,17 +205,17 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   logging.info("%s parameters.", f"{trainer.num_params():,}")
 
   n = jax.process_count()
-  train_iter = data_lib.make_iterator(config, data_cfg, split="train",
-                                      batch_size=config.global_batch_size // n,
-                                      vocab_size=cfg.vocab_size, seed=config.seed)
+  hosts = dict(process_index=jax.process_index(), process_count=n)
+  train_iter = pretrain_data.make_iterator(config, data_cfg, split="train",
+                                           batch_size=config.global_batch_size // n,
+                                           vocab_size=cfg.vocab_size, seed=config.seed, **hosts)
   if data_state is not None:
     train_iter.set_state(data_state)
   eval_iter, eval_batches = None, []
   if do_eval:
-    eval_iter = data_lib.make_iterator(config, data_cfg, split="eval",
-                                       batch_size=config.eval_batch_size // n,
-                                       vocab_size=cfg.vocab_size, seed=config.seed)
-  from input_pipeline import pretrain as pretrain_data  # pylint: disable=g-import-not-at-top
+    eval_iter = pretrain_data.make_iterator(config, data_cfg, split="eval",
+                                            batch_size=config.eval_batch_size // n,
+                                            vocab_size=cfg.vocab_size, seed=config.seed, **hosts)
   seq_len, preds = data_cfg.max_seq_length, pretrain_data.predictions_per_row(data_cfg)
   writer = metrics_lib.make_writer(workdir)
   train_metrics = metrics_lib.TrainMetrics(
@@ -265,7 +231,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
     if not eval_batches:  # the same held-out batches every time, read once
       eval_batches.extend(next(eval_iter) for _ in range(config.eval_steps))
     sums = trainer_lib.evaluate_sums(trainer, state.params, eval_batches)
-    return metrics_lib.report_eval(writer, step, sums)
+    return metrics_lib.report_eval(writer, step, sums, trainer.objective)
 
   eval_at = lambda step: bool((config.eval_every_steps and step % config.eval_every_steps == 0)
                               or step == config.num_train_steps)

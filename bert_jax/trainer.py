@@ -37,6 +37,7 @@ from bert_jax import checkpointing
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import sharding
+from bert_jax.objectives import Objective
 
 
 class TrainState(struct.PyTreeNode):
@@ -44,30 +45,6 @@ class TrainState(struct.PyTreeNode):
   step: jax.Array  # int32 scalar: updates applied so far
   params: Any  # float32 master weights
   opt_state: Any  # float32 optimizer moments (+ counters)
-
-
-@struct.dataclass
-class Objective:
-  """What a train step optimises and what the logs show.
-
-  inputs / keyword_inputs: batch keys passed to the model positionally / by keyword.
-  sums(outputs, batch): metric sums of a (micro-)batch; denominators(batch): scalars over
-  the *global* batch; loss(sums, denominators): the optimised scalar. summarize(sums) turns
-  host-side sums into the scalars that the console and TensorBoard show; `console` lists
-  (scalar, label) pairs printed on each progress line after the loss.
-  """
-  inputs: tuple[str, ...] = struct.field(pytree_node=False)
-  sums: Any = struct.field(pytree_node=False)  # (outputs, batch) -> dict of sums
-  denominators: Any = struct.field(pytree_node=False)  # global batch -> dict of scalars
-  loss: Any = struct.field(pytree_node=False)  # (sums, denominators) -> scalar loss
-  keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=())
-  summarize: Any = struct.field(pytree_node=False, default=None)  # host sums -> scalars
-  console: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
-
-  def apply(self, model, params, batch, **kwargs):
-    """model.apply on the objective's inputs of `batch`."""
-    return model.apply({"params": params}, *(batch[k] for k in self.inputs),
-                       **{k: batch[k] for k in self.keyword_inputs}, **kwargs)
 
 
 def _microbatches(batch: dict[str, jax.Array], n: int) -> dict[str, jax.Array]:
@@ -212,12 +189,13 @@ def json_config(config: ml_collections.ConfigDict) -> dict:
 
 def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Objective,
           sample_batch: Mapping[str, Any], workdir: str | None, *,
-          eval_batch_size: int | None = None) -> Trainer:
+          eval_batch_size: int | None = None, devices=None) -> Trainer:
   """Mesh, rules, sharded state shapes, jitted init/train/eval steps, optimizer and (with a
   workdir) the Checkpointer of a job, from its config, model, objective and one sample
-  batch (any number of rows: only the shapes of `objective.inputs` are used)."""
+  batch (any number of rows: only the shapes of `objective.inputs` are used). `devices`
+  (default: all) may be compile-only topology devices: nothing runs here."""
   tx = optim.make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh_shape)
+  mesh = sharding.make_mesh(config.mesh_shape, devices)
   rules = logical_rules(config)
   micro = int(config.get("grad_accum_steps", 1))
   sharding.check_batch_size(config.global_batch_size, micro, mesh, rules)
@@ -227,7 +205,9 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   init = functools.partial(init_state, model=model, tx=tx, sample_batch=sample,
                            inputs=objective.inputs)
   rng = jax.random.key(config.seed)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  # Shapes and logical names only: no mesh context (a concrete key under a mesh of
+  # topology devices would try to run on them).
+  with nn.logical_axis_rules(rules):
     abstract, state_sh = abstract_state(init, rng, mesh, rules)
   jit_init = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=state_sh)
   batch_sh = sharding.batch_sharding(mesh, rules)

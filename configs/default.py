@@ -9,7 +9,7 @@ tiny_pretrain.py). Override anything on the command line, e.g.
 import ml_collections
 from ml_collections import config_dict
 
-from input_pipeline import pretrain
+from input_pipeline import data_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -39,7 +39,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.dropout_rng = "hash"  # hash (cheap counter hash) | threefry (jax.random.bernoulli)
 
   # Data: the pre-training input pipeline (input_pipeline/pretrain.py).
-  c.data = pretrain.default_data_config()
+  c.data = data_config.default_data_config()
   c.data.max_seq_length = 128  # phase 1: 90% of steps at 128 tokens ...
   c.data.max_predictions_per_seq = 20  # ... with at most 20 masked positions
   # Build the vocabulary / prepared corpus into the workdir when data.vocab_path /

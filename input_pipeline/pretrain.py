@@ -38,12 +38,14 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from input_pipeline import data_config
 from input_pipeline import documents
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
 from input_pipeline import packing as packing_lib
 from input_pipeline import prepare
 from input_pipeline import records
+from input_pipeline import synthetic
 from input_pipeline import text
 from input_pipeline import tokenizer as tokenizer_lib
 
@@ -55,32 +57,7 @@ PACKED_FEATURES = FEATURES + ("position_ids", "packed_example_ids", "cls_positio
 SPLITS = documents.SPLITS
 load_documents = documents.load_documents
 eval_document_count = documents.eval_document_count
-
-
-def default_data_config() -> ml_collections.ConfigDict:
-  """The data config (`config.data` of a training config)."""
-  c = ml_collections.ConfigDict()
-  c.prepared_dir = ""             # Output of `python -m input_pipeline.prepare`.
-  c.tfrecord_pattern = ""         # Or: original BERT TFRecords (globs), used when set.
-  c.vocab_path = ""               # Vocab file/dir; "" = the one recorded by prepare.
-  c.lowercase = ml_collections.config_dict.placeholder(bool)  # None: as the vocab says.
-  c.max_seq_length = 128          # L: tokens per example, [CLS] and [SEP]s included.
-  c.max_predictions_per_seq = 20  # P: masked positions per example (76 at L=512).
-  c.masked_lm_prob = 0.15         # Share of non-special tokens chosen for prediction.
-  c.short_seq_prob = 0.1          # Share of pairs with a random shorter target length.
-  c.nsp = True                    # Next-sentence pairs; False: single segments.
-  c.whole_word_masking = False    # Choose all pieces of a word together.
-  c.shuffle_block_docs = 256      # K: document pieces per block (shuffle unit, restore cost).
-  c.doc_piece_tokens = 8192       # Longer documents are cut (at sentences) into pieces.
-  c.eval_fraction = 0.01          # Share of documents held out for split="eval".
-  c.shuffle_buffer = 10_000       # tfrecord_pattern only: shuffle buffer per epoch.
-  c.prefetch_batches = 8          # Batches the iterator's thread prepares ahead.
-  # Sequence packing: several examples per row (block-diagonal attention, positions and
-  # NSP per example). Batches then count rows, and carry the features of PACKED_FEATURES.
-  c.packing = False
-  c.max_examples_per_row = 8      # E: examples (NSP slots) per packed row.
-  c.max_predictions_per_row = ml_collections.config_dict.placeholder(int)  # None: P + E.
-  return c
+default_data_config = data_config.default_data_config
 
 
 def predictions_per_row(cfg) -> int:
@@ -444,3 +421,21 @@ class PretrainIterator:
 
   def __del__(self):
     self.close()
+
+
+def make_iterator(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
+                  *, split: str, batch_size: int, vocab_size: int, seed: int,
+                  process_index: int = 0, process_count: int = 1):
+  """This host's iterator over `split` ("train" | "eval"), `batch_size` rows per host: the
+  prepared corpus, or synthetic batches of the same shapes with `config.synthetic_data`."""
+  if config.synthetic_data:
+    if data_cfg.get("packing", False):
+      raise ValueError("data.packing needs real examples to pack; it does not apply to "
+                       "synthetic_data (which has no padding to remove).")
+    return synthetic.SyntheticIterator(
+        batch_size=batch_size, seq_len=data_cfg.max_seq_length,
+        num_predictions=data_cfg.max_predictions_per_seq, vocab_size=vocab_size,
+        seed=seed + (0 if split == "train" else 1_000_003),
+        process_index=process_index, process_count=process_count)
+  return PretrainIterator(data_cfg, batch_size=batch_size, seed=seed,
+                          process_index=process_index, process_count=process_count, split=split)

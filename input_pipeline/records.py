@@ -12,6 +12,8 @@ prepare workers); the tests check it against tf.train.Example parsing.
 """
 import numpy as np
 
+from input_pipeline import text
+
 DOC_FEATURES = ("token_ids", "sentence_lengths")
 BERT_INT_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
                      "masked_lm_ids", "next_sentence_labels")
@@ -130,7 +132,6 @@ def read_bert_tfrecords(pattern: str, *, max_seq_length: int, max_predictions_pe
   `pattern` is comma-separated globs; files are read in sorted order, unshuffled.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from input_pipeline import text  # pylint: disable=g-import-not-at-top
   files = text.expand_patterns(pattern)
   return tf.data.TFRecordDataset(files).map(
       lambda r: parse_bert_record(r, max_seq_length=max_seq_length,

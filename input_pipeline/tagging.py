@@ -12,6 +12,8 @@ import io
 
 import numpy as np
 
+from input_pipeline.glue import truncate_pair
+
 
 def _read_text(path: str) -> str:
   import tensorflow as tf
@@ -94,7 +96,6 @@ def read_swag(path: str) -> list[dict]:
 
 def encode_swag(examples: list[dict], tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:
   """[N, 4, L]: [CLS] context [SEP] start + ending [SEP] for each choice."""
-  from input_pipeline.glue import truncate_pair
   n = len(examples)
   feats = {k: np.zeros((n, 4, max_seq_length), np.int32) for k in ("input_ids", "segment_ids", "input_mask")}
   feats["labels"] = np.array([e["label"] for e in examples], np.int32)

@@ -12,6 +12,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from bert_jax import convert  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
+from bert_jax import objectives  # noqa: E402
 
 SHAPES = {
     # Odd on purpose: head dim 32, intermediate not 4H, 3 segment types, 77 positions.
@@ -76,7 +77,7 @@ def _ours(cfg, params, b):
                 j["masked_lm_positions"])
   seq, pooled = model_lib.BertModel(cfg).apply({"params": params["bert"]}, j["input_ids"],
                                                j["segment_ids"], j["input_mask"])
-  loss, _ = model_lib.pretraining_loss(out, j)
+  loss, _ = objectives.pretraining_loss(out, j)
   return dict(sequence=np.asarray(seq), pooled=np.asarray(pooled), loss=float(loss),
               mlm_logits=np.asarray(out["mlm_logits"]), nsp_logits=np.asarray(out["nsp_logits"]))
 

@@ -59,14 +59,14 @@ def test_vocabulary_build_is_complete_or_rebuilt(tmp_path):
   """A vocabulary dir built here counts once its marker is written; one left beside its
   `.tmp` source (a build killed mid-copy on GCS, where a rename is a copy then a delete)
   is rebuilt; one without either (a user's, or built by an atomic local rename) counts."""
-  from bert_jax import data as data_lib  # pylint: disable=g-import-not-at-top
+  from input_pipeline import build  # pylint: disable=g-import-not-at-top
   vocab = tmp_path / "vocab"
-  assert not data_lib._vocab_complete(str(vocab))  # pylint: disable=protected-access
+  assert not build.vocab_complete(str(vocab))
   vocab.mkdir()
   (tmp_path / "vocab.tmp").mkdir()
-  assert not data_lib._vocab_complete(str(vocab))  # pylint: disable=protected-access
+  assert not build.vocab_complete(str(vocab))
   fileio.mark_complete(vocab)
-  assert data_lib._vocab_complete(str(vocab))  # pylint: disable=protected-access
+  assert build.vocab_complete(str(vocab))
   (vocab / fileio.COMPLETE_MARKER).unlink()
   (tmp_path / "vocab.tmp").rmdir()
-  assert data_lib._vocab_complete(str(vocab))  # pylint: disable=protected-access
+  assert build.vocab_complete(str(vocab))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, train
+from bert_jax import convert, finetune
 from bert_jax import model as model_lib
 from configs import classify_custom, conll, glue, squad, swag
 from tests.test_task_data import CONTEXT, _squad_file, make_vocab
@@ -37,7 +37,7 @@ def _common(c, pretrained, workdir, epochs=1):
   c.log_every_steps = 1000
   c.model.hidden_dropout_rate = 0.0
   c.model.attention_dropout_rate = 0.0
-  return train.train_and_evaluate(c, str(workdir))
+  return finetune.finetune(c, str(workdir))
 
 
 def _sentiment(rng, n):
@@ -149,7 +149,7 @@ def test_swag_end_to_end(tmp_path, pretrained):
 def test_missing_init_checkpoint_is_a_clear_error(tmp_path):
   c = glue.get_config("cola")
   with pytest.raises(ValueError, match="needs --config.init_checkpoint"):
-    train.train_and_evaluate(c, str(tmp_path))
+    finetune.finetune(c, str(tmp_path))
 
 
 def test_predict_with_a_finetuned_classifier(tmp_path, pretrained, capsys):

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune, heads, train
+from bert_jax import finetune, heads, sharding
 from bert_jax import model as model_lib
 from configs import classify_custom, squad
-from input_pipeline import packing
+from input_pipeline import epochs, packing
 from tests.test_finetune import _sentiment, pretrained  # noqa: F401  (module fixture)
 
 CFG = model_lib.BertConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -46,7 +46,7 @@ def _loss_fn(model, objective, batch):
 @pytest.mark.parametrize("num_labels", [3, 1])
 def test_packed_loss_and_gradients_equal_unpacked(num_labels):
   f = _examples(num_labels=num_labels)
-  packed = finetune.pack_epoch(f, np.arange(len(f["input_ids"])), L, max_examples_per_row=4)
+  packed = epochs.pack_epoch(f, np.arange(len(f["input_ids"])), L, max_examples_per_row=4)
   R, E = packed["input_ids"].shape[0], packed["cls_positions"].shape[1]
   assert R < 7 and E == 4  # Really packed, several examples a row.
   assert packed["example_weights"].sum() == 7 and packed["labels"].shape == (R, E)
@@ -66,7 +66,7 @@ def test_packed_loss_and_gradients_equal_unpacked(num_labels):
   # Each filled slot's logits are its example's unpacked logits (the packer may fill an
   # earlier row, so slots are matched to examples through a per-example index).
   unpacked = head.apply({"params": params}, *(f[k] for k in finetune.TEXT_INPUTS))
-  index = finetune.pack_epoch(dict(f, index=np.arange(7)), np.arange(7), L, 4)["index"]
+  index = epochs.pack_epoch(dict(f, index=np.arange(7)), np.arange(7), L, 4)["index"]
   filled = packed["example_weights"] > 0
   np.testing.assert_allclose(np.asarray(logits)[filled], np.asarray(unpacked)[index[filled]], atol=1e-5)
 
@@ -81,7 +81,7 @@ def test_classification_loss_flattens_packed_slots():
 
 def test_packed_examples_do_not_see_each_other():
   f = _examples(n=2, seed=3)
-  packed = finetune.pack_epoch(f, np.arange(2), L, max_examples_per_row=2)
+  packed = epochs.pack_epoch(f, np.arange(2), L, max_examples_per_row=2)
   assert packed["input_ids"].shape[0] == 1
   head = heads.BertForSequenceClassification(CFG, num_labels=3)
   params = nn.unbox(head.init(jax.random.key(1), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))
@@ -112,12 +112,12 @@ def _config(tmp_path, pretrained, n=64, rows_per_batch=2, epochs=1):
 
 def test_packed_finetuning_end_to_end(tmp_path, pretrained):
   c = _config(tmp_path, pretrained, epochs=5)
-  best = train.train_and_evaluate(c, str(tmp_path / "work"))
+  best = finetune.finetune(c, str(tmp_path / "work"))
   # global_batch_size=2 counts rows of up to 4 examples: far fewer steps than 64 // 2 examples.
   metrics = json.loads((tmp_path / "work" / "metrics.json").read_text())
   steps = [e["step"] for e in metrics["epochs"]]
   feats = finetune.classification_task(c, finetune.Tokenizer.from_path(pretrained[1]), CFG).train
-  rows = [len(finetune.pack_epoch(feats, np.random.default_rng([c.seed, e]).permutation(64), L, 4)
+  rows = [len(epochs.pack_epoch(feats, np.random.default_rng([c.seed, e]).permutation(64), L, 4)
               ["input_ids"]) for e in range(5)]
   assert steps == list(np.cumsum([r // 2 for r in rows])), (steps, rows)
   assert max(rows) <= 64 // 2  # At least 2 examples a row (each is ~7 tokens of 32).
@@ -126,13 +126,13 @@ def test_packed_finetuning_end_to_end(tmp_path, pretrained):
 
 def test_packed_finetuning_resumes_mid_epoch(tmp_path, pretrained, monkeypatch):
   c = _config(tmp_path, pretrained, n=32, epochs=2)
-  full = train.train_and_evaluate(c, str(tmp_path / "full"))
+  full = finetune.finetune(c, str(tmp_path / "full"))
 
   class Killed(Exception):
     pass
 
   calls = {"n": 0}
-  real = finetune.sharding.host_to_global
+  real = sharding.host_to_global
 
   def dying(batch, sh):
     if "labels" in batch:  # a training batch (eval batches carry no labels)
@@ -142,15 +142,15 @@ def test_packed_finetuning_resumes_mid_epoch(tmp_path, pretrained, monkeypatch):
     return real(batch, sh)
 
   c.checkpoint_every_steps = 1
-  monkeypatch.setattr(finetune.sharding, "host_to_global", dying)
+  monkeypatch.setattr(sharding, "host_to_global", dying)
   with pytest.raises(Killed):
-    train.train_and_evaluate(c, str(tmp_path / "resumed"))
-  monkeypatch.setattr(finetune.sharding, "host_to_global", real)
+    finetune.finetune(c, str(tmp_path / "resumed"))
+  monkeypatch.setattr(sharding, "host_to_global", real)
   c.packing = False  # The checkpoint's offset counts rows: refuse to read it as examples.
   with pytest.raises(ValueError, match="same --config.packing"):
-    train.train_and_evaluate(c, str(tmp_path / "resumed"))
+    finetune.finetune(c, str(tmp_path / "resumed"))
   c.packing = True
-  resumed = train.train_and_evaluate(c, str(tmp_path / "resumed"))
+  resumed = finetune.finetune(c, str(tmp_path / "resumed"))
   assert resumed == full  # Same rows, same steps, same result after a kill at step 2.
 
 
@@ -158,4 +158,4 @@ def test_packing_other_tasks_is_a_clear_error(tmp_path):
   c = squad.get_config("v1")
   c.init_checkpoint, c.packing = str(tmp_path), True
   with pytest.raises(ValueError, match="packing is only supported for classification fine-tuning"):
-    train.train_and_evaluate(c, str(tmp_path / "work"))
+    finetune.finetune(c, str(tmp_path / "work"))

@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
+from bert_jax import finetune
 from configs import glue
 from tests import test_finetune
 from tests import test_train_utils as tu
@@ -57,11 +57,10 @@ def _cli(workdir, pretrained, data_dir, **overrides):  # noqa: F811
 
 
 def test_progress_lines_tensorboard_and_grad_accumulation(tmp_path, pretrained, caplog):  # noqa: F811
-  from bert_jax import train  # pylint: disable=g-import-not-at-top
   caplog.set_level("INFO")
   c = _config(tmp_path, pretrained, log_every_steps=4,
               **{"model.hidden_dropout_rate": 0.0, "model.attention_dropout_rate": 0.0})
-  train.train_and_evaluate(c, str(tmp_path / "one"))
+  finetune.finetune(c, str(tmp_path / "one"))
   lines = [r.getMessage() for r in caplog.records if "step 12/24" in r.getMessage()]
   assert lines, [r.getMessage() for r in caplog.records][-20:]
   for field in ("epoch 1 ", "loss", "train_acc", "lr", "grad_norm", "tok/s", "MFU", "ETA"):
@@ -73,7 +72,7 @@ def test_progress_lines_tensorboard_and_grad_accumulation(tmp_path, pretrained, 
   c2 = _config(tmp_path, pretrained, grad_accum_steps=2, log_every_steps=4,
                **{"model.remat": "full", "model.hidden_dropout_rate": 0.0,
                   "model.attention_dropout_rate": 0.0})
-  train.train_and_evaluate(c2, str(tmp_path / "two"))
+  finetune.finetune(c2, str(tmp_path / "two"))
   assert tu.checkpoint_steps(tmp_path / "one")[-1] == tu.checkpoint_steps(tmp_path / "two")[-1] == 24
   a, b = tu.read_scalars(tmp_path / "one", "train/loss"), tu.read_scalars(tmp_path / "two", "train/loss")
   np.testing.assert_allclose([b[s] for s in sorted(b)], [a[s] for s in sorted(a)], rtol=2e-4)

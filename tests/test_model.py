@@ -7,6 +7,7 @@ import pytest
 
 from bert_jax import convert
 from bert_jax import model as model_lib
+from bert_jax import objectives
 
 SMALL = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
                              intermediate_size=48, max_position_embeddings=24, type_vocab_size=2)
@@ -122,7 +123,7 @@ def test_scan_and_remat_compute_the_same_function(remat):
                 next_sentence_labels=jnp.array([0, 1, 0]))
 
   def loss(module, p):
-    return model_lib.pretraining_loss(module.apply({"params": p}, **batch), labels)[0]
+    return objectives.pretraining_loss(module.apply({"params": p}, **batch), labels)[0]
 
   l1, g1 = jax.value_and_grad(lambda p: loss(base, p))(params)
   l2, g2 = jax.value_and_grad(lambda p: loss(scanned, p))(stacked)
@@ -148,7 +149,7 @@ def test_pretraining_loss_is_weighted_mean_of_cross_entropies():
   nsp = jnp.log(jnp.array([[0.25, 0.75]]))
   batch = dict(masked_lm_ids=jnp.array([[0, 1]]), masked_lm_weights=jnp.array([[1.0, 0.0]]),
                next_sentence_labels=jnp.array([1]))
-  loss, m = model_lib.pretraining_loss({"mlm_logits": logits, "nsp_logits": nsp}, batch)
+  loss, m = objectives.pretraining_loss({"mlm_logits": logits, "nsp_logits": nsp}, batch)
   np.testing.assert_allclose(loss, -np.log(0.7) - np.log(0.75), rtol=1e-6)
   assert float(m["mlm_weight"]) == 1.0 and float(m["mlm_correct_sum"]) == 1.0
   assert float(m["nsp_correct_sum"]) == 1.0 and float(m["num_examples"]) == 1.0

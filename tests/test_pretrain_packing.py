@@ -106,7 +106,7 @@ def test_packed_step_scores_the_same_examples_as_unpacked(tagged):
   params = nn.unbox(model.init(jax.random.key(0), ids, ids, ids, np.zeros((1, P), np.int32)))["params"]
   plain = jax.jit(functools.partial(train.eval_step, model=model))(params, examples)
   packed = jax.jit(functools.partial(train.eval_step, model=model,
-                                     objective=train.PRETRAINING_PACKED))(params, rows)
+                                     objective=train.PRETRAINING))(params, rows)
   assert float(packed["num_examples"]) == len(examples["input_ids"])
   for k in plain:
     np.testing.assert_allclose(float(packed[k]), float(plain[k]), rtol=2e-5, err_msg=k)
@@ -115,10 +115,10 @@ def test_packed_step_scores_the_same_examples_as_unpacked(tagged):
 def test_packing_with_original_tfrecords_or_synthetic_data_is_refused(tagged):
   with pytest.raises(ValueError, match="packing works on prepared corpora"):
     pretrain.make_stream(_cfg(tagged, tfrecord_pattern="/nonexistent/*.tfrecord"), seed=0)
-  from bert_jax import data as data_lib
+  from input_pipeline import pretrain as pretrain_data
   config = tu.tiny_config(data__packing=True)
   with pytest.raises(ValueError, match="synthetic_data"):
-    data_lib.make_iterator(config, config.data, split="train", batch_size=8, vocab_size=128, seed=0)
+    pretrain_data.make_iterator(config, config.data, split="train", batch_size=8, vocab_size=128, seed=0)
 
 
 def test_main_trains_packed_and_resumes(tagged, tmp_path):

@@ -31,7 +31,8 @@ def test_batch_axes_from_rules():
 _EQUIVALENCE = r"""
 import functools, json
 import flax.linen as nn, jax, numpy as np
-from bert_jax import data as data_lib, optim, sharding, train
+from bert_jax import optim, sharding, train
+from input_pipeline import synthetic
 from bert_jax.model import BertForPreTraining
 from tests import test_train_utils as tu
 
@@ -40,7 +41,7 @@ config = tu.tiny_config(global_batch_size=16, model__num_layers=1)
 cfg = train.bert_config(config)
 model, tx = BertForPreTraining(cfg), optim.make_optimizer(config)
 rules = config.logical_axis_rules
-it = data_lib.SyntheticIterator(batch_size=16, seq_len=32, num_predictions=5, vocab_size=128)
+it = synthetic.SyntheticIterator(batch_size=16, seq_len=32, num_predictions=5, vocab_size=128)
 batches = [next(it) for _ in range(2)]
 
 def run(shape, n_devices, micro_steps=1):

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import data as data_lib
+from input_pipeline import synthetic
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
@@ -33,7 +33,7 @@ def _setup(config, mesh=None):
 
 
 def _batches(config, n, seed=0):
-  it = data_lib.SyntheticIterator(
+  it = synthetic.SyntheticIterator(
       batch_size=config.global_batch_size, seq_len=config.data.max_seq_length,
       num_predictions=config.data.max_predictions_per_seq, vocab_size=config.model.vocab_size,
       seed=seed)

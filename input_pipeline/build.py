@@ -1,0 +1,82 @@
+"""The pre-training job's data step: resolve the data config's paths (relative ones live in
+the workdir), and build the vocabulary and prepared corpus there when `config.build.corpus`
+says so and they are missing (process 0 builds, the others wait).
+"""
+from __future__ import annotations
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+import ml_collections
+import tensorflow as tf
+
+from bert_jax import fileio
+from input_pipeline import prepare as prepare_lib
+from input_pipeline import tokenizer as tokenizer_lib
+from input_pipeline import vocab as vocab_lib
+
+
+def _in_workdir(path: str, workdir: str) -> str:
+  if not path or path.startswith("/") or fileio.is_remote(path):
+    return path
+  return fileio.join(workdir, path)
+
+
+def vocab_complete(vocab_path: str) -> bool:
+  """A vocabulary built here is complete once its marker is written. Without the marker:
+  a user's file or directory, or one built before markers existed (by a rename that
+  finished: its `.tmp` source is gone)."""
+  p = fileio.path(vocab_path)
+  if not p.exists():
+    return False
+  return fileio.is_complete(p) or not fileio.path(vocab_path.rstrip("/") + ".tmp").exists()
+
+
+def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> None:
+  """Trains the vocabulary and tokenizes the corpus where they are missing (process 0)."""
+  build = config.build
+  lowercase = True if data_cfg.lowercase is None else data_cfg.lowercase
+  if data_cfg.vocab_path and not vocab_complete(data_cfg.vocab_path):
+    logging.info("Training a %d-entry %s vocabulary on %r into %s.", build.vocab_size,
+                 build.vocab_kind, build.corpus, data_cfg.vocab_path)
+    tmp = data_cfg.vocab_path.rstrip("/") + ".tmp"
+    for leftover in (tmp, data_cfg.vocab_path):  # of a build that was killed
+      if fileio.path(leftover).exists():
+        fileio.path(leftover).rmtree()
+    vocab_lib.train_vocab(build.corpus, tmp, vocab_size=build.vocab_size,
+                          kind=build.vocab_kind, lowercase=lowercase,
+                          max_chars=build.max_chars)
+    # Atomic on local disks; on GCS a copy then a delete, hence the marker written last.
+    fileio.path(tmp).rename(fileio.path(data_cfg.vocab_path))
+    fileio.mark_complete(data_cfg.vocab_path)
+  summary = fileio.join(data_cfg.prepared_dir, prepare_lib.SUMMARY_NAME)
+  if data_cfg.prepared_dir and not tf.io.gfile.exists(summary):
+    logging.info("Preparing corpus %r into %s.", build.corpus, data_cfg.prepared_dir)
+    prepare_lib.prepare_corpus(build.corpus, data_cfg.vocab_path, data_cfg.prepared_dir,
+                               lowercase=data_cfg.lowercase, num_shards=build.num_shards,
+                               progress=False)
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str
+            ) -> tuple[ml_collections.ConfigDict, int | None]:
+  """Resolves the data config's paths (relative ones live in the workdir), builds the
+  vocabulary and prepared corpus when `config.build.corpus` says so and they are
+  missing (process 0 builds, the others wait), and returns (data config, vocab size)."""
+  data_cfg = ml_collections.ConfigDict(config.data.to_dict())
+  if config.synthetic_data:
+    return data_cfg, None
+  data_cfg.prepared_dir = _in_workdir(data_cfg.prepared_dir, workdir)
+  data_cfg.vocab_path = _in_workdir(data_cfg.vocab_path, workdir)
+  if config.build.corpus:
+    if jax.process_index() == 0:
+      _build(config, data_cfg)
+    multihost_utils.sync_global_devices("bert_jax_data_built")
+  if data_cfg.prepared_dir:
+    summary = prepare_lib.load_summary(data_cfg.prepared_dir)
+    logging.info("Prepared corpus %s: %d documents, %d tokens, vocabulary %s (%d entries).",
+                 data_cfg.prepared_dir, summary["documents"], summary["tokens"],
+                 summary["vocab"]["path"], summary["vocab"]["vocab_size"])
+    return data_cfg, int(summary["vocab"]["vocab_size"])
+  if data_cfg.vocab_path:
+    return data_cfg, tokenizer_lib.Tokenizer.from_path(data_cfg.vocab_path).vocab_size
+  return data_cfg, None

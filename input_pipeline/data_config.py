@@ -1,0 +1,29 @@
+"""The pre-training data config (`config.data`): a module free of TensorFlow, so that
+loading a config file imports nothing heavy (input_pipeline/pretrain.py reads it)."""
+import ml_collections
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """The data config (`config.data` of a training config)."""
+  c = ml_collections.ConfigDict()
+  c.prepared_dir = ""             # Output of `python -m input_pipeline.prepare`.
+  c.tfrecord_pattern = ""         # Or: original BERT TFRecords (globs), used when set.
+  c.vocab_path = ""               # Vocab file/dir; "" = the one recorded by prepare.
+  c.lowercase = ml_collections.config_dict.placeholder(bool)  # None: as the vocab says.
+  c.max_seq_length = 128          # L: tokens per example, [CLS] and [SEP]s included.
+  c.max_predictions_per_seq = 20  # P: masked positions per example (76 at L=512).
+  c.masked_lm_prob = 0.15         # Share of non-special tokens chosen for prediction.
+  c.short_seq_prob = 0.1          # Share of pairs with a random shorter target length.
+  c.nsp = True                    # Next-sentence pairs; False: single segments.
+  c.whole_word_masking = False    # Choose all pieces of a word together.
+  c.shuffle_block_docs = 256      # K: document pieces per block (shuffle unit, restore cost).
+  c.doc_piece_tokens = 8192       # Longer documents are cut (at sentences) into pieces.
+  c.eval_fraction = 0.01          # Share of documents held out for split="eval".
+  c.shuffle_buffer = 10_000       # tfrecord_pattern only: shuffle buffer per epoch.
+  c.prefetch_batches = 8          # Batches the iterator's thread prepares ahead.
+  # Sequence packing: several examples per row (block-diagonal attention, positions and
+  # NSP per example). Batches then count rows, and carry the features of PACKED_FEATURES.
+  c.packing = False
+  c.max_examples_per_row = 8      # E: examples (NSP slots) per packed row.
+  c.max_predictions_per_row = ml_collections.config_dict.placeholder(int)  # None: P + E.
+  return c

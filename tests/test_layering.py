@@ -1,0 +1,104 @@
+"""The package's layering, read from the source (no imports run, so it is fast):
+
+- module-level imports among bert_jax/, input_pipeline/ and configs/ form no cycle, so
+  every module imports on its own;
+- no function-local import of a project module (only optional heavy dependencies such as
+  torch or tensorflow may be imported inside a function);
+- loading a config file imports nothing that imports TensorFlow or JAX;
+- model <- heads/convert <- checkpointing <- trainer <- jobs <- main: lower layers never
+  import higher ones.
+"""
+import ast
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("bert_jax", "input_pipeline", "configs")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  out = {}
+  for package in PACKAGES:
+    for path in sorted((REPO / package).glob("*.py")):
+      name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+      out[name] = path
+  return out
+
+
+def _imports(tree: ast.AST, modules) -> list[tuple[str, bool]]:
+  """(imported name, at module level?) of every import in `tree`."""
+  found = []
+  top = {id(n) for n in tree.body}
+
+  def visit(node, top_level):
+    for child in ast.iter_child_nodes(node):
+      level = top_level and (id(child) in top or isinstance(node, (ast.If, ast.Try)))
+      if isinstance(child, ast.Import):
+        found.extend((a.name, level) for a in child.names)
+      elif isinstance(child, ast.ImportFrom) and child.module:
+        for a in child.names:
+          full = f"{child.module}.{a.name}"
+          found.append((full if full in modules else child.module, level))
+      if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        visit(child, False)
+      elif isinstance(child, ast.ClassDef):
+        visit(child, top_level)
+      else:
+        visit(child, level)
+
+  visit(tree, True)
+  return found
+
+
+def _graph():
+  modules = _modules()
+  graph, local, external = {}, {}, {}
+  for name, path in modules.items():
+    found = _imports(ast.parse(path.read_text()), modules)
+    graph[name] = sorted({m for m, top in found if top and m in modules and m != name})
+    local[name] = sorted({m for m, top in found if not top and m.split(".")[0] in PACKAGES})
+    external[name] = sorted({m.split(".")[0] for m, top in found if top and m not in modules})
+  return modules, graph, local, external
+
+
+def _closure(graph, start):
+  seen, stack = set(), [start]
+  while stack:
+    for m in graph[stack.pop()]:
+      if m not in seen:
+        seen.add(m)
+        stack.append(m)
+  return seen
+
+
+def test_no_import_cycles():
+  _, graph, _, _ = _graph()
+  cycles = [m for m in graph if m in _closure(graph, m)]
+  assert not cycles, {m: graph[m] for m in cycles}
+
+
+def test_no_function_local_imports_of_project_modules():
+  _, _, local, _ = _graph()
+  assert not {m: l for m, l in local.items() if l}
+
+
+def test_configs_import_no_tensorflow_or_jax():
+  _, graph, _, external = _graph()
+  for name in graph:
+    if name.startswith("configs."):
+      heavy = {x for m in _closure(graph, name) | {name} for x in external[m]} & {"tensorflow", "jax"}
+      assert not heavy, (name, heavy)
+
+
+def test_layers_import_downward_only():
+  _, graph, _, _ = _graph()
+  order = ["bert_jax.model", "bert_jax.heads", "bert_jax.convert", "bert_jax.checkpointing",
+           "bert_jax.objectives", "bert_jax.trainer", "bert_jax.train", "bert_jax.finetune",
+           "bert_jax.main"]
+  for i, low in enumerate(order):
+    above = set(order[i + 1:])
+    assert not (_closure(graph, low) & above), (low, _closure(graph, low) & above)
+  # The input pipeline knows nothing of the trainer side (only the path layer and errors).
+  for name in graph:
+    if name.startswith("input_pipeline."):
+      used = {m for m in _closure(graph, name) if m.startswith("bert_jax.")}
+      assert used <= {"bert_jax.fileio", "bert_jax.errors"}, (name, used)
