@@ -18,7 +18,7 @@ from configs import glue
 from tests import test_finetune
 from tests import test_train_utils as tu
 from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import
-from tests.test_multiprocess import _free_port
+from tests.test_multiprocess import run_two_processes
 
 L = 16
 
@@ -122,22 +122,7 @@ def test_two_processes_finetune_like_one(tmp_path, pretrained):  # noqa: F811
   single = tmp_path / "single"
   tu.run(_cli(single, pretrained, data, **args), devices=2)
   multi = tmp_path / "multi"
-  port = _free_port()
-  logs = [open(tmp_path / f"log{i}.txt", "w") for i in range(2)]
-  procs = [subprocess.Popen(
-      _cli(multi, pretrained, data, **args) + [
-          "--num_processes=2", f"--process_id={i}", f"--coordinator_address=127.0.0.1:{port}",
-          "--heartbeat_timeout=10", "--distributed_init_timeout=60"],
-      cwd=tu.REPO, env=tu.env(devices=1), stdout=logs[i], stderr=logs[i]) for i in range(2)]
-  try:
-    codes = [p.wait(timeout=300) for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-    for f in logs:
-      f.close()
-  assert codes == [0, 0], [(tmp_path / f"log{i}.txt").read_text()[-3000:] for i in range(2)]
+  run_two_processes(_cli(multi, pretrained, data, **args), tmp_path)
   a, b = tu.read_scalars(single, "train/loss"), tu.read_scalars(multi, "train/loss")
   assert sorted(a) == sorted(b) == [4, 8, 12, 16, 20, 24]
   for step in a:

@@ -21,11 +21,31 @@ def _free_port() -> int:
 
 
 def _start(workdir, port, process_id, log, **overrides):
-  args = tu.main_args(workdir, **overrides) + [
-      "--num_processes=2", f"--process_id={process_id}",
-      f"--coordinator_address=127.0.0.1:{port}", "--heartbeat_timeout=10",
-      "--distributed_init_timeout=60"]
+  return start_process(tu.main_args(workdir, **overrides), port, process_id, log)
+
+
+def start_process(args, port, process_id, log):
+  """`args` as process `process_id` of 2 on loopback (1 device each)."""
+  args = args + ["--num_processes=2", f"--process_id={process_id}",
+                 f"--coordinator_address=127.0.0.1:{port}", "--heartbeat_timeout=10",
+                 "--distributed_init_timeout=60"]
   return subprocess.Popen(args, cwd=tu.REPO, env=tu.env(devices=1), stdout=log, stderr=log)
+
+
+def run_two_processes(args, log_dir, timeout=300) -> None:
+  """Runs `args` as 2 processes on loopback; fails with both logs unless both exit 0."""
+  port = _free_port()
+  logs = [open(log_dir / f"log{i}.txt", "w") for i in range(2)]
+  procs = [start_process(args, port, i, logs[i]) for i in range(2)]
+  try:
+    codes = [p.wait(timeout=timeout) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+    for f in logs:
+      f.close()
+  assert codes == [0, 0], [(log_dir / f"log{i}.txt").read_text()[-3000:] for i in range(2)]
 
 
 def test_two_processes_match_one_process(tmp_path):
@@ -33,18 +53,7 @@ def test_two_processes_match_one_process(tmp_path):
   single = tmp_path / "single"
   tu.run(tu.main_args(single, **overrides), devices=2)  # one process, two devices
   multi = tmp_path / "multi"
-  port = _free_port()
-  logs = [open(tmp_path / f"log{i}.txt", "w") for i in range(2)]
-  procs = [_start(multi, port, i, logs[i], **overrides) for i in range(2)]
-  try:
-    codes = [p.wait(timeout=240) for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-    for f in logs:
-      f.close()
-  assert codes == [0, 0], [(tmp_path / f"log{i}.txt").read_text()[-3000:] for i in range(2)]
+  run_two_processes(tu.main_args(multi, **overrides), tmp_path, timeout=240)
   log0 = (tmp_path / "log0.txt").read_text()
   assert "JAX process 0/2" in log0 and "2 devices in total" in log0
   a = tu.read_scalars(single, "train/loss")
