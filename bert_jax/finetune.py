@@ -273,13 +273,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
     raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
   total = sum(steps)
   epoch_ends = list(np.cumsum(steps))
-  config = ml_collections.ConfigDict(config.to_dict())  # unlocked copy for the schedule
-  config.schedule.warmup_steps = int(config.warmup_fraction * total)
-  config.schedule.decay_steps = total
 
   model = task.model
   trainer = trainer_lib.build(config, model, task.objective, task.train, workdir,
-                              eval_batch_size=config.eval_batch_size)
+                              eval_batch_size=config.eval_batch_size, total_steps=total)
 
   def init_params(state):
     # The pre-trained encoder replaces the fresh one; only the head stays new (and the
@@ -311,7 +308,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
       writer, total_steps=total, tokens_per_step=B * seqs * L,
       flops_per_step=flops_lib.train_flops_per_step(cfg, B * seqs, L, 0, nsp=False),
       peak_flops=flops_lib.peak_flops(str(cfg.dtype), config.peak_flops_per_device),
-      learning_rate=functools.partial(optim.host_learning_rate, config),
+      learning_rate=functools.partial(optim.host_learning_rate, config, total_steps=total),
       summarize=task.objective.summarize, console=task.objective.console,
       prefix=lambda step: f"epoch {epoch_of(step)} ")
   best_path = out_dir / "best"

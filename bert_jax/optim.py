@@ -30,11 +30,17 @@ def learning_rate_schedule(lr: float, warmup_steps: int, decay_steps: int,
   return optax.join_schedules([warmup, decay], [warmup_steps])
 
 
-def schedule_from_config(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """config.schedule; decay_steps 0 means "at config.num_train_steps"."""
-  decay_steps = config.schedule.decay_steps or config.num_train_steps
-  return learning_rate_schedule(config.opt.learning_rate, config.schedule.warmup_steps,
-                                decay_steps, config.schedule.end_learning_rate)
+def schedule_from_config(config: ml_collections.ConfigDict,
+                         total_steps: int | None = None) -> optax.Schedule:
+  """config.schedule over `total_steps` (default config.num_train_steps): warmup_steps and
+  decay_steps (0 = at the total), or a warmup_fraction of the total then decay to it."""
+  s = config.schedule
+  total = total_steps if total_steps is not None else config.num_train_steps
+  if "warmup_fraction" in s:
+    warmup, decay = int(s.warmup_fraction * total), total
+  else:
+    warmup, decay = s.warmup_steps, s.decay_steps or total
+  return learning_rate_schedule(config.opt.learning_rate, warmup, decay, s.end_learning_rate)
 
 
 def _path_name(path) -> str:
@@ -83,10 +89,12 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
   return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """clip -> (adamw | lamb) with masked weight decay -> learning rate schedule."""
+def make_optimizer(config: ml_collections.ConfigDict,
+                   total_steps: int | None = None) -> optax.GradientTransformation:
+  """clip -> (adamw | lamb) with masked weight decay -> learning rate schedule (over
+  `total_steps`, default config.num_train_steps)."""
   opt = config.opt
-  schedule = schedule_from_config(config)
+  schedule = schedule_from_config(config, total_steps)
   clip = optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm else optax.identity()
   if opt.name == "adamw":
     direction = [scale_by_adam(opt.b1, opt.b2, opt.eps, opt.bias_correction),
@@ -101,6 +109,7 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
   return optax.chain(clip, *direction, optax.scale_by_learning_rate(schedule))
 
 
-def host_learning_rate(config: ml_collections.ConfigDict, step: int) -> float:
+def host_learning_rate(config: ml_collections.ConfigDict, step: int,
+                       total_steps: int | None = None) -> float:
   """The learning rate applied at `step` (for logs), computed on the host."""
-  return float(np.asarray(schedule_from_config(config)(step)))
+  return float(np.asarray(schedule_from_config(config, total_steps)(step)))

@@ -189,12 +189,14 @@ def json_config(config: ml_collections.ConfigDict) -> dict:
 
 def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Objective,
           sample_batch: Mapping[str, Any], workdir: str | None, *,
-          eval_batch_size: int | None = None, devices=None) -> Trainer:
+          eval_batch_size: int | None = None, total_steps: int | None = None,
+          devices=None) -> Trainer:
   """Mesh, rules, sharded state shapes, jitted init/train/eval steps, optimizer and (with a
   workdir) the Checkpointer of a job, from its config, model, objective and one sample
   batch (any number of rows: only the shapes of `objective.inputs` are used). `devices`
-  (default: all) may be compile-only topology devices: nothing runs here."""
-  tx = optim.make_optimizer(config)
+  (default: all) may be compile-only topology devices: nothing runs here. `total_steps`
+  (default config.num_train_steps) is the learning-rate schedule's length."""
+  tx = optim.make_optimizer(config, total_steps)
   mesh = sharding.make_mesh(config.mesh_shape, devices)
   rules = logical_rules(config)
   micro = int(config.get("grad_accum_steps", 1))

@@ -13,4 +13,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
   c = finetune.get_config()
   c.task = "custom"
+  c.train_file = ""  # full paths
+  c.eval_file = ""
+  c.text_a_column = "text"  # field names in the CSV/TSV header or JSONL records
+  c.text_b_column = ""
+  c.label_column = "label"
+  c.labels = ()  # label order; () = sorted labels of the training file
+  finetune.add_packing(c)
   return c

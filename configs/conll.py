@@ -15,7 +15,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
   c = finetune.get_config()
   c.task = "conll"
+  c.data_dir = ""  # holds the files below
   c.train_file = "train.txt"
   c.eval_file = "valid.txt"
+  c.tag_scheme = "iob2"  # iob1 | iob2
   c.opt.learning_rate = 5e-5
   return c

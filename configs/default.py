@@ -1,22 +1,22 @@
 r"""python -m bert_jax.main --config=configs/default.py --workdir=/tmp/bert_default
 
 Base configuration: BERT-base pre-training as in the paper, phase 1 (L=128, P=20).
-Every knob of a pre-training run is one field here; the other configs import
-this one and override a few fields (configs/base_pretrain.py, large_pretrain.py,
-tiny_pretrain.py). Override anything on the command line, e.g.
+Every knob of a pre-training run is one field here or in configs/common.py (the fields
+every job shares); the other pre-training configs import this one and override a
+few fields (configs/base_pretrain.py, large_pretrain.py, tiny_pretrain.py). Override anything on the command line, e.g.
 `--config.opt.learning_rate=5e-5 --config.mesh_shape.fsdp=8`; unknown keys fail.
 """
 import ml_collections
 from ml_collections import config_dict
 
+from configs import common
 from input_pipeline import data_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
-  c = ml_collections.ConfigDict()
-  c.task = "pretrain"  # what bert_jax.train.train_and_evaluate runs
-  c.seed = 0  # parameter init, dropout and data order
+  c = common.get_config()
+  c.task = "pretrain"
 
   # Model: a preset of bert_jax.model.PRESETS; None fields keep the preset's value.
   c.model = ml_collections.ConfigDict()
@@ -52,59 +52,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.build.num_shards = 16  # prepared TFRecord files (>= the number of hosts)
   c.synthetic_data = False  # random batches of the same shapes (benchmarks, tests)
 
-  # Batch and steps.
-  c.global_batch_size = 256  # sequences per optimizer step, over all hosts
-  c.grad_accum_steps = 1  # micro-batches per step (accumulated inside the jitted step)
   c.num_train_steps = 900_000  # the run stops here (phase 1 = 90% of the schedule)
-  c.max_steps_per_run = -1  # >0: stop (with a checkpoint) after this many steps per process
-
-  # Optimizer (bert_jax/optim.py).
-  c.opt = ml_collections.ConfigDict()
-  c.opt.name = "adamw"  # adamw (BERT) | lamb (You et al. 2019)
-  c.opt.learning_rate = 1e-4  # peak, after warmup
-  c.opt.b1 = 0.9
-  c.opt.b2 = 0.999
-  c.opt.eps = 1e-6
-  c.opt.bias_correction = False  # BERT's AdamWeightDecayOptimizer has none
-  c.opt.weight_decay = 0.01  # decoupled; not on LayerNorm parameters or biases
-  c.opt.grad_clip_norm = 1.0  # global-norm clipping; 0 = off
-
-  # Learning-rate schedule: linear warmup, then linear decay to end_learning_rate.
-  c.schedule = ml_collections.ConfigDict()
   c.schedule.warmup_steps = 10_000
   c.schedule.decay_steps = 1_000_000  # the schedule's length (both phases); 0 = num_train_steps
-  c.schedule.end_learning_rate = 0.0
 
-  # Parallelism: mesh over (data, fsdp, tensor); -1 = the remaining devices.
-  c.mesh_shape = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  # Logical axis name -> mesh axes (None = replicated). Parameters: vocab, embed, mlp,
-  # heads, kv, layers; activations: activation_*.
-  c.logical_axis_rules = (
-      ("activation_batch", ("data", "fsdp")),
-      ("activation_length", None),
-      ("activation_embed", None),
-      ("activation_heads", "tensor"),
-      ("activation_kv", None),
-      ("activation_mlp", "tensor"),
-      ("vocab", None),
-      ("embed", "fsdp"),
-      ("mlp", "tensor"),
-      ("heads", "tensor"),
-      ("kv", None),
-      ("layers", None),
-  )
-
-  # Checkpoints in workdir/checkpoints (Orbax, asynchronous).
-  c.checkpoint_every_steps = 10_000
-  c.keep_checkpoints = 3  # the newest N ...
-  c.keep_checkpoint_period = 100_000  # ... plus every step divisible by this (0 = none)
-  c.async_checkpointing = True
-  c.init_checkpoint = ""  # start from: HF dir, Google TF checkpoint, exported dir or our workdir
-
-  # Logging and evaluation.
-  c.log_every_steps = 100
+  # Held-out evaluation.
   c.eval_every_steps = 10_000  # 0 = only at the end
   c.eval_steps = 50  # held-out batches per evaluation (the same ones every time)
-  c.eval_batch_size = 256
-  c.peak_flops_per_device = 0.0  # for MFU; 0 = known table / measured on CPU
   return c

@@ -15,7 +15,11 @@ from configs import finetune
 def get_config(arg: str | None = "cola") -> ml_collections.ConfigDict:
   c = finetune.get_config()
   c.task = "glue"
-  c.glue_task = arg or "cola"
+  c.glue_task = arg or "cola"  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli
+  c.data_dir = ""  # the task's files (train.tsv, dev.tsv, ...); "tfds[:DIR]" = local TFDS glue/*
+  c.tfds_name = ""  # with data_dir=tfds: the TFDS dataset ("" = glue/<glue_task>)
+  c.eval_split = "dev"  # dev | dev_mismatched (MNLI)
+  finetune.add_packing(c)
   if c.glue_task in ("rte", "mrpc", "stsb", "cola"):
     c.num_epochs = 3
   return c

@@ -12,6 +12,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
   c = finetune.get_config()
   c.task = "swag"
+  c.data_dir = ""  # holds the files below
   c.train_file = "train.csv"
   c.eval_file = "val.csv"
   c.global_batch_size = 16

@@ -6,6 +6,7 @@ from ml_collections import config_flags
 from bert_jax import optim
 from bert_jax import train
 from tests import test_train_utils as tu
+from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import
 
 CONFIGS = ["default.py", "tiny_pretrain.py", "base_pretrain.py", "base_pretrain.py:phase2",
            "base_pretrain.py:lamb", "base_pretrain.py:lamb,phase2", "large_pretrain.py",
@@ -84,3 +85,109 @@ def test_vocab_size_must_cover_the_vocabulary():
   assert train.bert_config(c, vocab_size=1000).vocab_size == 1000
   with pytest.raises(ValueError, match="vocab_size is unset"):
     train.bert_config(c, vocab_size=None)
+
+
+# ------------------------------------------------ every field is read by its job ----
+
+# Fields read only in another mode than the runs below exercise (each is then checked to be
+# named in the job's code): the mode that reads it.
+MODE_ONLY = {
+    "data.shuffle_buffer": "data.tfrecord_pattern set (original BERT TFRecords)",
+    "data.max_examples_per_row": "data.packing=True",
+    "data.max_predictions_per_row": "data.packing=True",
+    "max_examples_per_row": "packing=True (glue)",
+    "tfds_name": "data_dir=tfds",
+}
+
+
+class _ReadTracker:
+  """Records which config fields the job's code (bert_jax/, input_pipeline/) reads: a field
+  is (the key set of its section, its key), so copies of a section (to_dict round trips)
+  count as the same section. Reads made while serialising (to_dict, to_json) do not count."""
+  SKIP = {"to_dict", "to_json", "to_json_best_effort", "__init__", "__eq__", "__repr__",
+          "__str__", "copy_and_resolve_references", "__deepcopy__", "lock", "unlock"}
+
+  def __init__(self):
+    self.reads = set()
+
+  def install(self, monkeypatch):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    import sys  # pylint: disable=g-import-not-at-top
+    real = ml_collections.ConfigDict.__getitem__
+    tracker = self
+
+    def getitem(config, key):
+      frame = sys._getframe(1)  # pylint: disable=protected-access
+      while frame is not None and "ml_collections" in frame.f_code.co_filename:
+        if frame.f_code.co_name in tracker.SKIP:
+          return real(config, key)
+        frame = frame.f_back
+      if frame is not None and any(f"/{p}/" in frame.f_code.co_filename
+                                   for p in ("bert_jax", "input_pipeline")):
+        tracker.reads.add((frozenset(config._fields), key))  # pylint: disable=protected-access
+      return real(config, key)
+
+    monkeypatch.setattr(ml_collections.ConfigDict, "__getitem__", getitem)
+
+  def unread(self, config, prefix=""):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    out = []
+    for key in config:
+      value = config._fields[key]  # pylint: disable=protected-access
+      name = prefix + key
+      if isinstance(value, ml_collections.ConfigDict):
+        out += self.unread(value, name + ".")
+      elif (frozenset(config._fields), key) not in self.reads:  # pylint: disable=protected-access
+        out.append(name)
+    return out
+
+
+def _named_in_code(field: str) -> bool:
+  leaf = field.rsplit(".", 1)[-1]
+  return any(leaf in p.read_text() for d in ("bert_jax", "input_pipeline")
+             for p in (tu.REPO / d).glob("*.py"))
+
+
+@pytest.mark.slow
+def test_every_field_of_every_shipped_config_is_read_by_its_job(tmp_path, monkeypatch, capsys,
+                                                                pretrained):  # noqa: F811
+  """Pre-training (the README job, then packed) and every fine-tuning task run under a
+  tracker; each leaf of each shipped config must be read by its job (or, for MODE_ONLY
+  fields, be named in the code of the mode that reads it)."""
+  from configs import classify_custom, conll, glue, squad, swag, tiny_pretrain  # pylint: disable=g-import-not-at-top
+  from tests import test_finetune, test_finetune_packing, test_main  # pylint: disable=g-import-not-at-top
+  tracker = _ReadTracker()
+  tracker.install(monkeypatch)
+
+  def pretrain(workdir, **overrides):
+    c = tiny_pretrain.get_config()
+    for key, value in {**test_main.SHORT, "num_train_steps": 4, "eval_every_steps": 2,
+                       **overrides}.items():
+      *parents, leaf = key.split(".")
+      node = c
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+    train.train_and_evaluate(c, str(workdir))
+
+  pretrain(tmp_path / "pre")
+  pretrain(tmp_path / "packed", **{"data.packing": True, "data.vocab_path": str(tmp_path / "pre" / "vocab"),
+                                   "data.prepared_dir": str(tmp_path / "pre" / "prepared")})
+  unread = [f for f in tracker.unread(tiny_pretrain.get_config()) if f not in MODE_ONLY]
+  assert not unread, f"pre-training config fields nobody reads: {unread}"
+
+  def fresh(name):
+    (tmp_path / name).mkdir()
+    return tmp_path / name
+
+  test_finetune.test_glue_sst2_learns_and_writes_submission(fresh("sst2"), pretrained)
+  test_finetune.test_glue_stsb_regression_and_custom_jsonl(fresh("stsb"), pretrained)
+  test_finetune.test_squad_end_to_end(fresh("squad"), pretrained, "v2", capsys)
+  test_finetune.test_conll_end_to_end(fresh("conll"), pretrained, capsys)
+  test_finetune.test_swag_end_to_end(fresh("swag"), pretrained)
+  test_finetune_packing.test_packed_finetuning_end_to_end(fresh("packed_ft"), pretrained)
+  for module in (glue, classify_custom, squad, conll, swag):
+    unread = [f for f in tracker.unread(module.get_config()) if f not in MODE_ONLY]
+    assert not unread, f"{module.__name__} fields the fine-tuning job never reads: {unread}"
+  for field, mode in MODE_ONLY.items():
+    assert _named_in_code(field), (field, mode)
