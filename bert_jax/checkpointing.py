@@ -14,6 +14,7 @@ checkpoint that still fails to restore is reported, moved to
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Mapping
@@ -26,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from bert_jax import convert
 from bert_jax import fileio
 from bert_jax import model as model_lib
 
@@ -41,6 +43,9 @@ def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
   everything = multihost_utils.process_allgather(padded)
   return [json.loads(bytes(row[:int(n)]).decode()) for row, n in
           zip(everything.reshape(len(lengths), -1), np.ravel(lengths))]
+
+
+MODEL_CONFIG_KEY = "bert_model"  # the model's BertConfig, in each checkpoint's config item
 
 
 class ModelMismatchError(ValueError):
@@ -72,15 +77,21 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, data_state: Any,
-           config: ml_collections.ConfigDict) -> None:
-    """Starts an asynchronous save (all processes must call it)."""
+           config: ml_collections.ConfigDict, model_config: Mapping[str, Any] | None = None
+           ) -> None:
+    """Starts an asynchronous save (all processes must call it). `model_config` (the
+    model's BertConfig as a dict) is kept beside the run's config, so the checkpoint says
+    what model it holds whatever the job (a fine-tuning config has no model sizes)."""
     if step in self.manager.all_steps():
       return
+    saved_config = json.loads(config.to_json_best_effort())
+    if model_config is not None:
+      saved_config[MODEL_CONFIG_KEY] = dict(model_config)
     self.manager.save(step, force=True, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave({"process_count": jax.process_count(),
                                 "states": gather_process_states(data_state)}),
-        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort()))))
+        config=ocp.args.JsonSave(saved_config)))
 
   def restore(self, abstract_state: Any, config: ml_collections.ConfigDict | None = None
               ) -> tuple[int, Any, Any, dict] | None:
@@ -248,6 +259,27 @@ def load_params_for_inference(path: str):
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), abstract)
   _, params = restore_params(os.fspath(step_dir), abstract)
   params = jax.tree.map(np.asarray, params)
+  if MODEL_CONFIG_KEY in saved:
+    return model_lib.BertConfig.from_dict(saved[MODEL_CONFIG_KEY].to_dict()), params
+  # Older checkpoints: the sizes from the parameters, the rest from the run's config.
+  fields = {k: v for k, v in (saved.get("model") or {}).items()
+            if k in {f.name for f in dataclasses.fields(model_lib.BertConfig)} | {"preset"}}
   vocab_size = params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0]
-  saved.model.vocab_size = vocab_size
-  return model_lib.config_from_fields(saved.model, vocab_size), params
+  base = model_lib.config_from_fields({**fields, "vocab_size": vocab_size}, vocab_size)
+  return convert.config_from_params(params, base), params
+
+
+def load_params(path: str, target: str = "pretraining", *, require_mlm: bool = True
+                ) -> tuple[model_lib.BertConfig, Any, dict[str, bool]]:
+  """(BertConfig, params on the host, which heads they hold) of any checkpoint: a run of
+  ours (pre-training or fine-tuning workdir), a bert_jax export, a HuggingFace directory or
+  a Google TF checkpoint. target "encoder" returns the encoder (+ pooler) alone."""
+  found = load_params_for_inference(path)
+  if found is None:
+    cfg, params = convert.load_pretrained(path, target=target, require_mlm=require_mlm)
+    return cfg, params, convert.heads(params)
+  cfg, params = found
+  heads = convert.heads(params)
+  if target == "encoder":
+    params = params["bert"]
+  return cfg, params, heads

@@ -301,6 +301,25 @@ def config_from_hf(hf: Mapping[str, Any], **overrides) -> BertConfig:
       initializer_range=hf.get("initializer_range", 0.02)).replace(**overrides)
 
 
+def config_from_params(params: Params, base: BertConfig) -> BertConfig:
+  """`base` with every field that shapes the parameters read from `params` (any heads,
+  scanned or not): vocabulary, hidden size, layers, heads, intermediate size, positions,
+  token types. For checkpoints that do not record their BertConfig."""
+  flat = {tuple(str(getattr(k, "key", k)) for k in p): np.shape(x)
+          for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  emb = {k[-2]: s for k, s in flat.items() if "embeddings" in k and k[-1] == "embedding"}
+  query = {k: s for k, s in flat.items() if k[-3:] == ("attention", "query", "bias")}
+  inter = next(s for k, s in flat.items() if k[-2:] == ("intermediate", "bias"))
+  if any("layers" in k for k in query):  # scanned: [layers, heads, head_dim]
+    (layers, heads, _), = query.values()
+  else:
+    layers, (heads, _) = len(query), next(iter(query.values()))
+  return base.replace(vocab_size=emb["word_embeddings"][0], hidden_size=emb["word_embeddings"][1],
+                      max_position_embeddings=emb["position_embeddings"][0],
+                      type_vocab_size=emb["token_type_embeddings"][0], num_layers=layers,
+                      num_heads=heads, intermediate_size=inter[-1])
+
+
 def config_to_hf(cfg: BertConfig, architecture: str = "BertForPreTraining") -> dict[str, Any]:
   return {
       "architectures": [architecture], "model_type": "bert",

@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax import checkpointing, convert, fileio, heads, optim, scoring
+from bert_jax import checkpointing, fileio, heads, optim, scoring
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
@@ -199,14 +199,10 @@ TASKS = {"glue": classification_task, "custom": classification_task, "squad": sq
 
 
 def load_encoder(path: str) -> tuple[BertConfig, Any]:
-  """Encoder config + params from our pre-training workdir or any converted checkpoint."""
-  if checkpointing.is_orbax_checkpoint(path):
-    found = checkpointing.load_params_for_inference(path)
-    if found is None:
-      raise FileNotFoundError(f"No restorable checkpoint under {path}.")
-    cfg, params = found
-    return cfg, params["bert"]
-  return convert.load_pretrained(path, target="encoder")
+  """Encoder config + params of any checkpoint (checkpointing.load_params): a pre-training
+  or fine-tuning workdir of ours, an export, HuggingFace or Google TF."""
+  cfg, params, _ = checkpointing.load_params(path, target="encoder")
+  return cfg, params
 
 
 def _predict(trainer: trainer_lib.Trainer, predict_fn, params, feats, batch_size: int):

@@ -41,13 +41,7 @@ MASK_TEXT = "[MASK]"
 
 def load_checkpoint(path: str, target: str = "pretraining"):
   """(BertConfig, unrolled params) for inference from any supported checkpoint."""
-  found = checkpointing.load_params_for_inference(path)  # a training workdir of ours
-  if found is not None:
-    cfg, params = found
-    if target == "encoder" and "bert" in params:
-      params = params["bert"]
-    return _unrolled(cfg, params)
-  cfg, params = convert.load_pretrained(path, target=target)
+  cfg, params, _ = checkpointing.load_params(path, target=target)
   return _unrolled(cfg, params)
 
 

@@ -327,7 +327,8 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
           evaluate(step, state)
         if do_save:
           metrics.check(step)  # never save a state whose loss went NaN
-          ckpt.save(step, state, train_iter.get_state(), config)
+          ckpt.save(step, state, train_iter.get_state(), config,
+                    model_config=trainer.model.config.to_dict())
         if stop:
           break
   except metrics_lib.NonFiniteLossError:

@@ -253,3 +253,21 @@ def test_convert_cli(tmp_path, capsys):
   convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'back'}", "--to=huggingface"])
   assert "parameters" in capsys.readouterr().out
   transformers.BertForPreTraining.from_pretrained(tmp_path / "back")
+
+
+@pytest.mark.parametrize("scanned", [False, True])
+def test_config_from_params_reads_every_size_from_the_shapes(scanned):
+  """Checkpoints written before runs recorded their BertConfig: the sizes come from the
+  parameters (any heads, scanned or not), the other fields from the base config."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  cfg = model_lib.BertConfig(vocab_size=37, hidden_size=24, num_layers=3, num_heads=3,
+                             intermediate_size=40, max_position_embeddings=20, type_vocab_size=3,
+                             hidden_act="gelu")
+  ids = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
+  if scanned:
+    params = convert.stack_layers(params, cfg.num_layers)
+  base = model_lib.BertConfig.from_preset("base", hidden_act="gelu")
+  assert convert.config_from_params(params, base) == cfg
+  assert convert.config_from_params(params["bert"], base) == cfg

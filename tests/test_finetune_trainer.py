@@ -133,3 +133,27 @@ def test_two_processes_finetune_like_one(tmp_path, pretrained):  # noqa: F811
   assert lines[0] == "index\tprediction" and len(lines) == 25  # 24 dev rows, once
   assert (multi / "SST-2.tsv").read_text() == (single / "SST-2.tsv").read_text()
   assert (multi / "best" / "config.json").is_file()
+
+
+def test_a_finetuning_workdir_is_a_checkpoint_like_any_other(tmp_path, pretrained, capsys):  # noqa: F811
+  """A fine-tuning workdir's checkpoints carry the model's real BertConfig: predict
+  --mode=features and init_checkpoint read its encoder with the right shapes (not those of
+  a preset)."""
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  c = _config(tmp_path, pretrained, num_epochs=1)
+  finetune.finetune(c, str(tmp_path / "ft"))
+  cfg, params = finetune.load_encoder(str(tmp_path / "ft"))
+  assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads) == (32, 2, 2)
+  saved = tu.flat(tu.load_checkpoint(tmp_path / "ft")["params"]["bert"])
+  loaded = tu.flat(params)
+  assert saved.keys() == loaded.keys()
+  for k in saved:
+    np.testing.assert_array_equal(loaded[k], saved[k], err_msg=k)
+  predict.main([f"--checkpoint={tmp_path / 'ft'}", f"--vocab={pretrained[1]}", "--mode=features",
+                "--text=the movie was good", f"--output={tmp_path / 'f.npy'}"])
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert out["shape"][-1] == 32
+  # And a second fine-tuning run starts from the first one's encoder.
+  c2 = _config(tmp_path, pretrained, num_epochs=1)
+  c2.init_checkpoint = str(tmp_path / "ft")
+  finetune.finetune(c2, str(tmp_path / "ft2"))
