@@ -470,15 +470,22 @@ def save_native(path: str, cfg: BertConfig, params: Params) -> None:
   (d / NATIVE_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
-def load_native(path: str, *, target: str = "pretraining", scan_layers: bool = False,
-                config_overrides: Mapping[str, Any] | None = None,
-                require_mlm: bool = True) -> tuple[BertConfig, Params]:
+def read_native(path: str) -> tuple[BertConfig, Params]:
+  """(BertConfig, the saved parameter tree as it is: any heads, e.g. a fine-tuned classifier)
+  of a bert_jax export."""
   d = fileio.path(path)
-  cfg = BertConfig.from_dict(json.loads((d / NATIVE_CONFIG).read_text())).replace(
-      **dict(config_overrides or {}))
+  cfg = BertConfig.from_dict(json.loads((d / NATIVE_CONFIG).read_text()))
   params: Params = {}
   for key, value in _read_safetensors(d / NATIVE_PARAMS).items():
     _set(params, tuple(key.split("/")), value)
+  return cfg, params
+
+
+def load_native(path: str, *, target: str = "pretraining", scan_layers: bool = False,
+                config_overrides: Mapping[str, Any] | None = None,
+                require_mlm: bool = True) -> tuple[BertConfig, Params]:
+  cfg, params = read_native(path)
+  cfg = cfg.replace(**dict(config_overrides or {}))
   # Round-trip through the canonical dict so the same checks apply.
   state = params_to_canonical(params, cfg)
   return cfg, canonical_to_params(state, cfg, target, scan_layers, require_mlm=require_mlm,

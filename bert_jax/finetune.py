@@ -30,9 +30,9 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, fileio, heads, optim, scoring
+from bert_jax import checkpointing, convert, fileio, heads, optim, scoring
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
@@ -349,17 +349,21 @@ def _read_json(path) -> dict:
 
 
 def _save_params(path, params, cfg: BertConfig, config, labels) -> None:
-  """The best parameters (head included) + what is needed to use them, in `path` (best/).
+  """The best parameters (head included) in the export format (convert.save_native:
+  params.safetensors + bert_jax_config.json with the model's real BertConfig, so best/ is
+  also an init_checkpoint), plus config.json: the labels and the task config for predict.
 
   config.json marks best/ complete: it is removed before the parameters are replaced and
   written after them, so a kill in between leaves a best/ that predict refuses, never one
   whose config and parameters disagree (a directory rename is not atomic on GCS)."""
+  host = multihost_utils.process_allgather(params, tiled=True)  # every process takes part
+  if jax.process_index() != 0:
+    return
   marker = path / "config.json"
-  if jax.process_index() == 0 and marker.exists():
+  if marker.exists():
     marker.unlink()
-  with ocp.StandardCheckpointer() as checkpointer:  # every process writes its shards
-    checkpointer.save(path / "params", params, force=True)
-    checkpointer.wait_until_finished()
-  if jax.process_index() == 0:
-    marker.write_text(json.dumps({"bert": cfg.to_dict(), "labels": labels,
-                                  "task": json.loads(config.to_json_best_effort())}, indent=2))
+  if (path / "params").exists():  # the Orbax directory of an older best/, replaced here
+    (path / "params").rmtree()
+  convert.save_native(str(path), cfg.replace(scan_layers=False, remat="none"), host)
+  marker.write_text(json.dumps({"labels": labels, "task": json.loads(config.to_json_best_effort())},
+                               indent=2))

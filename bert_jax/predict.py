@@ -202,10 +202,13 @@ def load_finetuned(workdir: str):
     raise FileNotFoundError(f"{best}/config.json not found: --checkpoint must be the workdir "
                             "of a fine-tuning run (it keeps its best parameters in best/).")
   saved = json.loads((best / "config.json").read_text())
-  with ocp.StandardCheckpointer() as ckptr:
-    params = jax.tree.map(np.asarray, ckptr.restore(best / "params"))
-  cfg = model_lib.BertConfig.from_dict(saved["bert"]).replace(scan_layers=False, remat="none")
-  return cfg, params, saved["task"], saved.get("labels")
+  if (best / convert.NATIVE_CONFIG).exists():  # the export format
+    cfg, params = convert.read_native(str(best))
+  else:  # best/ of older versions: Orbax params, the BertConfig in config.json
+    with ocp.StandardCheckpointer() as ckptr:
+      params = jax.tree.map(np.asarray, ckptr.restore(best / "params"))
+    cfg = model_lib.BertConfig.from_dict(saved["bert"])
+  return cfg.replace(scan_layers=False, remat="none"), params, saved["task"], saved.get("labels")
 
 
 def classify(cfg, params, task, labels, tokenizer, texts, pairs=None):

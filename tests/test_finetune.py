@@ -67,7 +67,11 @@ def test_glue_sst2_learns_and_writes_submission(tmp_path, pretrained):
   assert lines[0] == "index\tprediction" and len(lines) == 25
   metrics = json.loads((tmp_path / "work" / "metrics.json").read_text())
   assert metrics["main_metric"] == "accuracy" and len(metrics["epochs"]) == 6
-  assert os.path.isdir(tmp_path / "work" / "best" / "params")
+  # best/ is in the export format, with the model's real BertConfig: also an init_checkpoint.
+  best_dir = tmp_path / "work" / "best"
+  assert (best_dir / "params.safetensors").is_file() and (best_dir / "bert_jax_config.json").is_file()
+  cfg, enc = convert.load_pretrained(str(best_dir), target="encoder")
+  assert (cfg.hidden_size, cfg.num_layers) == (32, 2) and "pooler" in enc
 
 
 @pytest.mark.slow
@@ -167,3 +171,22 @@ def test_predict_with_a_finetuned_classifier(tmp_path, pretrained, capsys):
                 "--text=the movie was very great", "--text=the movie was very awful"])
   out = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
   assert [o["prediction"] for o in out] == ["pos", "neg"]
+
+
+def test_predict_reads_the_best_dir_of_older_versions(tmp_path, pretrained):
+  """best/ as versions before the export format wrote it (Orbax params, the BertConfig in
+  config.json) still loads for predict."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from bert_jax import heads, predict  # pylint: disable=g-import-not-at-top
+  cfg, _ = convert.load_pretrained(pretrained[0], target="encoder")
+  ids = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(heads.BertForSequenceClassification(cfg, num_labels=2).init(
+      jax.random.key(0), ids, ids, ids))["params"]
+  best = tmp_path / "best"
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(best / "params", params)
+  (best / "config.json").write_text(json.dumps({"bert": cfg.to_dict(), "labels": ["0", "1"],
+                                                "task": {"task": "glue"}}))
+  got_cfg, got, task, labels = predict.load_finetuned(str(tmp_path))
+  assert got_cfg.hidden_size == cfg.hidden_size and labels == ["0", "1"] and task["task"] == "glue"
+  np.testing.assert_array_equal(got["classifier"]["kernel"], np.asarray(params["classifier"]["kernel"]))

@@ -93,7 +93,7 @@ def test_finetune_glue_on_gs_then_predict(gcs, pretrained):  # noqa: F811
   objects = set(gcs.list_objects(workdir))
   for name in ("metrics.json", "CoLA.tsv", "best/config.json"):
     assert f"{workdir}/{name}" in objects, name
-  assert any(o.startswith(f"{workdir}/best/params/") for o in objects)
+  assert {f"{workdir}/best/params.safetensors", f"{workdir}/best/bert_jax_config.json"} <= objects
   metrics = json.loads(gcs.read_object(f"{workdir}/metrics.json"))
   assert metrics["main_metric"] == "mcc" and len(metrics["epochs"]) == 1
   # predict: classify from the gs:// fine-tuning workdir, fill-mask and features from the
