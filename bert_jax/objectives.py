@@ -21,10 +21,12 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
-TEXT_INPUTS = ("input_ids", "segment_ids", "input_mask")
-PRETRAINING_INPUTS = TEXT_INPUTS + ("masked_lm_positions",)
+from input_pipeline import features
+
+TEXT_INPUTS = features.TEXT
+PRETRAINING_INPUTS = features.PRETRAINING
 # Packed rows also carry these, passed to the model by keyword (see bert_jax.model.BertModel).
-PACKED_INPUTS = ("position_ids", "packed_example_ids", "cls_positions")
+PACKED_INPUTS = features.PACKED
 
 
 @struct.dataclass

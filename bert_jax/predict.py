@@ -33,7 +33,7 @@ from bert_jax import errors
 from bert_jax import fileio
 from bert_jax import heads
 from bert_jax import model as model_lib
-from input_pipeline import glue, squad, tagging
+from input_pipeline import features, glue, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 
 MASK_TEXT = "[MASK]"
@@ -108,7 +108,8 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
                      max_len: int = 128, pooled: bool = False, batch_size: int = 32):
   """Hidden states [N, L, len(layers), D] of the chosen layers (or pooled [N, D])."""
   max_len = min(max_len, cfg.max_position_embeddings)
-  rows = [[tokenizer.cls_id] + list(r)[:max_len - 2] + [tokenizer.sep_id] for r in tokenizer.encode_batch(list(texts))]
+  rows = [features.encode_pair(tokenizer, list(r)[:max_len - 2])[0]
+          for r in tokenizer.encode_batch(list(texts))]
   ids, mask = _pad(rows, max_len)
   encoder_params = params["bert"] if "bert" in params else params
   if pooled and "pooler" not in encoder_params:

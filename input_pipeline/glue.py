@@ -14,6 +14,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from input_pipeline import features
+
 csv.field_size_limit(sys.maxsize)
 
 
@@ -205,11 +207,7 @@ def encode_examples(examples: Sequence[Example], tokenizer, max_seq_length: int,
   for i, ex in enumerate(examples):
     a, b = list(a_ids[i]), (list(b_ids[i]) if ex.text_b is not None else None)
     truncate_pair(a, b, max_seq_length - (3 if b is not None else 2))
-    tokens = [tokenizer.cls_id] + a + [tokenizer.sep_id]
-    seg = [0] * len(tokens)
-    if b is not None:
-      tokens += b + [tokenizer.sep_id]
-      seg += [1] * (len(b) + 1)
+    tokens, seg = features.encode_pair(tokenizer, a, b)
     ids[i, :len(tokens)], segs[i, :len(tokens)], mask[i, :len(tokens)] = tokens, seg, 1
     if ex.label is not None:
       if label_index is None:

@@ -12,6 +12,8 @@ import json
 
 import numpy as np
 
+from input_pipeline import features
+
 
 @dataclasses.dataclass(frozen=True)
 class QAExample:
@@ -94,7 +96,7 @@ def convert_examples(examples: list[QAExample], tokenizer, max_seq_length: int =
         tok_start, tok_end = inside[0], inside[-1]
     spans = _windows(len(c_ids), window, doc_stride)
     for span_index, (start, length) in enumerate(spans):
-      ids = [tokenizer.cls_id] + q_ids + [tokenizer.sep_id] + list(c_ids[start:start + length]) + [tokenizer.sep_id]
+      ids, segments = features.encode_pair(tokenizer, q_ids, c_ids[start:start + length])
       offset = len(q_ids) + 2  # Feature position of the window's first context token.
       token_chars = np.full((max_seq_length, 2), -1, np.int32)
       max_context = np.zeros((max_seq_length,), bool)
@@ -106,7 +108,7 @@ def convert_examples(examples: list[QAExample], tokenizer, max_seq_length: int =
         s_pos, e_pos = tok_start - start + offset, tok_end - start + offset
       pad = max_seq_length - len(ids)
       feats["input_ids"].append(ids + [tokenizer.pad_id] * pad)
-      feats["segment_ids"].append([0] * offset + [1] * (length + 1) + [0] * pad)
+      feats["segment_ids"].append(segments + [0] * pad)
       feats["input_mask"].append([1] * len(ids) + [0] * pad)
       feats["start_positions"].append(s_pos)
       feats["end_positions"].append(e_pos)

@@ -12,6 +12,7 @@ import io
 
 import numpy as np
 
+from input_pipeline import features
 from input_pipeline.glue import truncate_pair
 
 
@@ -105,8 +106,8 @@ def encode_swag(examples: list[dict], tokenizer, max_seq_length: int) -> dict[st
     for k in range(4):
       a, b = list(contexts[i]), list(endings[4 * i + k])
       truncate_pair(a, b, max_seq_length - 3)
-      ids = [tokenizer.cls_id] + a + [tokenizer.sep_id] + b + [tokenizer.sep_id]
+      ids, segments = features.encode_pair(tokenizer, a, b)
       feats["input_ids"][i, k, :len(ids)] = ids
-      feats["segment_ids"][i, k, len(a) + 2:len(ids)] = 1
+      feats["segment_ids"][i, k, :len(ids)] = segments
       feats["input_mask"][i, k, :len(ids)] = 1
   return feats

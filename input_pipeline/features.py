@@ -1,0 +1,31 @@
+"""The feature schema: the names of the arrays every batch carries, and the one place a
+`[CLS] A [SEP] B [SEP]` input is assembled for fine-tuning and inference.
+
+  TEXT          input_ids, segment_ids, input_mask              [B, L] int32 (SWAG: [B, 4, L])
+  PACKED        position_ids, packed_example_ids [B, L]; cls_positions [B, E] (packed rows)
+  PRETRAINING   TEXT + masked_lm_positions [B, P] (the model's inputs); the targets are
+                masked_lm_ids / masked_lm_weights [B, P], next_sentence_labels [B]
+Labels of fine-tuning tasks: labels [B] (classification), start/end_positions [B] (span QA),
+labels + label_weights [B, L] (tagging); example_weights [B] or [B, E] where rows are padding
+or packed slots.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+TEXT = ("input_ids", "segment_ids", "input_mask")
+PACKED = ("position_ids", "packed_example_ids", "cls_positions")
+PRETRAINING = TEXT + ("masked_lm_positions",)
+MLM_TARGETS = ("masked_lm_ids", "masked_lm_weights")
+
+
+def encode_pair(tokenizer, a: Sequence[int], b: Sequence[int] | None = None
+                ) -> tuple[list[int], list[int]]:
+  """`[CLS] a [SEP]` (+ `b [SEP]`) token ids and their segment ids (0 for the first
+  segment with its [CLS] and [SEP], 1 for b and its [SEP]); truncation is the caller's."""
+  ids = [tokenizer.cls_id] + list(a) + [tokenizer.sep_id]
+  segments = [0] * len(ids)
+  if b is not None:
+    ids += list(b) + [tokenizer.sep_id]
+    segments += [1] * (len(b) + 1)
+  return ids, segments
