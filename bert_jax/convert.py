@@ -171,6 +171,13 @@ def _is_scanned(params: Params) -> bool:
   return "layers" in holder.get("encoder", {})
 
 
+def to_layout(params: Params, num_layers: int, scanned: bool) -> Params:
+  """Params in the scanned (`encoder/layers`) or unrolled (`encoder/layer_i`) layout."""
+  if _is_scanned(params) == scanned:
+    return params
+  return stack_layers(params, num_layers) if scanned else unstack_layers(params, num_layers)
+
+
 # ----------------------------------------------------------------------------
 # Canonical dict <-> params.
 

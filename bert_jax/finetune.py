@@ -238,10 +238,11 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   if packed and config.get("max_examples_per_row", 0) < 1:
     raise ValueError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   enc_cfg, enc_params = load_encoder(config.init_checkpoint)
-  # Parameters keep the unscanned layout of the checkpoints; remat comes from the config.
+  # The architecture is the checkpoint's; dropout, dtype, remat and scan the config's.
   cfg = enc_cfg.replace(hidden_dropout_rate=config.model.hidden_dropout_rate,
                         attention_dropout_rate=config.model.attention_dropout_rate,
-                        dtype=config.model.dtype, scan_layers=False, remat=config.model.remat)
+                        dtype=config.model.dtype, scan_layers=config.model.scan_layers,
+                        remat=config.model.remat)
   if config.max_seq_length > cfg.max_position_embeddings:
     raise ValueError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
                      f"{cfg.max_position_embeddings} positions.")
@@ -277,7 +278,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   def init_params(state):
     # The pre-trained encoder replaces the fresh one; only the head stays new (and the
     # pooler, for checkpoints without one: BertForMaskedLM, BertModel(add_pooling_layer=False)).
-    params = enc_params
+    params = convert.to_layout(enc_params, cfg.num_layers, cfg.scan_layers)
     if "pooler" not in params:
       logging.warning("init_checkpoint %s has no pooler: it starts from a fresh "
                       "initialisation (as transformers does for such checkpoints).",

@@ -29,6 +29,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.hidden_dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.1
   c.model.remat = "none"  # none | full | dots: recompute layer activations (BERT-large, long L)
+  c.model.scan_layers = False  # nn.scan over layers: compile time flat in depth
 
   c.max_seq_length = 128
   c.global_batch_size = 32  # paper: 16 or 32

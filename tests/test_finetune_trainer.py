@@ -157,3 +157,21 @@ def test_a_finetuning_workdir_is_a_checkpoint_like_any_other(tmp_path, pretraine
   c2 = _config(tmp_path, pretrained, num_epochs=1)
   c2.init_checkpoint = str(tmp_path / "ft")
   finetune.finetune(c2, str(tmp_path / "ft2"))
+
+
+def test_scanned_layers_finetune_like_unrolled_ones(tmp_path, pretrained):  # noqa: F811
+  """model.scan_layers (nn.scan over the encoder layers) fine-tunes the same model: the
+  unrolled checkpoint is stacked on the way in, and best/ is written unrolled."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  losses = {}
+  for scan in (False, True):
+    c = _config(tmp_path, pretrained, log_every_steps=4, num_epochs=1,
+                **{"model.scan_layers": scan, "model.hidden_dropout_rate": 0.0,
+                   "model.attention_dropout_rate": 0.0})
+    finetune.finetune(c, str(tmp_path / f"scan{scan}"))
+    losses[scan] = tu.read_scalars(tmp_path / f"scan{scan}", "train/loss")
+  assert sorted(losses[True]) == sorted(losses[False]) == [4, 8, 12]
+  np.testing.assert_allclose([losses[True][s] for s in (4, 8, 12)],
+                             [losses[False][s] for s in (4, 8, 12)], rtol=1e-4)
+  cfg, enc = convert.load_pretrained(str(tmp_path / "scanTrue" / "best"), target="encoder")
+  assert not cfg.scan_layers and "layer_1" in enc["encoder"]
