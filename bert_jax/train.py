@@ -149,8 +149,10 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
     loaded = _flat_keys(params)
     logging.info("Initialised params from %s (step %d).", path, step)
   else:
-    ckpt_cfg, params = convert.load_pretrained(path, target="pretraining", require_mlm=False,
-                                               scan_layers=cfg.scan_layers)
+    # The one host-side loader (exports, HuggingFace, Google TF); our own runs are restored
+    # above, shard by shard onto the mesh, without a copy of the model on one host.
+    ckpt_cfg, params, _ = checkpointing.load_params(path, "pretraining", require_mlm=False)
+    params = convert.to_layout(params, cfg.num_layers, cfg.scan_layers)
     differ = [f"{f}: checkpoint {getattr(ckpt_cfg, f)!r} vs config {getattr(cfg, f)!r}"
               for f in ARCHITECTURE_FIELDS if getattr(ckpt_cfg, f) != getattr(cfg, f)]
     if differ:

@@ -47,7 +47,7 @@ def _iter_files(files: list[str], fmt: str, stats: dict) -> Iterator[dict]:
 
 def load_tfds_split(name: str, *, data_dir: str | None):
   """tfds.load(download=False) with an error that says how to prepare the dataset."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional: only TFDS corpora)
   name, _, split = name.partition(":")
   split = split or "train"
   try:

@@ -70,7 +70,7 @@ _COLA_RAW = {"train": "in_domain_train.tsv", "dev": "in_domain_dev.tsv"}
 
 
 def _rows(path: str, delimiter: str, quotechar: str | None = None) -> list[list[str]]:
-  import tensorflow as tf
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"{path} does not exist: point data_dir at the task's directory "
                             "as distributed by GLUE (train.tsv, dev.tsv, test.tsv).")
@@ -130,7 +130,7 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
 def read_tfds_glue(task: str, split: str, data_dir: str | None = None,
                    name: str | None = None) -> list[Example]:
   """GLUE from a locally prepared TFDS copy (`glue/<task>`, or `name`); never downloads."""
-  import tensorflow_datasets as tfds
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional: only data_dir=tfds)
   name = name or f"glue/{task}"
   split = {"dev": "validation", "dev_mismatched": "validation_mismatched"}.get(split, split)
   try:
@@ -164,7 +164,7 @@ def _tfds_label(task: str, index: int) -> str:
 
 def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -> list[Example]:
   """A user's own classification file: .csv, .tsv (with a header) or .jsonl."""
-  import tensorflow as tf
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"{path} does not exist.")
   if path.endswith(".jsonl") or path.endswith(".json"):

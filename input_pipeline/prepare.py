@@ -134,7 +134,7 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
                    text_field: str = "text", tfds_data_dir: str | None = None,
                    progress: bool = True) -> dict:
   """Tokenizes `input_spec` into `output_dir` (see module doc); returns the summary."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if num_shards < 1:
     raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
   num_workers = num_workers or os.cpu_count() or 1
@@ -193,7 +193,7 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
 
 def load_summary(prepared_dir: str) -> dict:
   """summary.json of a prepared corpus, with a clear error if the run never finished."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   path = prepared_dir.rstrip("/") + "/" + SUMMARY_NAME
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(

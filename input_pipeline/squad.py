@@ -26,7 +26,7 @@ class QAExample:
 
 
 def read_squad(path: str) -> list[QAExample]:
-  import tensorflow as tf
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"SQuAD file {path} does not exist.")
   with tf.io.gfile.GFile(path) as f:

@@ -17,7 +17,7 @@ from input_pipeline.glue import truncate_pair
 
 
 def _read_text(path: str) -> str:
-  import tensorflow as tf
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
     raise FileNotFoundError(f"{path} does not exist.")
   with tf.io.gfile.GFile(path, "rb") as f:

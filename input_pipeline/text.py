@@ -41,7 +41,7 @@ _END = re.compile(r"\*\*\*\s*END OF")
 def _gfile():
   # Imported on use: prepare's worker processes import this module but never read files,
   # and must start without loading TensorFlow.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   return tf.io.gfile
 
 

@@ -198,7 +198,7 @@ class Tokenizer:
       _log_once(vocab_file, norm)
       backend = _wordpiece_backend(tokens, norm, vocab_file)
     else:
-      import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+      import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (only SentencePiece vocabularies)
       if lowercase is None:
         lowercase = _read_json_beside(vocab_file, CONFIG_NAME).get("lowercase")
       backend = spm.SentencePieceProcessor(model_proto=data)
@@ -231,7 +231,7 @@ class Tokenizer:
 
 
 def _wordpiece_backend(tokens: list[str], norm: Normalization, vocab_file: str):
-  from tokenizers import Tokenizer as RustTokenizer  # pylint: disable=g-import-not-at-top
+  from tokenizers import Tokenizer as RustTokenizer  # pylint: disable=g-import-not-at-top  (the Rust WordPiece backend, built on first use)
   from tokenizers import decoders, models, normalizers, pre_tokenizers
   vocab = {t: i for i, t in enumerate(tokens)}
   missing = [t for t in SPECIAL_TOKENS if t not in vocab]

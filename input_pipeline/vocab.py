@@ -74,7 +74,7 @@ def _write_texts(texts, path: str) -> int:
 
 def _train_wordpiece(text_file: str, out_dir: str, vocab_size: int, lowercase: bool,
                      min_frequency: int) -> None:
-  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top  (only --kind=wordpiece)
   trainer = BertWordPieceTokenizer(clean_text=True, handle_chinese_chars=True,
                                    strip_accents=None, lowercase=lowercase)
   trainer.train(
@@ -85,7 +85,7 @@ def _train_wordpiece(text_file: str, out_dir: str, vocab_size: int, lowercase: b
 
 
 def _train_sentencepiece(text_file: str, out_dir: str, vocab_size: int, lowercase: bool) -> None:
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (only --kind=sentencepiece)
   spm.SentencePieceTrainer.train(
       input=text_file,
       model_prefix=os.path.join(out_dir, tokenizer_lib.SENTENCEPIECE_FILE[:-len(".model")]),
