@@ -14,7 +14,6 @@ checkpoint that still fails to restore is reported, moved to
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any, Mapping
@@ -29,7 +28,6 @@ from jax.experimental import multihost_utils
 
 from bert_jax import convert
 from bert_jax import fileio
-from bert_jax import model as model_lib
 
 
 def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
@@ -43,9 +41,6 @@ def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
   everything = multihost_utils.process_allgather(padded)
   return [json.loads(bytes(row[:int(n)]).decode()) for row, n in
           zip(everything.reshape(len(lengths), -1), np.ravel(lengths))]
-
-
-MODEL_CONFIG_KEY = "bert_model"  # the model's BertConfig, in each checkpoint's config item
 
 
 class ModelMismatchError(ValueError):
@@ -86,7 +81,7 @@ class Checkpointer:
       return
     saved_config = json.loads(config.to_json_best_effort())
     if model_config is not None:
-      saved_config[MODEL_CONFIG_KEY] = dict(model_config)
+      saved_config[convert.MODEL_CONFIG_KEY] = dict(model_config)
     self.manager.save(step, force=True, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave({"process_count": jax.process_count(),
@@ -139,7 +134,7 @@ class Checkpointer:
     """Compares the saved parameters' names and shapes (checkpoint metadata) with the
     model's; unreadable metadata is left to the restore (which may find it corrupt)."""
     try:
-      got = saved_param_shapes(os.fspath(self.directory / str(step)))
+      got = convert.saved_param_shapes(os.fspath(self.directory / str(step)))
     except Exception:  # pylint: disable=broad-except
       return
     want = {tuple(str(getattr(k, "key", k)) for k in path): tuple(a.shape) for path, a in
@@ -192,94 +187,3 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
-
-
-def _step_dir(path: str) -> epath.Path:
-  """A workdir, its `checkpoints/` dir or one `<step>` dir -> the (latest) step dir."""
-  path = fileio.path(path)
-  if (path / "checkpoints").is_dir():
-    path = path / "checkpoints"
-  if (path / "state").is_dir():
-    return path
-  steps = sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
-  if not steps:
-    raise FileNotFoundError(f"No checkpoint found in {path}.")
-  return path / str(steps[-1])
-
-
-def saved_param_shapes(path: str) -> dict[tuple[str, ...], tuple[int, ...]]:
-  """Key path (a tuple of names) -> shape of every saved parameter (from metadata,
-  nothing read)."""
-  # The item handler's own metadata: the step-level file is not needed (nor warned about).
-  handler = ocp.PyTreeCheckpointHandler()
-  try:
-    tree = handler.metadata(_step_dir(path) / "state").tree["params"]
-  finally:
-    handler.close()
-  return {tuple(str(getattr(k, "key", k)) for k in p): tuple(m.shape)
-          for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
-
-
-def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
-  """Params of a run of ours (workdir, `checkpoints/` or `<step>` dir), resharded onto
-  the shardings in `abstract_params`. Returns (step, params)."""
-  step_dir = _step_dir(path)
-  manager = ocp.CheckpointManager(step_dir.parent, item_names=("state", "data", "config"),
-                                  options=ocp.CheckpointManagerOptions(read_only=True))
-  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
-  restored = manager.restore(int(step_dir.name), args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(item={"params": abstract_params},
-                                   restore_args={"params": restore_args},
-                                   partial_restore=True)))
-  manager.close()
-  return int(step_dir.name), restored["state"]["params"]
-
-
-def is_orbax_checkpoint(path: str) -> bool:
-  """Whether `path` is one of our workdirs / checkpoint dirs (vs. HF or TF files)."""
-  p = fileio.path(path)
-  candidates = [p / "checkpoints", p, p.parent]
-  for c in candidates:
-    if c.is_dir() and any(x.name.isdigit() and (x / "state").exists() for x in c.iterdir()):
-      return True
-  return (p / "state").is_dir()
-
-
-def load_params_for_inference(path: str):
-  """(BertConfig, params as numpy) of the newest checkpoint of a pre-training run of
-  ours, on the host, with no mesh; None if `path` is not one of our runs."""
-  if not is_orbax_checkpoint(path):
-    return None
-  step_dir = _step_dir(path)
-  saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
-  with ocp.StandardCheckpointer() as ckptr:
-    meta = ckptr.metadata(step_dir / "state").item_metadata["params"]
-    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), abstract)
-  _, params = restore_params(os.fspath(step_dir), abstract)
-  params = jax.tree.map(np.asarray, params)
-  if MODEL_CONFIG_KEY in saved:
-    return model_lib.BertConfig.from_dict(saved[MODEL_CONFIG_KEY].to_dict()), params
-  # Older checkpoints: the sizes from the parameters, the rest from the run's config.
-  fields = {k: v for k, v in (saved.get("model") or {}).items()
-            if k in {f.name for f in dataclasses.fields(model_lib.BertConfig)} | {"preset"}}
-  vocab_size = params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0]
-  base = model_lib.config_from_fields({**fields, "vocab_size": vocab_size}, vocab_size)
-  return convert.config_from_params(params, base), params
-
-
-def load_params(path: str, target: str = "pretraining", *, require_mlm: bool = True
-                ) -> tuple[model_lib.BertConfig, Any, dict[str, bool]]:
-  """(BertConfig, params on the host, which heads they hold) of any checkpoint: a run of
-  ours (pre-training or fine-tuning workdir), a bert_jax export, a HuggingFace directory or
-  a Google TF checkpoint. target "encoder" returns the encoder (+ pooler) alone."""
-  found = load_params_for_inference(path)
-  if found is None:
-    cfg, params = convert.load_pretrained(path, target=target, require_mlm=require_mlm)
-    return cfg, params, convert.heads(params)
-  cfg, params = found
-  heads = convert.heads(params)
-  if target == "encoder":
-    params = params["bert"]
-  return cfg, params, heads

@@ -5,13 +5,16 @@ without the `bert.` prefix in PyTorch layout (`encoder.layer.0.attention.self.
 query.weight` [out, in]); one table maps those names onto our parameter tree.
 Every import is checked: shapes must match and every tensor must be used, or
 the import fails naming the offending tensors. Nothing is re-initialised.
+`load_params(path)` is the one loader of every format, runs of ours (a workdir's newest
+Orbax checkpoint, whose BertConfig it records) included.
 
     python -m bert_jax.convert --input=HF_DIR_OR_TF_CKPT --output=DIR            # -> bert_jax
-    python -m bert_jax.convert --input=BERT_JAX_DIR --output=DIR --to=huggingface
+    python -m bert_jax.convert --input=BERT_JAX_DIR_OR_WORKDIR --output=DIR --to=huggingface
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -23,7 +26,9 @@ from etils import epath
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 import safetensors.numpy
 
 from bert_jax import errors
@@ -461,6 +466,103 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
 
 
 # ----------------------------------------------------------------------------
+# Runs of ours (Orbax checkpoints in a workdir): read-only, on the host or onto given shardings.
+
+MODEL_CONFIG_KEY = "bert_model"  # the model's BertConfig, in each checkpoint's config item
+
+
+def _step_dir(path: str) -> epath.Path:
+  """A workdir, its `checkpoints/` dir or one `<step>` dir -> the (latest) step dir."""
+  path = fileio.path(path)
+  if (path / "checkpoints").is_dir():
+    path = path / "checkpoints"
+  if (path / "state").is_dir():
+    return path
+  steps = sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
+  if not steps:
+    raise FileNotFoundError(f"No checkpoint found in {path}.")
+  return path / str(steps[-1])
+
+
+def saved_param_shapes(path: str) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """Key path (a tuple of names) -> shape of every saved parameter (from metadata,
+  nothing read)."""
+  # The item handler's own metadata: the step-level file is not needed (nor warned about).
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    tree = handler.metadata(_step_dir(path) / "state").tree["params"]
+  finally:
+    handler.close()
+  return {tuple(str(getattr(k, "key", k)) for k in p): tuple(m.shape)
+          for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
+  """Params of a run of ours (workdir, `checkpoints/` or `<step>` dir), resharded onto
+  the shardings in `abstract_params`. Returns (step, params)."""
+  step_dir = _step_dir(path)
+  manager = ocp.CheckpointManager(step_dir.parent, item_names=("state", "data", "config"),
+                                  options=ocp.CheckpointManagerOptions(read_only=True))
+  restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
+  restored = manager.restore(int(step_dir.name), args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore(item={"params": abstract_params},
+                                   restore_args={"params": restore_args},
+                                   partial_restore=True)))
+  manager.close()
+  return int(step_dir.name), restored["state"]["params"]
+
+
+def is_orbax_checkpoint(path: str) -> bool:
+  """Whether `path` is one of our workdirs / checkpoint dirs (vs. HF or TF files)."""
+  p = fileio.path(path)
+  candidates = [p / "checkpoints", p, p.parent]
+  for c in candidates:
+    if c.is_dir() and any(x.name.isdigit() and (x / "state").exists() for x in c.iterdir()):
+      return True
+  return (p / "state").is_dir()
+
+
+def load_params_for_inference(path: str):
+  """(BertConfig, params as numpy) of the newest checkpoint of a pre-training run of
+  ours, on the host, with no mesh; None if `path` is not one of our runs."""
+  if not is_orbax_checkpoint(path):
+    return None
+  step_dir = _step_dir(path)
+  saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
+  with ocp.StandardCheckpointer() as ckptr:
+    meta = ckptr.metadata(step_dir / "state").item_metadata["params"]
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), abstract)
+  _, params = restore_params(os.fspath(step_dir), abstract)
+  params = jax.tree.map(np.asarray, params)
+  if MODEL_CONFIG_KEY in saved:
+    return model_lib.BertConfig.from_dict(saved[MODEL_CONFIG_KEY].to_dict()), params
+  # Older checkpoints: the sizes from the parameters, the rest from the run's config.
+  fields = {k: v for k, v in (saved.get("model") or {}).items()
+            if k in {f.name for f in dataclasses.fields(model_lib.BertConfig)} | {"preset"}}
+  vocab_size = params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0]
+  base = model_lib.config_from_fields({**fields, "vocab_size": vocab_size}, vocab_size)
+  return config_from_params(params, base), params
+
+
+def load_params(path: str, target: str = "pretraining", *, require_mlm: bool = True
+                ) -> tuple[model_lib.BertConfig, Any, dict[str, bool]]:
+  """(BertConfig, params on the host, which heads they hold) of any checkpoint: a run of
+  ours (pre-training or fine-tuning workdir), a bert_jax export, a HuggingFace directory or
+  a Google TF checkpoint. target "encoder" returns the encoder (+ pooler) alone."""
+  found = load_params_for_inference(path)
+  if found is None:
+    cfg, params = load_pretrained(path, target=target, require_mlm=require_mlm)
+    return cfg, params, heads(params)
+  cfg, params = found
+  held = heads(params)
+  if target == "encoder":
+    params = params["bert"]
+  return cfg, params, held
+
+
+# ----------------------------------------------------------------------------
 # Writers.
 
 def save_native(path: str, cfg: BertConfig, params: Params) -> None:
@@ -519,14 +621,15 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
 @errors.reported
 def main(argv: Iterable[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--input", required=True, help="HuggingFace dir, TF checkpoint, or bert_jax export dir.")
+  parser.add_argument("--input", required=True, help="HuggingFace dir, TF checkpoint, bert_jax export "
+                      "dir, or a workdir of ours (its newest checkpoint).")
   parser.add_argument("--output", required=True, help="Directory to write.")
   parser.add_argument("--to", choices=["bert_jax", "huggingface"], default="bert_jax")
   parser.add_argument("--target", choices=["pretraining", "encoder"], default="pretraining",
                       help="'pretraining' keeps the heads the checkpoint has (masked-LM, NSP, "
                       "pooler); 'encoder' keeps the encoder and pooler only.")
   args = parser.parse_args(argv)
-  cfg, params = load_pretrained(args.input, target=args.target, require_mlm=False)
+  cfg, params, _ = load_params(args.input, target=args.target, require_mlm=False)
   if args.to == "huggingface":
     export_huggingface(args.output, cfg, params)
   else:

@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, convert, fileio, heads, optim, scoring
+from bert_jax import convert, fileio, heads, optim, scoring
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
@@ -199,9 +199,9 @@ TASKS = {"glue": classification_task, "custom": classification_task, "squad": sq
 
 
 def load_encoder(path: str) -> tuple[BertConfig, Any]:
-  """Encoder config + params of any checkpoint (checkpointing.load_params): a pre-training
+  """Encoder config + params of any checkpoint (convert.load_params): a pre-training
   or fine-tuning workdir of ours, an export, HuggingFace or Google TF."""
-  cfg, params, _ = checkpointing.load_params(path, target="encoder")
+  cfg, params, _ = convert.load_params(path, target="encoder")
   return cfg, params
 
 

@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax import checkpointing
 from bert_jax import convert
 from bert_jax import errors
 from bert_jax import fileio
@@ -41,7 +40,7 @@ MASK_TEXT = "[MASK]"
 
 def load_checkpoint(path: str, target: str = "pretraining"):
   """(BertConfig, unrolled params) for inference from any supported checkpoint."""
-  cfg, params, _ = checkpointing.load_params(path, target=target)
+  cfg, params, _ = convert.load_params(path, target=target)
   return _unrolled(cfg, params)
 
 

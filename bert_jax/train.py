@@ -20,7 +20,6 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import checkpointing
 from bert_jax import fileio
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
@@ -141,17 +140,17 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
   data.nsp is off) are left out. Both are logged."""
   want = _flat_keys(abstract_params)
   want_shapes = {k: tuple(a.shape) for k, a in want.items()}
-  if checkpointing.is_orbax_checkpoint(path):
-    got = {tuple(k): v for k, v in checkpointing.saved_param_shapes(path).items()}
+  if convert.is_orbax_checkpoint(path):
+    got = {tuple(k): v for k, v in convert.saved_param_shapes(path).items()}
     fresh, extra = _check_fits(path, cfg, want_shapes, got)
     subset = flax.traverse_util.unflatten_dict({k: a for k, a in want.items() if k in got})
-    step, params = checkpointing.restore_params(path, subset)
+    step, params = convert.restore_params(path, subset)
     loaded = _flat_keys(params)
     logging.info("Initialised params from %s (step %d).", path, step)
   else:
     # The one host-side loader (exports, HuggingFace, Google TF); our own runs are restored
     # above, shard by shard onto the mesh, without a copy of the model on one host.
-    ckpt_cfg, params, _ = checkpointing.load_params(path, "pretraining", require_mlm=False)
+    ckpt_cfg, params, _ = convert.load_params(path, "pretraining", require_mlm=False)
     params = convert.to_layout(params, cfg.num_layers, cfg.scan_layers)
     differ = [f"{f}: checkpoint {getattr(ckpt_cfg, f)!r} vs config {getattr(cfg, f)!r}"
               for f in ARCHITECTURE_FIELDS if getattr(ckpt_cfg, f) != getattr(cfg, f)]

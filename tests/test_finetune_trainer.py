@@ -175,3 +175,16 @@ def test_scanned_layers_finetune_like_unrolled_ones(tmp_path, pretrained):  # no
                              [losses[False][s] for s in (4, 8, 12)], rtol=1e-4)
   cfg, enc = convert.load_pretrained(str(tmp_path / "scanTrue" / "best"), target="encoder")
   assert not cfg.scan_layers and "layer_1" in enc["encoder"]
+
+
+def test_convert_cli_reads_a_workdir_of_ours(tmp_path, pretrained):  # noqa: F811
+  """The one loader serves the convert CLI too: a fine-tuning workdir's encoder exports."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  finetune.finetune(_config(tmp_path, pretrained, num_epochs=1), str(tmp_path / "ft"))
+  convert.main([f"--input={tmp_path / 'ft'}", f"--output={tmp_path / 'enc'}", "--target=encoder"])
+  cfg, enc = convert.load_pretrained(str(tmp_path / "enc"), target="encoder")
+  assert (cfg.hidden_size, cfg.num_layers) == (32, 2)
+  saved = tu.flat(tu.load_checkpoint(tmp_path / "ft")["params"]["bert"])
+  got = tu.flat(enc)
+  for k in saved:
+    np.testing.assert_array_equal(got[k], saved[k], err_msg=k)
