@@ -166,12 +166,11 @@ def main(argv=None) -> None:
   parser.add_argument("--trace", default="", help="write an xprof trace of 2 steps here")
   args = parser.parse_args(argv)
 
-  import flax.linen as nn
   import jax
   import jax.numpy as jnp
   import optax
   from bert_jax import flops as flops_lib
-  from bert_jax import sharding, train
+  from bert_jax import train, trainer as trainer_lib
   from bert_jax.objectives import pretraining_loss
   config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)
   flops = flops_lib.train_flops_per_step(cfg, args.batch, args.seq_len, preds)
@@ -185,16 +184,11 @@ def main(argv=None) -> None:
     if args.no_mesh or not use_mesh:
       step = jax.jit(functools.partial(train.train_step, model=model, tx=tx), donate_argnums=(0,))
       c = step.lower(state, data, rng).compile(compiler_options=options or None)
-    else:  # as bench.train_step and the trainer: a mesh, logical axis rules, shardings
-      mesh = sharding.make_mesh(config.mesh_shape)
-      rules = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in config.logical_axis_rules)
-      with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        _, state_sh, _ = train.create_train_state(config, model, tx, mesh, rules)
-        repl = sharding.replicated(mesh)
-        step = jax.jit(functools.partial(train.train_step, model=model, tx=tx),
-                       in_shardings=(state_sh, sharding.batch_sharding(mesh, rules), repl),
-                       out_shardings=(state_sh, repl), donate_argnums=(0,))
-        c = step.lower(state, data, rng).compile(compiler_options=options or None)
+    else:  # the trainer's own jitted step: a mesh, logical axis rules, shardings
+      trainer = trainer_lib.build(config, model, train.PRETRAINING,
+                                  train.pretraining_sample(args.seq_len, preds), workdir=None)
+      with trainer.activate():
+        c = trainer.train_step.lower(state, data, rng).compile(compiler_options=options or None)
     print(f"compiled in {time.perf_counter() - t:.1f} s: options={options}", flush=True)
     own = [jax.tree.map(jnp.copy, state)]
 
