@@ -222,10 +222,8 @@ def _predict(trainer: trainer_lib.Trainer, predict_fn, params, feats, batch_size
   return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics."""
-  out_dir = fileio.path(workdir)
-  out_dir.mkdir(parents=True, exist_ok=True)
+def _check_config(config: ml_collections.ConfigDict) -> bool:
+  """Fails early on a config fine-tuning cannot run; returns whether it packs."""
   if not config.init_checkpoint:
     raise ValueError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
                      "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
@@ -237,8 +235,13 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
                      f"not task={config.task!r}: set --config.packing=False.")
   if packed and config.get("max_examples_per_row", 0) < 1:
     raise ValueError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
+  return packed
+
+
+def _load(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any, Tokenizer]:
+  """(BertConfig, encoder params, tokenizer): the architecture is the checkpoint's;
+  dropout, dtype, remat and scan the config's."""
   enc_cfg, enc_params = load_encoder(config.init_checkpoint)
-  # The architecture is the checkpoint's; dropout, dtype, remat and scan the config's.
   cfg = enc_cfg.replace(hidden_dropout_rate=config.model.hidden_dropout_rate,
                         attention_dropout_rate=config.model.attention_dropout_rate,
                         dtype=config.model.dtype, scan_layers=config.model.scan_layers,
@@ -250,16 +253,20 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
   if tok.vocab_size != cfg.vocab_size:
     raise ValueError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
                      f"{cfg.vocab_size}: use the vocabulary the model was pre-trained with.")
-  task = TASKS[config.task](config, tok, cfg)
-  n_train = len(task.train["input_ids"])
-  B = config.global_batch_size
-  batches = EpochIterator(task.train, global_batch_size=B, num_epochs=config.num_epochs,
+  return cfg, enc_params, tok
+
+
+def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray],
+             packed: bool) -> EpochIterator:
+  """This host's training batches of every epoch; fails when an epoch has no full batch."""
+  n_train, B = len(train["input_ids"]), config.global_batch_size
+  batches = EpochIterator(train, global_batch_size=B, num_epochs=config.num_epochs,
                           seed=config.seed, max_seq_length=config.max_seq_length,
                           max_examples_per_row=config.max_examples_per_row if packed else 0,
                           process_index=jax.process_index(), process_count=jax.process_count())
   steps, rows = batches.steps_per_epoch, batches.rows_per_epoch
   if packed:
-    lengths = task.train["input_mask"].sum(-1)
+    lengths = train["input_mask"].sum(-1)
     logging.info("Packing: %d examples -> %s rows an epoch (%.2f examples a row, %.0f%% of tokens "
                  "real), %s steps of %d rows.", n_train, rows, n_train / max(np.mean(rows), 1),
                  100 * lengths.sum() / (np.mean(rows) * config.max_seq_length), steps, B)
@@ -268,38 +275,79 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
                        f"of {B} rows: lower global_batch_size.")
   elif n_train // B == 0:
     raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
-  total = sum(steps)
-  epoch_ends = list(np.cumsum(steps))
+  return batches
 
-  model = task.model
-  trainer = trainer_lib.build(config, model, task.objective, task.train, workdir,
+
+def _with_encoder(state, enc_params, cfg: BertConfig, trainer: trainer_lib.Trainer, path: str):
+  """The fresh state's params with the pre-trained encoder in place: only the head stays new
+  (and the pooler, for checkpoints without one: BertForMaskedLM, BertModel(add_pooling_layer=False))."""
+  params = convert.to_layout(enc_params, cfg.num_layers, cfg.scan_layers)
+  if "pooler" not in params:
+    logging.warning("init_checkpoint %s has no pooler: it starts from a fresh "
+                    "initialisation (as transformers does for such checkpoints).", path)
+    params = {**params, "pooler": jax.device_get(state.params["bert"]["pooler"])}
+  bert = jax.tree.map(lambda a, x: jax.device_put(np.asarray(x, a.dtype), a.sharding),
+                      trainer.abstract.params["bert"], params)
+  return {**state.params, "bert": bert}
+
+
+class _DevEvaluation:
+  """After each epoch: dev outputs on every host, metrics to the log, TensorBoard and
+  metrics.json (history kept across reruns), and best/ + predictions on improvement."""
+
+  def __init__(self, config, workdir: str, task: TaskData, trainer: trainer_lib.Trainer,
+               cfg: BertConfig, writer, epoch_ends: list[int]):
+    self.config, self.out_dir, self.task, self.trainer = config, fileio.path(workdir), task, trainer
+    self.cfg, self.writer, self.epoch_ends = cfg, writer, epoch_ends
+    self.predict_fn = jax.jit(
+        lambda p, b: task.model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
+        in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
+        out_shardings=trainer.replicated)
+    saved = _read_json(self.out_dir / "metrics.json")
+    self.best, self.history = saved.get("best", {}), saved.get("epochs", [])
+
+  def __call__(self, step: int, state) -> None:
+    task, config = self.task, self.config
+    epoch = self.epoch_ends.index(step) + 1
+    outputs = _predict(self.trainer, self.predict_fn, state.params, task.eval, config.eval_batch_size)
+    result, write = task.evaluate(outputs)
+    result = {k: float(v) for k, v in result.items()}
+    logging.info("epoch %d dev: %s", epoch, result)
+    self.writer.write_scalars(step, {f"dev/{k}": v for k, v in result.items()})
+    # A run killed between this evaluation and its checkpoint evaluates the epoch again.
+    self.history = [h for h in self.history if h.get("epoch") != epoch] + [
+        {"epoch": epoch, "step": step, **result}]
+    if not self.best or result[task.main_metric] > self.best[task.main_metric]:
+      self.best = {"epoch": epoch, "step": step, **result}
+      _save_params(self.out_dir / "best", state.params, self.cfg, config, task.labels)
+      if jax.process_index() == 0:  # shared files: one writer, every host reads them
+        write(self.out_dir)
+    if jax.process_index() == 0:
+      (self.out_dir / "metrics.json").write_text(json.dumps(
+          {"task": config.task, "main_metric": task.main_metric, "best": self.best,
+           "epochs": self.history}, indent=2))
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics."""
+  fileio.path(workdir).mkdir(parents=True, exist_ok=True)
+  packed = _check_config(config)
+  cfg, enc_params, tok = _load(config)
+  task = TASKS[config.task](config, tok, cfg)
+  batches = _batches(config, task.train, packed)
+  total = sum(batches.steps_per_epoch)
+  epoch_ends = list(np.cumsum(batches.steps_per_epoch))
+  trainer = trainer_lib.build(config, task.model, task.objective, task.train, workdir,
                               eval_batch_size=config.eval_batch_size, total_steps=total)
-
-  def init_params(state):
-    # The pre-trained encoder replaces the fresh one; only the head stays new (and the
-    # pooler, for checkpoints without one: BertForMaskedLM, BertModel(add_pooling_layer=False)).
-    params = convert.to_layout(enc_params, cfg.num_layers, cfg.scan_layers)
-    if "pooler" not in params:
-      logging.warning("init_checkpoint %s has no pooler: it starts from a fresh "
-                      "initialisation (as transformers does for such checkpoints).",
-                      config.init_checkpoint)
-      params = {**params, "pooler": jax.device_get(state.params["bert"]["pooler"])}
-    bert = jax.tree.map(lambda a, x: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-                        trainer.abstract.params["bert"], params)
-    return {**state.params, "bert": bert}
-
-  state, data_state = trainer.restore_or_init(init_params)
+  state, data_state = trainer.restore_or_init(
+      lambda fresh: _with_encoder(fresh, enc_params, cfg, trainer, config.init_checkpoint))
   if data_state is not None:
     batches.set_state(data_state)
   if int(jax.device_get(state.step)):
     logging.info("Resumed fine-tuning at step %d.", int(jax.device_get(state.step)))
-  predict_fn = jax.jit(
-      lambda p, b: model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
-      in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
-      out_shardings=trainer.replicated)
   writer = metrics_lib.make_writer(workdir)
+  B, L = config.global_batch_size, config.max_seq_length
   seqs = int(np.prod(task.train["input_ids"].shape[1:-1], dtype=np.int64))  # SWAG: choices
-  L = config.max_seq_length
   epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
   train_metrics = metrics_lib.TrainMetrics(
       writer, total_steps=total, tokens_per_step=B * seqs * L,
@@ -308,38 +356,15 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
       learning_rate=functools.partial(optim.host_learning_rate, config, total_steps=total),
       summarize=task.objective.summarize, console=task.objective.console,
       prefix=lambda step: f"epoch {epoch_of(step)} ")
-  best_path = out_dir / "best"
-  metrics_path = out_dir / "metrics.json"
-  saved = _read_json(metrics_path)
-  best, history = saved.get("best", {}), saved.get("epochs", [])
-
-  def evaluate(step, state):
-    nonlocal best, history
-    epoch = epoch_ends.index(step) + 1
-    outputs = _predict(trainer, predict_fn, state.params, task.eval, config.eval_batch_size)
-    result, write = task.evaluate(outputs)
-    result = {k: float(v) for k, v in result.items()}
-    logging.info("epoch %d dev: %s", epoch, result)
-    writer.write_scalars(step, {f"dev/{k}": v for k, v in result.items()})
-    # A run killed between this evaluation and its checkpoint evaluates the epoch again.
-    history = [h for h in history if h.get("epoch") != epoch] + [{"epoch": epoch, "step": step, **result}]
-    if not best or result[task.main_metric] > best[task.main_metric]:
-      best = {"epoch": epoch, "step": step, **result}
-      _save_params(best_path, state.params, cfg, config, task.labels)
-      if jax.process_index() == 0:  # shared files: one writer, every host reads them
-        write(out_dir)
-    if jax.process_index() == 0:
-      metrics_path.write_text(json.dumps({"task": config.task, "main_metric": task.main_metric,
-                                          "best": best, "epochs": history}, indent=2))
-
+  dev = _DevEvaluation(config, workdir, task, trainer, cfg, writer, epoch_ends)
   is_epoch_end = lambda step: step in epoch_ends
   result = trainer_lib.run(trainer, state, batches, num_steps=total, metrics=train_metrics,
-                           evaluate=evaluate, eval_at=is_epoch_end, save_at=is_epoch_end)
-  logging.info("Best dev %s: %s", task.main_metric, best)
+                           evaluate=dev, eval_at=is_epoch_end, save_at=is_epoch_end)
+  logging.info("Best dev %s: %s", task.main_metric, dev.best)
   logging.info("Outputs in %s: best/ (epoch %s), metrics.json, the dev predictions, checkpoints "
-               "(step %d); TensorBoard: tensorboard --logdir=%s", workdir, best.get("epoch"),
+               "(step %d); TensorBoard: tensorboard --logdir=%s", workdir, dev.best.get("epoch"),
                result.step, workdir)
-  return best
+  return dev.best
 
 
 def _read_json(path) -> dict:
