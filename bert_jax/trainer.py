@@ -143,7 +143,6 @@ class Trainer:
   train_step: Callable  # jitted (state, global batch, rng) -> (state, metrics); state donated
   eval_step: Callable  # jitted (params, global batch) -> metric sums (replicated)
   checkpointer: checkpointing.Checkpointer | None
-  micro_steps: int = 1
 
   @contextlib.contextmanager
   def activate(self) -> Iterator[None]:
@@ -228,7 +227,7 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   return Trainer(config=config, model=model, objective=objective, tx=tx, mesh=mesh, rules=rules,
                  abstract=abstract, state_shardings=state_sh, batch_sharding=batch_sh,
                  replicated=repl, init=functools.partial(jit_init, rng), train_step=p_train,
-                 eval_step=p_eval, checkpointer=ckpt, micro_steps=micro)
+                 eval_step=p_eval, checkpointer=ckpt)
 
 
 class Preemption:
