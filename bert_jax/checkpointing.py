@@ -14,19 +14,25 @@ checkpoint that still fails to restore is reported, moved to
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
-from typing import Any, Mapping
+import threading
+from typing import Any, Callable, Iterator, Mapping
 
 from absl import logging
 from etils import epath
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax import convert
+from bert_jax import errors
 from bert_jax import fileio
 
 
@@ -43,8 +49,12 @@ def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:
           zip(everything.reshape(len(lengths), -1), np.ravel(lengths))]
 
 
-class ModelMismatchError(ValueError):
+class ModelMismatchError(errors.UserError, ValueError):
   """The checkpoints of a workdir do not fit the configured model (not corruption)."""
+
+
+class NoRestorableCheckpointError(errors.UserError, RuntimeError):
+  """Every checkpoint of a workdir is damaged."""
 
 
 def _read_saved_config(step_dir: epath.Path) -> dict:
@@ -54,17 +64,104 @@ def _read_saved_config(step_dir: epath.Path) -> dict:
     return {}
 
 
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  out = {}
+  for k, v in tree.items():
+    out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+  return out
+
+
+def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any],
+                   sections: tuple[str, ...] | None = None) -> list[str]:
+  """`field: saved X, now Y` for every config field (of `sections`, default all) that differs."""
+  keep = lambda k: sections is None or k.split(".")[0] in sections
+  a = {k: v for k, v in _flatten(dict(saved)).items() if keep(k)}
+  b = {k: v for k, v in _flatten(dict(now)).items() if keep(k)}
+  return [f"{k}: saved {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b))
+          if a.get(k) != b.get(k) and k != convert.MODEL_CONFIG_KEY
+          and not k.startswith(convert.MODEL_CONFIG_KEY + ".")]
+
+
+# ----------------------------------------------------------------------------
+# Layouts: the encoder's layers unrolled (`encoder/layer_i`) or scanned (`encoder/layers`,
+# one stacked array per weight), in the params and in every params-shaped optimizer moment.
+
+def _encoder_holder(node: Any) -> bool:
+  return isinstance(node, dict) and isinstance(node.get("encoder"), dict)
+
+
+def relayout(tree: Any, scanned: bool, stack: Callable, unstack: Callable) -> Any:
+  """`tree` (a TrainState, params, ...) with every encoder in the scanned or unrolled layout;
+  `stack(list of per-layer leaves)` and `unstack(leaf, i)` do the arrays (numpy, jnp or
+  ShapeDtypeStructs)."""
+  def fix(node):
+    if not _encoder_holder(node) or ("layers" in node["encoder"]) == scanned:
+      return node
+    enc = node["encoder"]
+    if scanned:
+      n = sum(k.startswith("layer_") for k in enc)
+      new = {"layers": jax.tree.map(lambda *xs: stack(list(xs)),
+                                    *[enc[f"layer_{i}"] for i in range(n)])}
+    else:
+      n = jax.tree.leaves(enc["layers"])[0].shape[0]
+      new = {f"layer_{i}": jax.tree.map(lambda x, i=i: unstack(x, i), enc["layers"])
+             for i in range(n)}
+    return {**node, "encoder": new}
+  return jax.tree.map(fix, tree, is_leaf=_encoder_holder)
+
+
+def _is_scanned(keys) -> bool:
+  return any(k[i:i + 2] == ("encoder", "layers") for k in keys for i in range(len(k) - 1))
+
+
+def _spec_sharding(a: jax.ShapeDtypeStruct, spec: tuple) -> Any:
+  if isinstance(a.sharding, NamedSharding):
+    return NamedSharding(a.sharding.mesh, PartitionSpec(*spec))
+  return a.sharding  # single device / replicated
+
+
+def _abstract_stack(xs: list) -> jax.ShapeDtypeStruct:
+  a = xs[0]
+  spec = tuple(a.sharding.spec) if isinstance(a.sharding, NamedSharding) else ()
+  return jax.ShapeDtypeStruct((len(xs),) + a.shape, a.dtype,
+                              sharding=_spec_sharding(a, (None,) + spec))
+
+
+def _abstract_unstack(a: jax.ShapeDtypeStruct, i: int) -> jax.ShapeDtypeStruct:
+  del i
+  spec = tuple(a.sharding.spec) if isinstance(a.sharding, NamedSharding) else ()
+  return jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=_spec_sharding(a, spec[1:]))
+
+
+def _param_shapes(params: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
+  return {tuple(str(getattr(k, "key", k)) for k in path): tuple(a.shape) for path, a in
+          jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def _all_finite(state: Any) -> bool:
+  """Whether every float of the params and optimizer state is finite (one device pass)."""
+  leaves = [x for x in jax.tree.leaves((state.params, state.opt_state))
+            if jnp.issubdtype(x.dtype, jnp.floating)]
+  if not leaves:
+    return True
+  return bool(jax.jit(lambda ls: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in ls])))(leaves))
+
+
 class Checkpointer:
   """A thin policy layer over `ocp.CheckpointManager`: when to save, what to keep,
-  and how to recover from a checkpoint that does not restore."""
+  checksums of what was saved, and how to recover from a checkpoint that is damaged."""
 
   def __init__(self, workdir: str, *, keep: int, keep_period: int | None,
                async_save: bool = True):
     self.directory = fileio.path(workdir) / "checkpoints"
     self.corrupt_directory = fileio.path(workdir) / "checkpoints_corrupt"
+    self._saving: int | None = None  # the step whose save is in flight
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, keep_period=keep_period or None, create=True,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
+    self._manifest_thread: threading.Thread | None = None
     self.manager = ocp.CheckpointManager(self.directory, item_names=("state", "data", "config"),
                                          options=options)
 
@@ -76,44 +173,94 @@ class Checkpointer:
            ) -> None:
     """Starts an asynchronous save (all processes must call it). `model_config` (the
     model's BertConfig as a dict) is kept beside the run's config, so the checkpoint says
-    what model it holds whatever the job (a fine-tuning config has no model sizes)."""
+    what model it holds whatever the job (a fine-tuning config has no model sizes). Once
+    the step is complete, process 0 writes its MANIFEST.json (sizes and checksums)."""
     if step in self.manager.all_steps():
       return
     saved_config = json.loads(config.to_json_best_effort())
     if model_config is not None:
       saved_config[convert.MODEL_CONFIG_KEY] = dict(model_config)
-    self.manager.save(step, force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave({"process_count": jax.process_count(),
-                                "states": gather_process_states(data_state)}),
-        config=ocp.args.JsonSave(saved_config)))
+    self.wait(background=True)
+    self._saving = step
+    with self._reporting_save_errors(step):
+      self.manager.save(step, force=True, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          data=ocp.args.JsonSave({"process_count": jax.process_count(),
+                                  "states": gather_process_states(data_state)}),
+          config=ocp.args.JsonSave(saved_config)))
+
+  def wait(self, background: bool = False) -> None:
+    """Waits for the save in flight; then process 0 checksums it (in a thread that the next
+    save, `wait` or `close` joins, when `background`)."""
+    with self._reporting_save_errors():
+      self.manager.wait_until_finished()
+    if self._manifest_thread is not None:
+      self._manifest_thread.join()
+      self._manifest_thread = None
+    step, self._saving = self._saving, None
+    if step is None or jax.process_index() != 0:
+      return
+    if background:
+      self._manifest_thread = threading.Thread(target=self._write_manifest, args=(step,),
+                                               name="checkpoint-manifest", daemon=True)
+      self._manifest_thread.start()
+    else:
+      self._write_manifest(step)
+
+  def _write_manifest(self, step: int) -> None:
+    step_dir = self.directory / str(step)
+    try:
+      if step_dir.exists() and not (step_dir / fileio.MANIFEST).exists():
+        fileio.write_manifest(step_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("Could not write the checksums of %s (it stays usable, unverified): "
+                      "%s: %s", step_dir, type(e).__name__, e)
 
   def restore(self, abstract_state: Any, config: ml_collections.ConfigDict | None = None
               ) -> tuple[int, Any, Any, dict] | None:
     """Latest restorable checkpoint -> (step, state, this process's data state, config).
 
-    `abstract_state` holds jax.ShapeDtypeStructs with the target shardings
-    (any mesh). Returns None when there is no checkpoint. Corrupt checkpoints are
-    skipped (newest first) with a warning; if none restores, raises. A checkpoint whose
-    parameters do not fit the configured model is not corrupt: that raises
-    `ModelMismatchError` (naming the `config` fields that changed) and moves nothing.
+    `abstract_state` holds jax.ShapeDtypeStructs with the target shardings (any mesh, any
+    device count; a checkpoint saved with the other `scan_layers` layout is converted).
+    Returns None when there is no checkpoint. A checkpoint proven damaged (its files differ
+    from the checksums written at save; or, without checksums, a read fails; or it holds
+    NaN/Inf) is moved to `checkpoints_corrupt/` with a warning and the previous one is
+    used; if none is left, raises. A checkpoint whose parameters do not fit the configured
+    model is not damaged: that raises `ModelMismatchError` (naming the `config` fields
+    that changed) and moves nothing; so does one whose intact files fail to restore.
     """
     steps = sorted(self.manager.all_steps(), reverse=True)
-    errors = []
+    errors_seen = []
     for step in steps:
-      self._check_model_fits(step, abstract_state, config)
+      path = self.directory / str(step)
+      target = self._restore_target(step, abstract_state, config)
+      problems = gather_process_states(
+          fileio.verify_manifest(path) if jax.process_index() == 0 else None)[0]
+      if problems:
+        errors_seen.append(self._skip_damaged(
+            step, "is unreadable: its files differ from the checksums written when it was "
+            "saved (" + "; ".join(problems[:4]) + (", ..." if len(problems) > 4 else "") + ")"))
+        continue
       try:
         restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
+            state=ocp.args.StandardRestore(target),
             data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
       except Exception as e:  # pylint: disable=broad-except
-        path = self.directory / str(step)
-        logging.warning("Checkpoint %s is unreadable (truncated or corrupt) and is skipped; "
-                        "falling back to the previous one. Error: %s: %s",
-                        path, type(e).__name__, str(e)[:500])
-        errors.append(f"{path}: {type(e).__name__}: {e}"[:500])
-        self._quarantine(step)
+        if problems is not None:  # checksums verified: the files are intact, the target differs
+          raise self._unrestorable(step, config, e) from e
+        errors_seen.append(self._skip_damaged(
+            step, f"is unreadable (truncated or corrupt): {type(e).__name__}: {str(e)[:500]}"))
         continue
+      state = restored["state"]
+      if target is not abstract_state:
+        state = self._convert_layout(state, abstract_state)
+      if not _all_finite(state):
+        errors_seen.append(self._skip_damaged(
+            step, "is damaged: it holds NaN or infinite parameters or optimizer moments"))
+        continue
+      if problems is None:
+        logging.info("Checkpoint %s has no checksums (saved by an older version or killed "
+                     "before they were written): restored unverified.", path)
       data = restored["data"] or {}
       states = data.get("states") or [None]
       if data.get("process_count", 1) == jax.process_count():
@@ -123,40 +270,69 @@ class Checkpointer:
                         "input iterators start afresh.", step, data.get("process_count"),
                         jax.process_count())
         data_state = None
-      return step, restored["state"], data_state, restored["config"] or {}
-    if errors:
-      raise RuntimeError("No checkpoint in %s could be restored:\n  %s" % (
-          self.directory, "\n  ".join(errors)))
+      return step, state, data_state, restored["config"] or {}
+    if errors_seen:
+      raise NoRestorableCheckpointError(
+          "No checkpoint in %s could be restored (each was moved to %s):\n  %s\n  Start "
+          "afresh in a new --workdir, or put back a good copy of a checkpoint." % (
+              self.directory, self.corrupt_directory, "\n  ".join(errors_seen)))
     return None
 
-  def _check_model_fits(self, step: int, abstract_state: Any,
-                        config: ml_collections.ConfigDict | None) -> None:
-    """Compares the saved parameters' names and shapes (checkpoint metadata) with the
-    model's; unreadable metadata is left to the restore (which may find it corrupt)."""
+  def _skip_damaged(self, step: int, why: str) -> str:
+    path = self.directory / str(step)
+    logging.warning("Checkpoint %s %s. It is moved to %s and the previous checkpoint is "
+                    "used.", path, why, self.corrupt_directory)
+    self._quarantine(step)
+    return f"{path} {why}"[:700]
+
+  def _unrestorable(self, step: int, config, e: Exception) -> ModelMismatchError:
+    path = self.directory / str(step)
+    changed = config_changes(_read_saved_config(path), json.loads(config.to_json_best_effort())
+                             ) if config is not None else []
+    return ModelMismatchError(
+        f"Checkpoint {path} is intact (its checksums match) but does not restore into the "
+        f"configured training state; nothing was moved or changed.\n"
+        + ("  Config fields that differ from the saved run's:\n    " + "\n    ".join(changed[:20])
+           + "\n" if changed else "")
+        + f"  Error: {type(e).__name__}: {str(e)[:300]}\n  Either resume with the config the run "
+        f"was started with (saved in {path / 'config'}), or train in another --workdir (with "
+        f"--config.init_checkpoint={self.directory.parent} to start from these weights).")
+
+  def _convert_layout(self, state: Any, abstract_state: Any) -> Any:
+    scanned = _is_scanned(_param_shapes(abstract_state.params))
+    logging.info("Converting the checkpoint's layers to the configured layout "
+                 "(model.scan_layers=%s).", scanned)
+    shardings = jax.tree.map(lambda a: a.sharding, abstract_state)
+    return jax.jit(lambda s: relayout(s, scanned, jnp.stack, lambda x, i: x[i]),
+                   out_shardings=shardings)(state)
+
+  def _restore_target(self, step: int, abstract_state: Any,
+                      config: ml_collections.ConfigDict | None) -> Any:
+    """`abstract_state`, or it in the saved layout when only the layout differs (scan_layers);
+    `ModelMismatchError` when the saved parameters' names or shapes (checkpoint metadata) do
+    not fit the model. Unreadable metadata is left to the restore (which may find it damaged)."""
     try:
       got = convert.saved_param_shapes(os.fspath(self.directory / str(step)))
     except Exception:  # pylint: disable=broad-except
-      return
-    want = {tuple(str(getattr(k, "key", k)) for k in path): tuple(a.shape) for path, a in
-            jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]}
+      return abstract_state
+    target = abstract_state
+    if _is_scanned(got) != _is_scanned(_param_shapes(abstract_state.params)):
+      target = relayout(abstract_state, _is_scanned(got), _abstract_stack, _abstract_unstack)
+    want = _param_shapes(target.params)
     if got == want:
-      return
+      return target
     diffs = [f"model lacks {'/'.join(k)}" for k in sorted(set(got) - set(want))]
     diffs += [f"checkpoint lacks {'/'.join(k)}" for k in sorted(set(want) - set(got))]
     diffs += [f"{'/'.join(k)}: saved {got[k]}, model {want[k]}"
               for k in sorted(set(got) & set(want)) if got[k] != want[k]]
     changed = []
     if config is not None:
-      saved = _read_saved_config(self.directory / str(step))
-      now = json.loads(config.to_json_best_effort())
-      for section in ("model", "data"):
-        a, b = saved.get(section) or {}, now.get(section) or {}
-        changed += [f"{section}.{k}: saved {a.get(k)!r}, now {b.get(k)!r}"
-                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+      changed = config_changes(_read_saved_config(self.directory / str(step)),
+                               json.loads(config.to_json_best_effort()), ("model", "data"))
     raise ModelMismatchError(
         f"The checkpoints in {self.directory} (latest: step {step}) hold a model that does not "
         f"fit the configured one; nothing was moved or changed.\n"
-        + (f"  Config fields that differ from the saved run's:\n    " + "\n    ".join(changed) + "\n"
+        + ("  Config fields that differ from the saved run's:\n    " + "\n    ".join(changed) + "\n"
            if changed else "")
         + "  Parameters that differ:\n    " + "\n    ".join(diffs[:12])
         + (f"\n    ... ({len(diffs) - 12} more)" if len(diffs) > 12 else "")
@@ -181,9 +357,45 @@ class Checkpointer:
     multihost_utils.sync_global_devices(f"quarantine_{step}")
     self.manager.reload()
 
-  def wait(self) -> None:
-    self.manager.wait_until_finished()
+  @contextlib.contextmanager
+  def _reporting_save_errors(self, step: int | None = None) -> Iterator[None]:
+    """A save that fails for lack of disk space (raised here or, for an asynchronous save,
+    at the next save/wait/close) becomes one DiskFullError naming the step and the way on."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      if not _is_disk_full(e):
+        raise
+      failed = self._saving or step
+      self._saving = None
+      try:
+        latest = max((s for s in self.manager.all_steps() if s != failed), default=None)
+      except Exception:  # pylint: disable=broad-except
+        latest = None
+      raise DiskFullError(
+          f"Saving checkpoint {failed} in {self.directory} failed: no space left on device. "
+          f"Earlier checkpoints are intact (latest complete: "
+          f"{'step %d' % latest if latest is not None else 'none'}). Free space (or use a "
+          f"--workdir on a larger disk) and rerun the same command to continue.") from None
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    self.wait()
     self.manager.close()
+
+
+class DiskFullError(errors.UserError, OSError):
+  """A checkpoint could not be written: the disk (or quota) is full."""
+
+
+def _is_disk_full(e: BaseException | None) -> bool:
+  """Whether `e` or an exception it was raised from is ENOSPC / EDQUOT."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+      return True
+    text = str(e)
+    if "No space left on device" in text or "Disk quota exceeded" in text:
+      return True
+    e = e.__cause__ or e.__context__
+  return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Any
 
 from etils import epath
@@ -70,3 +71,65 @@ def require_gcs_client(p: str) -> None:
     raise errors.MissingDependencyError(
         f"{p} is on Google Cloud Storage, which needs the google-cloud-storage package: "
         "pip install -c constraints.txt -e . (or pip install google-cloud-storage).") from e
+
+
+# ----------------------------------------------------------------------------
+# Checksums: a manifest of a finished directory, verified before it is trusted.
+
+MANIFEST = "MANIFEST.json"
+_CHUNK = 8 << 20
+
+
+def _crc32(p: epath.Path) -> tuple[int, int]:
+  """(size, CRC-32) of a file, streamed."""
+  crc, size = 0, 0
+  with p.open("rb") as f:
+    while chunk := f.read(_CHUNK):
+      crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+  return size, crc
+
+
+def _files(directory: epath.Path) -> list[epath.Path]:
+  """Every file under `directory` but the manifest (listing directory by directory)."""
+  out = []
+  for p in directory.iterdir():
+    if p.is_dir():
+      out.extend(_files(p))
+    elif p.name != MANIFEST:
+      out.append(p)
+  return sorted(out, key=os.fspath)
+
+
+def write_manifest(directory: str | os.PathLike) -> None:
+  """`directory/MANIFEST.json`: the size and CRC-32 of every file under it (written last,
+  once the directory is complete; reading the files back costs one pass over them)."""
+  directory = path(directory)
+  files = {}
+  for p in _files(directory):
+    size, crc = _crc32(p)
+    files[os.fspath(p.relative_to(directory))] = {"size": size, "crc32": crc}
+  (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def verify_manifest(directory: str | os.PathLike) -> list[str] | None:
+  """None when `directory` has no manifest (unverified); else the problems found (missing
+  files, sizes or checksums that differ from the manifest): [] means intact."""
+  directory = path(directory)
+  if not (directory / MANIFEST).exists():
+    return None
+  try:
+    files = json.loads((directory / MANIFEST).read_text())["files"]
+  except (ValueError, KeyError, TypeError):
+    return [f"{directory / MANIFEST} is not a valid manifest"]
+  problems = []
+  for name, want in sorted(files.items()):
+    p = directory / name
+    if not p.exists():
+      problems.append(f"{name}: missing")
+      continue
+    size, crc = _crc32(p)
+    if size != want["size"]:
+      problems.append(f"{name}: {size} bytes, {want['size']} when saved (truncated or overwritten)")
+    elif crc != want["crc32"]:
+      problems.append(f"{name}: checksum differs from when it was saved (corrupted bytes)")
+  return problems
