@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging as logging_std
 import os
+import sys
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
@@ -149,6 +151,42 @@ def _all_finite(state: Any) -> bool:
   return bool(jax.jit(lambda ls: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in ls])))(leaves))
 
 
+class _DiskFullRecords(logging_std.Filter):
+  """Drops Orbax's own error records (with their tracebacks) about a save that failed for
+  lack of disk space: the save's caller reports that as one DiskFullError line."""
+
+  def filter(self, record: logging_std.LogRecord) -> bool:
+    if record.levelno < logging_std.ERROR or "orbax" not in record.pathname:
+      return True
+    text = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+      text += str(record.exc_info[1])
+      e = record.exc_info[1]
+      return not (_is_disk_full(e) or "No space left on device" in text)
+    return "No space left on device" not in text and "Disk quota exceeded" not in text
+
+
+def _quiet_unraisable_hook(previous):
+  """TensorStore callbacks that fire after a failed asynchronous save find Orbax's event
+  loop closed and print `RuntimeError: Event loop is closed` tracebacks as unraisable
+  exceptions (one per write in flight): drop exactly those."""
+  def hook(unraisable):
+    value = unraisable.exc_value
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+      return
+    previous(unraisable)
+  hook.bert_jax_quiet = True
+  return hook
+
+
+def _quiet_failed_saves() -> None:
+  if not getattr(sys.unraisablehook, "bert_jax_quiet", False):
+    sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _DiskFullRecords) for f in handler.filters):
+    handler.addFilter(_DiskFullRecords())
+
+
 class Checkpointer:
   """A thin policy layer over `ocp.CheckpointManager`: when to save, what to keep,
   checksums of what was saved, and how to recover from a checkpoint that is damaged."""
@@ -162,6 +200,7 @@ class Checkpointer:
         max_to_keep=keep, keep_period=keep_period or None, create=True,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
     self._manifest_thread: threading.Thread | None = None
+    _quiet_failed_saves()
     self.manager = ocp.CheckpointManager(self.directory, item_names=("state", "data", "config"),
                                          options=options)
 

@@ -297,3 +297,44 @@ def test_scan_layers_change_on_resume_converts_the_layout(tmp_path, caplog):
   state = train.train_and_evaluate(tu.tiny_config(num_train_steps=5, checkpoint_every_steps=2,
                                                   eval_steps=0), str(tmp_path))
   assert int(state.step) == 5 and tu.checkpoint_steps(tmp_path)[-2:] == [4, 5]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 4 MiB tmpfs (root only; skips where mounting is not permitted)."""
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+                         capture_output=True, text=True, check=False)
+  if mount.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+  try:
+    yield disk
+  finally:
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_disk_full_during_a_save_is_one_clear_line(small_disk):
+  """The disk fills up during the third save: one line says so (not ~1,800 lines of
+  asynchronous tracebacks), the exit status is non-zero, the earlier checkpoints are
+  intact (their checksums match) and, with space again, the rerun continues from them."""
+  from bert_jax import fileio  # pylint: disable=g-import-not-at-top
+  workdir = small_disk / "w"
+  args = tu.main_args(workdir, num_train_steps=20, checkpoint_every_steps=2, keep_checkpoints=100)
+  out = subprocess.run(args, cwd=tu.REPO, env=tu.env(), capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert out.returncode == 2, out.stderr[-3000:]
+  errors = [l for l in out.stderr.splitlines()
+            if "error:" in l.lower() or re.match(r"E\d{4} ", l) or "Error" in l]
+  assert len(errors) == 1 and errors[0].startswith("main.py: error: Saving checkpoint "), errors
+  assert "no space left on device" in errors[0] and "rerun the same command" in errors[0]
+  assert "Traceback" not in out.stderr and "sys.meta_path" not in out.stderr
+  steps = tu.checkpoint_steps(workdir)
+  assert steps and steps == list(range(2, 2 * len(steps) + 1, 2)), steps
+  assert f"latest complete: step {steps[-1]}" in errors[0]
+  for step in steps:
+    assert fileio.verify_manifest(workdir / "checkpoints" / str(step)) == []
+  subprocess.run(["mount", "-o", "remount,size=256m", str(small_disk)], check=True)
+  out = tu.run(args)
+  assert f"Resumed from {workdir / 'checkpoints'}/{steps[-1]}" in out.stderr
+  assert tu.checkpoint_steps(workdir)[-1] == 20
