@@ -18,6 +18,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.text_a_column = "text"  # field names in the CSV/TSV header or JSONL records
   c.text_b_column = ""
   c.label_column = "label"
-  c.labels = ()  # label order; () = sorted labels of the training file
+  # The classes, in order: --config.labels=neg,pos (or a tuple). A training or dev row with
+  # another label is an error naming its file and line. () = the sorted labels of the
+  # training file, each seen at least twice (a label seen once is an error: a typo would
+  # silently add a class). The counts per label are logged.
+  c.labels = ()
   finetune.add_packing(c)
   return c

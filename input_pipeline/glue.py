@@ -1,10 +1,13 @@
 """Sentence(-pair) classification data: GLUE TSV files, TFDS glue/*, custom CSV/TSV/JSONL.
 
-Every reader yields `Example(guid, text_a, text_b, label)`; `encode_examples`
-turns them into fixed-shape numpy features `[CLS] a [SEP] (b [SEP])`.
+Every reader yields `Example(guid, text_a, text_b, label, line)`; `encode_examples`
+turns them into fixed-shape numpy features `[CLS] a [SEP] (b [SEP])`. Bad files are
+`DataError`s / `MissingDataError`s naming the file and line: an empty file, a label
+outside the task's (or the declared) label set, a label seen once (`label_set`).
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -14,9 +17,18 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from bert_jax import errors
 from input_pipeline import features
 
 csv.field_size_limit(sys.maxsize)
+
+
+class DataError(errors.UserError, ValueError):
+  """A task's data file cannot be used as it is: the message names the file (and line)."""
+
+
+class MissingDataError(errors.UserError, FileNotFoundError):
+  """A task's data file is not where the config says."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +37,12 @@ class Example:
   text_a: str
   text_b: str | None
   label: str | float | None  # None on unlabelled test sets
+  line: int = 0  # where the record starts in its file (1-based); 0 when not from a file
+
+
+def where(path: str, ex: Example) -> str:
+  """`path:line` of an example for messages (`path (example guid)` without a line)."""
+  return f"{path}:{ex.line}" if ex.line else f"{path} (example {ex.guid})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,47 +87,71 @@ GLUE = {t.name: t for t in [
 _COLA_RAW = {"train": "in_domain_train.tsv", "dev": "in_domain_dev.tsv"}
 
 
-def _rows(path: str, delimiter: str, quotechar: str | None = None) -> list[list[str]]:
+def _read_text(path: str, missing: str = "") -> str:
+  """The file's text (undecodable bytes replaced); `missing`: what to do when it is absent."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(f"{path} does not exist: point data_dir at the task's directory "
-                            "as distributed by GLUE (train.tsv, dev.tsv, test.tsv).")
+    raise MissingDataError(f"{path} does not exist{': ' + missing if missing else '.'}")
   with tf.io.gfile.GFile(path, "rb") as f:
-    text = f.read().decode("utf-8", errors="replace")
+    return f.read().decode("utf-8", errors="replace")
+
+
+def _rows(path: str, delimiter: str, quotechar: str | None = None,
+          missing: str = "") -> list[tuple[int, list[str]]]:
+  """(line where the row starts, fields) of every row of a CSV / TSV file."""
+  text = _read_text(path, missing)
   # GLUE TSVs hold bare quotes inside sentences: read them unquoted, as the original.
-  return list(csv.reader(io.StringIO(text), delimiter=delimiter, quotechar=quotechar,
-                         quoting=csv.QUOTE_MINIMAL if quotechar else csv.QUOTE_NONE))
+  reader = csv.reader(io.StringIO(text), delimiter=delimiter, quotechar=quotechar,
+                      quoting=csv.QUOTE_MINIMAL if quotechar else csv.QUOTE_NONE)
+  rows, start = [], 1
+  for row in reader:
+    rows.append((start, row))
+    start = reader.line_num + 1
+  return rows
+
+
+def _no_examples(path: str) -> DataError:
+  return DataError(f"{path} holds no examples (an empty file, or a header and no rows): "
+                   "every input file needs at least one labelled row.")
 
 
 def _col(row: list[str], header: dict[str, int] | None, key: str | int, path: str) -> str:
   index = key if isinstance(key, int) else (header or {}).get(key)
   if index is None:
-    raise ValueError(f"{path}: no column {key!r}; columns are {sorted(header or {})}.")
+    raise DataError(f"{path}: no column {key!r}; columns are {sorted(header or {})}.")
   return row[index]
 
 
 def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
   """Reads one split of a GLUE task from the original TSV files."""
   if task not in GLUE:
-    raise ValueError(f"Unknown GLUE task {task!r}; choose one of {sorted(GLUE)}.")
+    raise DataError(f"Unknown GLUE task {task!r}; choose one of {sorted(GLUE)}.")
   spec = GLUE[task]
   name = spec.splits.get(split)
   if name is None:
-    raise ValueError(f"{task} has no split {split!r}; it has {sorted(spec.splits)}.")
+    raise DataError(f"{task} has no split {split!r}; it has {sorted(spec.splits)}.")
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths too)
-  path = data_dir.rstrip("/") + "/" + name
+  names = [name] + ([_COLA_RAW[split]] if task == "cola" and split in _COLA_RAW else [])
+  paths = [data_dir.rstrip("/") + "/" + n for n in names]  # the CoLA 1.1 release layout second
+  path = next((p for p in paths if tf.io.gfile.exists(p)), None)
+  if path is None:
+    raise MissingDataError(
+        f"{' nor '.join(paths)} does not exist{'' if len(paths) == 1 else ' (looked for both)'}: "
+        f"point data_dir at the {task} directory as distributed by GLUE (train.tsv, dev.tsv, "
+        "test.tsv)" + (" or by the CoLA 1.1 release (in_domain_train.tsv, in_domain_dev.tsv)."
+                       if len(paths) > 1 else "."))
   header_flag = spec.header
-  if task == "cola" and split in _COLA_RAW and not tf.io.gfile.exists(path):
-    path = data_dir.rstrip("/") + "/" + _COLA_RAW[split]  # The CoLA 1.1 release layout.
   is_test = split.startswith("test")
   if task == "cola" and is_test:
     header_flag = True
   rows = _rows(path, "\t")
-  header = {h: i for i, h in enumerate(rows[0])} if header_flag else None
+  if not rows:
+    raise _no_examples(path)
+  header = {h: i for i, h in enumerate(rows[0][1])} if header_flag else None
   rows = rows[1:] if header_flag else rows
   text_a = spec.test_text_a if is_test and spec.test_text_a is not None else spec.text_a
   examples = []
-  for i, row in enumerate(rows):
+  for i, (line, row) in enumerate(rows):
     if not row or all(not c for c in row):
       continue
     guid = row[header["index"]] if header and "index" in header else str(i)
@@ -120,10 +162,17 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
     except IndexError:
       continue  # A handful of QQP/MNLI rows are malformed in the release; the original skips them.
     if label is not None and spec.labels is None:
-      label = float(label)
-    examples.append(Example(guid, a, b, label))
+      try:
+        label = float(label)
+      except ValueError:
+        raise DataError(f"{path}:{line}: score {label!r} is not a number ({task} is a regression "
+                        "task): fix or remove the line.") from None
+    elif label is not None and label not in spec.labels:
+      raise DataError(f"{path}:{line}: label {label!r} is not one of {list(spec.labels)}, the "
+                      f"labels of {task}: fix or remove the line.")
+    examples.append(Example(guid, a, b, label, line))
   if not examples:
-    raise ValueError(f"{path} holds no examples.")
+    raise _no_examples(path)
   return examples
 
 
@@ -136,8 +185,8 @@ def read_tfds_glue(task: str, split: str, data_dir: str | None = None,
   try:
     ds = tfds.load(name, split=split, data_dir=data_dir, download=False)
   except Exception as e:  # pylint: disable=broad-except
-    raise FileNotFoundError(f"TFDS glue/{name} is not prepared locally under {data_dir or '~/tensorflow_datasets'} "
-                            f"({e}); prepare it on a machine with network, or use the GLUE TSV files.") from e
+    raise MissingDataError(f"TFDS {name} is not prepared locally under {data_dir or '~/tensorflow_datasets'} "
+                           f"({e}); prepare it on a machine with network, or use the GLUE TSV files.") from e
   spec = GLUE[task]
   keys = {"cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
           "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"),
@@ -150,6 +199,9 @@ def read_tfds_glue(task: str, split: str, data_dir: str | None = None,
     raw = ex["label"]
     label = None if raw == -1 else (float(raw) if spec.labels is None else str(_tfds_label(task, int(raw))))
     out.append(Example(str(ex["idx"]), a, b, label))
+  if not out:
+    raise DataError(f"TFDS {name} split {split!r} under {data_dir or '~/tensorflow_datasets'} holds "
+                    "no examples: prepare it again.")
   return out
 
 
@@ -163,27 +215,36 @@ def _tfds_label(task: str, index: int) -> str:
 
 
 def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -> list[Example]:
-  """A user's own classification file: .csv, .tsv (with a header) or .jsonl."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
-  if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(f"{path} does not exist.")
+  """A user's own classification file: .csv, .tsv (with a header) or .jsonl. Each example
+  keeps the line it starts on; a file without rows is a DataError naming it."""
   if path.endswith(".jsonl") or path.endswith(".json"):
-    with tf.io.gfile.GFile(path) as f:
-      records = [json.loads(line) for line in f if line.strip()]
-    header = None
+    records = []
+    for line_no, line in enumerate(_read_text(path).split("\n"), 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise DataError(f"{path}:{line_no}: not a JSON record ({e}): JSONL holds one JSON "
+                        "object per line.") from None
+      if not isinstance(record, dict):
+        raise DataError(f"{path}:{line_no}: not a JSON object: JSONL holds one JSON object "
+                        "({field: value}) per line.")
+      records.append((line_no, record))
   else:
     rows = (_rows(path, "\t") if path.endswith(".tsv") else _rows(path, ",", quotechar='"'))
-    header, records = rows[0], rows[1:]
-    records = [dict(zip(header, r)) for r in records if r]
+    header = rows[0][1] if rows else []
+    records = [(line, dict(zip(header, r))) for line, r in rows[1:] if r]
+  if not records:
+    raise _no_examples(path)
   out = []
-  for i, r in enumerate(records):
+  for i, (line, r) in enumerate(records):
     for key in (text_a, label) + ((text_b,) if text_b else ()):
       if key not in r:
-        raise ValueError(f"{path}: record {i} has no field {key!r}; fields are {sorted(r)}. "
-                         "Set text_a_column / text_b_column / label_column in the config.")
+        raise DataError(f"{path}:{line}: record {i} has no field {key!r}; fields are {sorted(r)}. "
+                        "Set text_a_column / text_b_column / label_column in the config.")
     out.append(Example(str(i), str(r[text_a]), str(r[text_b]) if text_b else None,
-                       None if r[label] in (None, "") else str(r[label])))
-  del header
+                       None if r[label] in (None, "") else str(r[label]), line))
   return out
 
 
@@ -221,3 +282,66 @@ def encode_examples(examples: Sequence[Example], tokenizer, max_seq_length: int,
 
 def infer_labels(examples: Iterable[Example]) -> tuple[str, ...]:
   return tuple(sorted({str(e.label) for e in examples if e.label is not None}))
+
+
+def label_counts(examples: Iterable[Example]) -> dict[str, int]:
+  """Label -> number of examples, in label order."""
+  return dict(sorted(collections.Counter(str(e.label) for e in examples
+                                         if e.label is not None).items()))
+
+
+def parse_labels(declared) -> tuple[str, ...]:
+  """A declared label set as names: a list/tuple of labels, or one comma-separated string
+  (`--config.labels=neg,pos` arrives as ("neg,pos",)); empty = none declared."""
+  if isinstance(declared, str):
+    declared = (declared,)
+  declared = tuple(declared or ())
+  if len(declared) == 1 and isinstance(declared[0], str):
+    declared = tuple(declared[0].split(","))
+  return tuple(s for s in (str(x).strip() for x in declared) if s)
+
+
+def _require_labels(examples: Sequence[Example], path: str) -> None:
+  for ex in examples:
+    if ex.label is None:
+      raise DataError(f"{where(path, ex)}: no label: every row of a fine-tuning file needs one "
+                      "(fix or remove the row).")
+
+
+def check_labels(examples: Sequence[Example], labels: Sequence[str], path: str,
+                 what: str = "") -> None:
+  """Every example of `path` has a label in `labels`; else a DataError naming file and line.
+  `what` says where `labels` came from (for the message)."""
+  _require_labels(examples, path)
+  for ex in examples:
+    if str(ex.label) not in labels:
+      raise DataError(f"{where(path, ex)}: label {ex.label!r} is not one of "
+                      f"{what + ' ' if what else ''}{list(labels)}: fix or remove the row"
+                      + (", or add the label to --config.labels." if what else "."))
+
+
+def label_set(train: Sequence[Example], declared, path: str) -> tuple[str, ...]:
+  """The classes of a custom classification task, in order: `declared` (config.labels:
+  names or a comma-separated string), every training label in it; or, when none are
+  declared, the sorted labels of the training file `path`, each seen at least twice (a
+  label seen once is most likely a typo that would add a class)."""
+  declared = parse_labels(declared)
+  if declared:
+    if len(set(declared)) != len(declared):
+      raise DataError(f"config.labels={','.join(declared)} names a label twice.")
+    if len(declared) < 2:
+      raise DataError(f"config.labels={','.join(declared)}: a classifier needs at least two labels.")
+    check_labels(train, declared, path, what="the declared labels")
+    return declared
+  _require_labels(train, path)
+  counts = label_counts(train)
+  once = [l for l, n in counts.items() if n == 1]
+  if once:
+    ex = next(e for e in train if str(e.label) == once[0])
+    raise DataError(f"{where(path, ex)}: label {ex.label!r} appears only once in the training file "
+                    f"(label counts {counts}): fix the row if it is a typo, or declare the classes "
+                    f"with --config.labels={','.join(counts)}.")
+  if len(counts) < 2:
+    raise DataError(f"{path}: every row has the label {next(iter(counts))!r}: a classifier needs at "
+                    "least two labels.")
+  return tuple(counts)

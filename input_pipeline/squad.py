@@ -13,6 +13,7 @@ import json
 import numpy as np
 
 from input_pipeline import features
+from input_pipeline.glue import DataError, MissingDataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,13 +27,17 @@ class QAExample:
 
 
 def read_squad(path: str) -> list[QAExample]:
+  """Every question of a SQuAD v1.1 / v2.0 JSON file; a file with none is a DataError."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(f"SQuAD file {path} does not exist.")
+    raise MissingDataError(f"SQuAD file {path} does not exist.")
   with tf.io.gfile.GFile(path) as f:
-    data = json.load(f)
-  if "data" not in data:
-    raise ValueError(f"{path} is not a SQuAD file: no top-level 'data' list.")
+    try:
+      data = json.load(f)
+    except ValueError as e:
+      raise DataError(f"{path} is not a SQuAD file: not valid JSON ({e}).") from None
+  if not isinstance(data, dict) or "data" not in data:
+    raise DataError(f"{path} is not a SQuAD file: no top-level 'data' list.")
   out = []
   for article in data["data"]:
     for para in article["paragraphs"]:
@@ -41,6 +46,8 @@ def read_squad(path: str) -> list[QAExample]:
         start = qa["answers"][0]["answer_start"] if qa.get("answers") else -1
         out.append(QAExample(qa["id"], qa["question"], para["context"], answers, start,
                              bool(qa.get("is_impossible", False))))
+  if not out:
+    raise DataError(f"{path} holds no questions: every input file needs at least one.")
   return out
 
 

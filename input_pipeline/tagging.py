@@ -13,13 +13,13 @@ import io
 import numpy as np
 
 from input_pipeline import features
-from input_pipeline.glue import truncate_pair
+from input_pipeline.glue import DataError, MissingDataError, truncate_pair
 
 
 def _read_text(path: str) -> str:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(f"{path} does not exist.")
+    raise MissingDataError(f"{path} does not exist.")
   with tf.io.gfile.GFile(path, "rb") as f:
     return f.read().decode("utf-8", errors="replace")
 
@@ -36,13 +36,13 @@ def read_conll(path: str) -> list[tuple[list[str], list[str]]]:
       continue
     cols = line.split()
     if len(cols) < 2:
-      raise ValueError(f"{path}:{line_no}: expected 'token ... tag', got {line!r}.")
+      raise DataError(f"{path}:{line_no}: expected 'token ... tag', got {line!r}.")
     words.append(cols[0])
     tags.append(cols[-1])
   if words:
     sentences.append((words, tags))
   if not sentences:
-    raise ValueError(f"{path} holds no sentences.")
+    raise DataError(f"{path} holds no sentences: every input file needs at least one.")
   return sentences
 
 
@@ -86,13 +86,24 @@ def encode_conll(sentences, tokenizer, max_seq_length: int, labels: list[str]) -
 
 
 def read_swag(path: str) -> list[dict]:
-  rows = list(csv.DictReader(io.StringIO(_read_text(path))))
+  reader = csv.DictReader(io.StringIO(_read_text(path)))
   need = {"sent1", "sent2", "ending0", "ending1", "ending2", "ending3"}
-  if not rows or not need <= set(rows[0]):
-    raise ValueError(f"{path} is not a SWAG CSV: needs columns {sorted(need)} (+ label).")
-  return [{"id": r.get("fold-ind", str(i)), "context": r["sent1"], "start": r["sent2"],
-           "endings": [r[f"ending{k}"] for k in range(4)],
-           "label": int(r["label"]) if r.get("label", "") != "" else -1} for i, r in enumerate(rows)]
+  if not need <= set(reader.fieldnames or ()):
+    raise DataError(f"{path} is not a SWAG CSV: needs columns {sorted(need)} (+ label).")
+  out, line = [], reader.line_num + 1
+  for i, r in enumerate(reader):
+    label = r.get("label") or ""
+    if label not in ("", "0", "1", "2", "3"):
+      raise DataError(f"{path}:{line}: label {label!r} is not a choice (0, 1, 2 or 3): fix or "
+                      "remove the row.")
+    out.append({"id": r.get("fold-ind", str(i)), "context": r["sent1"], "start": r["sent2"],
+                "endings": [r[f"ending{k}"] for k in range(4)],
+                "label": int(label) if label else -1})
+    line = reader.line_num + 1
+  if not out:
+    raise DataError(f"{path} holds no examples (a header and no rows): every input file needs "
+                    "at least one.")
+  return out
 
 
 def encode_swag(examples: list[dict], tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from bert_jax import scoring
+from bert_jax import errors, scoring
 from input_pipeline import glue, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 
@@ -195,3 +195,92 @@ def test_squad_answers_longer_than_max_answer_length_are_counted(tmp_path):
   two = squad.QAExample("q", "?", CONTEXT, ("King Charles III of West Francia", "Rollo"), 0)
   assert squad.answers_over_length([two], tok, 4) == {"examples": 0, "answers": 1,
                                                       "longest": lengths["q3"]}
+
+
+# Bad input: every error names the file (and line) and what to do; all are UserErrors.
+
+def _jsonl(path, labels):
+  path.write_text("".join(json.dumps({"text": f"text {i}", "label": l}) + "\n" for i, l in enumerate(labels)))
+  return str(path)
+
+
+def test_inferred_label_seen_once_in_train_is_an_error_naming_file_and_line(tmp_path):
+  train = _jsonl(tmp_path / "train.jsonl", ["neg", "pos"] * 3 + ["poss"] + ["neg", "pos"])
+  ex = glue.read_custom(train, text_a="text", label="label")
+  with pytest.raises(errors.UserError, match=re.escape(f"{train}:7: label 'poss'") + ".*only once.*config.labels"):
+    glue.label_set(ex, (), train)
+  # Declared, the same label is a class of its own.
+  assert glue.label_set(ex, ("neg", "pos", "poss"), train) == ("neg", "pos", "poss")
+  counts = glue.label_counts(ex)
+  assert counts == {"neg": 4, "pos": 4, "poss": 1}
+
+
+def test_label_absent_from_the_declared_set_is_an_error_naming_file_and_line(tmp_path):
+  (tmp_path / "train.csv").write_text("text,label\na,neg\nb,pos\nc,neutral\nd,neg\n")
+  train = str(tmp_path / "train.csv")
+  ex = glue.read_custom(train, text_a="text", label="label")
+  with pytest.raises(errors.UserError, match=re.escape(f"{train}:4: label 'neutral' is not one of the "
+                                                       "declared labels ['neg', 'pos']")):
+    glue.label_set(ex, ("neg", "pos"), train)
+  # A comma-separated string (the command line's --config.labels=neg,pos) is a declaration too.
+  assert glue.parse_labels(("neg,pos",)) == ("neg", "pos")
+  assert glue.parse_labels("neg, pos") == ("neg", "pos")
+  assert glue.parse_labels(()) == () and glue.parse_labels(("",)) == ()
+  assert glue.parse_labels((1, 0)) == ("1", "0")
+
+
+def test_unknown_dev_label_is_an_error_naming_the_dev_file_and_line(tmp_path):
+  dev = _jsonl(tmp_path / "dev.jsonl", ["neg", "pos", "maybe"])
+  ex = glue.read_custom(dev, text_a="text", label="label")
+  with pytest.raises(errors.UserError, match=re.escape(f"{dev}:3: label 'maybe' is not one of ['neg', 'pos']")):
+    glue.check_labels(ex, ("neg", "pos"), dev)
+  # A row without a label would silently be class 0: an error too.
+  (tmp_path / "nolabel.csv").write_text("text,label\na,neg\nb,\n")
+  path = str(tmp_path / "nolabel.csv")
+  with pytest.raises(errors.UserError, match=re.escape(f"{path}:3: no label")):
+    glue.check_labels(glue.read_custom(path, text_a="text", label="label"), ("neg", "pos"), path)
+
+
+def test_glue_label_outside_the_tasks_labels_names_file_and_line(tmp_path):
+  (tmp_path / "dev.tsv").write_text("sentence\tlabel\nfine\t1\nbad\t0\nodd\t2\n")
+  with pytest.raises(errors.UserError, match=re.escape(f"{tmp_path}/dev.tsv:4: label '2' is not one of "
+                                                       "['0', '1']")):
+    glue.read_glue("sst2", str(tmp_path), "dev")
+  (tmp_path / "train.tsv").write_text("sentence1\tsentence2\tscore\na\tb\t1.5\nc\td\tx\n")
+  with pytest.raises(errors.UserError, match=re.escape(f"{tmp_path}/train.tsv:3: score 'x' is not a number")):
+    glue.read_glue("stsb", str(tmp_path), "train")
+
+
+@pytest.mark.parametrize("name,content", [("d.csv", "text,label\n"), ("d.tsv", "text\tlabel\n"),
+                                          ("d.jsonl", "\n"), ("d.csv", "")])
+def test_custom_file_without_rows_is_an_error_naming_it(tmp_path, name, content):
+  (tmp_path / name).write_text(content)
+  with pytest.raises(errors.UserError, match=re.escape(str(tmp_path / name)) + ".*no examples"):
+    glue.read_custom(str(tmp_path / name), text_a="text", label="label")
+
+
+def test_task_files_without_rows_are_errors_naming_them(tmp_path):
+  (tmp_path / "squad.json").write_text(json.dumps({"data": [{"title": "t", "paragraphs": []}]}))
+  with pytest.raises(errors.UserError, match=re.escape(str(tmp_path / "squad.json")) + ".*no questions"):
+    squad.read_squad(str(tmp_path / "squad.json"))
+  (tmp_path / "val.csv").write_text("video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,"
+                                    "ending1,ending2,ending3,label\n")
+  with pytest.raises(errors.UserError, match=re.escape(str(tmp_path / "val.csv")) + ".*no examples"):
+    tagging.read_swag(str(tmp_path / "val.csv"))
+  with (tmp_path / "val.csv").open("a") as f:
+    f.write("v1,7,x,A man sits.,He,gold,eats.,runs.,sleeps.,sings.,1\nv1,8,x,A man sits.,He,gold,eats.,runs.,sleeps.,sings.,7\n")
+  with pytest.raises(errors.UserError, match=re.escape(f"{tmp_path / 'val.csv'}:3: label '7' is not a choice")):
+    tagging.read_swag(str(tmp_path / "val.csv"))
+  (tmp_path / "valid.txt").write_text("-DOCSTART- -X- -X- O\n\n")
+  with pytest.raises(errors.UserError, match=re.escape(str(tmp_path / "valid.txt")) + ".*no sentences"):
+    tagging.read_conll(str(tmp_path / "valid.txt"))
+  (tmp_path / "dev.tsv").write_text("sentence\tlabel\n")
+  with pytest.raises(errors.UserError, match=re.escape(str(tmp_path / "dev.tsv")) + ".*no examples"):
+    glue.read_glue("sst2", str(tmp_path), "dev")
+
+
+def test_cola_without_a_dev_file_names_every_file_it_looked_for(tmp_path):
+  (tmp_path / "in_domain_train.tsv").write_text("gj04\t1\t\tThe sailors rode the breeze.\n")
+  with pytest.raises(errors.UserError, match=re.escape(f"{tmp_path}/dev.tsv") + ".*"
+                     + re.escape(f"{tmp_path}/in_domain_dev.tsv")):
+    glue.read_glue("cola", str(tmp_path), "dev")
