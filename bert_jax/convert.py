@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+import safetensors
 import safetensors.numpy
 
 from bert_jax import errors
@@ -50,6 +51,14 @@ HF_TANH_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 class CheckpointMismatchError(ValueError):
   """A checkpoint's tensors do not match the model: names them all."""
+
+
+class CheckpointNotFoundError(errors.UserError, FileNotFoundError):
+  """The path given as a checkpoint does not exist or holds no checkpoint bert_jax reads."""
+
+
+class CorruptCheckpointFileError(errors.UserError, ValueError):
+  """A checkpoint file that cannot be read (truncated or corrupt): names the file."""
 
 
 # ----------------------------------------------------------------------------
@@ -352,9 +361,18 @@ def config_to_hf(cfg: BertConfig, architecture: str = "BertForPreTraining") -> d
 # Readers.
 
 def _read_safetensors(p: epath.Path) -> dict[str, Array]:
-  if fileio.is_remote(p):
-    return safetensors.numpy.load(p.read_bytes())
-  return safetensors.numpy.load_file(os.fspath(p))  # memory-mapped
+  try:
+    if fileio.is_remote(p):
+      return safetensors.numpy.load(p.read_bytes())
+    return safetensors.numpy.load_file(os.fspath(p))  # memory-mapped
+  except safetensors.SafetensorError as e:
+    raise _corrupt(p, e) from None
+
+
+def _corrupt(p, e: Exception) -> CorruptCheckpointFileError:
+  return CorruptCheckpointFileError(
+      f"{p} is truncated or corrupt ({type(e).__name__}: {e}): copy, download or convert the "
+      "checkpoint again.")
 
 
 def _write_safetensors(p: epath.Path, tensors: dict[str, Array], metadata=None) -> None:
@@ -371,8 +389,11 @@ def read_hf_state(path: str) -> dict[str, Array]:
       state.update(_read_safetensors(f))
   elif (d / "pytorch_model.bin").exists():
     import torch  # pylint: disable=g-import-not-at-top  (optional: only .bin files need torch; weights_only, never arbitrary objects)
-    raw = torch.load(io.BytesIO((d / "pytorch_model.bin").read_bytes()), map_location="cpu",
-                     weights_only=True)
+    try:
+      raw = torch.load(io.BytesIO((d / "pytorch_model.bin").read_bytes()), map_location="cpu",
+                       weights_only=True)
+    except (RuntimeError, EOFError, ValueError) as e:  # torch's "PytorchStreamReader failed ..."
+      raise _corrupt(d / "pytorch_model.bin", e) from None
     state = {k: v.float().numpy() for k, v in raw.items()}
   else:
     raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}.")
@@ -459,7 +480,7 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
     cfg = config_from_hf(hf, **overrides)
     return cfg, canonical_to_params(read_tf_state(ckpt), cfg, target, scan_layers,
                                     require_mlm=require_mlm, source=f"TF checkpoint {ckpt}")
-  raise FileNotFoundError(
+  raise CheckpointNotFoundError(
       f"{path} is not a checkpoint bert_jax can read: expected a directory with "
       f"{NATIVE_CONFIG} (bert_jax), config.json + model.safetensors/pytorch_model.bin "
       "(HuggingFace), or a TF checkpoint (bert_model.ckpt.index + bert_config.json).")
@@ -499,22 +520,28 @@ def saved_param_shapes(path: str) -> dict[tuple[str, ...], tuple[int, ...]]:
 
 def restore_params(path: str, abstract_params: Any) -> tuple[int, Any]:
   """Params of a run of ours (workdir, `checkpoints/` or `<step>` dir), resharded onto
-  the shardings in `abstract_params`. Returns (step, params)."""
+  the shardings in `abstract_params`. Returns (step, params).
+
+  Reads the `state` item with its own handler, as saved_param_shapes does: a read-only
+  CheckpointManager or a Checkpointer on the item would log warnings that read like damage
+  (`Metadata file does not exist: .../_CHECKPOINT_METADATA`, `read_only=True, setting ...`)."""
   step_dir = _step_dir(path)
-  manager = ocp.CheckpointManager(step_dir.parent, item_names=("state", "data", "config"),
-                                  options=ocp.CheckpointManagerOptions(read_only=True))
   restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_params)
-  restored = manager.restore(int(step_dir.name), args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(item={"params": abstract_params},
-                                   restore_args={"params": restore_args},
-                                   partial_restore=True)))
-  manager.close()
-  return int(step_dir.name), restored["state"]["params"]
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    restored = handler.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+        item={"params": abstract_params}, restore_args={"params": restore_args},
+        partial_restore=True))
+  finally:
+    handler.close()
+  return int(step_dir.name), restored["params"]
 
 
 def is_orbax_checkpoint(path: str) -> bool:
   """Whether `path` is one of our workdirs / checkpoint dirs (vs. HF or TF files)."""
   p = fileio.path(path)
+  if not p.exists():
+    return False
   candidates = [p / "checkpoints", p, p.parent]
   for c in candidates:
     if c.is_dir() and any(x.name.isdigit() and (x / "state").exists() for x in c.iterdir()):
@@ -529,11 +556,13 @@ def load_params_for_inference(path: str):
     return None
   step_dir = _step_dir(path)
   saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
-  with ocp.StandardCheckpointer() as ckptr:
-    meta = ckptr.metadata(step_dir / "state").item_metadata["params"]
-    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), meta)
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=cpu), abstract)
+  handler = ocp.PyTreeCheckpointHandler()  # the item's own metadata: no step-level file read
+  try:
+    meta = handler.metadata(step_dir / "state").tree["params"]
+  finally:
+    handler.close()
+  cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+  abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta)
   _, params = restore_params(os.fspath(step_dir), abstract)
   params = jax.tree.map(np.asarray, params)
   if MODEL_CONFIG_KEY in saved:
@@ -546,11 +575,23 @@ def load_params_for_inference(path: str):
   return config_from_params(params, base), params
 
 
+def checkpoint_exists(path: str) -> bool:
+  """Whether `path` exists as a checkpoint path: a directory or file, or the prefix of a
+  Google TF checkpoint (`bert_model.ckpt`, whose `.index` file exists)."""
+  return fileio.path(path).exists() or fileio.path(path + ".index").exists()
+
+
 def load_params(path: str, target: str = "pretraining", *, require_mlm: bool = True
                 ) -> tuple[model_lib.BertConfig, Any, dict[str, bool]]:
   """(BertConfig, params on the host, which heads they hold) of any checkpoint: a run of
   ours (pre-training or fine-tuning workdir), a bert_jax export, a HuggingFace directory or
-  a Google TF checkpoint. target "encoder" returns the encoder (+ pooler) alone."""
+  a Google TF checkpoint. target "encoder" returns the encoder (+ pooler) alone.
+  A path that does not exist is a CheckpointNotFoundError, a truncated or corrupt file a
+  CorruptCheckpointFileError naming it (both UserErrors)."""
+  if not checkpoint_exists(path):
+    raise CheckpointNotFoundError(
+        f"{path} does not exist: the checkpoint must be a workdir of ours, a bert_jax export, "
+        "a HuggingFace model directory or a Google TF checkpoint (bert_model.ckpt).")
   found = load_params_for_inference(path)
   if found is None:
     cfg, params = load_pretrained(path, target=target, require_mlm=require_mlm)

@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import convert, fileio, heads, optim, scoring
+from bert_jax import convert, errors, fileio, heads, optim, scoring
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
@@ -45,6 +45,25 @@ from input_pipeline.tokenizer import Tokenizer
 TEXT_INPUTS = objectives.TEXT_INPUTS
 PACKING_INPUTS = objectives.PACKED_INPUTS  # packed rows pass these to the head by keyword
 PACKABLE_TASKS = ("glue", "custom")
+
+# The config fields naming each task's input files (or their directory), with what they hold.
+_INPUT_FIELDS = {
+    "glue": {"data_dir": "the task's directory as GLUE distributes it (train.tsv, dev.tsv), "
+                         "or tfds[:DIR] for a locally prepared TFDS copy"},
+    "custom": {"train_file": "the labelled training file: CSV/TSV with a header, or JSONL",
+               "eval_file": "the labelled dev file evaluated after every epoch: CSV/TSV with a "
+                            "header, or JSONL"},
+    "squad": {"train_file": "the training set, e.g. train-v1.1.json / train-v2.0.json",
+              "eval_file": "the dev set, e.g. dev-v1.1.json / dev-v2.0.json"},
+    "conll": {"data_dir": "the directory holding config.train_file and config.eval_file "
+                          "(train.txt, valid.txt)"},
+    "swag": {"data_dir": "the directory holding config.train_file and config.eval_file "
+                         "(train.csv, val.csv)"},
+}
+
+
+class ConfigError(errors.UserError, ValueError):
+  """A fine-tuning config that cannot run: the message names the field and what to set."""
 
 
 @dataclasses.dataclass
@@ -83,9 +102,14 @@ def classification_task(config, tok, cfg: BertConfig) -> TaskData:
     read = lambda path: glue.read_custom(path, config.text_a_column, config.label_column,
                                          config.text_b_column or None)
     train_ex, eval_ex = read(config.train_file), read(config.eval_file)
-    labels = tuple(config.labels) if config.labels else glue.infer_labels(train_ex)
+    # Declared (config.labels) or inferred from train, each label seen twice at least: a
+    # stray label is an error naming its file and line, never a silent extra class.
+    labels = glue.label_set(train_ex, config.labels, config.train_file)
+    glue.check_labels(eval_ex, labels, config.eval_file)
     metrics, name = ("accuracy",) if len(labels) > 2 else ("accuracy", "f1"), "predictions"
   regression = labels is None
+  if not regression:
+    _log_labels(config, labels, train_ex)
   model = heads.BertForSequenceClassification(cfg, num_labels=1 if regression else len(labels))
   L = config.max_seq_length
   eval_feats = glue.encode_examples(eval_ex, tok, L, labels)
@@ -222,20 +246,62 @@ def _predict(trainer: trainer_lib.Trainer, predict_fn, params, feats, batch_size
   return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
+def _log_labels(config, labels: tuple, train_ex) -> None:
+  """The classes and how many training examples each has (a declared class without any
+  is a warning)."""
+  counts = glue.label_counts(train_ex)
+  counts = {l: counts.get(l, 0) for l in labels}
+  where = config.train_file if config.task == "custom" else f"{config.glue_task} train"
+  source = ("declared in config.labels" if config.task == "custom" and glue.parse_labels(config.labels)
+            else "of the task" if config.task == "glue" else "inferred from the training file")
+  logging.info("%d labels (%s); training examples per label in %s: %s", len(labels), source, where,
+               counts)
+  empty = [l for l, n in counts.items() if not n]
+  if empty:
+    logging.warning("Labels %s have no training examples in %s: the model cannot learn them.",
+                    empty, where)
+
+
 def _check_config(config: ml_collections.ConfigDict) -> bool:
-  """Fails early on a config fine-tuning cannot run; returns whether it packs."""
+  """Fails early on a config fine-tuning cannot run (unset fields, missing checkpoint or
+  input files), naming the field to set; returns whether it packs."""
   if not config.init_checkpoint:
-    raise ValueError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
-                     "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
+    raise ConfigError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
+                      "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
   if config.task not in TASKS:
-    raise ValueError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
+    raise ConfigError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
+  if not convert.checkpoint_exists(config.init_checkpoint):
+    raise ConfigError(f"config.init_checkpoint: {config.init_checkpoint} does not exist: pass a "
+                      "pre-training or fine-tuning workdir of ours, a converted checkpoint, a "
+                      "HuggingFace model directory or a Google TF checkpoint (bert_model.ckpt).")
+  fields = {"vocab_path": "the vocabulary the checkpoint was trained with: vocab.txt, a "
+                          "SentencePiece .model or the directory holding it (a HuggingFace model "
+                          "directory, WORKDIR/vocab of a pre-training run)",
+            **_INPUT_FIELDS[config.task]}
+  for field, what in fields.items():
+    if not config[field]:
+      value = "DIR" if field == "data_dir" else "PATH"
+      raise ConfigError(f"config.{field} is not set: pass --config.{field}={value} ({what}).")
+  for field, path in _input_files(config).items():
+    if not fileio.path(path).exists():
+      raise ConfigError(f"config.{field}: {path} does not exist" + (
+          f" (config.data_dir + config.{field})." if "data_dir" in config else "."))
   packed = bool(config.get("packing", False))
   if packed and config.task not in PACKABLE_TASKS:
-    raise ValueError(f"packing is only supported for classification fine-tuning (task glue or custom), "
-                     f"not task={config.task!r}: set --config.packing=False.")
+    raise ConfigError(f"packing is only supported for classification fine-tuning (task glue or custom), "
+                      f"not task={config.task!r}: set --config.packing=False.")
   if packed and config.get("max_examples_per_row", 0) < 1:
-    raise ValueError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
+    raise ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   return packed
+
+
+def _input_files(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """Config field -> path of each input file the task reads (GLUE's reader finds its own)."""
+  if config.task in ("custom", "squad"):
+    return {f: config[f] for f in ("train_file", "eval_file")}
+  if config.task in ("conll", "swag"):
+    return {f: fileio.join(config.data_dir, config[f]) for f in ("train_file", "eval_file")}
+  return {}
 
 
 def _load(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any, Tokenizer]:
@@ -247,12 +313,12 @@ def _load(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any, Tokenizer
                         dtype=config.model.dtype, scan_layers=config.model.scan_layers,
                         remat=config.model.remat)
   if config.max_seq_length > cfg.max_position_embeddings:
-    raise ValueError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
-                     f"{cfg.max_position_embeddings} positions.")
+    raise ConfigError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
+                      f"{cfg.max_position_embeddings} positions: lower --config.max_seq_length.")
   tok = Tokenizer.from_path(config.vocab_path, config.get("lowercase"))
   if tok.vocab_size != cfg.vocab_size:
-    raise ValueError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
-                     f"{cfg.vocab_size}: use the vocabulary the model was pre-trained with.")
+    raise ConfigError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
+                      f"{cfg.vocab_size}: use the vocabulary the model was pre-trained with.")
   return cfg, enc_params, tok
 
 
@@ -271,10 +337,11 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray],
                  "real), %s steps of %d rows.", n_train, rows, n_train / max(np.mean(rows), 1),
                  100 * lengths.sum() / (np.mean(rows) * config.max_seq_length), steps, B)
     if min(steps, default=1) == 0:
-      raise ValueError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
-                       f"of {B} rows: lower global_batch_size.")
+      raise ConfigError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
+                        f"of {B} rows: lower global_batch_size.")
   elif n_train // B == 0:
-    raise ValueError(f"{n_train} training examples is fewer than one batch of {B}.")
+    raise ConfigError(f"{n_train} training examples is fewer than one batch of {B}: lower "
+                      "--config.global_batch_size.")
   return batches
 
 

@@ -38,6 +38,10 @@ from input_pipeline.tokenizer import Tokenizer
 MASK_TEXT = "[MASK]"
 
 
+class PredictError(errors.UserError, ValueError):
+  """An input predict cannot use (a layer the model lacks, a mode the checkpoint cannot do)."""
+
+
 def load_checkpoint(path: str, target: str = "pretraining"):
   """(BertConfig, unrolled params) for inference from any supported checkpoint."""
   cfg, params, _ = convert.load_params(path, target=target)
@@ -78,15 +82,15 @@ def fill_mask(cfg, params, tokenizer, texts: Sequence[str], top_k: int = 5, max_
   ids, mask = _pad(rows, length)
   positions = [[j for j, t in enumerate(r) if t == tokenizer.mask_id] for r in rows]
   if not any(positions):
-    raise ValueError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
+    raise PredictError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
   p = max(len(x) for x in positions)
   pos = np.zeros((len(rows), p), np.int32)
   for i, x in enumerate(positions):
     pos[i, :len(x)] = x
   h = convert.heads(params)
   if not h["mlm"]:
-    raise ValueError("The checkpoint has no masked-LM head (cls.predictions.*): fill-mask needs a "
-                     "BertForMaskedLM or BertForPreTraining checkpoint, not an encoder-only one.")
+    raise PredictError("The checkpoint has no masked-LM head (cls.predictions.*): fill-mask needs a "
+                       "BertForMaskedLM or BertForPreTraining checkpoint, not an encoder-only one.")
   if h["pooler"] and not h["nsp"]:  # a pooler without the NSP head: unused by the MLM model
     params = {**params, "bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
   module = model_lib.BertForPreTraining(cfg, nsp=h["nsp"])
@@ -103,17 +107,39 @@ def fill_mask(cfg, params, tokenizer, texts: Sequence[str], top_k: int = 5, max_
   return results
 
 
+def parse_layers(text: str) -> list[int]:
+  """--layers: comma-separated layer indices (negative count from the top)."""
+  try:
+    layers = [int(x) for x in text.split(",")]
+  except ValueError:
+    raise PredictError(f"--layers={text}: expected comma-separated integers, e.g. -1,-2 (the last "
+                       "two layers) or 0 (the first).") from None
+  return layers
+
+
+def check_layers(layers: Sequence[int], num_layers: int, given: str | None = None) -> None:
+  """Every index names one of the model's `num_layers` layers; else a PredictError saying
+  which index and how many layers there are."""
+  for layer in layers:
+    if not -num_layers <= layer < num_layers:
+      raise PredictError(
+          f"--layers={given or ','.join(map(str, layers))}: layer {layer} is out of range: the model "
+          f"has {num_layers} layers (0..{num_layers - 1}, or -1..-{num_layers} counting from the "
+          "last).")
+
+
 def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Sequence[int] = (-1,),
                      max_len: int = 128, pooled: bool = False, batch_size: int = 32):
   """Hidden states [N, L, len(layers), D] of the chosen layers (or pooled [N, D])."""
+  check_layers(layers, cfg.num_layers)
   max_len = min(max_len, cfg.max_position_embeddings)
   rows = [features.encode_pair(tokenizer, list(r)[:max_len - 2])[0]
           for r in tokenizer.encode_batch(list(texts))]
   ids, mask = _pad(rows, max_len)
   encoder_params = params["bert"] if "bert" in params else params
   if pooled and "pooler" not in encoder_params:
-    raise ValueError("The checkpoint has no pooler (e.g. a BertForMaskedLM checkpoint): "
-                     "--pooled is not available; take a layer's [CLS] vector instead.")
+    raise PredictError("The checkpoint has no pooler (e.g. a BertForMaskedLM checkpoint): "
+                       "--pooled is not available; take a layer's [CLS] vector instead.")
   module = model_lib.BertModel(cfg, add_pooler="pooler" in encoder_params)
 
   @jax.jit
@@ -184,9 +210,10 @@ def main(argv=None) -> None:
       for k, cands in enumerate(per_mask):
         print(f"  [MASK] #{k + 1}: " + ", ".join(f"{t} ({p:.3f})" for t, p in cands))
   else:
+    layers = parse_layers(args.layers)
     cfg, params = load_checkpoint(args.checkpoint, "encoder")
     _check_vocab(cfg, tokenizer)
-    layers = [int(x) for x in args.layers.split(",")]
+    check_layers(layers, cfg.num_layers, args.layers)
     feats, mask = extract_features(cfg, params, tokenizer, texts, layers, args.max_seq_length, args.pooled)
     out = args.output or "features.npy"
     for name, array in ((out, feats), (out.removesuffix(".npy") + "_mask.npy", mask)):
@@ -198,9 +225,13 @@ def main(argv=None) -> None:
 def load_finetuned(workdir: str):
   """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
   best = fileio.path(workdir) / "best"
+  if not fileio.path(workdir).exists():
+    raise convert.CheckpointNotFoundError(
+        f"{workdir} does not exist: --checkpoint must be the workdir of a fine-tuning run.")
   if not (best / "config.json").exists():
-    raise FileNotFoundError(f"{best}/config.json not found: --checkpoint must be the workdir "
-                            "of a fine-tuning run (it keeps its best parameters in best/).")
+    raise convert.CheckpointNotFoundError(
+        f"{best}/config.json not found: --checkpoint must be the workdir of a fine-tuning run (it "
+        "keeps its best parameters in best/).")
   saved = json.loads((best / "config.json").read_text())
   if (best / convert.NATIVE_CONFIG).exists():  # the export format
     cfg, params = convert.read_native(str(best))
@@ -250,8 +281,8 @@ def tag(cfg, params, task, labels, tokenizer, text: str) -> list[tuple[str, str]
 
 def _check_vocab(cfg, tokenizer) -> None:
   if tokenizer.vocab_size != cfg.vocab_size:
-    raise ValueError(f"The vocabulary has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: "
-                     "pass the vocab the checkpoint was trained with.")
+    raise PredictError(f"The vocabulary has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: "
+                       "pass the vocab the checkpoint was trained with.")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """End-to-end fine-tuning of a tiny model for every task type, on fixtures in the original formats."""
 import json
 import os
+import pathlib
+import re
 
 import flax.linen as nn
 import jax
@@ -8,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, finetune
+from bert_jax import convert, errors, finetune
 from bert_jax import model as model_lib
 from configs import classify_custom, conll, glue, squad, swag
 from tests.test_task_data import CONTEXT, _squad_file, make_vocab
@@ -190,3 +192,115 @@ def test_predict_reads_the_best_dir_of_older_versions(tmp_path, pretrained):
   got_cfg, got, task, labels = predict.load_finetuned(str(tmp_path))
   assert got_cfg.hidden_size == cfg.hidden_size and labels == ["0", "1"] and task["task"] == "glue"
   np.testing.assert_array_equal(got["classifier"]["kernel"], np.asarray(params["classifier"]["kernel"]))
+
+
+# Bad input fails before training, naming the config field or the file (and line).
+
+def _custom(tmp_path, pretrained, train_rows, eval_rows=None, labels=()):
+  """A classify_custom config on JSONL files of (text, label) rows (eval: the train file)."""
+  def write(name, rows):
+    (tmp_path / name).write_text("".join(json.dumps({"text": s, "label": l}) + "\n" for s, l in rows))
+    return str(tmp_path / name)
+  c = classify_custom.get_config()
+  c.init_checkpoint, c.vocab_path = pretrained
+  c.train_file = write("train.jsonl", train_rows)
+  c.eval_file = write("dev.jsonl", eval_rows) if eval_rows is not None else c.train_file
+  c.labels = labels
+  c.max_seq_length, c.global_batch_size, c.eval_batch_size = 16, 8, 8
+  return c
+
+
+def _labelled(n, names=("neg", "pos")):
+  return [(s, names[l]) for s, l in _sentiment(np.random.default_rng(3), n)]
+
+
+@pytest.mark.parametrize("module,field", [(classify_custom, "eval_file"), (classify_custom, "train_file"),
+                                          (squad, "eval_file"), (glue, "data_dir"), (conll, "data_dir")])
+def test_unset_input_field_names_the_config_field(tmp_path, pretrained, module, field):
+  c = module.get_config()
+  c.init_checkpoint, c.vocab_path = pretrained
+  c.max_seq_length = 16
+  for name in ("train_file", "eval_file", "data_dir"):
+    if name in c and name != field and not c[name]:
+      c[name] = str(tmp_path / f"{name}.json")
+  c[field] = ""
+  with pytest.raises(errors.UserError, match=re.escape(f"config.{field} is not set") + ".*"
+                     + re.escape(f"--config.{field}=")):
+    finetune.finetune(c, str(tmp_path / "work"))
+
+
+def test_missing_input_file_names_the_config_field(tmp_path, pretrained):
+  c = _custom(tmp_path, pretrained, _labelled(16))
+  c.eval_file = str(tmp_path / "nowhere.jsonl")
+  with pytest.raises(errors.UserError, match=re.escape(f"config.eval_file: {tmp_path}/nowhere.jsonl "
+                                                       "does not exist")):
+    finetune.finetune(c, str(tmp_path / "work"))
+
+
+def test_stray_train_label_is_an_error_naming_file_and_line(tmp_path, pretrained):
+  rows = _labelled(24)
+  rows[9] = (rows[9][0], "pos ")  # a typo: a third class seen once
+  c = _custom(tmp_path, pretrained, rows)
+  with pytest.raises(errors.UserError, match=re.escape(f"{c.train_file}:10: label 'pos '") + ".*only once"):
+    finetune.finetune(c, str(tmp_path / "work"))
+  assert not (tmp_path / "work" / "checkpoints").exists()
+  # Declared labels: a train label outside them is an error too.
+  c = _custom(tmp_path, pretrained, rows, labels=("neg,pos",))
+  with pytest.raises(errors.UserError, match=re.escape(f"{c.train_file}:10: label 'pos ' is not one of "
+                                                       "the declared labels ['neg', 'pos']")):
+    finetune.finetune(c, str(tmp_path / "work"))
+
+
+def test_unknown_dev_label_is_an_error_naming_the_dev_file_and_line(tmp_path, pretrained):
+  dev = _labelled(8)
+  dev[4] = (dev[4][0], "neutral")
+  c = _custom(tmp_path, pretrained, _labelled(24), dev)
+  with pytest.raises(errors.UserError, match=re.escape(f"{c.eval_file}:5: label 'neutral' is not one of "
+                                                       "['neg', 'pos']")):
+    finetune.finetune(c, str(tmp_path / "work"))
+
+
+def test_labels_are_logged_with_their_counts(tmp_path, pretrained, caplog):
+  rows = _labelled(24)
+  c = _custom(tmp_path, pretrained, rows)
+  cfg, _, tok = finetune._load(c)  # pylint: disable=protected-access
+  with caplog.at_level("INFO"):
+    task = finetune.classification_task(c, tok, cfg)
+  n_pos = sum(l == "pos" for _, l in rows)
+  assert task.labels == ("neg", "pos")
+  assert f"'neg': {24 - n_pos}, 'pos': {n_pos}" in caplog.text, caplog.text
+  assert c.train_file in caplog.text
+
+
+@pytest.mark.parametrize("which", ["eval", "train"])
+def test_input_file_with_a_header_and_no_rows_fails_before_training(tmp_path, pretrained, which):
+  c = _custom(tmp_path, pretrained, _labelled(24), _labelled(8))
+  path = c.eval_file if which == "eval" else c.train_file
+  (tmp_path / path).write_text("")
+  (tmp_path / "dev.csv").write_text("text,label\n")
+  if which == "eval":
+    c.eval_file = path = str(tmp_path / "dev.csv")
+  with pytest.raises(errors.UserError, match=re.escape(path) + ".*no examples"):
+    finetune.finetune(c, str(tmp_path / "work"))
+  assert not (tmp_path / "work" / "checkpoints").exists()  # nothing trained
+
+
+def test_init_checkpoint_that_does_not_exist_says_so(tmp_path, pretrained):
+  c = _custom(tmp_path, pretrained, _labelled(16))
+  c.init_checkpoint = str(tmp_path / "no_such_checkpoint")
+  with pytest.raises(errors.UserError, match=re.escape(f"config.init_checkpoint: {tmp_path}/no_such_checkpoint"
+                                                       " does not exist")):
+    finetune.finetune(c, str(tmp_path / "work"))
+
+
+def test_truncated_init_checkpoint_names_the_file(tmp_path, pretrained):
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  for f in os.listdir(pretrained[0]):
+    (ckpt / f).write_bytes((pathlib.Path(pretrained[0]) / f).read_bytes())
+  data = (ckpt / convert.NATIVE_PARAMS).read_bytes()
+  (ckpt / convert.NATIVE_PARAMS).write_bytes(data[:len(data) // 2])
+  c = _custom(tmp_path, pretrained, _labelled(16))
+  c.init_checkpoint = str(ckpt)
+  with pytest.raises(errors.UserError, match=re.escape(str(ckpt / convert.NATIVE_PARAMS)) + ".*truncated or corrupt"):
+    finetune.finetune(c, str(tmp_path / "work"))
