@@ -21,6 +21,7 @@ from bert_jax import errors
 from bert_jax import finetune
 from bert_jax import metrics
 from bert_jax import train
+from bert_jax import workdir_lock
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, summaries and prepared data.")
 config_flags.DEFINE_config_file("config", None, "Training configuration file.",
@@ -50,10 +51,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def run(config, workdir: str):
-  """The job config.task names: pre-training, or a fine-tuning task."""
-  if config.task == "pretrain":
-    return train.train_and_evaluate(config, workdir)
-  return finetune.finetune(config, workdir)
+  """The job config.task names: pre-training, or a fine-tuning task (holding the workdir's
+  lock: one job per workdir)."""
+  with workdir_lock.hold(workdir):
+    if config.task == "pretrain":
+      return train.train_and_evaluate(config, workdir)
+    return finetune.finetune(config, workdir)
 
 
 @errors.reported

@@ -26,6 +26,7 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
 from bert_jax import optim
 from bert_jax import trainer as trainer_lib
+from bert_jax import workdir_lock
 from bert_jax import convert
 from bert_jax import model as model_lib
 from bert_jax.model import BertConfig, BertForPreTraining
@@ -185,8 +186,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
 
 
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Pre-trains (MLM + optional NSP) to config.num_train_steps; evaluates on held-out data."""
-  workdir = os.fspath(workdir)
+  """Pre-trains (MLM + optional NSP) to config.num_train_steps; evaluates on held-out data.
+  The job holds the workdir's lock throughout (a second job on it is refused)."""
+  with workdir_lock.hold(workdir):
+    return _pretrain(config, os.fspath(workdir))
+
+
+def _pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   data_cfg, vocab_size = data_build.prepare(config, workdir)
   cfg = bert_config(config, vocab_size)
