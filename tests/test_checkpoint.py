@@ -6,6 +6,7 @@ import pathlib
 import re
 import signal
 import subprocess
+import time
 
 import flax
 import jax
@@ -338,3 +339,25 @@ def test_disk_full_during_a_save_is_one_clear_line(small_disk):
   out = tu.run(args)
   assert f"Resumed from {workdir / 'checkpoints'}/{steps[-1]}" in out.stderr
   assert tu.checkpoint_steps(workdir)[-1] == 20
+
+
+def test_kill_during_the_final_evaluation_evaluates_on_rerun(tmp_path):
+  """SIGKILL while the last step's evaluation runs: the rerun must not say "Training
+  already reached step N" and skip it; the final evaluation is done (and in TensorBoard)."""
+  log = tmp_path / "log.txt"
+  args = lambda eval_steps: tu.main_args(tmp_path / "w", num_train_steps=4,
+                                        checkpoint_every_steps=2, eval_steps=eval_steps)
+  with open(log, "w") as f:
+    proc = subprocess.Popen(args(6000), cwd=tu.REPO, env=tu.env(), stdout=f, stderr=f)
+    try:
+      tu.wait_for(lambda: "step 4/4" in log.read_text(), 180, "step 4/4", proc)
+      time.sleep(1)  # long enough for a save of step 4 started before the evaluation to land
+    finally:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+  assert "eval at step 4" not in log.read_text()  # killed mid-evaluation
+  out = tu.run(args(50))
+  assert "Training already reached step 4" not in out.stderr
+  assert "eval at step 4" in out.stderr
+  assert 4 in tu.read_scalars(tmp_path / "w", "eval/loss")
+  assert tu.checkpoint_steps(tmp_path / "w")[-1] == 4
