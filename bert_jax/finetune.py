@@ -270,13 +270,19 @@ def _check_config(config: ml_collections.ConfigDict) -> bool:
                       "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
   if config.task not in TASKS:
     raise ConfigError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
+  packed = bool(config.get("packing", False))
+  if packed and config.task not in PACKABLE_TASKS:
+    raise ConfigError(f"packing is only supported for classification fine-tuning (task glue or custom), "
+                      f"not task={config.task!r}: set --config.packing=False.")
+  if packed and config.get("max_examples_per_row", 0) < 1:
+    raise ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   if not convert.checkpoint_exists(config.init_checkpoint):
     raise ConfigError(f"config.init_checkpoint: {config.init_checkpoint} does not exist: pass a "
                       "pre-training or fine-tuning workdir of ours, a converted checkpoint, a "
                       "HuggingFace model directory or a Google TF checkpoint (bert_model.ckpt).")
   fields = {"vocab_path": "the vocabulary the checkpoint was trained with: vocab.txt, a "
-                          "SentencePiece .model or the directory holding it (a HuggingFace model "
-                          "directory, WORKDIR/vocab of a pre-training run)",
+                          "SentencePiece .model, or the directory holding it, e.g. a HuggingFace "
+                          "model directory or a pre-training run's WORKDIR/vocab",
             **_INPUT_FIELDS[config.task]}
   for field, what in fields.items():
     if not config[field]:
@@ -286,12 +292,6 @@ def _check_config(config: ml_collections.ConfigDict) -> bool:
     if not fileio.path(path).exists():
       raise ConfigError(f"config.{field}: {path} does not exist" + (
           f" (config.data_dir + config.{field})." if "data_dir" in config else "."))
-  packed = bool(config.get("packing", False))
-  if packed and config.task not in PACKABLE_TASKS:
-    raise ConfigError(f"packing is only supported for classification fine-tuning (task glue or custom), "
-                      f"not task={config.task!r}: set --config.packing=False.")
-  if packed and config.get("max_examples_per_row", 0) < 1:
-    raise ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   return packed
 
 
