@@ -339,8 +339,8 @@ def label_set(train: Sequence[Example], declared, path: str) -> tuple[str, ...]:
   if once:
     ex = next(e for e in train if str(e.label) == once[0])
     raise DataError(f"{where(path, ex)}: label {ex.label!r} appears only once in the training file "
-                    f"(label counts {counts}): fix the row if it is a typo, or declare the classes "
-                    f"with --config.labels={','.join(counts)}.")
+                    f"(label counts {counts}): fix the row if it is a typo; if it is a real class, "
+                    f"declare the classes with --config.labels (e.g. {','.join(counts)}).")
   if len(counts) < 2:
     raise DataError(f"{path}: every row has the label {next(iter(counts))!r}: a classifier needs at "
                     "least two labels.")
