@@ -7,8 +7,14 @@ An input spec is one of:
                           is a document, its lines are paragraphs. Nothing is downloaded;
   anything else           comma-separated file globs (local or gs://), see text.py.
 """
-from typing import Iterator
+import os
+import sys
+from typing import Callable, Iterator
 
+from absl import flags
+from absl import logging
+
+from bert_jax import errors
 from input_pipeline import builtin_corpus
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import text as text_lib
@@ -21,9 +27,14 @@ def new_stats() -> dict:
 
 
 def iter_documents(input_spec: str, *, fmt: str = "auto", text_field: str = "text",
-                   tfds_data_dir: str | None = None, stats: dict | None = None
+                   tfds_data_dir: str | None = None, stats: dict | None = None,
+                   max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION
                    ) -> Iterator[dict]:
-  """Raw documents of a corpus, streamed; counts go to `stats` (see new_stats)."""
+  """Raw documents of a corpus, streamed; counts go to `stats` (see new_stats).
+
+  A file whose undecodable bytes are more than max_replaced_fraction of its bytes is
+  refused (text.TooManyReplacedBytesError, naming it).
+  """
   stats = new_stats() if stats is None else stats
   if not input_spec or not input_spec.strip():
     raise ValueError("No corpus given: pass file globs, 'default' or 'tfds:NAME'.")
@@ -33,16 +44,27 @@ def iter_documents(input_spec: str, *, fmt: str = "auto", text_field: str = "tex
     source = iter_tfds_documents(input_spec[len("tfds:"):], text_field=text_field,
                                  data_dir=tfds_data_dir, stats=stats)
   else:
-    source = _iter_files(text_lib.expand_patterns(input_spec), fmt, stats)
+    source = _iter_files(text_lib.expand_patterns(input_spec), fmt, stats,
+                         max_replaced_fraction)
   for doc in source:
     stats["raw_documents"] += 1
     yield doc
 
 
-def _iter_files(files: list[str], fmt: str, stats: dict) -> Iterator[dict]:
+def _iter_files(files: list[str], fmt: str, stats: dict, max_replaced_fraction: float
+                ) -> Iterator[dict]:
   for path in files:
     stats["files"] += 1
-    yield from text_lib.iter_file_documents(path, fmt, stats)
+    yield from text_lib.iter_file_documents(path, fmt, stats, max_replaced_fraction)
+
+
+def format_stats(stats: dict) -> str:
+  """The read counts as one phrase for logs, replaced (undecodable) bytes included."""
+  replaced = stats["replaced_bytes"]
+  share = f" ({replaced / stats['bytes']:.3%})" if stats["bytes"] and replaced else ""
+  files = f"{stats['files']:,} files, " if stats["files"] else ""
+  return (f"{files}{stats['bytes']:,} bytes, {stats['raw_documents']:,} documents; "
+          f"{replaced:,} bytes not valid UTF-8{share} replaced by U+FFFD")
 
 
 def load_tfds_split(name: str, *, data_dir: str | None):
@@ -90,3 +112,43 @@ def iter_texts(input_spec: str, *, sentences: bool = False, max_chars: int | Non
       total += len(t)
       if max_chars and total >= max_chars:
         return
+
+
+# --------------------------------------------------------------------- command-line tools
+# The input_pipeline tools (vocab, prepare, inspect) parse absl flags into private
+# FlagValues (importing them adds no global flags); these give them one behaviour.
+
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def parse_flags(fv: flags.FlagValues, argv: list[str], usage: str) -> None:
+  """Parses argv (absl syntax) into fv. --help (also -h, -?, --helpshort, --helpfull)
+  prints `usage` and the flags, then exits 0; an unknown or malformed flag, or an
+  argument that is not a flag, is an errors.UserError."""
+  if any(a in HELP_FLAGS or a.startswith("--help=") for a in argv[1:]):
+    print(usage.strip() + "\n\nFlags:\n" + fv.get_help(include_special_flags=False))
+    raise SystemExit(0)
+  try:
+    rest = fv(argv)
+  except flags.Error as e:
+    raise errors.UserError(f"{e} (see --help)") from e
+  if len(rest) > 1:
+    raise errors.UserError(f"Unexpected arguments {rest[1:]}: every option is a "
+                           "--flag=value (see --help).")
+
+
+def require_flags(fv: flags.FlagValues, *names: str) -> None:
+  missing = [n for n in names if fv[n].value in (None, "")]
+  if missing:
+    raise errors.UserError(f"Missing required flags: {', '.join('--' + m for m in missing)} "
+                           "(see --help).")
+
+
+def run_tool(main: Callable[[list[str]], object]) -> None:
+  """`python -m input_pipeline.TOOL`: INFO logs on stderr, and an errors.UserError as one
+  line `TOOL: error: ...` with exit status 2 (no traceback)."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's C++ INFO lines.
+  flags.FLAGS(sys.argv[:1])  # absl logging reads the global flags: their defaults.
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.INFO)
+  errors.reported(main)(sys.argv)

@@ -16,12 +16,18 @@ Formats (per file):
 
 Project Gutenberg files keep only the text between the `*** START OF` and `*** END OF`
 lines (when the markers are present). Undecodable UTF-8 bytes become U+FFFD and are
-counted in `stats["replaced_bytes"]` instead of failing.
+counted in `stats["replaced_bytes"]`, and a file with any is named in a warning; a file
+where they are more than `max_replaced_fraction` of the bytes read (default 1%: a binary
+file, or another encoding) is refused with an error naming it.
 """
 import codecs
 import itertools
 import re
 from typing import Iterator
+
+from absl import logging
+
+from bert_jax import errors
 
 FORMATS = ("auto", "lines", "paragraphs")
 _READ_CHUNK_BYTES = 8 << 20
@@ -31,6 +37,8 @@ _AUTO_SAMPLE_LINES = 200
 # Dialogue-heavy hard-wrapped prose ends up to ~60% of its lines with punctuation; text
 # with one sentence per line ends nearly all of them so.
 _AUTO_LINES_FRACTION = 0.8
+# The largest share of a file's bytes that may be undecodable (replaced by U+FFFD).
+MAX_REPLACED_FRACTION = 0.01
 # "*** START OF THE PROJECT GUTENBERG EBOOK X ***", also written "***START OF ...".
 _START = re.compile(r"\*\*\*\s*START OF")
 _END = re.compile(r"\*\*\*\s*END OF")
@@ -85,13 +93,32 @@ def decode_bytes(data: bytes, stats: dict) -> str:
   return text
 
 
-def read_lines(path: str, stats: dict) -> Iterator[str]:
+class TooManyReplacedBytesError(errors.UserError, ValueError):
+  """A file of the corpus is mostly not UTF-8 text (binary, or another encoding)."""
+
+
+def check_replaced(path: str, replaced: int, total: int,
+                   max_fraction: float = MAX_REPLACED_FRACTION) -> None:
+  """Refuses a file whose undecodable bytes are more than max_fraction of `total`."""
+  if total and replaced > max_fraction * total:
+    raise TooManyReplacedBytesError(
+        f"{path}: {replaced:,} of {total:,} bytes read ({replaced / total:.1%}) are not "
+        f"valid UTF-8, more than the limit of {max_fraction:.1%} per file. Is it a binary "
+        "file or in another encoding? Leave it out of the corpus or convert it to UTF-8; "
+        "to accept it with its bad bytes replaced by U+FFFD, raise --max_replaced_fraction "
+        "(the training job: --config.build.max_replaced_fraction).")
+
+
+def read_lines(path: str, stats: dict,
+               max_replaced_fraction: float = MAX_REPLACED_FRACTION) -> Iterator[str]:
   """Streams the decoded lines of a file (no line ends), in large binary chunks.
 
   Splitting on b"\\n" before decoding is safe: 0x0A never occurs inside a multi-byte
-  UTF-8 sequence. Adds to stats["bytes"] and stats["replaced_bytes"].
+  UTF-8 sequence. Adds to stats["bytes"] and stats["replaced_bytes"]. Undecodable bytes
+  are checked against max_replaced_fraction of the bytes read so far after every chunk
+  (a binary file fails early) and at the end; a file with any is named in a warning.
   """
-  tail = b""
+  tail, read, replaced_before = b"", 0, stats["replaced_bytes"]
   # Plain open() for local files: faster, and TF's GFile is not safe to read from the
   # threads some consumers (tokenizers' trainers) pull iterators on.
   with (_gfile().GFile(path, "rb") if "://" in path else open(path, "rb")) as f:
@@ -100,13 +127,25 @@ def read_lines(path: str, stats: dict) -> Iterator[str]:
       if not chunk:
         break
       stats["bytes"] += len(chunk)
+      read += len(chunk)
       chunk = tail + chunk
       cut = chunk.rfind(b"\n") + 1
       tail = chunk[cut:]
-      for line in decode_bytes(chunk[:cut], stats).split("\n")[:-1]:
+      lines = decode_bytes(chunk[:cut], stats).split("\n")[:-1]
+      check_replaced(path, stats["replaced_bytes"] - replaced_before, read,
+                     max_replaced_fraction)
+      for line in lines:
         yield line.rstrip("\r")
   if tail:
-    yield decode_bytes(tail, stats).rstrip("\r")
+    last = decode_bytes(tail, stats).rstrip("\r")
+    check_replaced(path, stats["replaced_bytes"] - replaced_before, read,
+                   max_replaced_fraction)
+    yield last
+  replaced = stats["replaced_bytes"] - replaced_before
+  if replaced:
+    logging.warning("%s: %d of %d bytes (%.3f%%) are not valid UTF-8; replaced by U+FFFD "
+                    "(the limit is %.1f%% per file).", path, replaced, read,
+                    100 * replaced / read, 100 * max_replaced_fraction)
 
 
 def strip_gutenberg(lines: Iterator[str]) -> Iterator[str]:
@@ -170,11 +209,13 @@ def join_paragraphs(lines) -> list[str]:
   return paragraphs
 
 
-def iter_file_documents(path: str, fmt: str, stats: dict) -> Iterator[dict]:
+def iter_file_documents(path: str, fmt: str, stats: dict,
+                        max_replaced_fraction: float = MAX_REPLACED_FRACTION
+                        ) -> Iterator[dict]:
   """Raw documents of one text file (format per module docstring)."""
   if fmt not in FORMATS:
     raise ValueError(f"Unknown text format {fmt!r}; use one of {FORMATS}.")
-  lines = strip_gutenberg(read_lines(path, stats))
+  lines = strip_gutenberg(read_lines(path, stats, max_replaced_fraction))
   if fmt == "auto":
     sample, nonblank = [], 0
     for line in lines:

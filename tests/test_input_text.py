@@ -1,9 +1,12 @@
 """Corpus reading: sentence splitting, formats, Gutenberg markers, bad bytes, TFDS, built-in."""
 import os
 import pathlib
+import random
+import re
 
 import pytest
 
+from bert_jax import errors
 from input_pipeline import builtin_corpus
 from input_pipeline import corpus
 from input_pipeline import sentences
@@ -33,9 +36,9 @@ def test_split_sentences(paragraph, expected):
   assert sentences.split_sentences(paragraph) == expected
 
 
-def _read(path, fmt="auto"):
+def _read(path, fmt="auto", **kwargs):
   stats = corpus.new_stats()
-  return list(corpus.iter_documents(str(path), fmt=fmt, stats=stats)), stats
+  return list(corpus.iter_documents(str(path), fmt=fmt, stats=stats, **kwargs)), stats
 
 
 def test_formats_and_gutenberg_markers(tmp_path):
@@ -75,9 +78,37 @@ def test_detect_format():
 def test_undecodable_bytes_replaced_and_counted(tmp_path):
   path = tmp_path / "bad.txt"
   path.write_bytes(b"Caf\xc3\xa9 ok.\nBad \xff\xfe bytes here.\nTruncated \xe2\x82.\n")
-  docs, stats = _read(path, fmt="lines")
+  # 4 bad bytes of 43: above the default limit (1% of a file), accepted under 10%.
+  docs, stats = _read(path, fmt="lines", max_replaced_fraction=0.1)
   assert stats["replaced_bytes"] == 4
   assert docs[0]["texts"] == ["Café ok.", "Bad \ufffd\ufffd bytes here.", "Truncated \ufffd."]
+  with pytest.raises(text.TooManyReplacedBytesError, match=r"bad.txt: 4 of 43 bytes"):
+    _read(path, fmt="lines")
+
+
+def test_binary_file_is_refused_and_named(tmp_path, caplog):
+  """A binary file (random bytes: most are not UTF-8) given as a corpus file is refused
+  with an error naming it, the share of bad bytes and the option that raises the limit;
+  a text file with a few bad bytes passes, and is named in a warning with its count."""
+  good = tmp_path / "good.txt"
+  good.write_bytes(b"Plain text here.\n" * 50 + b"One bad \xff byte.\n")  # 1 of 866
+  binary = tmp_path / "program.bin"
+  binary.write_bytes(random.Random(0).randbytes(100_000))
+  with pytest.raises(text.TooManyReplacedBytesError) as e:
+    _read(f"{good},{binary}")
+  message = str(e.value)
+  assert str(binary) in message and "not valid UTF-8" in message
+  assert re.search(r"\(\d\d\.\d%\)", message), message  # The share, e.g. "(42.8%)"
+  assert "--max_replaced_fraction" in message
+  assert "--config.build.max_replaced_fraction" in message
+  assert isinstance(e.value, errors.UserError)
+  with caplog.at_level("WARNING"):
+    docs, stats = _read(good)
+  assert stats["replaced_bytes"] == 1 and len(docs) == 1
+  assert any(str(good) in r.getMessage() and "1 of 866 bytes" in r.getMessage()
+             for r in caplog.records), [r.getMessage() for r in caplog.records]
+  _, stats = _read(binary, max_replaced_fraction=1.0)  # Raised limit: read, counted.
+  assert stats["replaced_bytes"] > 30_000
 
 
 def test_missing_and_empty_inputs(tmp_path):
