@@ -83,4 +83,4 @@ def main(argv):
 
 if __name__ == "__main__":
   jax.config.config_with_absl()
-  app.run(main)
+  errors.run(main)

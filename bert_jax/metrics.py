@@ -29,15 +29,25 @@ def make_writer(workdir: str) -> metric_writers.MetricWriter:
 
 
 class _DropLibraryInfo(logging.logging.Filter):
-  """Drops INFO chatter of Orbax (dozens of lines per checkpoint) from the console."""
+  """Drops INFO chatter of Orbax (dozens of lines per checkpoint) from the console, and
+  JAX's report of each accelerator backend it did not find (`Unable to initialize backend
+  'tpu': ... libtpu.so` on every CPU or GPU run)."""
 
   def filter(self, record) -> bool:
-    return record.levelno > logging.logging.INFO or "/orbax/" not in record.pathname
+    if record.levelno > logging.logging.INFO:
+      return True
+    if "/orbax/" in record.pathname:
+      return False
+    return not (record.pathname.endswith("xla_bridge.py")
+                and str(record.msg).startswith("Unable to initialize backend"))
 
 
 def quiet_library_logs() -> None:
-  """Keeps the console to progress lines: Orbax INFO messages are dropped."""
-  logging.get_absl_handler().addFilter(_DropLibraryInfo())
+  """Keeps the console to progress lines: Orbax INFO messages and missing-backend notes
+  are dropped."""
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _DropLibraryInfo) for f in handler.filters):
+    handler.addFilter(_DropLibraryInfo())
 
 
 def _fmt_eta(seconds: float) -> str:

@@ -21,6 +21,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from bert_jax import errors
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 Rules = Sequence[tuple[str, Any]]
@@ -117,13 +119,21 @@ def num_batch_shards(mesh: Mesh, rules: Rules) -> int:
 
 def check_batch_size(global_batch: int, micro_steps: int, mesh: Mesh, rules: Rules,
                      name: str = "global_batch_size") -> None:
+  """A clear error (naming the config field) unless `global_batch` rows split evenly into
+  `micro_steps` micro-batches over the mesh's batch shards and the processes."""
   shards = num_batch_shards(mesh, rules)
   procs = jax.process_count()
-  if global_batch < 1 or global_batch % (micro_steps * shards) or global_batch % procs or shards % procs:
-    raise ValueError(
-        f"{name} {global_batch} must split into {micro_steps} micro-batches "
-        f"each divisible by the {shards} batch shards of mesh {dict(mesh.shape)}, and over "
-        f"{procs} processes (the batch axes must span the processes).")
+  unit = math.lcm(micro_steps * shards, procs)
+  if shards % procs:
+    raise errors.ConfigError(
+        f"The batch axes of mesh {dict(mesh.shape)} ({shards} shards) must span the {procs} "
+        f"processes: set --config.mesh_shape so that they do.")
+  if global_batch < 1 or global_batch % unit:
+    raise errors.ConfigError(
+        f"--config.{name}={global_batch}: it must be a positive multiple of {unit} ("
+        + (f"{micro_steps} micro-batches (grad_accum_steps) x " if micro_steps > 1 else "")
+        + f"{shards} batch shards of mesh {dict(mesh.shape)}"
+        + (f", over {procs} processes" if procs > 1 else "") + f"), e.g. {max(unit, global_batch // unit * unit)}.")
 
 
 def host_to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding
