@@ -13,6 +13,12 @@ Streaming and parallel: the main process reads documents and hands batches of ab
 of text to `num_workers` processes, at most 2 per worker in flight, so memory does not
 grow with the corpus (the largest single document must fit). Workers split sentences,
 batch-tokenize and serialize; the main process writes records round-robin to the shards.
+Workers end with the main process, even when it is killed; SIGTERM stops the run with a
+message (exit status 143), leaving the output incomplete (no summary.json).
+
+Input bytes that are not valid UTF-8 are replaced by U+FFFD and counted (logged, and in
+summary.json); a file with more than --max_replaced_fraction (default 1%) of them is
+refused.
 """
 import collections
 import datetime
@@ -20,14 +26,18 @@ import itertools
 import json
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 
 from absl import flags
+from absl import logging
 
 from input_pipeline import corpus
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
+from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib
 
 SUMMARY_NAME = "summary.json"
@@ -44,6 +54,23 @@ def _init_worker(vocab_path: str, lowercase: bool | None) -> None:
   # Parallelism comes from the processes; Rust threads on top would oversubscribe.
   os.environ["TOKENIZERS_PARALLELISM"] = "false"
   _worker_tokenizer = tokenizer_lib.Tokenizer.from_path(vocab_path, lowercase)
+
+
+def _init_pool_worker(vocab_path: str, lowercase: bool | None) -> None:
+  _exit_with_parent()
+  _init_worker(vocab_path, lowercase)
+
+
+def _exit_with_parent() -> None:
+  """Ends this pool worker as soon as the main process is gone, even killed by SIGKILL
+  (no pool shutdown then reaches the workers, which would tokenize on for nothing)."""
+  parent = multiprocessing.parent_process()
+
+  def watch():
+    parent.join()  # Returns when the parent's end of the spawn pipe closes.
+    os._exit(1)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, name="exit_with_parent", daemon=True).start()
 
 
 def tokenize_documents(docs: list[dict], tok: tokenizer_lib.Tokenizer | None = None) -> dict:
@@ -96,7 +123,7 @@ def _results(docs, vocab_path, lowercase, num_workers):
     return
   # spawn, not fork: the parent may hold TensorFlow and tokenizers thread pools.
   ctx = multiprocessing.get_context("spawn")
-  with ctx.Pool(num_workers, initializer=_init_worker,
+  with ctx.Pool(num_workers, initializer=_init_pool_worker,
                 initargs=(vocab_path, lowercase)) as pool:
     pending = collections.deque()
     for task in _tasks(docs):
@@ -128,12 +155,60 @@ class _Progress:
     sys.stderr.flush()
 
 
+class _Terminated(BaseException):
+  """SIGTERM arrived (a BaseException: no `except Exception` on the way swallows it)."""
+
+
+class _StopOnSigterm:
+  """While active (in the main thread only), SIGTERM raises _Terminated in the main
+  thread, so that the run stops through its `finally` blocks (the worker pool is
+  terminated, the shard writers closed) instead of vanishing with status -15."""
+
+  def __enter__(self):
+    self.previous = None
+    if threading.current_thread() is threading.main_thread():
+      self.previous = signal.signal(signal.SIGTERM, self._raise)
+    return self
+
+  @staticmethod
+  def _raise(signum, frame):
+    del signum, frame
+    raise _Terminated()
+
+  def __exit__(self, *exc):
+    if self.previous is not None:
+      signal.signal(signal.SIGTERM, self.previous)
+    return False
+
+
 def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
                    lowercase: bool | None = None, num_shards: int = 16,
                    num_workers: int | None = None, fmt: str = "auto",
                    text_field: str = "text", tfds_data_dir: str | None = None,
-                   progress: bool = True) -> dict:
-  """Tokenizes `input_spec` into `output_dir` (see module doc); returns the summary."""
+                   progress: bool = True,
+                   max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION) -> dict:
+  """Tokenizes `input_spec` into `output_dir` (see module doc); returns the summary.
+
+  SIGTERM (while this runs in the main thread) ends the process with status 143 and a
+  message saying that the output is incomplete.
+  """
+  with _StopOnSigterm():
+    try:
+      return _prepare(input_spec, vocab_path, output_dir, lowercase=lowercase,
+                      num_shards=num_shards, num_workers=num_workers, fmt=fmt,
+                      text_field=text_field, tfds_data_dir=tfds_data_dir, progress=progress,
+                      max_replaced_fraction=max_replaced_fraction)
+    except _Terminated:
+      print(f"prepare: stopped by SIGTERM: {output_dir} is incomplete (it has no "
+            f"{SUMMARY_NAME}); run the same command again to prepare it.",
+            file=sys.stderr, flush=True)
+      raise SystemExit(128 + signal.SIGTERM)  # pylint: disable=raise-missing-from
+
+
+def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bool | None,
+             num_shards: int, num_workers: int | None, fmt: str, text_field: str,
+             tfds_data_dir: str | None, progress: bool, max_replaced_fraction: float
+             ) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if num_shards < 1:
     raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
@@ -145,7 +220,8 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
     tf.io.gfile.remove(summary_path)  # Incomplete until rewritten at the end.
   read_stats = corpus.new_stats()
   docs = corpus.iter_documents(input_spec, fmt=fmt, text_field=text_field,
-                               tfds_data_dir=tfds_data_dir, stats=read_stats)
+                               tfds_data_dir=tfds_data_dir, stats=read_stats,
+                               max_replaced_fraction=max_replaced_fraction)
   first = next(docs, None)  # Bad globs and empty corpora fail here, before any work.
   if first is None:
     raise ValueError(f"Corpus {input_spec!r} is empty: {read_stats['files']} files, "
@@ -158,8 +234,9 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
   bar = _Progress(progress)
   start = time.time()
   writers = [tf.io.TFRecordWriter(output_dir.rstrip("/") + "/" + n) for n in names]
+  results = _results(docs, tok.path, tok.lowercase, num_workers)
   try:
-    for result in _results(docs, tok.path, tok.lowercase, num_workers):
+    for result in results:
       for record in result.pop("records"):
         shard = summary["documents"] % num_shards
         writers[shard].write(record)
@@ -169,6 +246,7 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
         summary[key] += value
       bar.update(summary, read_stats)
   finally:
+    results.close()  # Terminates the worker pool now, whatever stopped the loop.
     for w in writers:
       w.close()
   bar.update(summary, read_stats, final=True)
@@ -188,6 +266,9 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
   })
   with tf.io.gfile.GFile(summary_path, "w") as f:
     f.write(json.dumps(summary, indent=2))
+  logging.info("Prepared %s: %d documents, %d tokens (%d [UNK]); read %s.", output_dir,
+               summary["documents"], summary["tokens"], summary["unk_tokens"],
+               corpus.format_stats(read_stats))
   return summary
 
 
@@ -227,22 +308,24 @@ def _flag_values() -> flags.FlagValues:
                     "Text file format (see input_pipeline/text.py).", flag_values=fv)
   flags.DEFINE_string("text_field", "text", "TFDS feature holding the text.", flag_values=fv)
   flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
+  flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
+                     "Refuse a corpus file when more than this share of its bytes is not "
+                     "valid UTF-8 (replaced by U+FFFD).", flag_values=fv)
   return fv
 
 
 def main(argv: list[str]) -> dict:
   fv = _flag_values()
-  fv(argv)
-  missing = [n for n in ("input", "vocab", "output_dir") if not fv[n].value]
-  if missing:
-    raise SystemExit(f"Missing required flags: {', '.join('--' + m for m in missing)}")
+  corpus.parse_flags(fv, argv, __doc__)
+  corpus.require_flags(fv, "input", "vocab", "output_dir")
   summary = prepare_corpus(fv.input, fv.vocab, fv.output_dir, lowercase=fv.lowercase,
                            num_shards=fv.num_shards, num_workers=fv.num_workers,
                            fmt=fv.format, text_field=fv.text_field,
-                           tfds_data_dir=fv.tfds_data_dir)
+                           tfds_data_dir=fv.tfds_data_dir,
+                           max_replaced_fraction=fv.max_replaced_fraction)
   print(f"Prepared {fv.output_dir}:\n{format_summary(summary)}")
   return summary
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  corpus.run_tool(main)

@@ -116,36 +116,46 @@ def read_lines(path: str, stats: dict,
   Splitting on b"\\n" before decoding is safe: 0x0A never occurs inside a multi-byte
   UTF-8 sequence. Adds to stats["bytes"] and stats["replaced_bytes"]. Undecodable bytes
   are checked against max_replaced_fraction of the bytes read so far after every chunk
-  (a binary file fails early) and at the end; a file with any is named in a warning.
+  (a binary file fails before its first line) and at the end; a file with any is named in
+  a warning once its reading ends (also when the reader stops early, e.g. at a Gutenberg
+  END marker).
   """
-  tail, read, replaced_before = b"", 0, stats["replaced_bytes"]
-  # Plain open() for local files: faster, and TF's GFile is not safe to read from the
-  # threads some consumers (tokenizers' trainers) pull iterators on.
-  with (_gfile().GFile(path, "rb") if "://" in path else open(path, "rb")) as f:
-    while True:
-      chunk = f.read(_READ_CHUNK_BYTES)
-      if not chunk:
-        break
-      stats["bytes"] += len(chunk)
-      read += len(chunk)
-      chunk = tail + chunk
-      cut = chunk.rfind(b"\n") + 1
-      tail = chunk[cut:]
-      lines = decode_bytes(chunk[:cut], stats).split("\n")[:-1]
-      check_replaced(path, stats["replaced_bytes"] - replaced_before, read,
-                     max_replaced_fraction)
-      for line in lines:
-        yield line.rstrip("\r")
-  if tail:
-    last = decode_bytes(tail, stats).rstrip("\r")
+  tail, read, replaced_before, refused = b"", 0, stats["replaced_bytes"], False
+
+  def check():
+    nonlocal refused
+    refused = True
     check_replaced(path, stats["replaced_bytes"] - replaced_before, read,
                    max_replaced_fraction)
-    yield last
-  replaced = stats["replaced_bytes"] - replaced_before
-  if replaced:
-    logging.warning("%s: %d of %d bytes (%.3f%%) are not valid UTF-8; replaced by U+FFFD "
-                    "(the limit is %.1f%% per file).", path, replaced, read,
-                    100 * replaced / read, 100 * max_replaced_fraction)
+    refused = False
+
+  try:
+    # Plain open() for local files: faster, and TF's GFile is not safe to read from the
+    # threads some consumers (tokenizers' trainers) pull iterators on.
+    with (_gfile().GFile(path, "rb") if "://" in path else open(path, "rb")) as f:
+      while True:
+        chunk = f.read(_READ_CHUNK_BYTES)
+        if not chunk:
+          break
+        stats["bytes"] += len(chunk)
+        read += len(chunk)
+        chunk = tail + chunk
+        cut = chunk.rfind(b"\n") + 1
+        tail = chunk[cut:]
+        lines = decode_bytes(chunk[:cut], stats).split("\n")[:-1]
+        check()
+        for line in lines:
+          yield line.rstrip("\r")
+    if tail:
+      last = decode_bytes(tail, stats).rstrip("\r")
+      check()
+      yield last
+  finally:
+    replaced = stats["replaced_bytes"] - replaced_before
+    if replaced and not refused:
+      logging.warning("%s: %d of %d bytes read (%.3f%%) are not valid UTF-8; replaced by "
+                      "U+FFFD (the limit is %.1f%% per file).", path, replaced, read,
+                      100 * replaced / read, 100 * max_replaced_fraction)
 
 
 def strip_gutenberg(lines: Iterator[str]) -> Iterator[str]:

@@ -1,6 +1,11 @@
 """prepare: CLI end to end, record format, worker-count independence, original BERT records."""
 import json
 import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -10,6 +15,7 @@ from input_pipeline import prepare
 from input_pipeline import pretrain
 from input_pipeline import records
 from input_pipeline import testing
+from input_pipeline import text
 from input_pipeline import tokenizer as tokenizer_lib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -83,6 +89,28 @@ def test_prepare_errors(books, tmp_path):
   bad_vocab = testing.write_vocab(str(tmp_path / "bad.txt"), ["a"], specials=False)
   with pytest.raises(ValueError, match="lacks the special tokens"):
     prepare.prepare_corpus(books["glob"], bad_vocab, str(tmp_path / "o"))
+
+
+def test_prepare_refuses_binary_input_and_logs_replaced_bytes(books, tmp_path, caplog):
+  """A binary corpus file fails prepare with an error naming it (no summary.json: the
+  output is incomplete); the replaced bytes of the accepted books are logged."""
+  binary = books["root"] / "book9.txt"  # Matched by the books' glob.
+  binary.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, np.uint8).tobytes())
+  out = tmp_path / "out"
+  with pytest.raises(text.TooManyReplacedBytesError, match=r"book9\.txt: [\d,]+ of 50,000 "
+                     r"bytes read \(\d+\.\d%\) are not valid UTF-8.*--max_replaced_fraction"):
+    prepare.main(["prepare", f"--input={books['glob']}", f"--vocab={books['vocab']}",
+                  f"--output_dir={out}", "--num_workers=1"])
+  assert not (out / prepare.SUMMARY_NAME).exists()
+  binary.unlink()
+  caplog.clear()
+  with caplog.at_level("INFO"):
+    summary = prepare.prepare_corpus(books["glob"], books["vocab"], str(out), num_workers=1,
+                                     progress=False)
+  assert summary["replaced_bytes"] == 6
+  logged = [r.getMessage() for r in caplog.records]
+  assert any(f"Prepared {out}" in m and "6 bytes not valid UTF-8" in m for m in logged), logged
+  assert sum("book" in m and "1 of" in m and "not valid UTF-8" in m for m in logged) == 6, logged
 
 
 def test_prepare_default_corpus(tmp_path):
@@ -165,3 +193,126 @@ def test_original_bert_records(tmp_path):
   firsts = [set(map(tuple, np.concatenate([next(h)["input_ids"] for _ in range(3)]).tolist()))
             for h in hosts]
   assert not firsts[0] & firsts[1]
+
+
+# --------------------------------------------------------------------------- faults
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _book(root, megabytes: int = 20) -> str:
+  """One book-sized document (free text: the whole file is one document, one task for one
+  worker) that keeps a prepare worker busy for seconds."""
+  rng = np.random.default_rng(0)
+  words = testing.tagged_words(50, 20)
+  lines = []
+  for k in range(4000):  # About 1 MB, repeated.
+    lines.append(" ".join(words[i] for i in rng.integers(0, len(words), 20)) + " and")
+    lines.append(" ".join(words[i] for i in rng.integers(0, len(words), 20)) + ". then")
+    if k % 10 == 9:
+      lines.append("")
+  block = ("\n".join(lines) + "\n\n").encode("utf-8")
+  path = root / "book.txt"
+  path.write_bytes(block * max(1, round(megabytes * 1e6 / len(block))))
+  return str(path)
+
+
+def _children(pid: int) -> set[int]:
+  """Process ids whose parent is `pid` (Linux /proc)."""
+  found = set()
+  for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    if int(fields[1]) == pid:
+      found.add(int(stat.parent.name))
+  return found
+
+
+def _alive(pid: int) -> bool:
+  try:
+    state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+  except OSError:
+    return False
+  return state != "Z"  # A zombie has ended; only its exit status is left.
+
+
+def _start_prepare(root, corpus_file, vocab):
+  args = [sys.executable, "-m", "input_pipeline.prepare", f"--input={corpus_file}",
+          f"--vocab={vocab}", f"--output_dir={root / 'prepared'}", "--num_shards=2",
+          "--num_workers=2"]
+  # Output to a file, not a pipe: the workers inherit the pipe, and reading it to its end
+  # would wait for them.
+  with open(root / "prepare.log", "wb") as log:
+    return subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+def _cmdline(pid: int) -> str:
+  try:
+    return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+  except OSError:
+    return ""
+
+
+def _cpu_seconds(pid: int) -> float:
+  try:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+  except OSError:
+    return 0.0
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_for_busy_workers(proc, count: int = 2) -> set[int]:
+  """The pool workers of a running prepare, once one of them is tokenizing the book."""
+  deadline = time.time() + 120
+  workers = set()
+  while len(workers) < count:
+    assert proc.poll() is None and time.time() < deadline, "prepare's workers did not start"
+    workers = {c for c in _children(proc.pid) if "spawn_main" in _cmdline(c)}
+    time.sleep(0.05)
+  time.sleep(1.0)  # Their imports.
+  before = {w: _cpu_seconds(w) for w in workers}
+  # Past receiving the task (fast), into tokenizing it (seconds).
+  while not any(_cpu_seconds(w) - before[w] > 1.0 for w in workers):
+    assert proc.poll() is None and time.time() < deadline, "no worker got to work"
+    time.sleep(0.1)
+  return workers
+
+
+@pytest.fixture
+def big(tmp_path):
+  vocab = testing.write_vocab(str(tmp_path / "vocab.txt"),
+                              testing.tagged_words(50, 20) + ["and", "then"])
+  return tmp_path, _book(tmp_path), vocab
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_prepare_killed_leaves_no_workers(big, sig):
+  """Killing prepare (SIGKILL or SIGTERM) ends its worker processes at once; SIGTERM
+  ends it with a message, not silently with status -15."""
+  root, corpus_file, vocab = big
+  proc = _start_prepare(root, corpus_file, vocab)
+  workers = set()
+  try:
+    workers = _wait_for_busy_workers(proc)
+    proc.send_signal(sig)
+    deadline = time.time() + 2  # The book keeps a worker busy for longer.
+    proc.wait(timeout=60)
+    while time.time() < deadline and any(_alive(w) for w in workers):
+      time.sleep(0.05)
+    left = [w for w in workers if _alive(w)]
+    assert not left, f"workers {left} still running 2 s after {sig.name}"
+  finally:
+    for w in workers:
+      if _alive(w):
+        os.kill(w, signal.SIGKILL)
+    if proc.poll() is None:
+      proc.kill()
+  assert not (root / "prepared" / prepare.SUMMARY_NAME).exists()
+  stderr = (root / "prepare.log").read_text(errors="replace")
+  if sig == signal.SIGTERM:
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, stderr[-3000:])
+    assert "stopped by SIGTERM" in stderr and "incomplete" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
