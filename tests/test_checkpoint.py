@@ -294,9 +294,11 @@ def test_scan_layers_change_on_resume_converts_the_layout(tmp_path, caplog):
   assert int(state.step) == 4 and "Converting the checkpoint's layers" in caplog.text
   assert not (tmp_path / "checkpoints_corrupt").exists()
   assert convert.saved_param_shapes(str(tmp_path / "checkpoints" / "4"))
-  # And back: the unrolled config resumes the scanned checkpoint of step 4.
+  # And back, with the other layout knobs changed too (remat, compute dtype): the unrolled
+  # config resumes the scanned checkpoint of step 4.
   state = train.train_and_evaluate(tu.tiny_config(num_train_steps=5, checkpoint_every_steps=2,
-                                                  eval_steps=0), str(tmp_path))
+                                                  eval_steps=0, model__remat="full",
+                                                  model__dtype="bfloat16"), str(tmp_path))
   assert int(state.step) == 5 and tu.checkpoint_steps(tmp_path)[-2:] == [4, 5]
 
 
