@@ -8,87 +8,213 @@ directory gets the vocabulary plus tokenizer_config.json (kind, lowercase), whic
 `Tokenizer.from_path(DIR)` reads. Special tokens: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
 [MASK]=4 in both kinds (SentencePiece: [PAD]/[UNK] as pad/unk pieces, the others as control
 symbols, which text never produces).
+
+The same corpus and flags give a byte-identical vocabulary. Training keeps its files in
+OUTPUT.scratch (removed at the end, and by the next run after a kill). A corpus file with
+more than --max_replaced_fraction (default 1%) of bytes that are not UTF-8 is refused.
 """
+import collections
+import hashlib
 import os
-import sys
 import tempfile
 import time
+import unicodedata
 
 from absl import flags
 from absl import logging
-from etils import epath
 
+from bert_jax import fileio
 from input_pipeline import corpus
+from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib
 
 KINDS = ("wordpiece", "sentencepiece")
+# The most frequent characters that WordPiece keeps as its alphabet (as BERT).
+ALPHABET_LIMIT = 1000
+_TEXTS_NAME = "texts.txt"
+# SentencePiece's threads: fixed, as its result depends on their number.
+_SENTENCEPIECE_THREADS = 16
+
+
+def scratch_dir(output_dir: str) -> str:
+  """Where training keeps its files (a copy of the training text, the raw output).
+
+  Beside a local output (`OUTPUT.scratch`), so that nothing of the corpus lands in the
+  system's temporary directory; for a gs:// output (the trainers read and write local
+  files only) a directory of the system's temporary directory named after the output.
+  Either way a run removes the scratch directory when it ends, and one left by a killed
+  run is removed by the next run for the same output.
+  """
+  output_dir = output_dir.rstrip("/")
+  if not fileio.is_remote(output_dir):
+    return output_dir + ".scratch"
+  digest = hashlib.sha256(output_dir.encode("utf-8")).hexdigest()[:16]
+  return os.path.join(tempfile.gettempdir(), f"input_pipeline_vocab-{digest}")
 
 
 def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
                 kind: str = "wordpiece", lowercase: bool = True, fmt: str = "auto",
                 text_field: str = "text", tfds_data_dir: str | None = None,
-                max_chars: int | None = None, min_frequency: int = 2) -> str:
-  """Trains a vocabulary on (up to max_chars characters of) a corpus; returns its path."""
+                max_chars: int | None = None, min_frequency: int = 2,
+                max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION) -> str:
+  """Trains a vocabulary on (up to max_chars characters of) a corpus; returns its path.
+
+  The same corpus and settings give a byte-identical vocabulary, whatever the number of
+  threads. A corpus file with more than max_replaced_fraction undecodable bytes is
+  refused (text.TooManyReplacedBytesError).
+  """
   if kind not in KINDS:
     raise ValueError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")
   if vocab_size <= len(tokenizer_lib.SPECIAL_TOKENS):
     raise ValueError(f"vocab_size={vocab_size} leaves no room beyond the special tokens.")
+  stats = corpus.new_stats()
   texts = corpus.iter_texts(input_spec, sentences=kind == "sentencepiece",
                             max_chars=max_chars, fmt=fmt, text_field=text_field,
-                            tfds_data_dir=tfds_data_dir)
+                            tfds_data_dir=tfds_data_dir, stats=stats,
+                            max_replaced_fraction=max_replaced_fraction)
   start = time.time()
   # The trainers read a local text file (one text per line) in native code, rather than
   # pulling a Python iterator from their own threads. Also: they cannot write to gs://.
-  with tempfile.TemporaryDirectory() as tmp:
-    text_file = os.path.join(tmp, "texts.txt")
-    if not _write_texts(texts, text_file):
+  scratch = fileio.path(scratch_dir(output_dir))
+  if scratch.exists():
+    logging.info("Removing %s, left by an interrupted run.", scratch)
+    scratch.rmtree()
+  scratch.mkdir(parents=True)
+  try:
+    text_file = scratch / _TEXTS_NAME
+    alphabet = _Alphabet(lowercase) if kind == "wordpiece" else None
+    if not _write_texts(texts, text_file, alphabet):
       raise ValueError(f"Corpus {input_spec!r} contains no text to train a vocabulary on.")
-    out = os.path.join(tmp, "out")
-    os.makedirs(out)
+    logging.info("Training a %s vocabulary on %r: %s.", kind, input_spec,
+                 corpus.format_stats(stats))
+    out = scratch / "out"
+    out.mkdir()
     if kind == "wordpiece":
-      _train_wordpiece(text_file, out, vocab_size, lowercase, min_frequency)
+      _train_wordpiece(str(text_file), str(out), vocab_size, lowercase, min_frequency,
+                       alphabet)
     else:
-      _train_sentencepiece(text_file, out, vocab_size, lowercase)
-    tokenizer_lib.write_tokenizer_config(out, kind, lowercase)
+      _train_sentencepiece(str(text_file), str(out), vocab_size, lowercase)
+    entries = _check_special_tokens(out, kind)
+    tokenizer_lib.write_tokenizer_config(str(out), kind, lowercase)
     _copy_dir(out, output_dir)
+  finally:
+    scratch.rmtree(missing_ok=True)
   name = (tokenizer_lib.WORDPIECE_FILE if kind == "wordpiece"
           else tokenizer_lib.SENTENCEPIECE_FILE)
-  path = output_dir.rstrip("/") + "/" + name
-  tok = tokenizer_lib.Tokenizer.from_path(path)  # Validates the special tokens.
-  logging.info("Trained %s vocabulary of %d entries in %.1fs: %s", kind, tok.vocab_size,
-               time.time() - start, path)
-  return path
+  logging.info("Trained a %s vocabulary of %d entries in %.1fs.", kind, entries,
+               time.time() - start)
+  return output_dir.rstrip("/") + "/" + name
 
 
-def _write_texts(texts, path: str) -> int:
-  """Writes texts one per line; returns how many."""
+def _write_texts(texts, path, alphabet: "_Alphabet | None") -> int:
+  """Writes texts one per line (counting their characters into `alphabet`); returns how
+  many."""
   count = 0
-  with open(path, "w", encoding="utf-8") as f:
+  with path.open("w", encoding="utf-8") as f:
     for t in texts:
       t = " ".join(t.split())  # Newlines inside a text would split it.
       if t:
         f.write(t + "\n")
+        if alphabet is not None:
+          alphabet.add(t)
         count += 1
   return count
 
 
+# BERT's CJK ranges: the normalizer puts spaces around these, so they never continue a word.
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+def _can_continue(char: str) -> bool:
+  """Whether BERT's pre-tokenizer may put `char` inside a word: not punctuation (ASCII
+  punctuation or Unicode category P*, split off as words of their own), not CJK."""
+  cp = ord(char)
+  if char.isascii() and not char.isalnum():
+    return False
+  if unicodedata.category(char).startswith("P"):
+    return False
+  return not any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+
+
+class _Alphabet:
+  """The characters of the training text as the WordPiece trainer sees them (after BERT's
+  normalizer), counted."""
+
+  def __init__(self, lowercase: bool):
+    from tokenizers import normalizers  # pylint: disable=g-import-not-at-top  (only --kind=wordpiece)
+    self._normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
+    self.counts = collections.Counter()
+
+  def add(self, text: str) -> None:
+    self.counts.update(self._normalizer.normalize_str(text))
+
+  def initial_tokens(self, limit: int) -> tuple[list[str], list[str]]:
+    """(characters, "##" forms): the `limit` most frequent characters (ties by code
+    point) in code point order, and the "##" forms of those that can continue a word."""
+    counts = {c: n for c, n in self.counts.items() if not c.isspace()}
+    kept = sorted(sorted(counts, key=lambda c: (-counts[c], c))[:limit])
+    return kept, ["##" + c for c in kept if _can_continue(c)]
+
+
 def _train_wordpiece(text_file: str, out_dir: str, vocab_size: int, lowercase: bool,
-                     min_frequency: int) -> None:
+                     min_frequency: int, alphabet: _Alphabet) -> None:
+  """tokenizers' WordPiece trainer, made deterministic.
+
+  The trainer breaks ties between equally frequent merges by token id, and numbers the
+  "##" forms of the characters in the order it meets them in a hash map, which changes
+  from run to run (huggingface/tokenizers#1794): the same corpus gave another vocabulary
+  every time. Here every initial token has a fixed id: the special tokens, then the
+  alphabet (`initial_alphabet`, exactly ALPHABET_LIMIT characters at most), then the "##"
+  forms, all passed as special tokens in that order; the merges are then the same in
+  every run and with any number of threads. Should the trainer still number a "##" form
+  itself (a character this module thought could not continue a word), the training is
+  repeated with it fixed too.
+  """
   from tokenizers import BertWordPieceTokenizer  # pylint: disable=g-import-not-at-top  (only --kind=wordpiece)
-  trainer = BertWordPieceTokenizer(clean_text=True, handle_chinese_chars=True,
-                                   strip_accents=None, lowercase=lowercase)
-  trainer.train(
-      [text_file], vocab_size=vocab_size, min_frequency=min_frequency, limit_alphabet=1000,
-      special_tokens=list(tokenizer_lib.SPECIAL_TOKENS), wordpieces_prefix="##",
-      show_progress=False)
+  chars, continuing = alphabet.initial_tokens(ALPHABET_LIMIT)
+  for _ in range(2):
+    initial = list(tokenizer_lib.SPECIAL_TOKENS) + chars + continuing
+    trainer = BertWordPieceTokenizer(clean_text=True, handle_chinese_chars=True,
+                                     strip_accents=None, lowercase=lowercase)
+    trainer.train(
+        [text_file], vocab_size=vocab_size, min_frequency=min_frequency,
+        limit_alphabet=len(chars), initial_alphabet=chars, special_tokens=initial,
+        wordpieces_prefix="##", show_progress=False)
+    vocab = sorted(trainer.get_vocab().items(), key=lambda kv: kv[1])
+    unplanned = sorted(t for t, _ in vocab[len(initial):]
+                       if len(t) == 1 or (t.startswith("##") and len(t) == 3))
+    if not unplanned:
+      break
+    continuing = sorted(set(continuing) | set(unplanned), key=lambda t: (len(t), t))
   trainer.save_model(out_dir)
 
 
+def _check_special_tokens(out, kind: str) -> int:
+  """Checks the trained vocabulary's special tokens; returns its size."""
+  if kind == "wordpiece":
+    tokens = (out / tokenizer_lib.WORDPIECE_FILE).read_text(encoding="utf-8").split("\n")
+    tokens = tokens[:-1] if tokens and not tokens[-1] else tokens
+  else:
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (only --kind=sentencepiece)
+    sp = spm.SentencePieceProcessor(model_file=str(out / tokenizer_lib.SENTENCEPIECE_FILE))
+    tokens = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+  if tuple(tokens[:len(tokenizer_lib.SPECIAL_TOKENS)]) != tokenizer_lib.SPECIAL_TOKENS:
+    raise RuntimeError(f"The trained vocabulary starts with {tokens[:5]}, not "
+                       f"{list(tokenizer_lib.SPECIAL_TOKENS)}.")
+  return len(tokens)
+
+
 def _train_sentencepiece(text_file: str, out_dir: str, vocab_size: int, lowercase: bool) -> None:
+  """SentencePiece's unigram trainer. Its result depends on its number of threads (the
+  EM sums are split by thread), hence a fixed number rather than the machine's cores; the
+  model is rewritten without the scratch paths its trainer_spec records."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (only --kind=sentencepiece)
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top  (only --kind=sentencepiece)
+  prefix = os.path.join(out_dir, tokenizer_lib.SENTENCEPIECE_FILE[:-len(".model")])
   spm.SentencePieceTrainer.train(
-      input=text_file,
-      model_prefix=os.path.join(out_dir, tokenizer_lib.SENTENCEPIECE_FILE[:-len(".model")]),
+      input=text_file, model_prefix=prefix,
       vocab_size=vocab_size, model_type="unigram", character_coverage=0.9995,
       pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
       control_symbols=["[CLS]", "[SEP]", "[MASK]"],
@@ -96,14 +222,19 @@ def _train_sentencepiece(text_file: str, out_dir: str, vocab_size: int, lowercas
       normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
       input_sentence_size=10_000_000, shuffle_input_sentence=True,
       # A soft limit, so that small corpora give a smaller vocabulary instead of failing.
-      hard_vocab_limit=False, num_threads=os.cpu_count() or 1, minloglevel=2)
+      hard_vocab_limit=False, num_threads=_SENTENCEPIECE_THREADS, minloglevel=2)
+  model = fileio.path(prefix + ".model")
+  proto = sentencepiece_model_pb2.ModelProto.FromString(model.read_bytes())
+  del proto.trainer_spec.input[:]
+  proto.trainer_spec.model_prefix = ""
+  model.write_bytes(proto.SerializeToString())
 
 
-def _copy_dir(src: str, dst: str) -> None:
+def _copy_dir(src, dst: str) -> None:
   """Local scratch dir `src` -> the user's `dst` (local or gs://), file by file."""
-  out = epath.Path(dst)
+  out = fileio.path(dst)
   out.mkdir(parents=True, exist_ok=True)
-  for f in sorted(epath.Path(src).iterdir(), key=str):
+  for f in sorted(fileio.path(src).iterdir(), key=str):
     (out / f.name).write_bytes(f.read_bytes())
 
 
@@ -123,20 +254,23 @@ def _flag_values() -> flags.FlagValues:
   flags.DEFINE_string("text_field", "text", "TFDS feature holding the text.", flag_values=fv)
   flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
   flags.DEFINE_integer("max_chars", None, "Train on at most this much text.", flag_values=fv)
+  flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
+                     "Refuse a corpus file when more than this share of its bytes is not "
+                     "valid UTF-8 (replaced by U+FFFD).", flag_values=fv)
   return fv
 
 
 def main(argv: list[str]) -> str:
   fv = _flag_values()
-  fv(argv)
-  if not fv.input or not fv.output:
-    raise SystemExit("--input and --output are required.")
+  corpus.parse_flags(fv, argv, __doc__)
+  corpus.require_flags(fv, "input", "output")
   path = train_vocab(fv.input, fv.output, vocab_size=fv.vocab_size, kind=fv.kind,
                      lowercase=fv.lowercase, fmt=fv.format, text_field=fv.text_field,
-                     tfds_data_dir=fv.tfds_data_dir, max_chars=fv.max_chars)
+                     tfds_data_dir=fv.tfds_data_dir, max_chars=fv.max_chars,
+                     max_replaced_fraction=fv.max_replaced_fraction)
   print(f"Wrote {path}")
   return path
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  corpus.run_tool(main)

@@ -1,6 +1,13 @@
 """Vocabulary training: WordPiece / SentencePiece layout, CLI, errors."""
 import json
 import os
+import pathlib
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -61,3 +68,103 @@ def test_errors(tmp_path):
     vocab_lib.train_vocab(str(tmp_path / "nope*.txt"), str(tmp_path / "out"), vocab_size=100)
   with pytest.raises(ValueError, match="kind"):
     vocab_lib.train_vocab(str(empty), str(tmp_path / "out"), kind="bpe")
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _varied_corpus(path, megabytes: float = 0.3) -> str:
+  """Many distinct words with many equally frequent pairs (ties between merges)."""
+  rng = random.Random(0)
+  syllables = ["ka", "lo", "mi", "ne", "pu", "ra", "si", "to", "vu", "ze", "qu", "ix", "é"]
+  words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+           for _ in range(3000)]
+  lines = []
+  while sum(map(len, lines)) < megabytes * 1e6:
+    lines.append(" ".join(rng.choice(words) for _ in range(12)).capitalize() + ".")
+  path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return str(path)
+
+
+def _vocab_cli(*args, timeout=300, **env):
+  return subprocess.run([sys.executable, "-m", "input_pipeline.vocab", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **env))
+
+
+def test_wordpiece_is_deterministic_across_runs_and_threads(tmp_path):
+  """The same corpus and settings give a byte-identical vocab.txt, in two processes with
+  different numbers of Rust threads (tokenizers numbered the "##" pieces in hash map
+  order: another vocabulary every run)."""
+  corpus_file = _varied_corpus(tmp_path / "corpus.txt")
+  files = []
+  for threads in ("1", "2"):
+    out = tmp_path / f"vocab{threads}"
+    result = _vocab_cli(f"--input={corpus_file}", f"--output={out}", "--vocab_size=600",
+                        RAYON_NUM_THREADS=threads)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files.append((out / "vocab.txt").read_bytes())
+  assert files[0] == files[1]
+  tokens = files[0].decode("utf-8").split("\n")
+  assert len(tokens) - 1 == 600 and "##a" in tokens and "##x" in tokens
+  # Nothing left behind: the scratch directory is gone.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "vocab1", "vocab2"]
+
+
+def test_sentencepiece_is_deterministic(tmp_path):
+  """The model bytes do not depend on where it is written (its trainer_spec recorded the
+  scratch paths) or on the machine's cores."""
+  corpus_file = _varied_corpus(tmp_path / "corpus.txt", megabytes=0.1)
+  models = [(pathlib.Path(vocab_lib.train_vocab(
+      corpus_file, str(tmp_path / name), vocab_size=300, kind="sentencepiece"))).read_bytes()
+            for name in ("a", "b")]
+  assert models[0] == models[1]
+
+
+def test_killed_training_leaves_no_text_outside_the_output(tmp_path):
+  """SIGKILL during training leaves the copy of the training text beside the output, not
+  in the system's temporary directory; the next run removes it."""
+  corpus_file = _varied_corpus(tmp_path / "corpus.txt", megabytes=0.5)
+  system_tmp = tmp_path / "system_tmp"
+  system_tmp.mkdir()
+  out = tmp_path / "out" / "vocab"
+  args = [sys.executable, "-m", "input_pipeline.vocab", f"--input={corpus_file}",
+          f"--output={out}", "--vocab_size=3000"]
+  proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TMPDIR=str(system_tmp)))
+  try:
+    deadline = time.time() + 120
+    while not list(tmp_path.rglob("texts.txt")):
+      assert proc.poll() is None and time.time() < deadline, "no training text written"
+      time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert not list(system_tmp.rglob("texts.txt"))
+  scratch = pathlib.Path(vocab_lib.scratch_dir(str(out)))
+  assert scratch.parent == out.parent and (scratch / "texts.txt").exists()
+  vocab_lib.train_vocab(corpus_file, str(out), vocab_size=300, max_chars=20_000)
+  assert not scratch.exists() and (out / "vocab.txt").exists()
+  assert sorted(p.name for p in out.parent.iterdir()) == ["vocab"]
+
+
+def test_binary_corpus_file_is_refused_by_the_cli(corpus_file, tmp_path):
+  """A binary file among the corpus files: one line naming it, exit status 2, nothing
+  written; the replaced-byte count of an accepted corpus is in the log."""
+  binary = tmp_path / "ls.bin"
+  binary.write_bytes(random.Random(1).randbytes(60_000))
+  result = _vocab_cli(f"--input={corpus_file},{binary}", f"--output={tmp_path / 'v'}",
+                      "--vocab_size=200")
+  assert result.returncode == 2, result.stderr[-3000:]
+  errors = [l for l in result.stderr.splitlines() if "error:" in l]
+  assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert str(binary) in errors[0] and "not valid UTF-8" in errors[0]
+  assert "--max_replaced_fraction" in errors[0]
+  assert not (tmp_path / "v").exists() and not (tmp_path / "v.scratch").exists()
+  result = _vocab_cli(f"--input={corpus_file},{binary}", f"--output={tmp_path / 'v'}",
+                      "--vocab_size=200", "--max_replaced_fraction=0.9")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r"[\d,]+ bytes not valid UTF-8 \(\d+\.\d+%\) replaced", result.stderr)
