@@ -492,17 +492,23 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
 MODEL_CONFIG_KEY = "bert_model"  # the model's BertConfig, in each checkpoint's config item
 
 
-def _step_dir(path: str) -> epath.Path:
-  """A workdir, its `checkpoints/` dir or one `<step>` dir -> the (latest) step dir."""
+def _step_dirs(path: str) -> list[epath.Path]:
+  """A workdir or its `checkpoints/` dir -> its step dirs, newest first; one `<step>` dir
+  -> itself."""
   path = fileio.path(path)
   if (path / "checkpoints").is_dir():
     path = path / "checkpoints"
   if (path / "state").is_dir():
-    return path
-  steps = sorted(int(p.name) for p in path.iterdir() if p.name.isdigit())
+    return [path]
+  steps = sorted((int(p.name) for p in path.iterdir() if p.name.isdigit()), reverse=True)
   if not steps:
-    raise FileNotFoundError(f"No checkpoint found in {path}.")
-  return path / str(steps[-1])
+    raise CheckpointNotFoundError(f"No checkpoint found in {path}.")
+  return [path / str(step) for step in steps]
+
+
+def _step_dir(path: str) -> epath.Path:
+  """A workdir, its `checkpoints/` dir or one `<step>` dir -> the (latest) step dir."""
+  return _step_dirs(path)[0]
 
 
 def saved_param_shapes(path: str) -> dict[tuple[str, ...], tuple[int, ...]]:
@@ -550,12 +556,43 @@ def is_orbax_checkpoint(path: str) -> bool:
 
 
 def load_params_for_inference(path: str):
-  """(BertConfig, params as numpy) of the newest checkpoint of a pre-training run of
-  ours, on the host, with no mesh; None if `path` is not one of our runs."""
+  """(BertConfig, params as numpy) of the newest intact checkpoint of a run of ours, on
+  the host, with no mesh; None if `path` is not one of our runs.
+
+  Intact: its files match the checksums written when it was saved (MANIFEST.json, when it
+  has one; without one, its files read) and its parameters are finite. A damaged step is
+  never read as if it were fine: the previous one is read instead and the log says so;
+  when none is intact (or the one step named is damaged) it is a CorruptCheckpointFileError
+  naming the damage. Nothing is moved: this is a reader."""
   if not is_orbax_checkpoint(path):
     return None
-  step_dir = _step_dir(path)
-  saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
+  damaged = []
+  for step_dir in _step_dirs(path):
+    problems = fileio.verify_manifest(step_dir)
+    if not problems:
+      try:
+        params = _read_step_params(step_dir)
+      except Exception as e:  # pylint: disable=broad-except
+        if problems is not None:  # the checksums say the files are intact: not damage
+          raise
+        params, problems = None, [f"cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:300]}"]
+      if params is not None:
+        problems = [f"{jax.tree_util.keystr(k)}: NaN or infinite values"
+                    for k, x in jax.tree_util.tree_flatten_with_path(params)[0]
+                    if not np.isfinite(x).all()]
+      if not problems:
+        for bad, why in damaged:
+          logging.warning("%s is damaged (%s): reading step %s instead.", bad, "; ".join(why),
+                          step_dir.name)
+        return _saved_model_config(step_dir, params), params
+    damaged.append((step_dir, problems))
+  raise CorruptCheckpointFileError(
+      " ".join(f"{bad} is damaged ({'; '.join(why)})." for bad, why in damaged)
+      + " No intact checkpoint is left to read: copy the run again, or use another checkpoint.")
+
+
+def _read_step_params(step_dir: epath.Path):
+  """The params (numpy, on the host) of one step dir of a run of ours, as saved."""
   handler = ocp.PyTreeCheckpointHandler()  # the item's own metadata: no step-level file read
   try:
     meta = handler.metadata(step_dir / "state").tree["params"]
@@ -564,15 +601,20 @@ def load_params_for_inference(path: str):
   cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
   abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu), meta)
   _, params = restore_params(os.fspath(step_dir), abstract)
-  params = jax.tree.map(np.asarray, params)
+  return jax.tree.map(np.asarray, params)
+
+
+def _saved_model_config(step_dir: epath.Path, params) -> BertConfig:
+  """The BertConfig a step of ours recorded; older checkpoints: the sizes from the
+  parameters, the rest from the run's config."""
+  saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
   if MODEL_CONFIG_KEY in saved:
-    return model_lib.BertConfig.from_dict(saved[MODEL_CONFIG_KEY].to_dict()), params
-  # Older checkpoints: the sizes from the parameters, the rest from the run's config.
+    return model_lib.BertConfig.from_dict(saved[MODEL_CONFIG_KEY].to_dict())
   fields = {k: v for k, v in (saved.get("model") or {}).items()
             if k in {f.name for f in dataclasses.fields(model_lib.BertConfig)} | {"preset"}}
   vocab_size = params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0]
   base = model_lib.config_from_fields({**fields, "vocab_size": vocab_size}, vocab_size)
-  return config_from_params(params, base), params
+  return config_from_params(params, base)
 
 
 def checkpoint_exists(path: str) -> bool:

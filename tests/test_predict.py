@@ -1,5 +1,6 @@
 """Inference: fill-mask and feature extraction from a saved checkpoint."""
 import json
+import shutil
 import sys
 
 import flax.linen as nn
@@ -87,7 +88,7 @@ def pretraining_workdir(tmp_path_factory):
   from bert_jax import train  # pylint: disable=g-import-not-at-top
   tmp = tmp_path_factory.mktemp("pretrain_run")
   tu.use_compilation_cache()
-  train.train_and_evaluate(tu.tiny_config(num_train_steps=1, checkpoint_every_steps=1), str(tmp / "run"))
+  train.train_and_evaluate(tu.tiny_config(num_train_steps=2, checkpoint_every_steps=1), str(tmp / "run"))
   words = [f"w{i}" for i in range(tu.TINY["model.vocab_size"] - 5)]
   (tmp / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
   return str(tmp / "run"), str(tmp / "vocab.txt")
@@ -117,3 +118,63 @@ def test_finetuning_from_our_workdir_logs_no_orbax_warnings(tmp_path, pretrainin
   assert (tmp_path / "work" / "metrics.json").exists()
   noise = [r.getMessage() for r in caplog.records if any(n in r.getMessage() for n in ORBAX_NOISE)]
   assert not noise, noise
+
+
+def _flip_bytes_in_the_largest_data_file(step_dir):
+  """Same size, other bytes: what a bad disk, a bad copy or a stray write leaves."""
+  victim = max((p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)),
+               key=lambda p: p.stat().st_size)
+  data = bytearray(victim.read_bytes())
+  mid = len(data) // 2
+  data[mid:mid + 4096] = b"\x7f" * len(data[mid:mid + 4096])
+  victim.write_bytes(bytes(data))
+  return victim
+
+
+def test_predict_never_reads_a_damaged_checkpoint(tmp_path, pretraining_workdir, capsys, caplog):
+  """Flipped bytes in the newest checkpoint used to give NaN probabilities with exit 0: the
+  checksums written at save are verified, the previous step is used and the log says so;
+  with no intact step left it is an error naming the damage. Nothing is moved."""
+  run, vocab = pretraining_workdir
+  shutil.copytree(run, tmp_path / "run")
+  args = [f"--vocab={vocab}", "--text=w1 [MASK] w3"]
+  predict.main([f"--checkpoint={tmp_path / 'run' / 'checkpoints' / '1'}"] + args)
+  step1 = capsys.readouterr().out
+  victim = _flip_bytes_in_the_largest_data_file(tmp_path / "run" / "checkpoints" / "2")
+  with caplog.at_level("WARNING"):
+    predict.main([f"--checkpoint={tmp_path / 'run'}"] + args)
+  assert capsys.readouterr().out == step1 and "nan" not in step1
+  assert f"{tmp_path / 'run' / 'checkpoints' / '2'} is damaged" in caplog.text, caplog.text
+  assert victim.name in caplog.text and "reading step 1 instead" in caplog.text
+  with pytest.raises(SystemExit) as e:
+    predict.main([f"--checkpoint={tmp_path / 'run' / 'checkpoints' / '2'}"] + args)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "is damaged" in err and "checksum differs" in err, err
+  assert victim.exists() and (tmp_path / "run" / "checkpoints" / "2").is_dir()  # nothing moved
+  # Without checksums (an older run's checkpoint): NaN parameters are damage too.
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  step2 = tmp_path / "old" / "checkpoints" / "2"
+  shutil.copytree(run, tmp_path / "old")
+  (step2 / "MANIFEST.json").unlink()
+  state = tu.load_checkpoint(tmp_path / "old", 2)
+  state["params"]["bert"]["embeddings"]["word_embeddings"]["embedding"][7, 3] = np.nan
+  shutil.rmtree(step2 / "state")
+  with ocp.PyTreeCheckpointer() as ckptr:
+    ckptr.save(step2 / "state", state)
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    predict.main([f"--checkpoint={tmp_path / 'old'}"] + args)
+  assert capsys.readouterr().out == step1
+  assert "NaN or infinite values" in caplog.text and "reading step 1 instead" in caplog.text
+  # Without checksums, files that no longer read are damage too (the tree index overwritten).
+  shutil.rmtree(tmp_path / "old")
+  shutil.copytree(run, tmp_path / "old")
+  (step2 / "MANIFEST.json").unlink()
+  for p in (step2 / "state").rglob("*"):
+    if p.is_file() and "/d/" in str(p):
+      p.write_bytes(b"\x7f" * p.stat().st_size)
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    predict.main([f"--checkpoint={tmp_path / 'old'}"] + args)
+  assert capsys.readouterr().out == step1
+  assert "cannot be read" in caplog.text and "reading step 1 instead" in caplog.text
