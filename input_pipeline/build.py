@@ -11,15 +11,10 @@ import ml_collections
 import tensorflow as tf
 
 from bert_jax import fileio
+from input_pipeline import data_config
 from input_pipeline import prepare as prepare_lib
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline import vocab as vocab_lib
-
-
-def _in_workdir(path: str, workdir: str) -> str:
-  if not path or path.startswith("/") or fileio.is_remote(path):
-    return path
-  return fileio.join(workdir, path)
 
 
 def vocab_complete(vocab_path: str) -> bool:
@@ -33,7 +28,10 @@ def vocab_complete(vocab_path: str) -> bool:
 
 
 def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> None:
-  """Trains the vocabulary and tokenizes the corpus where they are missing (process 0)."""
+  """Trains the vocabulary and tokenizes the corpus where they are missing (process 0).
+
+  A corpus file with more than build.max_replaced_fraction of bytes that are not UTF-8
+  fails the build (errors.UserError naming it and the field)."""
   build = config.build
   lowercase = True if data_cfg.lowercase is None else data_cfg.lowercase
   if data_cfg.vocab_path and not vocab_complete(data_cfg.vocab_path):
@@ -45,16 +43,19 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
         fileio.path(leftover).rmtree()
     vocab_lib.train_vocab(build.corpus, tmp, vocab_size=build.vocab_size,
                           kind=build.vocab_kind, lowercase=lowercase,
-                          max_chars=build.max_chars)
+                          max_chars=build.max_chars,
+                          max_replaced_fraction=build.max_replaced_fraction)
     # Atomic on local disks; on GCS a copy then a delete, hence the marker written last.
     fileio.path(tmp).rename(fileio.path(data_cfg.vocab_path))
     fileio.mark_complete(data_cfg.vocab_path)
+    logging.info("Vocabulary ready: %s.", data_cfg.vocab_path)
   summary = fileio.join(data_cfg.prepared_dir, prepare_lib.SUMMARY_NAME)
   if data_cfg.prepared_dir and not tf.io.gfile.exists(summary):
     logging.info("Preparing corpus %r into %s.", build.corpus, data_cfg.prepared_dir)
     prepare_lib.prepare_corpus(build.corpus, data_cfg.vocab_path, data_cfg.prepared_dir,
                                lowercase=data_cfg.lowercase, num_shards=build.num_shards,
-                               progress=False)
+                               progress=False,
+                               max_replaced_fraction=build.max_replaced_fraction)
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str
@@ -62,20 +63,20 @@ def prepare(config: ml_collections.ConfigDict, workdir: str
   """Resolves the data config's paths (relative ones live in the workdir), builds the
   vocabulary and prepared corpus when `config.build.corpus` says so and they are
   missing (process 0 builds, the others wait), and returns (data config, vocab size)."""
-  data_cfg = ml_collections.ConfigDict(config.data.to_dict())
   if config.synthetic_data:
-    return data_cfg, None
-  data_cfg.prepared_dir = _in_workdir(data_cfg.prepared_dir, workdir)
-  data_cfg.vocab_path = _in_workdir(data_cfg.vocab_path, workdir)
+    return ml_collections.ConfigDict(config.data.to_dict()), None
+  data_cfg = data_config.resolve_paths(config.data, workdir)
   if config.build.corpus:
     if jax.process_index() == 0:
       _build(config, data_cfg)
     multihost_utils.sync_global_devices("bert_jax_data_built")
   if data_cfg.prepared_dir:
     summary = prepare_lib.load_summary(data_cfg.prepared_dir)
-    logging.info("Prepared corpus %s: %d documents, %d tokens, vocabulary %s (%d entries).",
+    logging.info("Prepared corpus %s: %d documents, %d tokens, vocabulary %s (%d entries); "
+                 "%d of its %d input bytes were not valid UTF-8 (replaced by U+FFFD).",
                  data_cfg.prepared_dir, summary["documents"], summary["tokens"],
-                 summary["vocab"]["path"], summary["vocab"]["vocab_size"])
+                 summary["vocab"]["path"], summary["vocab"]["vocab_size"],
+                 summary.get("replaced_bytes", 0), summary.get("input_bytes", 0))
     return data_cfg, int(summary["vocab"]["vocab_size"])
   if data_cfg.vocab_path:
     return data_cfg, tokenizer_lib.Tokenizer.from_path(data_cfg.vocab_path).vocab_size

@@ -2,6 +2,26 @@
 loading a config file imports nothing heavy (input_pipeline/pretrain.py reads it)."""
 import ml_collections
 
+# The data config's paths that a run takes inside its workdir when they are relative.
+WORKDIR_PATHS = ("prepared_dir", "vocab_path")
+
+
+def in_workdir(path: str, workdir: str) -> str:
+  """A relative path (not "", not absolute, not gs://) is taken inside the workdir."""
+  if not path or path.startswith("/") or "://" in path:
+    return path
+  return workdir.rstrip("/") + "/" + path
+
+
+def resolve_paths(data_cfg: ml_collections.ConfigDict, workdir: str
+                  ) -> ml_collections.ConfigDict:
+  """A copy of the data config with its WORKDIR_PATHS resolved as a run in `workdir`
+  resolves them (the main job's build step and `input_pipeline.inspect --workdir`)."""
+  data_cfg = ml_collections.ConfigDict(data_cfg.to_dict())
+  for name in WORKDIR_PATHS:
+    data_cfg[name] = in_workdir(data_cfg[name], workdir)
+  return data_cfg
+
 
 def default_data_config() -> ml_collections.ConfigDict:
   """The data config (`config.data` of a training config)."""

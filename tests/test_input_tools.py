@@ -77,3 +77,70 @@ def test_benchmark_smoke():
   for name in ("| ours |", "pinned to 1 core", "google create_pretraining_data",
                "hf DataCollatorForLanguageModeling"):
     assert name in result.stdout
+
+
+TEXT = ("The quick brown fox jumps over the lazy dog. Playing games is fun. The players "
+        "played and the playful puppy was playing in the garden.\n\n"
+        "Another document starts here. It talks about running and runners who run. "
+        "Jumping jumpers jumped over the fences while the crowd was cheering.\n\n")
+
+
+@pytest.fixture(scope="module")
+def run_workdir(tmp_path_factory):
+  """A workdir as configs/tiny_pretrain.py's job leaves it: vocab/ and prepared/ built by
+  the job's own build step from a small corpus."""
+  from input_pipeline import build  # pylint: disable=g-import-not-at-top  (imports JAX)
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("run")
+  corpus_file = root / "corpus.txt"
+  corpus_file.write_text("".join(TEXT.replace("games", f"games{i}") for i in range(40)),
+                         encoding="utf-8")
+  config = tu.tiny_config(**{"synthetic_data": False, "build.corpus": str(corpus_file),
+                             "build.vocab_size": 150, "build.num_shards": 2})
+  workdir = root / "workdir"
+  build.prepare(config, str(workdir))
+  return workdir
+
+
+def test_inspect_shows_what_a_run_trains_on(run_workdir, tmp_path, capsys):
+  """--config and --workdir of a run: its workdir-relative vocabulary and prepared corpus,
+  its L, P, seed and global batch size, and exactly the batches its iterator yields."""
+  from bert_jax import fileio  # pylint: disable=g-import-not-at-top
+  from configs import tiny_pretrain  # pylint: disable=g-import-not-at-top
+  from input_pipeline import data_config  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "batches.npz"
+  stats = inspect_lib.main(["inspect", "--config=configs/tiny_pretrain.py",
+                            f"--workdir={run_workdir}", "--num_batches=1",
+                            "--print_examples=1", f"--output={out}"])
+  printed = capsys.readouterr().out
+  config = tiny_pretrain.get_config()
+  assert f"Prepared corpus {run_workdir}/prepared:" in printed, printed
+  assert f"Vocabulary {run_workdir}/vocab/vocab.txt: " in printed, printed
+  assert (f"L (max_seq_length) = {config.data.max_seq_length}, P (max_predictions_per_seq) "
+          f"= {config.data.max_predictions_per_seq}") in printed
+  assert f"seed {config.seed}, {config.global_batch_size} examples per batch" in printed
+  assert stats["examples"] == config.global_batch_size
+  data_cfg = data_config.resolve_paths(config.data, str(run_workdir))
+  assert data_cfg.vocab_path == fileio.join(str(run_workdir), "vocab")
+  it = pretrain.make_iterator(config, data_cfg, split="train",
+                              batch_size=config.global_batch_size, vocab_size=150,
+                              seed=config.seed)
+  want, saved = next(it), np.load(out)
+  for k in want:
+    np.testing.assert_array_equal(saved[k], want[k])
+
+
+def test_inspect_run_config_needs_its_workdir(run_workdir, tmp_path):
+  from bert_jax import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.UserError, match=r"data.prepared_dir='prepared'.*--workdir"):
+    inspect_lib.main(["inspect", "--config=configs/tiny_pretrain.py"])
+  with pytest.raises(errors.UserError, match=r"not a prepared corpus \(yet\).*start it"):
+    inspect_lib.main(["inspect", "--config=configs/tiny_pretrain.py",
+                      f"--workdir={tmp_path / 'fresh'}"])
+  result = subprocess.run(
+      [sys.executable, "-m", "input_pipeline.inspect", "--config=configs/tiny_pretrain.py"],
+      cwd=REPO, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  assert "inspect.py: error: The config's data.prepared_dir='prepared'" in result.stderr

@@ -1,0 +1,87 @@
+"""The main job's build step (input_pipeline/build.py): vocabulary and prepared corpus in
+the workdir, what it logs, bad corpora, and determinism of the README's main job."""
+import logging as py_logging
+import os
+import random
+import re
+
+import numpy as np
+import pytest
+
+from bert_jax import errors
+from input_pipeline import build
+from input_pipeline import text
+from tests import test_train_utils as tu
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+TEXT = ("The quick brown fox jumps over the lazy dog. Playing games is fun.\n"
+        "The players played and the playful puppy was playing in the garden.\n\n"
+        "Another document starts here. It talks about running and runners who run.\n"
+        "Jumping jumpers jumped over the fences while the crowd was cheering.\n\n")
+
+
+def _config(corpus: str, **overrides):
+  return tu.tiny_config(**{"synthetic_data": False, "build.corpus": corpus,
+                           "build.vocab_size": 120, "build.num_shards": 2,
+                           "model.vocab_size": None, **overrides})
+
+
+def test_build_logs_the_final_vocabulary_path(tmp_path, caplog):
+  """The vocabulary is trained into a staging directory; the log names the final path
+  only, and the workdir keeps nothing else (no staging, no scratch)."""
+  corpus_file = tmp_path / "corpus.txt"
+  corpus_file.write_text(TEXT * 30, encoding="utf-8")
+  workdir = tmp_path / "run"
+  with caplog.at_level(py_logging.INFO):
+    data_cfg, vocab_size = build.prepare(_config(str(corpus_file)), str(workdir))
+  logged = [r.getMessage() for r in caplog.records]
+  assert not [m for m in logged if ".tmp" in m or ".scratch" in m], logged
+  assert f"Vocabulary ready: {workdir}/vocab." in logged, logged
+  assert data_cfg.vocab_path == f"{workdir}/vocab" and vocab_size <= 120
+  assert sorted(p.name for p in workdir.iterdir()) == ["prepared", "vocab"]
+
+
+def test_build_refuses_a_binary_corpus_file(tmp_path, caplog):
+  """A binary file in build.corpus fails the build with a UserError naming the file and
+  the config field that raises the limit; with the limit raised it is accepted and its
+  replaced bytes are in the log."""
+  good = tmp_path / "good.txt"
+  good.write_text(TEXT * 30, encoding="utf-8")
+  binary = tmp_path / "ls"
+  binary.write_bytes(random.Random(0).randbytes(20_000))
+  corpus = f"{good},{binary}"
+  with pytest.raises(errors.UserError) as e:
+    build.prepare(_config(corpus), str(tmp_path / "run"))
+  assert isinstance(e.value, text.TooManyReplacedBytesError)
+  assert str(binary) in str(e.value)
+  assert "--config.build.max_replaced_fraction" in str(e.value)
+  caplog.clear()
+  with caplog.at_level(py_logging.INFO):
+    build.prepare(_config(corpus, build__max_replaced_fraction=0.9), str(tmp_path / "run2"))
+  logged = "\n".join(r.getMessage() for r in caplog.records)
+  found = re.search(r"Prepared corpus .*; (\d+) of its \d+ input bytes were not valid UTF-8",
+                    logged)
+  assert found and int(found.group(1)) > 5000, logged
+
+
+@pytest.mark.slow
+def test_readme_main_job_twice_gives_identical_checkpoints(tmp_path):
+  """Two fresh runs of the README's main command (shrunk, but building its vocabulary and
+  prepared corpus from the built-in corpus, with different numbers of tokenizer threads)
+  end with bit-identical vocabularies and checkpoints (every array)."""
+  runs = []
+  for threads in ("1", "2"):
+    workdir = tmp_path / f"run{threads}"
+    args = tu.main_args(workdir, **{"synthetic_data": False, "build.corpus": None,
+                                    "model.vocab_size": None, "build.vocab_size": 1024})
+    tu.run(args, timeout=900, RAYON_NUM_THREADS=threads)
+    runs.append(workdir)
+  vocabs = [(w / "vocab" / "vocab.txt").read_bytes() for w in runs]
+  assert vocabs[0] == vocabs[1]
+  steps = [tu.checkpoint_steps(w) for w in runs]
+  assert steps[0] == steps[1] and steps[0][-1] == tu.TINY["num_train_steps"]
+  first, second = (tu.flat(tu.load_checkpoint(w)) for w in runs)
+  assert first.keys() == second.keys() and len(first) > 20
+  differ = [k for k in first if not np.array_equal(first[k], second[k])]
+  assert not differ, f"{len(differ)} of {len(first)} arrays differ: {differ[:5]}"
