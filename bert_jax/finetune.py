@@ -270,6 +270,9 @@ def _check_config(config: ml_collections.ConfigDict) -> bool:
                       "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
   if config.task not in TASKS:
     raise ConfigError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
+  for field in ("global_batch_size", "eval_batch_size", "num_epochs", "max_seq_length"):
+    if config[field] < 1:
+      raise ConfigError(f"config.{field}={config[field]}: it must be at least 1.")
   packed = bool(config.get("packing", False))
   if packed and config.task not in PACKABLE_TASKS:
     raise ConfigError(f"packing is only supported for classification fine-tuning (task glue or custom), "

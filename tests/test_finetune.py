@@ -304,3 +304,12 @@ def test_truncated_init_checkpoint_names_the_file(tmp_path, pretrained):
   c.init_checkpoint = str(ckpt)
   with pytest.raises(errors.UserError, match=re.escape(str(ckpt / convert.NATIVE_PARAMS)) + ".*truncated or corrupt"):
     finetune.finetune(c, str(tmp_path / "work"))
+
+
+@pytest.mark.parametrize("field", ["global_batch_size", "eval_batch_size", "num_epochs"])
+def test_zero_sizes_are_config_errors_naming_the_field(tmp_path, pretrained, field):
+  c = _custom(tmp_path, pretrained, _labelled(16))
+  c[field] = 0
+  with pytest.raises(errors.UserError, match=re.escape(f"config.{field}=0: it must be at least 1")):
+    finetune.finetune(c, str(tmp_path / "work"))
+  assert not (tmp_path / "work" / "checkpoints").exists()
