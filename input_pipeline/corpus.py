@@ -126,7 +126,10 @@ def parse_flags(fv: flags.FlagValues, argv: list[str], usage: str) -> None:
   prints `usage` and the flags, then exits 0; an unknown or malformed flag, or an
   argument that is not a flag, is an errors.UserError."""
   if any(a in HELP_FLAGS or a.startswith("--help=") for a in argv[1:]):
-    print(usage.strip() + "\n\nFlags:\n" + fv.get_help(include_special_flags=False))
+    # absl's help lists flags under their module's file name: the flags alone here.
+    listing = [l for l in fv.get_help(include_special_flags=False).splitlines()
+               if l.startswith(" ")]
+    print(usage.strip() + "\n\nFlags:\n" + "\n".join(listing))
     raise SystemExit(0)
   try:
     rest = fv(argv)
