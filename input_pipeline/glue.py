@@ -136,7 +136,8 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
   path = next((p for p in paths if tf.io.gfile.exists(p)), None)
   if path is None:
     raise MissingDataError(
-        f"{' nor '.join(paths)} does not exist{'' if len(paths) == 1 else ' (looked for both)'}: "
+        (f"{paths[0]} does not exist: " if len(paths) == 1 else
+         f"Neither {paths[0]} nor {paths[1]} exists: ") +
         f"point data_dir at the {task} directory as distributed by GLUE (train.tsv, dev.tsv, "
         "test.tsv)" + (" or by the CoLA 1.1 release (in_domain_train.tsv, in_domain_dev.tsv)."
                        if len(paths) > 1 else "."))
