@@ -144,3 +144,19 @@ def test_inspect_run_config_needs_its_workdir(run_workdir, tmp_path):
   assert result.returncode == 2, result.stderr[-3000:]
   assert "Traceback" not in result.stderr
   assert "inspect.py: error: The config's data.prepared_dir='prepared'" in result.stderr
+
+
+def test_inspect_bad_flags_are_one_line_errors(tmp_path):
+  """Misspelt flags and config overrides, and a config file that does not load, are
+  UserErrors (one line from the command) that name the flag."""
+  from bert_jax import errors  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.UserError, match=r"--config.data.max_seq_lenght: the config has "
+                     r"no field 'max_seq_lenght'. Did you mean \"max_seq_length\""):
+    inspect_lib.main(["inspect", "--config=configs/tiny_pretrain.py",
+                      "--config.data.max_seq_lenght=3", f"--workdir={tmp_path}"])
+  with pytest.raises(errors.UserError, match=r"--config=configs/nope.py: cannot load"):
+    inspect_lib.main(["inspect", "--config=configs/nope.py"])
+  with pytest.raises(errors.UserError, match=r"Unknown command line flag 'prepared'"):
+    inspect_lib.main(["inspect", "--prepared=x"])
+  with pytest.raises(errors.UserError, match=r"Unexpected arguments \['extra'\]"):
+    inspect_lib.main(["inspect", "--prepared_dir=x", "extra"])
