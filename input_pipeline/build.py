@@ -72,11 +72,12 @@ def prepare(config: ml_collections.ConfigDict, workdir: str
     multihost_utils.sync_global_devices("bert_jax_data_built")
   if data_cfg.prepared_dir:
     summary = prepare_lib.load_summary(data_cfg.prepared_dir)
-    logging.info("Prepared corpus %s: %d documents, %d tokens, vocabulary %s (%d entries); "
-                 "%d of its %d input bytes were not valid UTF-8 (replaced by U+FFFD).",
-                 data_cfg.prepared_dir, summary["documents"], summary["tokens"],
-                 summary["vocab"]["path"], summary["vocab"]["vocab_size"],
-                 summary.get("replaced_bytes", 0), summary.get("input_bytes", 0))
+    logging.info("Prepared corpus %s: %s documents, %s tokens, vocabulary %s (%d entries); "
+                 "%s of its %s input bytes were not valid UTF-8 (replaced by U+FFFD).",
+                 data_cfg.prepared_dir, f"{summary['documents']:,}",
+                 f"{summary['tokens']:,}", summary["vocab"]["path"],
+                 summary["vocab"]["vocab_size"], f"{summary.get('replaced_bytes', 0):,}",
+                 f"{summary.get('input_bytes', 0):,}")
     return data_cfg, int(summary["vocab"]["vocab_size"])
   if data_cfg.vocab_path:
     return data_cfg, tokenizer_lib.Tokenizer.from_path(data_cfg.vocab_path).vocab_size

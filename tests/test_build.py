@@ -60,9 +60,9 @@ def test_build_refuses_a_binary_corpus_file(tmp_path, caplog):
   with caplog.at_level(py_logging.INFO):
     build.prepare(_config(corpus, build__max_replaced_fraction=0.9), str(tmp_path / "run2"))
   logged = "\n".join(r.getMessage() for r in caplog.records)
-  found = re.search(r"Prepared corpus .*; (\d+) of its \d+ input bytes were not valid UTF-8",
-                    logged)
-  assert found and int(found.group(1)) > 5000, logged
+  found = re.search(r"Prepared corpus .*; ([\d,]+) of its [\d,]+ input bytes were not valid "
+                    r"UTF-8", logged)
+  assert found and int(found.group(1).replace(",", "")) > 5000, logged
 
 
 @pytest.mark.slow
