@@ -13,14 +13,15 @@ Orbax checkpoint, whose BertConfig it records) included.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import json
 import os
 import re
+import sys
 from typing import Any, Callable, Iterable, Mapping
 
+from absl import flags
 from absl import logging
 from etils import epath
 import flax.linen as nn
@@ -511,6 +512,17 @@ def _step_dir(path: str) -> epath.Path:
   return _step_dirs(path)[0]
 
 
+def check_step_intact(path: str) -> None:
+  """Raises CorruptCheckpointFileError when the (latest) step of a run of ours no longer
+  matches the checksums written when it was saved (a step without them passes)."""
+  step_dir = _step_dir(path)
+  problems = fileio.verify_manifest(step_dir)
+  if problems:
+    raise CorruptCheckpointFileError(
+        f"{step_dir} is damaged ({'; '.join(problems[:4])}): use an intact copy of the run or "
+        "another checkpoint.")
+
+
 def saved_param_shapes(path: str) -> dict[tuple[str, ...], tuple[int, ...]]:
   """Key path (a tuple of names) -> shape of every saved parameter (from metadata,
   nothing read)."""
@@ -701,17 +713,26 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
   (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture), indent=2))
 
 
+def _flags():
+  """convert's flags, in their own FlagValues (absl syntax; importing adds no global flags)."""
+  fv = flags.FlagValues()
+  flags.DEFINE_string("input", None, "HuggingFace dir, TF checkpoint, bert_jax export dir, or "
+                      "a workdir of ours (its newest checkpoint).", flag_values=fv)
+  flags.DEFINE_string("output", None, "Directory to write.", flag_values=fv)
+  flags.DEFINE_enum("to", "bert_jax", ["bert_jax", "huggingface"], "Format to write.",
+                    flag_values=fv)
+  flags.DEFINE_enum("target", "pretraining", ["pretraining", "encoder"], "'pretraining' keeps "
+                    "the heads the checkpoint has (masked-LM, NSP, pooler); 'encoder' keeps the "
+                    "encoder and pooler only.", flag_values=fv)
+  return fv
+
+
 @errors.reported
 def main(argv: Iterable[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--input", required=True, help="HuggingFace dir, TF checkpoint, bert_jax export "
-                      "dir, or a workdir of ours (its newest checkpoint).")
-  parser.add_argument("--output", required=True, help="Directory to write.")
-  parser.add_argument("--to", choices=["bert_jax", "huggingface"], default="bert_jax")
-  parser.add_argument("--target", choices=["pretraining", "encoder"], default="pretraining",
-                      help="'pretraining' keeps the heads the checkpoint has (masked-LM, NSP, "
-                      "pooler); 'encoder' keeps the encoder and pooler only.")
-  args = parser.parse_args(argv)
+  """`argv`: the flags (without the program name; default sys.argv[1:])."""
+  args = _flags()
+  errors.parse_flags(args, ["convert"] + list(sys.argv[1:] if argv is None else argv), __doc__)
+  errors.require_flags(args, "input", "output")
   cfg, params, _ = load_params(args.input, target=args.target, require_mlm=False)
   if args.to == "huggingface":
     export_huggingface(args.output, cfg, params)

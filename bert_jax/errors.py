@@ -35,7 +35,80 @@ def reported(main):
   return wrapper
 
 
-_HELP = ("-h", "-?", "--help", "--helpshort", "--helpfull")
+# ----------------------------------------------------------------------------
+# Command lines: every entry point parses absl flags (`--flag=value`, `--[no]bool`) the same
+# way. The main job uses the global FLAGS (with jax's and absl's own); the tools (predict,
+# convert, input_pipeline.*) define their flags in private FlagValues, so importing them adds
+# no global flags and their `main(argv)` can be called in-process.
+
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
+
+
+def parse_flags(fv, argv: list[str], usage: str | None = None) -> list[str]:
+  """Parses `argv` (program name first) into the absl FlagValues `fv`. `--help` (also -h,
+  -?, --helpshort; --helpfull lists every library's flags for the global FLAGS) prints
+  `usage` and the flags, then exits 0; an unknown or malformed flag, a misspelt
+  `--config.` override, a config file that does not load, or a stray argument is a
+  UserError naming it."""
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  asked = [a for a in argv[1:] if a in HELP_FLAGS or a.startswith("--help=")]
+  if asked:
+    if fv is flags.FLAGS:
+      app.usage(shorthelp=asked[0] != "--helpfull", writeto_stdout=True)
+    else:  # absl's help lists flags under their module's file name: the flags alone here.
+      listing = [l for l in fv.get_help(include_special_flags=False).splitlines()
+                 if l.startswith(" ")]
+      print((usage or "").strip() + "\n\nFlags:\n" + "\n".join(listing))
+    raise SystemExit(0)
+  try:
+    rest = fv(argv)
+    if "config" in fv and fv["config"].present:
+      fv["config"].value.keys()  # config files load lazily: fail here, not mid-run
+  except flags.UnrecognizedFlagError as e:
+    if e.flagname.startswith("config.") and "config" in fv and fv["config"].present:
+      raise UserError(_unknown_config_field(fv["config"].value, e.flagname)) from e
+    raise UserError(f"{e} (see --help)") from e
+  except flags.Error as e:
+    raise UserError(f"{e} (see --help)") from e
+  except OSError as e:  # a --config file that does not load
+    given = [a for a in argv[1:] if a.startswith("--config=")]
+    raise UserError(f"{given[0] if given else '--config'}: cannot load the config file: "
+                    f"{str(e).strip().splitlines()[-1].strip()}") from e
+  except (AttributeError, KeyError, TypeError, ValueError) as e:  # --config.x.y=... overrides
+    while e.args and isinstance(e.args[0], BaseException):  # ml_collections nests them
+      e = e.args[0]
+    text = str(e.args[0]) if e.args else str(e)
+    lines = [l.strip().strip("'\"") for l in text.strip("'\"").split("\n") if l.strip()]
+    overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
+                 and lines and lines[0] in a.split("=")[0].split(".")[1:]]
+    lead = (f"{overrides[0]}: the config has no field {lines[0]!r}" if overrides
+            else f"bad config override: {lines[0] if lines else e!r}")
+    raise UserError(" ".join([lead + "."] + lines[1:])) from e
+  if len(rest) > 1 and fv is not flags.FLAGS:
+    raise UserError(f"Unexpected arguments {rest[1:]}: every option is a --flag=value "
+                    "(see --help).")
+  return rest
+
+
+def _unknown_config_field(config, flagname: str) -> str:
+  """`--config.a.b=...` naming no field: the message, with the closest field's name."""
+  import difflib  # pylint: disable=g-import-not-at-top
+  *parents, leaf = flagname.split(".")[1:]
+  node = config
+  for name in parents:
+    node = node.get(name) if hasattr(node, "get") else None
+  message = f"--{flagname}: the config has no field {leaf!r}."
+  close = difflib.get_close_matches(leaf, list(node.keys()), n=1) if hasattr(
+      node, "keys") else []
+  return message + (f' Did you mean "{close[0]}" instead of "{leaf}"?' if close else "")
+
+
+def require_flags(fv, *names: str) -> None:
+  missing = [n for n in names if fv[n].value in (None, "")]
+  if missing:
+    raise UserError(f"Missing required flags: {', '.join('--' + m for m in missing)} "
+                    "(see --help).")
 
 
 def _fail(message: str) -> None:
@@ -44,48 +117,26 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
-def _innermost_text(e: BaseException) -> str:
-  """The message of a config override error (ml_collections nests a KeyError whose text
-  is the repr of the real message)."""
-  while e.args and isinstance(e.args[0], BaseException):
-    e = e.args[0]
-  text = str(e.args[0]) if e.args else str(e)
-  return text.strip("'\"") if text.count("\n") == 0 else text
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing for every entry point: `--help`/`-h` (`--helpfull`: every
-  library's flags too) print the usage and exit 0; a bad flag or config override is one
-  line (`PROG: error: ...`) and exit 2, never a traceback."""
+def run(main) -> None:
+  """The main job: `absl.app.run(main)` parsing the global FLAGS with `parse_flags`
+  (decorate `main` with `reported`)."""
   from absl import app  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
-  asked = [a for a in argv[1:] if a.split("=")[0] in _HELP]
-  if asked:
-    app.usage(shorthelp=asked[0] != "--helpfull", writeto_stdout=True)
-    sys.exit(0)
-  try:
-    rest = flags.FLAGS(argv)
-    if "config" in flags.FLAGS and flags.FLAGS["config"].present:
-      flags.FLAGS.config.keys()  # config files load lazily: fail here, not mid-job
-    return rest
-  except OSError as e:  # a --config file that does not load
-    given = [a for a in argv[1:] if a.startswith("--config=")]
-    _fail(f"{given[0] if given else '--config'}: cannot load the config file: "
-          f"{str(e).strip().splitlines()[-1].strip()}")
-  except flags.Error as e:
-    _fail(f"{e} (see --help)")
-  except (AttributeError, KeyError, TypeError, ValueError) as e:  # --config.x.y=... overrides
-    text = _innermost_text(e)
-    field = text.split("\n")[0].strip("'\"")
-    where = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
-             and a.split("=")[0].split(".")[-1] == field]
-    lead = f"{where[0]}: the config has no field {field!r}" if where else f"bad config override: {field}"
-    hint = " ".join(line.strip() for line in text.split("\n")[1:])
-    _fail(f"{lead}.{' ' + hint if hint else ''}")
-  return argv
+
+  def parser(argv):
+    try:
+      return parse_flags(flags.FLAGS, argv)
+    except UserError as e:
+      _fail(str(e))
+  app.run(main, flags_parser=parser)
 
 
-def run(main) -> None:
-  """`absl.app.run(main)` with `parse_flags`; decorate `main` with `reported`."""
-  from absl import app  # pylint: disable=g-import-not-at-top
-  app.run(main, flags_parser=parse_flags)
+def run_tool(main) -> None:
+  """`python -m TOOL` for a tool with private FlagValues: INFO logs on stderr, and a
+  UserError as one line `TOOL: error: ...` with exit status 2 (no traceback)."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  flags.FLAGS(sys.argv[:1])  # absl logging reads the global flags: their defaults
+  logging.use_absl_handler()
+  logging.set_verbosity(logging.INFO)
+  reported(main)(sys.argv)

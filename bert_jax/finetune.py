@@ -37,6 +37,7 @@ from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
 from bert_jax import trainer as trainer_lib
+from bert_jax import workdir_lock
 from bert_jax.model import BertConfig
 from input_pipeline import glue, squad, tagging
 from input_pipeline.epochs import EpochIterator
@@ -62,8 +63,7 @@ _INPUT_FIELDS = {
 }
 
 
-class ConfigError(errors.UserError, ValueError):
-  """A fine-tuning config that cannot run: the message names the field and what to set."""
+ConfigError = errors.ConfigError  # a config value that cannot work (names the field)
 
 
 @dataclasses.dataclass
@@ -399,7 +399,13 @@ class _DevEvaluation:
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics."""
+  """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics. The job
+  holds the workdir's lock throughout (a second job on it is refused)."""
+  with workdir_lock.hold(workdir):
+    return _finetune(config, workdir)
+
+
+def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   packed = _check_config(config)
   cfg, enc_params, tok = _load(config)

@@ -1,6 +1,11 @@
-r"""Entry point: BERT pre-training (and, later, fine-tuning) from a config file.
+r"""Entry point: BERT pre-training or fine-tuning, as the config file says (config.task).
 
   python -m bert_jax.main --config=configs/tiny_pretrain.py --workdir=/tmp/bert_tiny
+  python -m bert_jax.main --config=configs/glue.py:cola --config.init_checkpoint=/tmp/bert_tiny \
+      --config.vocab_path=/tmp/bert_tiny/vocab --config.data_dir=CoLA --workdir=/tmp/cola
+
+Any config field can be overridden with --config.FIELD=VALUE. Rerunning a command resumes
+its workdir; one job at a time may use a workdir.
 
 Several hosts: run the same command on every host with
 `--num_processes=N --process_id=I --coordinator_address=HOST0:PORT` (or the env

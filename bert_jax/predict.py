@@ -1,4 +1,4 @@
-"""Inference: fill-mask and features from a pre-trained checkpoint; classify / QA / tag
+r"""Inference: fill-mask and features from a pre-trained checkpoint; classify / QA / tag
 with a fine-tuned one (the `workdir` of a fine-tuning run: its `best/` parameters).
 
     python -m bert_jax.predict --checkpoint=DIR --vocab=vocab.txt --mode=fill_mask \
@@ -18,10 +18,11 @@ workdir.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from typing import Sequence
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -157,28 +158,43 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
   return np.concatenate(outs), mask
 
 
+def _flags():
+  """predict's flags, in their own FlagValues (absl syntax; importing adds no global flags)."""
+  fv = flags.FlagValues()
+  flags.DEFINE_string("checkpoint", None, "A checkpoint (fill_mask, features) or a fine-tuning "
+                      "workdir (classify, qa, tag).", flag_values=fv)
+  flags.DEFINE_string("vocab", None, "vocab.txt or SentencePiece model the model was trained "
+                      "with, or the directory holding it (e.g. the HuggingFace model directory).",
+                      flag_values=fv)
+  flags.DEFINE_bool("lowercase", None, "Override the vocabulary's casing (--lowercase / "
+                    "--nolowercase; default: as the files beside it say, e.g. do_lower_case "
+                    "in a HuggingFace tokenizer_config.json).", flag_values=fv)
+  flags.DEFINE_enum("mode", "fill_mask", ["fill_mask", "features", "classify", "qa", "tag"],
+                    "What to predict.", flag_values=fv)
+  flags.DEFINE_multi_string("text", [], "Input text (repeatable).", flag_values=fv)
+  flags.DEFINE_multi_string("text_pair", [], "classify: second segment per --text.",
+                            flag_values=fv)
+  flags.DEFINE_string("question", None, "qa: the question.", flag_values=fv)
+  flags.DEFINE_string("context", None, "qa: the passage holding the answer.", flag_values=fv)
+  flags.DEFINE_string("input_file", None, "One text per line.", flag_values=fv)
+  flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].", flag_values=fv)
+  flags.DEFINE_string("layers", "-1", "features: comma-separated layer indices.", flag_values=fv)
+  flags.DEFINE_bool("pooled", False, "features: write the pooled output instead.",
+                    flag_values=fv)
+  flags.DEFINE_integer("max_seq_length", 128, "Tokens per input (longer ones are cut).",
+                       flag_values=fv)
+  flags.DEFINE_string("output", None, "features: .npy path to write (default features.npy).",
+                      flag_values=fv)
+  return fv
+
+
 @errors.reported
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--checkpoint", required=True)
-  parser.add_argument("--vocab", required=True, help="vocab.txt or SentencePiece model the model was "
-                      "trained with, or the directory holding it (e.g. the HuggingFace model directory)")
-  parser.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
-                      help="Override the vocabulary's casing (default: as the files beside it say, "
-                      "e.g. do_lower_case in a HuggingFace tokenizer_config.json).")
-  parser.add_argument("--mode", choices=["fill_mask", "features", "classify", "qa", "tag"], default="fill_mask")
-  parser.add_argument("--text_pair", action="append", help="classify: second segment per --text.")
-  parser.add_argument("--question")
-  parser.add_argument("--context")
-  parser.add_argument("--text", action="append", help="Input text (repeatable).")
-  parser.add_argument("--input_file", help="One text per line.")
-  parser.add_argument("--top_k", type=int, default=5)
-  parser.add_argument("--layers", default="-1", help="Comma-separated layer indices (features).")
-  parser.add_argument("--pooled", action="store_true", help="Write the pooled output instead (features).")
-  parser.add_argument("--max_seq_length", type=int, default=128)
-  parser.add_argument("--output", help="features: .npy path to write.")
-  args = parser.parse_args(argv)
-  texts = list(args.text or [])
+def main(argv: Sequence[str] | None = None) -> None:
+  """`argv`: the flags (without the program name; default sys.argv[1:])."""
+  args = _flags()
+  errors.parse_flags(args, ["predict"] + list(sys.argv[1:] if argv is None else argv), __doc__)
+  errors.require_flags(args, "checkpoint", "vocab")
+  texts = list(args.text)
   if args.input_file:
     data = fileio.path(args.input_file).read_bytes().decode("utf-8", errors="replace")
     texts += [line.rstrip("\r") for line in data.split("\n") if line.strip()]
@@ -188,20 +204,20 @@ def main(argv=None) -> None:
     _check_vocab(cfg, tokenizer)
     if args.mode == "qa":
       if not (args.question and args.context):
-        parser.error("--mode=qa needs --question and --context")
+        raise PredictError("--mode=qa needs --question and --context.")
       print(json.dumps({"question": args.question, "answer": answer(cfg, params, task, tokenizer, args.question, args.context)}))
       return
     if not texts:
-      parser.error("give --text or --input_file")
+      raise PredictError("Give --text (repeatable) or --input_file.")
     if args.mode == "classify":
-      for text, (label, p, _) in zip(texts, classify(cfg, params, task, labels, tokenizer, texts, args.text_pair)):
+      for text, (label, p, _) in zip(texts, classify(cfg, params, task, labels, tokenizer, texts, args.text_pair or None)):
         print(json.dumps({"text": text, "prediction": label, "probability": p}))
     else:
       for text in texts:
         print(" ".join(f"{w}/{t}" for w, t in tag(cfg, params, task, labels, tokenizer, text)))
     return
   if not texts:
-    parser.error("give --text or --input_file")
+    raise PredictError("Give --text (repeatable) or --input_file.")
   if args.mode == "fill_mask":
     cfg, params = load_checkpoint(args.checkpoint, "pretraining")
     _check_vocab(cfg, tokenizer)

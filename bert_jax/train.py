@@ -16,6 +16,7 @@ from absl import logging
 import flax
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -145,8 +146,15 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
     got = {tuple(k): v for k, v in convert.saved_param_shapes(path).items()}
     fresh, extra = _check_fits(path, cfg, want_shapes, got)
     subset = flax.traverse_util.unflatten_dict({k: a for k, a in want.items() if k in got})
+    convert.check_step_intact(path)
     step, params = convert.restore_params(path, subset)
     loaded = _flat_keys(params)
+    finite = jax.jit(lambda t: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                                                  for x in jax.tree.leaves(t)])))(params)
+    if not bool(finite):
+      raise convert.CorruptCheckpointFileError(
+          f"init_checkpoint {path} (step {step}) holds NaN or infinite parameters: use an "
+          "intact copy of the run or another checkpoint.")
     logging.info("Initialised params from %s (step %d).", path, step)
   else:
     # The one host-side loader (exports, HuggingFace, Google TF); our own runs are restored

@@ -63,6 +63,19 @@ def test_init_from_one_of_our_workdirs(tmp_path):
     train.train_and_evaluate(wrong, str(tmp_path / "third"))
 
 
+def test_damaged_init_checkpoint_of_ours_is_refused(tmp_path):
+  """Pre-training initialised from a workdir of ours whose checkpoint no longer matches
+  its checksums is an error naming the damage, not a silent start from damaged weights."""
+  from tests import test_checkpoint  # pylint: disable=g-import-not-at-top
+  first = tmp_path / "first"
+  train.train_and_evaluate(tu.tiny_config(num_train_steps=3), str(first))
+  test_checkpoint._overwrite_middle(  # pylint: disable=protected-access
+      test_checkpoint._largest_data_file(first / "checkpoints" / "3"), 0x7F)  # pylint: disable=protected-access
+  config = tu.tiny_config(init_checkpoint=str(first), **FROZEN)
+  with pytest.raises(convert.CorruptCheckpointFileError, match="3 is damaged .*checksum differs"):
+    train.train_and_evaluate(config, str(tmp_path / "second"))
+
+
 def test_phase2_continues_phase1_in_the_same_workdir(tmp_path, caplog):
   """Longer sequences from phase 1's last checkpoint, on the same schedule."""
   # Positions for phase 2's length from the start, as in the paper (512 in both phases).

@@ -194,7 +194,7 @@ def test_continued_pretraining_nsp_off_runs_and_resumes(hub, tmp_path):
 
 
 def test_lowercase_override_reaches_the_tokenizer(hub, capsys, monkeypatch):
-  """predict --no-lowercase: the vocabulary's do_lower_case=true is overridden."""
+  """predict --nolowercase: the vocabulary's do_lower_case=true is overridden."""
   seen = []
   real = tokenizer_lib.Tokenizer.from_path.__func__
 
@@ -204,7 +204,7 @@ def test_lowercase_override_reaches_the_tokenizer(hub, capsys, monkeypatch):
     return tok
 
   monkeypatch.setattr(tokenizer_lib.Tokenizer, "from_path", classmethod(spy))
-  for flag, expected in (("--no-lowercase", False), ("--lowercase", True), (None, True)):
+  for flag, expected in (("--nolowercase", False), ("--lowercase", True), (None, True)):
     predict.main([f"--checkpoint={hub['dir']}", f"--vocab={hub['dir']}", "--text=D1W3 [MASK]"]
                  + ([flag] if flag else []))
     assert seen[-1] is expected, flag
