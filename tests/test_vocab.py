@@ -168,3 +168,20 @@ def test_binary_corpus_file_is_refused_by_the_cli(corpus_file, tmp_path):
                       "--vocab_size=200", "--max_replaced_fraction=0.9")
   assert result.returncode == 0, result.stderr[-3000:]
   assert re.search(r"[\d,]+ bytes not valid UTF-8 \(\d+\.\d+%\) replaced", result.stderr)
+
+
+def test_wordpiece_unplanned_pieces_are_pinned_too(tmp_path, monkeypatch):
+  """Should a character continue words that the module thought could not (Unicode
+  tables differ between Python and Rust), its "##" piece is pinned on a second pass: the
+  result is still the same every time, alphabet and "##" pieces before the merges."""
+  corpus_file = _varied_corpus(tmp_path / "corpus.txt", megabytes=0.05)
+  monkeypatch.setattr(vocab_lib, "_can_continue", lambda char: False)
+  runs = [pathlib.Path(vocab_lib.train_vocab(corpus_file, str(tmp_path / name),
+                                             vocab_size=300)).read_text(encoding="utf-8")
+          for name in ("a", "b", "c")]
+  assert runs[0] == runs[1] == runs[2]
+  tokens = runs[0].split("\n")[:-1]
+  single = [i for i, t in enumerate(tokens)
+            if len(t) == 1 or (t.startswith("##") and len(t) == 3)]
+  assert single == list(range(5, 5 + len(single)))  # Right after the special tokens.
+  assert "##a" in tokens and len(tokens) == 300
