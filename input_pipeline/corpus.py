@@ -7,14 +7,8 @@ An input spec is one of:
                           is a document, its lines are paragraphs. Nothing is downloaded;
   anything else           comma-separated file globs (local or gs://), see text.py.
 """
-import difflib
-import sys
-from typing import Callable, Iterator
+from typing import Iterator
 
-from absl import flags
-from absl import logging
-
-from bert_jax import errors
 from input_pipeline import builtin_corpus
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import text as text_lib
@@ -112,76 +106,3 @@ def iter_texts(input_spec: str, *, sentences: bool = False, max_chars: int | Non
       total += len(t)
       if max_chars and total >= max_chars:
         return
-
-
-# --------------------------------------------------------------------- command-line tools
-# The input_pipeline tools (vocab, prepare, inspect) parse absl flags into private
-# FlagValues (importing them adds no global flags); these give them one behaviour.
-
-HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull")
-
-
-def parse_flags(fv: flags.FlagValues, argv: list[str], usage: str) -> None:
-  """Parses argv (absl syntax) into fv. --help (also -h, -?, --helpshort, --helpfull)
-  prints `usage` and the flags, then exits 0; an unknown or malformed flag, or an
-  argument that is not a flag, is an errors.UserError."""
-  if any(a in HELP_FLAGS or a.startswith("--help=") for a in argv[1:]):
-    # absl's help lists flags under their module's file name: the flags alone here.
-    listing = [l for l in fv.get_help(include_special_flags=False).splitlines()
-               if l.startswith(" ")]
-    print(usage.strip() + "\n\nFlags:\n" + "\n".join(listing))
-    raise SystemExit(0)
-  try:
-    rest = fv(argv)
-    if "config" in fv and fv["config"].present:
-      fv["config"].value.keys()  # Config files load lazily: fail here, not mid-run.
-  except flags.UnrecognizedFlagError as e:
-    if e.flagname.startswith("config.") and "config" in fv and fv["config"].present:
-      raise errors.UserError(_unknown_config_field(fv["config"].value, e.flagname)) from e
-    raise errors.UserError(f"{e} (see --help)") from e
-  except flags.Error as e:
-    raise errors.UserError(f"{e} (see --help)") from e
-  except OSError as e:  # A --config file that does not load.
-    raise errors.UserError(f"--config={fv['config'].config_filename}: cannot load the "
-                           f"config file: {str(e).strip().splitlines()[-1].strip()}") from e
-  except (AttributeError, KeyError, TypeError, ValueError) as e:  # --config.x.y=... overrides
-    while e.args and isinstance(e.args[0], BaseException):  # ml_collections nests them.
-      e = e.args[0]
-    text = str(e.args[0]) if e.args else str(e)
-    lines = [l.strip().strip("'\"") for l in text.strip("'\"").split("\n") if l.strip()]
-    overrides = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")
-                 and lines and lines[0] in a.split("=")[0].split(".")[1:]]
-    lead = (f"{overrides[0]}: the config has no field {lines[0]!r}" if overrides
-            else f"bad config override: {lines[0] if lines else e!r}")
-    raise errors.UserError(" ".join([lead + "."] + lines[1:])) from e
-  if len(rest) > 1:
-    raise errors.UserError(f"Unexpected arguments {rest[1:]}: every option is a "
-                           "--flag=value (see --help).")
-
-
-def _unknown_config_field(config, flagname: str) -> str:
-  """`--config.a.b=...` naming no field: the message, with the closest field's name."""
-  *parents, leaf = flagname.split(".")[1:]
-  node = config
-  for name in parents:
-    node = node.get(name) if hasattr(node, "get") else None
-  message = f"--{flagname}: the config has no field {leaf!r}."
-  close = difflib.get_close_matches(leaf, list(node.keys()), n=1) if hasattr(
-      node, "keys") else []
-  return message + (f' Did you mean "{close[0]}" instead of "{leaf}"?' if close else "")
-
-
-def require_flags(fv: flags.FlagValues, *names: str) -> None:
-  missing = [n for n in names if fv[n].value in (None, "")]
-  if missing:
-    raise errors.UserError(f"Missing required flags: {', '.join('--' + m for m in missing)} "
-                           "(see --help).")
-
-
-def run_tool(main: Callable[[list[str]], object]) -> None:
-  """`python -m input_pipeline.TOOL`: INFO logs on stderr, and an errors.UserError as one
-  line `TOOL: error: ...` with exit status 2 (no traceback)."""
-  flags.FLAGS(sys.argv[:1])  # absl logging reads the global flags: their defaults.
-  logging.use_absl_handler()
-  logging.set_verbosity(logging.INFO)
-  errors.reported(main)(sys.argv)

@@ -21,7 +21,6 @@ import numpy as np
 
 from bert_jax import errors
 from bert_jax import fileio
-from input_pipeline import corpus
 from input_pipeline import data_config
 from input_pipeline import prepare
 from input_pipeline import pretrain
@@ -180,7 +179,7 @@ def describe(cfg, tok: tokenizer_lib.Tokenizer, summary: dict | None, *, split: 
 
 def main(argv: list[str]) -> dict:
   fv = _flag_values()
-  corpus.parse_flags(fv, argv, __doc__)
+  errors.parse_flags(fv, argv, __doc__)
   cfg = data_config_from_flags(fv)
   config = fv.config
   seed = fv.seed if fv.seed is not None else (config.get("seed", 0) if config else 0)
@@ -215,4 +214,4 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-  corpus.run_tool(main)
+  errors.run_tool(main)

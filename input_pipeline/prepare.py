@@ -34,6 +34,7 @@ import time
 from absl import flags
 from absl import logging
 
+from bert_jax import errors
 from input_pipeline import corpus
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
@@ -316,8 +317,8 @@ def _flag_values() -> flags.FlagValues:
 
 def main(argv: list[str]) -> dict:
   fv = _flag_values()
-  corpus.parse_flags(fv, argv, __doc__)
-  corpus.require_flags(fv, "input", "vocab", "output_dir")
+  errors.parse_flags(fv, argv, __doc__)
+  errors.require_flags(fv, "input", "vocab", "output_dir")
   summary = prepare_corpus(fv.input, fv.vocab, fv.output_dir, lowercase=fv.lowercase,
                            num_shards=fv.num_shards, num_workers=fv.num_workers,
                            fmt=fv.format, text_field=fv.text_field,
@@ -328,4 +329,4 @@ def main(argv: list[str]) -> dict:
 
 
 if __name__ == "__main__":
-  corpus.run_tool(main)
+  errors.run_tool(main)

@@ -23,6 +23,7 @@ import unicodedata
 from absl import flags
 from absl import logging
 
+from bert_jax import errors
 from bert_jax import fileio
 from input_pipeline import corpus
 from input_pipeline import text as text_lib
@@ -262,8 +263,8 @@ def _flag_values() -> flags.FlagValues:
 
 def main(argv: list[str]) -> str:
   fv = _flag_values()
-  corpus.parse_flags(fv, argv, __doc__)
-  corpus.require_flags(fv, "input", "output")
+  errors.parse_flags(fv, argv, __doc__)
+  errors.require_flags(fv, "input", "output")
   path = train_vocab(fv.input, fv.output, vocab_size=fv.vocab_size, kind=fv.kind,
                      lowercase=fv.lowercase, fmt=fv.format, text_field=fv.text_field,
                      tfds_data_dir=fv.tfds_data_dir, max_chars=fv.max_chars,
@@ -273,4 +274,4 @@ def main(argv: list[str]) -> str:
 
 
 if __name__ == "__main__":
-  corpus.run_tool(main)
+  errors.run_tool(main)
