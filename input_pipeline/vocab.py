@@ -30,7 +30,7 @@ from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib
 
 KINDS = ("wordpiece", "sentencepiece")
-# The most frequent characters that WordPiece keeps as its alphabet (as BERT).
+# The most frequent characters that WordPiece keeps as its alphabet (tokenizers' default).
 ALPHABET_LIMIT = 1000
 _TEXTS_NAME = "texts.txt"
 # SentencePiece's threads: fixed, as its result depends on their number.
@@ -209,11 +209,13 @@ def _check_special_tokens(out, kind: str) -> int:
 
 def _train_sentencepiece(text_file: str, out_dir: str, vocab_size: int, lowercase: bool) -> None:
   """SentencePiece's unigram trainer. Its result depends on its number of threads (the
-  EM sums are split by thread), hence a fixed number rather than the machine's cores; the
-  model is rewritten without the scratch paths its trainer_spec records."""
+  EM sums are split by thread), hence a fixed number rather than the machine's cores, and
+  on its random generator (the sample of a corpus above input_sentence_size), hence a
+  fixed seed; the model is rewritten without the scratch paths its trainer_spec records."""
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (only --kind=sentencepiece)
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top  (only --kind=sentencepiece)
   prefix = os.path.join(out_dir, tokenizer_lib.SENTENCEPIECE_FILE[:-len(".model")])
+  spm.set_random_generator_seed(0)
   spm.SentencePieceTrainer.train(
       input=text_file, model_prefix=prefix,
       vocab_size=vocab_size, model_type="unigram", character_coverage=0.9995,
