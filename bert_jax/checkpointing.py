@@ -21,6 +21,7 @@ import logging as logging_std
 import os
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from absl import logging
@@ -152,11 +153,13 @@ def _all_finite(state: Any) -> bool:
 
 
 class _DiskFullRecords(logging_std.Filter):
-  """Drops Orbax's own error records (with their tracebacks) about a save that failed for
-  lack of disk space: the save's caller reports that as one DiskFullError line."""
+  """Drops Orbax's own error records (with their tracebacks), and asyncio's about its
+  futures whose exception nobody read, about a save that failed for lack of disk space:
+  the save's caller reports that as one DiskFullError line."""
 
   def filter(self, record: logging_std.LogRecord) -> bool:
-    if record.levelno < logging_std.ERROR or "orbax" not in record.pathname:
+    if record.levelno < logging_std.ERROR or not any(
+        lib in record.pathname for lib in ("orbax", "asyncio")):  # asyncio: unretrieved futures
       return True
     text = record.getMessage()
     if record.exc_info and record.exc_info[1] is not None:
@@ -180,6 +183,10 @@ def _quiet_unraisable_hook(previous):
 
 
 def _quiet_failed_saves() -> None:
+  # Orbax's write coroutines still queued when a save failed are never awaited: Python
+  # warns about each at exit. The failure itself is reported (DiskFullError or the error).
+  warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited",
+                          category=RuntimeWarning)
   if not getattr(sys.unraisablehook, "bert_jax_quiet", False):
     sys.unraisablehook = _quiet_unraisable_hook(sys.unraisablehook)
   handler = logging.get_absl_handler()

@@ -332,6 +332,7 @@ def test_disk_full_during_a_save_is_one_clear_line(small_disk):
   assert len(errors) == 1 and errors[0].startswith("main.py: error: Saving checkpoint "), errors
   assert "no space left on device" in errors[0] and "rerun the same command" in errors[0]
   assert "Traceback" not in out.stderr and "sys.meta_path" not in out.stderr
+  assert "never awaited" not in out.stderr and "never retrieved" not in out.stderr
   steps = tu.checkpoint_steps(workdir)
   assert steps and steps == list(range(2, 2 * len(steps) + 1, 2)), steps
   assert f"latest complete: step {steps[-1]}" in errors[0]
