@@ -42,13 +42,14 @@ SETTINGS = ((128, 20), (512, 76))
 def build_corpus(spec: str, workdir: str, vocab_size: int, vocab_chars: int) -> dict:
   """Vocabulary + prepared corpus for `spec` in workdir (reused when already built)."""
   from input_pipeline import prepare  # pylint: disable=g-import-not-at-top
+  from input_pipeline import store  # pylint: disable=g-import-not-at-top
   from input_pipeline import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   vocab_dir, prepared = os.path.join(workdir, "vocab"), os.path.join(workdir, "prepared")
   try:
     summary = prepare.load_summary(prepared)
     if summary["input"] != spec:
       raise FileNotFoundError
-  except FileNotFoundError:
+  except (FileNotFoundError, store.FormatError):
     vocab = vocab_lib.train_vocab(spec, vocab_dir, vocab_size=vocab_size, max_chars=vocab_chars)
     summary = prepare.prepare_corpus(spec, vocab, prepared, num_shards=8, progress=False)
   return {"prepared": prepared, "vocab": summary["vocab"]["path"], "summary": summary}
@@ -59,12 +60,12 @@ def reference_documents(prepared: str, max_tokens: int) -> list[list[list[int]]]
   from input_pipeline import pretrain  # pylint: disable=g-import-not-at-top
   corpus = pretrain.load_documents(prepared, eval_fraction=0.0, nsp=False,
                                    doc_piece_tokens=0)
-  tokens, sent_start, doc_sent = corpus["tokens"], corpus["sent_start"], corpus["doc_sent"]
+  tokens, sent_start = corpus["tokens"], corpus["sent_start"]
   # Whole documents would be a few huge books: take ~2k-token slices of many documents.
   docs, total = [], 0
-  for d in range(len(doc_sent) - 1):
-    for s0 in range(int(doc_sent[d]), int(doc_sent[d + 1]), 80):
-      s1 = min(s0 + 80, int(doc_sent[d + 1]))
+  for first, stop in zip(corpus["doc_first"], corpus["doc_stop"]):
+    for s0 in range(int(first), int(stop), 80):
+      s1 = min(s0 + 80, int(stop))
       docs.append([tokens[sent_start[s]:sent_start[s + 1]].tolist() for s in range(s0, s1)])
       total += int(sent_start[s1] - sent_start[s0])
       if total >= max_tokens:

@@ -1,16 +1,17 @@
-"""Documents in memory -> NSP sentence pairs (numpy), following google-research/bert.
+"""A host's documents -> NSP sentence pairs (numpy), following google-research/bert.
 
-The corpus of one host and split lives in a dict of flat arrays (`load_documents`):
-  tokens      [T] uint16 (int32 if the vocabulary has > 65,536 entries), all documents'
-              tokens back to back;
+The documents of one host and split are described by a dict (`documents.load_documents`):
+  tokens      [T] uint16 (uint32 if the vocabulary has > 65,536 entries), the corpus's
+              tokens back to back (a memory map of the prepared corpus);
   sent_start  [S+1] int64, token offset of each sentence (sentence s = tokens[sent_start[s]:
-              sent_start[s+1]]);
-  doc_sent    [D+1] int64, sentence offset of each document;
+              sent_start[s+1]]), also a memory map;
+  doc_first, doc_stop  [D] int64, the host's documents as sentence ranges;
   doc_ids     [D] int64, the document's index in the prepared corpus (for tests, tracing);
-  piece_sent  [U+1] int64 and piece_doc [U]: documents cut at sentence boundaries into
-              pieces of about `doc_piece_tokens` tokens, the unit of shuffling (see below).
-Memory: about 2.3 bytes per token (uint16 token + an int64 per ~25-token sentence), e.g.
-~1 GB per host for 3.3 B words of BooksCorpus + Wikipedia split over 8 hosts.
+  piece_first, piece_stop [U] int64 and piece_doc [U]: documents cut at sentence
+              boundaries into pieces of about `doc_piece_tokens` tokens, the unit of
+              shuffling (see below).
+Memory: only the per-document and per-piece arrays (tens of bytes per document); tokens
+and sentence offsets are paged in from the memory maps as blocks read them.
 
 Instances are described as token ranges, never copied token by token in Python:
 a_start/a_len and b_start/b_len index `tokens`; `assemble` builds the padded feature
@@ -23,24 +24,41 @@ import numpy as np
 INSTANCE_KEYS = ("a_start", "a_len", "b_start", "b_len", "label", "target", "single")
 
 
-def pieces(sent_start: np.ndarray, doc_sent: np.ndarray, piece_tokens: int):
+def pieces(sent_start, doc_first: np.ndarray, doc_stop: np.ndarray, piece_tokens: int):
   """Cuts documents at sentence boundaries into pieces of about piece_tokens tokens.
 
-  Returns (piece_sent [U+1], piece_doc [U]). A piece never spans two documents; a sentence
-  starting beyond a multiple of piece_tokens (counted from its document's start) begins a
-  new piece. piece_tokens <= 0 keeps documents whole.
+  Documents are sentence ranges [doc_first[d], doc_stop[d]) of `sent_start` (in increasing
+  order, not overlapping). Returns (piece_first [U], piece_stop [U], piece_doc [U]). A
+  piece never spans two documents; a sentence starting beyond a multiple of piece_tokens
+  (counted from its document's start) begins a new piece. piece_tokens <= 0 keeps
+  documents whole. Cost: one binary search in `sent_start` per piece, so a memory-mapped
+  `sent_start` is read only around the piece boundaries.
   """
-  num_docs = len(doc_sent) - 1
-  sent_doc = np.repeat(np.arange(num_docs), np.diff(doc_sent))
-  if piece_tokens > 0:
-    offset_in_doc = sent_start[:-1] - sent_start[doc_sent[:-1]][sent_doc]
-    piece_in_doc = offset_in_doc // piece_tokens
-  else:
-    piece_in_doc = np.zeros(len(sent_doc), np.int64)
-  new_piece = np.ones(len(sent_doc), bool)
-  new_piece[1:] = (sent_doc[1:] != sent_doc[:-1]) | (piece_in_doc[1:] != piece_in_doc[:-1])
-  starts = np.flatnonzero(new_piece)
-  return np.append(starts, len(sent_doc)).astype(np.int64), sent_doc[starts]
+  doc_first = np.asarray(doc_first, np.int64)
+  doc_stop = np.asarray(doc_stop, np.int64)
+  num_docs = len(doc_first)
+  starts, docs = [doc_first], [np.arange(num_docs)]
+  if piece_tokens > 0 and num_docs:
+    begin = np.asarray(sent_start[doc_first], np.int64)
+    # Sentences start below the document's last sentence start + 1; targets k*piece_tokens
+    # (k >= 1) below it may begin a piece: the first sentence starting at or after one.
+    last = np.asarray(sent_start[doc_stop - 1], np.int64) - begin
+    count = last // piece_tokens
+    doc = np.repeat(np.arange(num_docs), count)
+    k = np.arange(len(doc)) - np.repeat(np.cumsum(count) - count, count) + 1
+    sentence = np.searchsorted(sent_start, begin[doc] + k * piece_tokens)
+    starts.append(sentence.astype(np.int64))
+    docs.append(doc)
+  first, doc = np.concatenate(starts), np.concatenate(docs)
+  order = np.lexsort((first, doc))
+  first, doc = first[order], doc[order]
+  keep = np.ones(len(first), bool)
+  keep[1:] = (first[1:] != first[:-1]) | (doc[1:] != doc[:-1])
+  first, doc = first[keep], doc[keep]
+  stop = np.append(first[1:], 0)
+  last_of_doc = np.append(doc[1:] != doc[:-1], True)
+  stop[last_of_doc] = doc_stop[doc[last_of_doc]]
+  return first, stop, doc
 
 
 def _target_length(rng: random.Random, max_num_tokens: int, short_seq_prob: float) -> int:
@@ -68,15 +86,16 @@ def make_instances(corpus: dict, piece_ids, rng: random.Random, *, max_seq_lengt
   documents). Returns the arrays of INSTANCE_KEYS ("target": the drawn target length,
   "single": the chunk had one sentence).
   """
-  sent_start, doc_sent = corpus["sent_start"], corpus["doc_sent"]
-  piece_sent, piece_doc = corpus["piece_sent"], corpus["piece_doc"]
-  num_docs = len(doc_sent) - 1
+  sent_start = corpus["sent_start"]
+  piece_first, piece_stop = corpus["piece_first"], corpus["piece_stop"]
+  piece_doc = corpus["piece_doc"]
+  num_docs = len(corpus["doc_first"])
   if nsp and num_docs < 2:
     raise ValueError("Next-sentence prediction needs at least 2 documents in the split.")
   max_num_tokens = max_seq_length - (3 if nsp else 2)
   out = {k: [] for k in INSTANCE_KEYS}
   for piece in piece_ids:
-    s0, s1 = int(piece_sent[piece]), int(piece_sent[piece + 1])
+    s0, s1 = int(piece_first[piece]), int(piece_stop[piece])
     starts = sent_start[s0:s1 + 1].tolist()
     doc = int(piece_doc[piece])
     n = s1 - s0
@@ -116,7 +135,7 @@ def _random_next(corpus: dict, doc: int, target_b: int, rng: random.Random,
   random one until target_b tokens (at least one sentence, at most the document's end)."""
   other = rng.randrange(num_docs - 1)
   other += other >= doc  # Uniform over the other documents: never the same one.
-  d0, d1 = int(corpus["doc_sent"][other]), int(corpus["doc_sent"][other + 1])
+  d0, d1 = int(corpus["doc_first"][other]), int(corpus["doc_stop"][other])
   first = rng.randint(d0, d1 - 1)
   sent_start = corpus["sent_start"]
   begin = int(sent_start[first])

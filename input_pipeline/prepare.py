@@ -1,10 +1,13 @@
-r"""Tokenizes a corpus once into sharded TFRecord files of documents.
+r"""Tokenizes a corpus once into memory-mappable arrays of token ids.
 
   python -m input_pipeline.prepare --input='data/*.txt' --vocab=/tmp/vocab \
       --output_dir=/tmp/prepared [--num_shards=16 --num_workers=8]
+  python -m input_pipeline.prepare --convert=OLD_DIR --output_dir=NEW_DIR
 
 --input: file globs, "default" (built-in corpus) or "tfds:NAME" (see corpus.py). The
-output holds tokenized sentences per document (records.py), no pairing or masking: one
+output holds tokenized sentences per document (store.py: token ids, sentence and document
+offsets, documents dealt round-robin to --num_shards shards, the unit a host reads), no
+pairing or masking: one
 prepared corpus serves every sequence length, epoch and seed. DIR/summary.json is written
 last (its presence marks a complete run) with the counts and the options used, including
 the vocabulary's sha256 so that a pipeline run with another vocabulary is refused.
@@ -12,13 +15,17 @@ the vocabulary's sha256 so that a pipeline run with another vocabulary is refuse
 Streaming and parallel: the main process reads documents and hands batches of about 1 MB
 of text to `num_workers` processes, at most 2 per worker in flight, so memory does not
 grow with the corpus (the largest single document must fit). Workers split sentences,
-batch-tokenize and serialize; the main process writes records round-robin to the shards.
+and batch-tokenize; the main process deals the documents round-robin to the shards' scratch
+files, which are concatenated into the final arrays at the end.
 Workers end with the main process, even when it is killed; SIGTERM stops the run with a
 message (exit status 143), leaving the output incomplete (no summary.json).
 
 Input bytes that are not valid UTF-8 are replaced by U+FFFD and counted (logged, and in
 summary.json); a file with more than --max_replaced_fraction (default 1%) of them is
 refused.
+
+--convert turns a directory of the first format (TFRecord files of tf.train.Example
+documents, before the arrays) into the arrays, copying the token ids.
 """
 import collections
 import datetime
@@ -35,14 +42,16 @@ from absl import flags
 from absl import logging
 
 from bert_jax import errors
+import numpy as np
+
 from input_pipeline import corpus
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
+from input_pipeline import store
 from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib
 
 SUMMARY_NAME = "summary.json"
-FORMAT_VERSION = 1
 _TASK_CHARS = 1 << 20
 
 # ------------------------------------------------------------------------- workers
@@ -75,24 +84,32 @@ def _exit_with_parent() -> None:
 
 
 def tokenize_documents(docs: list[dict], tok: tokenizer_lib.Tokenizer | None = None) -> dict:
-  """Raw documents -> {"records": [serialized Example], counts}; empty documents dropped."""
+  """Raw documents -> their token ids as flat arrays, and counts; empty documents dropped.
+
+  Returns {"tokens": [T] int64, "sentence_lengths": [S], "document_sentences": [D] (the
+  sentences of each kept document), "documents", "sentences", "tokens_count",
+  "unk_tokens", "empty_documents"}.
+  """
   tok = tok or _worker_tokenizer
   per_doc = [sentences_lib.document_sentences(d) for d in docs]
   flat = [s for sents in per_doc for s in sents]
   ids = tok.encode_batch(flat) if flat else []
-  out = {"records": [], "sentences": 0, "tokens": 0, "unk_tokens": 0, "empty_documents": 0}
+  kept, doc_sentences, empty = [], [], 0
   pos = 0
   for sents in per_doc:
     doc = [s for s in ids[pos:pos + len(sents)] if s]
     pos += len(sents)
     if not doc:
-      out["empty_documents"] += 1
+      empty += 1
       continue
-    out["records"].append(records.encode_document(doc))
-    out["sentences"] += len(doc)
-    out["tokens"] += sum(map(len, doc))
-    out["unk_tokens"] += sum(s.count(tok.unk_id) for s in doc)
-  return out
+    kept.extend(doc)
+    doc_sentences.append(len(doc))
+  lengths = np.array([len(s) for s in kept], np.int64)
+  tokens = np.fromiter((t for s in kept for t in s), np.int64, int(lengths.sum()))
+  return {"tokens": tokens, "sentence_lengths": lengths,
+          "document_sentences": np.array(doc_sentences, np.int64),
+          "sentences": len(kept), "tokens_count": len(tokens),
+          "unk_tokens": int(np.count_nonzero(tokens == tok.unk_id)), "empty_documents": empty}
 
 
 # ------------------------------------------------------------------------- main process
@@ -228,38 +245,36 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
     raise ValueError(f"Corpus {input_spec!r} is empty: {read_stats['files']} files, "
                      f"{read_stats['bytes']} bytes, no text.")
   docs = itertools.chain([first], docs)
-  names = [records.shard_name(i, num_shards) for i in range(num_shards)]
-  shard_docs = [0] * num_shards
   summary = {"documents": 0, "sentences": 0, "tokens": 0, "unk_tokens": 0,
              "empty_documents": 0}
   bar = _Progress(progress)
   start = time.time()
-  writers = [tf.io.TFRecordWriter(output_dir.rstrip("/") + "/" + n) for n in names]
+  writer = store.ShardWriter(output_dir, num_shards, tok.vocab_size)
   results = _results(docs, tok.path, tok.lowercase, num_workers)
   try:
     for result in results:
-      for record in result.pop("records"):
-        shard = summary["documents"] % num_shards
-        writers[shard].write(record)
-        shard_docs[shard] += 1
-        summary["documents"] += 1
-      for key, value in result.items():
-        summary[key] += value
+      _deal(writer, result, summary["documents"])
+      summary["documents"] += len(result["document_sentences"])
+      for key in ("sentences", "unk_tokens", "empty_documents"):
+        summary[key] += result[key]
+      summary["tokens"] += result["tokens_count"]
       bar.update(summary, read_stats)
+    results.close()  # Terminates the worker pool now.
+    bar.update(summary, read_stats, final=True)
+    if summary["documents"] == 0:
+      raise ValueError(f"Corpus {input_spec!r} produced no documents with tokens "
+                       f"({read_stats['raw_documents']} raw documents read).")
+    shard_docs = writer.finish()
   finally:
-    results.close()  # Terminates the worker pool now, whatever stopped the loop.
-    for w in writers:
-      w.close()
-  bar.update(summary, read_stats, final=True)
-  if summary["documents"] == 0:
-    raise ValueError(f"Corpus {input_spec!r} produced no documents with tokens "
-                     f"({read_stats['raw_documents']} raw documents read).")
+    results.close()  # Whatever stopped the loop.
+    writer.discard()
   summary.update({
-      "format_version": FORMAT_VERSION, "input": input_spec, "format": fmt,
+      "format_version": store.FORMAT_VERSION, "input": input_spec, "format": fmt,
       "text_field": text_field, "input_files": read_stats["files"],
       "input_bytes": read_stats["bytes"], "replaced_bytes": read_stats["replaced_bytes"],
       "raw_documents": read_stats["raw_documents"], "num_shards": num_shards,
-      "files": names, "shard_documents": shard_docs,
+      "files": list(store.FILES), "token_dtype": writer.dtype.name,
+      "shard_documents": shard_docs,
       "vocab": {"path": tok.path, "sha256": tok.sha256, "kind": tok.kind,
                 "lowercase": tok.lowercase, "vocab_size": tok.vocab_size},
       "seconds": round(time.time() - start, 2),
@@ -273,8 +288,21 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
   return summary
 
 
+def _deal(writer: store.ShardWriter, result: dict, first_document: int) -> None:
+  """Writes a task's documents to their shards: corpus document g goes to g % shards."""
+  doc_sentences, lengths = result["document_sentences"], result["sentence_lengths"]
+  sentence_doc = np.repeat(np.arange(len(doc_sentences)), doc_sentences)
+  doc_tokens = np.bincount(sentence_doc, lengths, len(doc_sentences)).astype(np.int64)
+  shard = (first_document + np.arange(len(doc_sentences))) % writer.num_shards
+  for s in np.unique(shard):
+    mine = shard == s
+    writer.add(int(s), result["tokens"][np.repeat(mine, doc_tokens)],
+               lengths[np.repeat(mine, doc_sentences)], doc_sentences[mine])
+
+
 def load_summary(prepared_dir: str) -> dict:
-  """summary.json of a prepared corpus, with a clear error if the run never finished."""
+  """summary.json of a prepared corpus, with a clear error if the run never finished or
+  the directory is of another format."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   path = prepared_dir.rstrip("/") + "/" + SUMMARY_NAME
   if not tf.io.gfile.exists(path):
@@ -283,7 +311,56 @@ def load_summary(prepared_dir: str) -> dict:
         "`python -m input_pipeline.prepare --input=... --vocab=... "
         f"--output_dir={prepared_dir}`.")
   with tf.io.gfile.GFile(path) as f:
-    return json.load(f)
+    summary = json.load(f)
+  store.check_format(prepared_dir, summary)
+  return summary
+
+
+def convert_legacy(old_dir: str, output_dir: str) -> dict:
+  """Converts a prepared corpus of the first format (TFRecord shards) into arrays.
+
+  The token ids are copied shard by shard, nothing is tokenized again, so the converted
+  corpus gives the same batches as one prepared afresh from the same text.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
+  path = old_dir.rstrip("/") + "/" + SUMMARY_NAME
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f"{path} not found: {old_dir} is not a complete prepared corpus.")
+  with tf.io.gfile.GFile(path) as f:
+    old = json.load(f)
+  if old.get("format_version", 1) != 1:
+    raise ValueError(f"{old_dir} is not of the first format (its format_version is "
+                     f"{old['format_version']}); it needs no conversion.")
+  if old_dir.rstrip("/") == output_dir.rstrip("/"):
+    raise ValueError("--output_dir must differ from --convert: the original is read while "
+                     "the arrays are written (delete it yourself afterwards).")
+  tf.io.gfile.makedirs(output_dir)
+  summary_path = output_dir.rstrip("/") + "/" + SUMMARY_NAME
+  if tf.io.gfile.exists(summary_path):
+    tf.io.gfile.remove(summary_path)
+  start = time.time()
+  writer = store.ShardWriter(output_dir, old["num_shards"], old["vocab"]["vocab_size"])
+  try:
+    for shard, name in enumerate(old["files"]):
+      for batch in records.read_documents([old_dir.rstrip("/") + "/" + name]):
+        writer.add(shard, batch["tokens"], batch["sentence_lengths"],
+                   batch["sentence_rows"])
+    shard_docs = writer.finish()
+  finally:
+    writer.discard()
+  if shard_docs != old["shard_documents"]:
+    raise ValueError(f"{old_dir}: its shards hold {shard_docs} documents where its "
+                     f"summary.json says {old['shard_documents']}: it is damaged.")
+  summary = dict(old, format_version=store.FORMAT_VERSION, files=list(store.FILES),
+                 token_dtype=writer.dtype.name, converted_from=old_dir,
+                 seconds=round(time.time() - start, 2),
+                 created=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                     timespec="seconds"))
+  with tf.io.gfile.GFile(summary_path, "w") as f:
+    f.write(json.dumps(summary, indent=2))
+  logging.info("Converted %s into %s: %d documents, %d tokens.", old_dir, output_dir,
+               summary["documents"], summary["tokens"])
+  return summary
 
 
 def format_summary(summary: dict) -> str:
@@ -297,6 +374,9 @@ def _flag_values() -> flags.FlagValues:
   fv = flags.FlagValues()
   flags.DEFINE_string("input", None, "Corpus: file globs, 'default' or 'tfds:NAME'.",
                       flag_values=fv)
+  flags.DEFINE_string("convert", None, "Instead of --input and --vocab: a prepared "
+                      "directory of the first format (TFRecord files) to convert into "
+                      "--output_dir.", flag_values=fv)
   flags.DEFINE_string("vocab", None, "Vocabulary (vocab.txt, .model or its dir).",
                       flag_values=fv)
   flags.DEFINE_string("output_dir", None, "Output directory.", flag_values=fv)
@@ -318,6 +398,11 @@ def _flag_values() -> flags.FlagValues:
 def main(argv: list[str]) -> dict:
   fv = _flag_values()
   errors.parse_flags(fv, argv, __doc__)
+  if fv.convert:
+    errors.require_flags(fv, "output_dir")
+    summary = convert_legacy(fv.convert, fv.output_dir)
+    print(f"Converted {fv.convert} into {fv.output_dir}:\n{format_summary(summary)}")
+    return summary
   errors.require_flags(fv, "input", "vocab", "output_dir")
   summary = prepare_corpus(fv.input, fv.vocab, fv.output_dir, lowercase=fv.lowercase,
                            num_shards=fv.num_shards, num_workers=fv.num_workers,

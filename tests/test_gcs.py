@@ -48,9 +48,11 @@ def test_main_job_on_gs_writes_everything_to_the_bucket_and_resumes(gcs, pretrai
   assert "Training a 512-entry wordpiece vocabulary" in log and "Preparing corpus" in log
   objects = set(gcs.list_objects(workdir))
   for name in ("vocab/vocab.txt", "vocab/COMPLETE", "prepared/summary.json",
+               "prepared/tokens.npy", "prepared/sentence_starts.npy",
                "checkpoints/2/config/metadata", "checkpoints/4/state/_METADATA"):
     assert f"{workdir}/{name}" in objects, name
   assert any("events.out.tfevents" in o for o in objects)
+  assert not any("/prepared/scratch/" in o for o in objects)
   # Rerun: everything is reused, training continues from step 4.
   more = _run(gcs, tu.main_args(workdir, **{**SHORT, "num_train_steps": 6})).stderr
   assert "vocabulary on" not in more and "Preparing corpus" not in more

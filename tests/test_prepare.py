@@ -14,6 +14,7 @@ import tensorflow as tf
 from input_pipeline import prepare
 from input_pipeline import pretrain
 from input_pipeline import records
+from input_pipeline import store
 from input_pipeline import testing
 from input_pipeline import text
 from input_pipeline import tokenizer as tokenizer_lib
@@ -39,14 +40,18 @@ def books(tmp_path):
 
 
 def _read_all(prepared_dir):
+  """(summary, [(token ids, sentence lengths)] of every document in corpus order)."""
   summary = prepare.load_summary(prepared_dir)
-  docs = {}
-  for shard, name in enumerate(summary["files"]):
-    for r, raw in enumerate(tf.data.TFRecordDataset(os.path.join(prepared_dir, name))):
-      ex = tf.train.Example.FromString(raw.numpy())
-      tokens = list(ex.features.feature["token_ids"].int64_list.value)
-      lengths = list(ex.features.feature["sentence_lengths"].int64_list.value)
-      docs[r * summary["num_shards"] + shard] = (tokens, lengths)
+  arrays = store.open_arrays(prepared_dir, summary)
+  tokens, sent_start = arrays["tokens"], arrays["sentence_starts"]
+  doc_start, docs, position = arrays["document_starts"], {}, 0
+  for shard, count in enumerate(summary["shard_documents"]):
+    for r in range(count):  # Shard after shard; record r of shard s is document r*S + s.
+      first, stop = doc_start[position], doc_start[position + 1]
+      docs[r * summary["num_shards"] + shard] = (
+          tokens[sent_start[first]:sent_start[stop]].tolist(),
+          np.diff(sent_start[first:stop + 1]).tolist())
+      position += 1
   return summary, [docs[i] for i in range(len(docs))]
 
 
@@ -75,6 +80,73 @@ def test_prepare_cli_end_to_end(books):
   for name in summary["files"]:
     assert open(os.path.join(out, name), "rb").read() == open(
         os.path.join(again, name), "rb").read()
+
+
+def _write_first_format(prepared_dir, out):
+  """The prepared corpus in the first format, as prepare wrote it before the arrays: one
+  TFRecord file of tf.train.Example documents per shard, summary.json without
+  format_version."""
+  summary, docs = _read_all(prepared_dir)
+  num_shards = summary["num_shards"]
+  names = [f"docs-{s:05d}-of-{num_shards:05d}.tfrecord" for s in range(num_shards)]
+  os.makedirs(out)
+  writers = [tf.io.TFRecordWriter(os.path.join(out, n)) for n in names]
+  for g, (tokens, lengths) in enumerate(docs):
+    writers[g % num_shards].write(records.encode_document(
+        np.split(np.array(tokens), np.cumsum(lengths)[:-1])))
+  for w in writers:
+    w.close()
+  old = {k: v for k, v in summary.items() if k not in ("format_version", "token_dtype")}
+  with open(os.path.join(out, prepare.SUMMARY_NAME), "w") as f:
+    json.dump(dict(old, files=names), f)
+  return out
+
+
+def test_first_format_is_refused_with_the_command_that_converts_it(tmp_path):
+  corpus = testing.make_tagged_corpus(str(tmp_path / "c"), num_docs=9, num_shards=3)
+  old = _write_first_format(corpus["prepared"], str(tmp_path / "old"))
+  cfg = pretrain.default_data_config()
+  cfg.prepared_dir, cfg.vocab_path = old, corpus["vocab"]
+  with pytest.raises(store.FormatError, match=r"first format \(TFRecord files\).*python -m "
+                     r"input_pipeline\.prepare --convert=.*old --output_dir=NEW_DIR"):
+    pretrain.PretrainIterator(cfg, batch_size=8, seed=0)
+  new = str(tmp_path / "new")
+  converted = prepare.main(["prepare", f"--convert={old}", f"--output_dir={new}"])
+  assert converted["format_version"] == store.FORMAT_VERSION
+  assert converted["shard_documents"] == corpus["summary"]["shard_documents"]
+  for name in store.FILES:  # The same arrays as prepared from the text.
+    assert open(os.path.join(new, name), "rb").read() == open(
+        os.path.join(corpus["prepared"], name), "rb").read(), name
+  assert not os.path.exists(os.path.join(new, store.SCRATCH))
+  batches = []
+  for prepared in (corpus["prepared"], new):
+    cfg.prepared_dir = prepared
+    it = pretrain.PretrainIterator(cfg, batch_size=8, seed=0, process_index=1,
+                                   process_count=2)
+    batches.append([next(it) for _ in range(3)])
+    it.close()
+  for a, b in zip(*batches):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])
+  with pytest.raises(ValueError, match="needs no conversion"):
+    prepare.convert_legacy(new, str(tmp_path / "again"))
+
+
+def test_prepared_arrays_are_memory_mapped_and_sized_to_the_vocabulary(books, tmp_path):
+  out = str(tmp_path / "p")
+  prepare.prepare_corpus(books["glob"], books["vocab"], out, num_shards=2, num_workers=1,
+                         progress=False)
+  corpus = pretrain.load_documents(out, nsp=False)
+  assert isinstance(corpus["tokens"], np.memmap) and corpus["tokens"].dtype == np.uint16
+  assert isinstance(corpus["sent_start"], np.memmap)
+  assert sorted(os.listdir(out)) == sorted([*store.FILES, prepare.SUMMARY_NAME])
+  assert store.token_dtype(65536) == np.uint16 and store.token_dtype(65537) == np.uint32
+  # A file cut short (or from another run) is named, not read as garbage.
+  tokens = os.path.join(out, store.TOKENS)
+  with open(tokens, "r+b") as f:
+    f.truncate(os.path.getsize(tokens) - 2)
+  with pytest.raises(ValueError, match=r"tokens\.npy is damaged or incomplete.*Run prepare"):
+    pretrain.load_documents(out, nsp=False)
 
 
 def test_prepare_errors(books, tmp_path):

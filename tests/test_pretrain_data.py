@@ -138,21 +138,33 @@ def test_truncated_lengths_match_original_loop():
 
 
 def test_pieces_cut_at_sentences_within_documents():
-  sent_len = np.array([5, 5, 5, 5, 5, 3, 9, 9])
+  sent_len = np.array([5, 5, 5, 5, 5, 3, 9, 9, 4, 30, 2, 2])
   sent_start = np.concatenate([[0], np.cumsum(sent_len)])
-  doc_sent = np.array([0, 5, 8])
-  piece_sent, piece_doc = inst_lib.pieces(sent_start, doc_sent, 10)
-  np.testing.assert_array_equal(piece_sent, [0, 2, 4, 5, 7, 8])
-  np.testing.assert_array_equal(piece_doc, [0, 0, 0, 1, 1])
-  whole, _ = inst_lib.pieces(sent_start, doc_sent, 0)
-  np.testing.assert_array_equal(whole, [0, 5, 8])
+  doc_first, doc_stop = np.array([0, 5]), np.array([5, 8])
+  first, stop, doc = inst_lib.pieces(sent_start, doc_first, doc_stop, 10)
+  np.testing.assert_array_equal(first, [0, 2, 4, 5, 7])
+  np.testing.assert_array_equal(stop, [2, 4, 5, 7, 8])
+  np.testing.assert_array_equal(doc, [0, 0, 0, 1, 1])
+  whole = inst_lib.pieces(sent_start, doc_first, doc_stop, 0)
+  np.testing.assert_array_equal(whole, [[0, 5], [5, 8], [0, 1]])
+  # A host's documents need not be adjacent (doc [8, 10) belongs to another host).
+  first, stop, doc = inst_lib.pieces(sent_start, np.array([0, 10]), np.array([5, 12]), 10)
+  np.testing.assert_array_equal(first, [0, 2, 4, 10])
+  np.testing.assert_array_equal(stop, [2, 4, 5, 12])
+  np.testing.assert_array_equal(doc, [0, 0, 0, 1])
+  # Sentences at offsets 0, 4, 34, 36: the 30-token one spans 10, 20 and 30, and the
+  # next sentence begins the one piece after it (no empty pieces).
+  first, stop, doc = inst_lib.pieces(sent_start, np.array([8]), np.array([12]), 10)
+  np.testing.assert_array_equal(first, [8, 10])
+  np.testing.assert_array_equal(stop, [10, 12])
 
 
 def test_instances_follow_bert_algorithm(tagged):
   corpus = pretrain.load_documents(tagged["prepared"], eval_fraction=0.0, doc_piece_tokens=0)
   tokens, sent_start = corpus["tokens"], corpus["sent_start"]
-  token_doc = np.searchsorted(corpus["sent_start"][corpus["doc_sent"]], np.arange(len(tokens)),
-                              side="right") - 1
+  token_doc = np.full(len(tokens), -1)  # The host document of each token of the corpus.
+  for d, (first, stop) in enumerate(zip(corpus["doc_first"], corpus["doc_stop"])):
+    token_doc[sent_start[first]:sent_start[stop]] = d
   inst = inst_lib.make_instances(corpus, np.arange(len(corpus["piece_doc"])), random.Random(0),
                                  max_seq_length=64, short_seq_prob=0.1, nsp=True)
   starts = set(sent_start.tolist())
@@ -173,7 +185,7 @@ def test_instances_follow_bert_algorithm(tagged):
     covered[a0:a0 + al] = True
     if label == 0:
       covered[b0:b0 + bl] = True
-  assert covered.all()
+  assert covered[token_doc >= 0].all() and not covered[token_doc < 0].any()
   truncated = inst_lib.truncate(inst, np.random.default_rng(0), 61)
   assert (truncated["a_len"] + truncated["b_len"] <= 61).all()
   assert (truncated["a_start"] >= inst["a_start"]).all()
