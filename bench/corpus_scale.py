@@ -13,9 +13,10 @@ files of tf.train.Example documents, as its prepare wrote them) and read by its 
 Each measurement is a fresh child process pinned to one core: it imports the pipeline,
 then times PretrainIterator(...) (construction) and its first batch (start-up = both),
 then reads batches for --seconds (examples/s), L=128, P=20, batch 256. Peak RSS is the
-child's ru_maxrss after those batches, minus nothing (the imports' baseline is in the
-1x row); RssAnon / RssFile split it into private memory and mapped file pages (which the
-kernel may drop at any time). Results are printed and appended to bench/RESULTS.md unless
+child's ru_maxrss after those batches (the imports' baseline, about 0.9 GB with
+TensorFlow, is in every row); RssAnon / RssFile split the final RSS into private memory
+and mapped file pages (which the kernel may drop at any time). The loaders alternate for
+--rounds rounds and each figure is the median. Results are printed and appended to bench/RESULTS.md unless
 --no_record.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import glob
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,8 @@ def _flag_values() -> flags.FlagValues:
                       flag_values=fv)
   flags.DEFINE_list("scales", ["1", "4", "16"], "Replication factors.", flag_values=fv)
   flags.DEFINE_float("seconds", 10.0, "Reading time per measurement.", flag_values=fv)
+  flags.DEFINE_integer("rounds", 3, "Alternating rounds per corpus (medians reported).",
+                       flag_values=fv)
   flags.DEFINE_string("workdir", os.path.join(tempfile.gettempdir(), "bert_jax_bench_scale"),
                       "Where the vocabulary and corpora are built (reused).", flag_values=fv)
   flags.DEFINE_boolean("record", True, "Append the table to bench/RESULTS.md.",
@@ -194,9 +198,14 @@ def main(argv: list[str]) -> list[dict]:
       old_dir = os.path.join(fv.workdir, f"x{scale}_tfrecord")
       write_first_format(summary, new_dir, old_dir, scale)
       loaders.append((fv.other_label, fv.other, old_dir))
-    for label, checkout, prepared in loaders:
-      result = measure(checkout, prepared, base["vocab"], fv.seconds)
-      rows.append(dict(result, loader=label, scale=scale, tokens=summary["tokens"],
+    runs = {label: [] for label, _, _ in loaders}
+    for _ in range(fv.rounds):  # Alternating: a noisy spell hits both loaders alike.
+      for label, checkout, prepared in loaders:
+        runs[label].append(measure(checkout, prepared, base["vocab"], fv.seconds))
+        print(f"  {label} {scale}x: {json.dumps(runs[label][-1])}", flush=True)
+    for label, results in runs.items():
+      median = {k: statistics.median(r[k] for r in results) for k in results[0]}
+      rows.append(dict(median, loader=label, scale=scale, tokens=summary["tokens"],
                        text_mb=summary["input_bytes"] / 1e6))
       print(table(rows[-1:]).splitlines()[-1], flush=True)
   result = table(rows)
