@@ -29,7 +29,7 @@ class BertForSequenceClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
                position_ids=None, packed_example_ids=None, cls_positions=None):
-    _, pooled = BertModel(self.config, name="bert")(
+    _, pooled = BertModel(self.config, pooled_only=True, name="bert")(
         input_ids, segment_ids, input_mask, deterministic, position_ids=position_ids,
         packed_example_ids=packed_example_ids, cls_positions=cls_positions)  # [B, D] or [B, E, D]
     pooled = nn.Dropout(self.config.hidden_dropout_rate)(pooled, deterministic=deterministic)
@@ -68,7 +68,7 @@ class BertForMultipleChoice(nn.Module):
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
     batch, choices, length = input_ids.shape
     flat = lambda x: x.reshape(batch * choices, length)
-    _, pooled_ND = BertModel(self.config, name="bert")(
+    _, pooled_ND = BertModel(self.config, pooled_only=True, name="bert")(
         flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
     pooled_ND = nn.Dropout(self.config.hidden_dropout_rate)(pooled_ND, deterministic=deterministic)
     scores_N1 = _dense(self.config, 1, ("embed", None), "classifier")(pooled_ND)

@@ -164,6 +164,16 @@ def _dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str) -> 
                   name=name)
 
 
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """Some rows of a larger array: entry e of `axis` is row `positions[b, e]` (of
+  `length`) in batch element b. The last layer of a pooled-only encoder computes
+  only the [CLS] rows; its dropout masks are the full array's at those rows."""
+  axis: int
+  positions: jax.Array  # [B, E] int
+  length: int
+
+
 def _fmix32(h: jax.Array) -> jax.Array:
   """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
   h = h ^ (h >> 16)
@@ -173,7 +183,12 @@ def _fmix32(h: jax.Array) -> jax.Array:
   return h ^ (h >> 16)
 
 
-def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def _expand_rows(positions_BE: jax.Array, ndim: int, axis: int) -> jax.Array:
+  """[B, E] row indices -> rank `ndim`, batch on dim 0 and the rows on `axis`."""
+  return jnp.expand_dims(positions_BE, tuple(d for d in range(1, ndim) if d != axis))
+
+
+def hash_bits(key: jax.Array, shape: tuple[int, ...], rows: Rows | None = None) -> jax.Array:
   """Uniform uint32 bits of `shape`: fmix32(fmix32(index ^ k0) + k1) over the
   element's row-major index, keyed by 64 threefry bits of `key`.
 
@@ -182,15 +197,25 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
   element against ~11 ns for `jax.random.bernoulli`. Good enough for dropout
   masks, not for anything that needs cryptographic independence. Elementwise in
   a global iota, so the bits do not depend on how the array is sharded.
+
+  With `rows`, `shape` holds only some rows of a larger array (see `Rows`) and
+  the bits are that array's at those rows: the same as slicing the full draw.
   """
-  if math.prod(shape) >= 2 ** 32:
-    raise ValueError(f"hash_bits counts elements in uint32; {shape} has too many.")
+  full = list(shape)
+  if rows is not None:
+    full[rows.axis] = rows.length
+  if math.prod(full) >= 2 ** 32:
+    raise ValueError(f"hash_bits counts elements in uint32; {tuple(full)} has too many.")
   k = jax.random.bits(key, (2,), jnp.uint32)
   index = jnp.zeros(shape, jnp.uint32)
   stride = 1
   for d in reversed(range(len(shape))):
-    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(stride)
-    stride *= shape[d]
+    if rows is not None and d == rows.axis:
+      i = jnp.broadcast_to(_expand_rows(rows.positions, len(shape), d), shape).astype(jnp.uint32)
+    else:
+      i = jax.lax.broadcasted_iota(jnp.uint32, shape, d)
+    index = index + i * jnp.uint32(stride)
+    stride *= full[d]
   return _fmix32(_fmix32(index ^ k[0]) + k[1])
 
 
@@ -198,13 +223,15 @@ class Dropout(nn.Module):
   """Inverted dropout (drop with probability `rate`, scale the rest by 1/(1-rate)).
 
   `rng="threefry"` is flax's nn.Dropout (jax.random.bernoulli); `rng="hash"`
-  draws the keep mask from `hash_bits` (keep where bits >= rate * 2^32).
+  draws the keep mask from `hash_bits` (keep where bits >= rate * 2^32). With
+  `rows` (x holds only those rows of a larger array), the mask is the larger
+  array's at those rows, so computing fewer rows never changes the result.
   """
   rate: float
   rng: str = "hash"
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, deterministic: bool, rows: Rows | None = None) -> jax.Array:
     if deterministic or self.rate == 0.0:
       return x
     if self.rate >= 1.0:
@@ -212,9 +239,14 @@ class Dropout(nn.Module):
     key = self.make_rng("dropout")
     keep_prob = 1.0 - self.rate
     if self.rng == "threefry":
-      keep = jax.random.bernoulli(key, keep_prob, x.shape)
+      if rows is None:
+        keep = jax.random.bernoulli(key, keep_prob, x.shape)
+      else:
+        full = x.shape[:rows.axis] + (rows.length,) + x.shape[rows.axis + 1:]
+        keep = jnp.take_along_axis(jax.random.bernoulli(key, keep_prob, full),
+                                   _expand_rows(rows.positions, x.ndim, rows.axis), rows.axis)
       return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))
-    keep = hash_bits(key, x.shape) >= jnp.uint32(min(round(self.rate * 2 ** 32), 2 ** 32 - 1))
+    keep = hash_bits(key, x.shape, rows) >= jnp.uint32(min(round(self.rate * 2 ** 32), 2 ** 32 - 1))
     return jax.lax.select(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros_like(x))
 
 
@@ -278,18 +310,31 @@ class _Projection(nn.Module):
     return jax.lax.dot_general(x, kernel, dims) + bias
 
 
+def _rows(x: jax.Array, positions_BE: jax.Array | None, axis: int) -> jax.Array:
+  """The rows `positions_BE` of x along `axis` (x itself when None)."""
+  if positions_BE is None:
+    return x
+  return jnp.take_along_axis(x, _expand_rows(positions_BE, x.ndim, axis).astype(jnp.int32), axis)
+
+
 class SelfAttention(nn.Module):
-  """Bidirectional multi-head self-attention with an additive padding bias."""
+  """Bidirectional multi-head self-attention with an additive padding bias.
+
+  With `query_positions_BE`, only those queries are computed (keys and values stay
+  the whole sequence): the output is [B, E, D], the rows of the full output there.
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BLD, bias_B11M, deterministic):
+  def __call__(self, x_BLD, bias_B11M, deterministic, query_positions_BE=None):
     cfg = self.config
     proj = functools.partial(_Projection, cfg, (cfg.num_heads, cfg.head_dim),
                              ("embed", "heads", "kv"))
-    q_BLHK = proj(name="query")(x_BLD)
+    q_BLHK = proj(name="query")(_rows(x_BLD, query_positions_BE, 1))
     k_BMHK = proj(name="key")(x_BLD)
     v_BMHK = proj(name="value")(x_BLD)
+    if bias_B11M.shape[2] > 1:  # packed rows: a bias per query
+      bias_B11M = _rows(bias_B11M, query_positions_BE, 2)
     q_BLHK = nn.with_logical_constraint(
         q_BLHK, ("activation_batch", "activation_length", "activation_heads", "activation_kv"))
     if deterministic or cfg.attention_dropout_rate == 0.0:
@@ -302,30 +347,41 @@ class SelfAttention(nn.Module):
       scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
       scores_BHLM = scores_BHLM.astype(jnp.float32) + bias_B11M.astype(jnp.float32)
       probs_BHLM = jax.nn.softmax(scores_BHLM, axis=-1).astype(cfg.dtype)
-      probs_BHLM = Dropout(cfg.attention_dropout_rate, cfg.dropout_rng)(probs_BHLM, deterministic=False)
+      rows = None if query_positions_BE is None else Rows(2, query_positions_BE, x_BLD.shape[1])
+      probs_BHLM = Dropout(cfg.attention_dropout_rate, cfg.dropout_rng)(
+          probs_BHLM, deterministic=False, rows=rows)
       ctx_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
     return _Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
                        name="output")(ctx_BLHK)
 
 
 class EncoderLayer(nn.Module):
-  """Post-LN Transformer layer: attention and FFN, each dropout -> residual -> LN."""
+  """Post-LN Transformer layer: attention and FFN, each dropout -> residual -> LN.
+
+  With `query_positions_BE` [B, E] the layer computes only those rows of its output
+  ([B, E, D]; attention still reads the whole sequence): what a classifier on the
+  last layer's [CLS] needs, at a fraction of the cost. Same values as the rows of
+  the full output, dropout masks included.
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BLD, bias_B11M, deterministic: bool):
+  def __call__(self, x_BLD, bias_B11M, deterministic: bool, query_positions_BE=None):
     cfg = self.config
     x_BLD = nn.with_logical_constraint(
         x_BLD, ("activation_batch", "activation_length", "activation_embed"))
-    h_BLD = SelfAttention(cfg, name="attention")(x_BLD, bias_B11M, deterministic)
-    h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic)
-    x_BLD = _layer_norm(cfg, "attention_LayerNorm")(x_BLD + h_BLD)
+    rows = None if query_positions_BE is None else Rows(1, query_positions_BE, x_BLD.shape[1])
+    h_BLD = SelfAttention(cfg, name="attention")(x_BLD, bias_B11M, deterministic, query_positions_BE)
+    h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic,
+                                                              rows=rows)
+    x_BLD = _layer_norm(cfg, "attention_LayerNorm")(_rows(x_BLD, query_positions_BE, 1) + h_BLD)
     h_BLF = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BLD)
     h_BLF = ACTIVATIONS[cfg.hidden_act](h_BLF)
     h_BLF = nn.with_logical_constraint(
         h_BLF, ("activation_batch", "activation_length", "activation_mlp"))
     h_BLD = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BLF)
-    h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic)
+    h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic,
+                                                              rows=rows)
     return _layer_norm(cfg, "output_LayerNorm")(x_BLD + h_BLD)
 
 
@@ -337,11 +393,15 @@ class _ScannedLayer(EncoderLayer):
 
 
 class Encoder(nn.Module):
-  """`num_layers` layers, unrolled (`layer_{i}`) or under nn.scan (`layers`)."""
+  """`num_layers` layers, unrolled (`layer_{i}`) or under nn.scan (`layers`).
+
+  With `last_positions_BE`, the output is only those rows of the last layer's output
+  ([B, E, D]); unrolled, the last layer computes no other rows.
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BLD, bias_B11M, deterministic: bool):
+  def __call__(self, x_BLD, bias_B11M, deterministic: bool, last_positions_BE=None):
     cfg = self.config
     policy = REMAT_POLICIES[cfg.remat]
     if cfg.scan_layers:
@@ -353,12 +413,14 @@ class Encoder(nn.Module):
           in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
       x_BLD, _ = scanned(cfg, name="layers")(x_BLD, bias_B11M, deterministic)
-      return x_BLD
+      return _rows(x_BLD, last_positions_BE, 1)  # every layer runs on every row here
     layer_cls = EncoderLayer
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
     for i in range(cfg.num_layers):
-      x_BLD = layer_cls(cfg, name=f"layer_{i}")(x_BLD, bias_B11M, deterministic)
+      last = i == cfg.num_layers - 1
+      x_BLD = layer_cls(cfg, name=f"layer_{i}")(x_BLD, bias_B11M, deterministic,
+                                                  last_positions_BE if last else None)
     return x_BLD
 
 
@@ -366,10 +428,15 @@ class BertModel(nn.Module):
   """The BERT encoder: returns (sequence_output [B, L, D], pooled_output [B, D]).
 
   `add_pooler=False` leaves out the pooler (as HuggingFace's BertForMaskedLM does); the
-  pooled output is then None.
+  pooled output is then None. `pooled_only=True` is for heads that read the pooled
+  output alone (sequence classification, multiple choice): the last layer then computes
+  only the [CLS] rows (all-MiniLM-L6 at L=64: 14% fewer FLOPs per train step; unrolled
+  layers only, scan_layers computes every row) and the sequence output is None. The
+  pooled output is the same as without it, dropout masks included.
   """
   config: BertConfig
   add_pooler: bool = True
+  pooled_only: bool = False
 
   def setup(self):
     cfg = self.config
@@ -402,6 +469,11 @@ class BertModel(nn.Module):
       bias = attention_bias(input_mask, cfg.dtype)
     else:
       bias = packed_attention_bias(packed_example_ids, cfg.dtype)
+    if self.pooled_only and self.add_pooler:
+      cls_BE = jnp.zeros((batch, 1), jnp.int32) if cls_positions is None else cls_positions
+      cls_BED = self.encoder(x_BLD, bias, deterministic, last_positions_BE=cls_BE)
+      cls_BD = cls_BED[:, 0] if cls_positions is None else cls_BED
+      return None, jnp.tanh(self.pooler(cls_BD))
     x_BLD = self.encoder(x_BLD, bias, deterministic)
     if not self.add_pooler:
       return x_BLD, None

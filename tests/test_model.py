@@ -153,3 +153,60 @@ def test_pretraining_loss_is_weighted_mean_of_cross_entropies():
   np.testing.assert_allclose(loss, -np.log(0.7) - np.log(0.75), rtol=1e-6)
   assert float(m["mlm_weight"]) == 1.0 and float(m["mlm_correct_sum"]) == 1.0
   assert float(m["nsp_correct_sum"]) == 1.0 and float(m["num_examples"]) == 1.0
+
+
+@pytest.mark.parametrize("dropout_rng", model_lib.DROPOUT_RNGS)
+@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_pooled_only_gives_the_pooled_output_of_the_full_encoder(dropout_rng, remat, deterministic):
+  """pooled_only computes the last layer at [CLS] alone: same pooled output (and dropout
+  masks) as the full encoder, gradients included."""
+  cfg = SMALL.replace(dropout_rng=dropout_rng, remat=remat, hidden_dropout_rate=0.3,
+                      attention_dropout_rate=0.3)
+  batch = _batch(4, batch=4)
+  args = [batch[k] for k in ("input_ids", "segment_ids", "input_mask")]
+  full, fast = model_lib.BertModel(cfg), model_lib.BertModel(cfg, pooled_only=True)
+  params = _init(full, batch)["params"]
+
+  def pooled(module, p):
+    return module.apply({"params": p}, *args, deterministic,
+                        rngs={"dropout": jax.random.key(7)})[1]
+  seq, want = full.apply({"params": params}, *args, deterministic, rngs={"dropout": jax.random.key(7)})
+  assert seq is not None
+  none, got = fast.apply({"params": params}, *args, deterministic, rngs={"dropout": jax.random.key(7)})
+  assert none is None and got.shape == want.shape
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  g_full = jax.grad(lambda p: pooled(full, p).sum())(params)
+  g_fast = jax.grad(lambda p: pooled(fast, p).sum())(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_fast, g_full)
+  if not deterministic:  # dropout is on (not a no-op) in the last layer
+    other = fast.apply({"params": params}, *args, False, rngs={"dropout": jax.random.key(8)})[1]
+    assert np.abs(np.asarray(other) - np.asarray(got)).max() > 1e-3
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_pooled_only_on_packed_rows(deterministic):
+  """Packed rows: the last layer computes each example's [CLS] row alone, with the same
+  values as the full encoder gathered at cls_positions."""
+  ids = jnp.asarray(np.random.default_rng(0).integers(5, 97, (2, 12)), jnp.int32)
+  example_ids = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3, [1] * 7 + [2] * 3 + [3] * 2], jnp.int32)
+  positions = jnp.asarray([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 0], list(range(7)) + [0, 1, 2, 0, 1]],
+                          jnp.int32)
+  cls = jnp.asarray([[0, 5, 0], [0, 7, 10]], jnp.int32)
+  kw = dict(position_ids=positions, packed_example_ids=example_ids, cls_positions=cls)
+  cfg = SMALL.replace(hidden_dropout_rate=0.3, attention_dropout_rate=0.3)
+  full, fast = model_lib.BertModel(cfg), model_lib.BertModel(cfg, pooled_only=True)
+  v = nn.unbox(full.init(jax.random.key(0), ids))
+  rngs = {"dropout": jax.random.key(3)}
+  want = full.apply(v, ids, jnp.zeros_like(ids), example_ids > 0, deterministic, rngs=rngs, **kw)[1]
+  got = fast.apply(v, ids, jnp.zeros_like(ids), example_ids > 0, deterministic, rngs=rngs, **kw)[1]
+  assert got.shape == (2, 3, 32)
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_hash_bits_of_rows_are_the_rows_of_the_full_draw():
+  key = jax.random.key(5)
+  full = np.asarray(model_lib.hash_bits(key, (3, 7, 5)))
+  pos = jnp.asarray([[0, 4], [6, 6], [2, 0]], jnp.int32)
+  rows = model_lib.hash_bits(key, (3, 2, 5), model_lib.Rows(1, pos, 7))
+  np.testing.assert_array_equal(rows, np.take_along_axis(full, np.asarray(pos)[:, :, None], 1))
