@@ -1,0 +1,36 @@
+"""bench/finetune_step.py: its batch accounting (fast) and, under -m slow, the whole bench in
+its --smoke settings (both jobs and transformers run; no timing asserted)."""
+import pathlib
+
+import pytest
+
+from bench import finetune_step
+
+
+def _vocab(tmp_path: pathlib.Path, cola: str) -> str:
+  words = sorted({w.strip(".") for l in open(f"{cola}/in_domain_train.tsv") for w in l.split("\t")[-1].split()})
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + words) + "\n")
+  return str(tmp_path / "vocab.txt")
+
+
+def test_examples_counted_over_the_timed_steps(tmp_path):
+  cola = finetune_step._smoke_cola(tmp_path)
+  feats = finetune_step._features(_vocab(tmp_path, cola), cola, 16)
+  assert len(feats["input_ids"]) == 200
+  assert finetune_step.examples_in_steps(feats, 8, 16, 2, 6, packed=False) == 4 * 8
+  packed = finetune_step.examples_in_steps(feats, 8, 16, 2, 6, packed=True)
+  assert 4 * 8 < packed <= 4 * 8 * 8  # several short examples a row, at most 8
+
+
+def test_machine_names_the_cpu():
+  assert "cores" in finetune_step.machine() or finetune_step.machine() == "lscpu unavailable"
+
+
+@pytest.mark.slow
+def test_finetune_step_smoke():
+  out = finetune_step.main(["--smoke", "--no_record"])
+  rows = {r["impl"]: r for r in out["rows"]}
+  assert list(rows) == ["bert_jax", "transformers (PyTorch)", "bert_jax packing=True"]
+  assert all(r["s_per_step"] > 0 and r["examples_per_s"] > 0 for r in rows.values())
+  assert rows["transformers (PyTorch)"]["ratio"] == 1.0
+  assert "| bert_jax packing=True |" in out["table"]
