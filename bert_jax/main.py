@@ -69,6 +69,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
   metrics.quiet_library_logs()
+  # XLA:CPU executes on this thread, so its step memory can be reused (trainer.reuse_host_memory).
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
   # TF is only used for data and summaries: keep it off the accelerators.
   tf.config.experimental.set_visible_devices([], "GPU")
   if _MULTIHOST.value or _NUM_PROCESSES.value > 1:
