@@ -62,14 +62,13 @@ def host_documents(shard_documents: list[int], split: str, n_eval: int,
 def load_documents(prepared_dir: str, *, split: str = "train", eval_fraction: float = 0.01,
                    nsp: bool = True, process_index: int = 0, process_count: int = 1,
                    doc_piece_tokens: int = 8192, cache_dir: str | None = None) -> dict:
-  """This host's documents of a split (see module doc). `cache_dir`: where a gs:// corpus
-  is copied to be memory-mapped (store.py)."""
+  """This host's documents of a split (see module doc). `cache_dir`: where the parts of a
+  gs:// corpus that this host reads are copied to be memory-mapped (store.py)."""
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
   summary = prepare.load_summary(prepared_dir)
-  arrays = store.open_arrays(prepared_dir, summary, cache_dir)
   num_docs, num_shards = summary["documents"], summary["num_shards"]
   n_eval = eval_document_count(num_docs, eval_fraction, nsp)
   positions, doc_ids = host_documents(summary["shard_documents"], split, n_eval,
@@ -78,6 +77,7 @@ def load_documents(prepared_dir: str, *, split: str = "train", eval_fraction: fl
     raise ValueError(
         f"Host {process_index}/{process_count} has no {split} documents in {prepared_dir} "
         f"({num_docs} documents in {num_shards} shards); prepare more shards.")
+  arrays = store.open_arrays(prepared_dir, summary, cache_dir, positions)
   doc_starts = arrays["document_starts"]
   corpus = {
       "tokens": arrays["tokens"], "sent_start": arrays["sentence_starts"],

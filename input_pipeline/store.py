@@ -10,10 +10,13 @@ g % num_shards, as its record g // num_shards) and stored shard after shard, so 
 unit dealt to hosts, is one contiguous range of each array (summary["shard_documents"]).
 
 Reading costs no time and no memory up front: the arrays are opened with
-np.load(mmap_mode="r"), so a host pages in only the documents it reads. np.memmap needs a
-local file: a gs:// corpus is first copied to a local cache directory (once per machine,
-reused while the summary's "created" stamp and the file sizes match), or mount the bucket
-(gcsfuse) and give the mounted path.
+np.load(mmap_mode="r"), so a host pages in only the documents it reads. A memory map needs
+a local file: of a gs:// corpus, a host copies the byte ranges of its own documents (its
+shards, and the held-out documents) into sparse files of a local cache directory
+($BERT_JAX_CORPUS_CACHE, default /tmp/bert_jax_corpus_cache), once per machine and reused
+while the summary's "created" stamp and the file sizes match; the copy is local, so the
+cache uses the local file system directly (a lock file, sparse files, a rename). Or mount
+the bucket (gcsfuse) and give the mounted path.
 
 Writing streams (ShardWriter): each shard's arrays grow in scratch files in the output
 directory; `finish` concatenates them into the final .npy files (header first, then the
@@ -41,6 +44,7 @@ FILES = (TOKENS, SENTENCES, DOCUMENTS)
 SCRATCH = "scratch"
 _CHUNK = 1 << 22  # Elements per streamed copy.
 _CACHE_ENV = "BERT_JAX_CORPUS_CACHE"
+_GAP = 1 << 20  # Bytes: ranges of a remote file closer than this are copied as one.
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -165,41 +169,134 @@ def _cache_root(cache_dir: str | None) -> str:
       tempfile.gettempdir(), "bert_jax_corpus_cache")
 
 
-def _local_copy(prepared_dir: str, summary: dict, cache_dir: str | None) -> str:
-  """A local directory holding the arrays of a remote prepared corpus (copied once).
+def _merge(ranges, gap: int = 0) -> list[list[int]]:
+  """Sorted [start, stop) ranges joined where they overlap or lie within `gap`."""
+  out = []
+  for a, b in sorted((int(a), int(b)) for a, b in ranges if b > a):
+    if out and a <= out[-1][1] + gap:
+      out[-1][1] = max(out[-1][1], b)
+    else:
+      out.append([a, b])
+  return out
 
-  The cache key is the directory, its summary's creation stamp and the file sizes, so a
-  corpus prepared again is copied again. Each file is copied to a temporary name and
-  renamed (atomic on a local disk), so processes sharing a machine never read a partial
-  copy.
+
+def _subtract(ranges, done) -> list[list[int]]:
+  out = []
+  for a, b in ranges:
+    for c, d in done:
+      if d <= a or c >= b:
+        continue
+      if c > a:
+        out.append([a, c])
+      a = max(a, d)
+    if a < b:
+      out.append([a, b])
+  return out
+
+
+class _LocalCopy:
+  """A local copy of a remote prepared corpus, filled range by range (module doc).
+
+  Each array is a sparse local file of the remote file's size; `fetch` copies the byte
+  ranges a host reads (and the .npy header), and NAME.ranges.json records what is
+  there, so a second loader on the machine (the eval split, another process) copies
+  only what is missing. A lock file serializes the processes of one machine.
   """
-  remote = fileio.path(prepared_dir)
-  sizes = {name: (remote / name).stat().length for name in FILES}
-  key = hashlib.sha256(json.dumps([prepared_dir.rstrip("/"), summary.get("created"), sizes],
-                                  sort_keys=True).encode()).hexdigest()[:16]
-  local = os.path.join(_cache_root(cache_dir), key)
-  os.makedirs(local, exist_ok=True)
-  for name, size in sizes.items():
-    target = os.path.join(local, name)
-    if os.path.exists(target) and os.path.getsize(target) == size:
-      continue
-    fd, tmp = tempfile.mkstemp(dir=local, prefix=name + ".")
-    try:
-      with os.fdopen(fd, "wb") as out, (remote / name).open("rb") as src:
-        while chunk := src.read(64 << 20):
-          out.write(chunk)
-      os.replace(tmp, target)
-    finally:
-      if os.path.exists(tmp):
-        os.remove(tmp)
-  return local
+
+  def __init__(self, prepared_dir: str, summary: dict, cache_dir: str | None):
+    self.remote = fileio.path(prepared_dir)
+    self.sizes = {name: (self.remote / name).stat().length for name in FILES}
+    key = hashlib.sha256(json.dumps([prepared_dir.rstrip("/"), summary.get("created"),
+                                     self.sizes], sort_keys=True).encode()).hexdigest()[:16]
+    self.dir = os.path.join(_cache_root(cache_dir), key)
+    os.makedirs(self.dir, exist_ok=True)
+    self.offsets = {}
+
+  def path(self, name: str) -> str:
+    return os.path.join(self.dir, name)
+
+  def _offset(self, name: str, src) -> tuple[int, np.dtype]:
+    """(data offset, dtype) of a remote .npy file, from its header."""
+    if name not in self.offsets:
+      src.seek(0)
+      header = io.BytesIO(src.read(4096))
+      np.lib.format.read_magic(header)
+      _, _, dtype = np.lib.format.read_array_header_1_0(header)
+      self.offsets[name] = (header.tell(), dtype)
+    return self.offsets[name]
+
+  def fetch(self, name: str, element_ranges=None) -> None:
+    """Copies the header and the given element ranges (None: all) of array `name`."""
+    import fcntl  # pylint: disable=g-import-not-at-top  (POSIX; the cache is local)
+    local, record = self.path(name), self.path(name + ".ranges.json")
+    with open(os.path.join(self.dir, "LOCK"), "a") as lock, (self.remote / name).open(
+        "rb") as src:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      offset, dtype = self._offset(name, src)
+      size = self.sizes[name]
+      if element_ranges is None:
+        wanted = [[0, size]]
+      else:
+        wanted = _merge([[0, offset]] + [
+            [offset + a * dtype.itemsize, offset + b * dtype.itemsize]
+            for a, b in element_ranges], gap=_GAP)
+      done = json.load(open(record)) if os.path.exists(record) else []
+      todo = _subtract(wanted, done)
+      if not todo:
+        return
+      if not os.path.exists(local):
+        with open(local, "wb") as f:
+          f.truncate(size)  # Sparse: unfetched ranges take no disk.
+      with open(local, "r+b") as dst:
+        for a, b in todo:
+          src.seek(a)
+          dst.seek(a)
+          while a < b:
+            chunk = src.read(min(64 << 20, b - a))
+            if not chunk:
+              raise ValueError(f"{self.remote / name} ends at byte {a:,}, before its "
+                               f"size {size:,}: it changed while being copied.")
+            dst.write(chunk)
+            a += len(chunk)
+        dst.flush()
+        os.fsync(dst.fileno())
+      tmp = record + ".tmp"
+      with open(tmp, "w") as f:
+        json.dump(_merge(done + todo), f)
+      os.replace(tmp, record)
 
 
-def open_arrays(prepared_dir: str, summary: dict, cache_dir: str | None = None) -> dict:
-  """{"tokens", "sentence_starts", "document_starts"}: read-only views of memory maps."""
+def _fetch_documents(copy: _LocalCopy, positions) -> None:
+  """Copies what the documents at `positions` (None: all) need of each array."""
+  copy.fetch(DOCUMENTS)
+  if positions is None:
+    copy.fetch(SENTENCES)
+    copy.fetch(TOKENS)
+    return
+  doc_starts = np.load(copy.path(DOCUMENTS), mmap_mode="r")
+  positions = np.asarray(positions, np.int64)
+  breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+  runs = [(int(p[0]), int(p[-1]) + 1) for p in np.split(positions, breaks) if len(p)]
+  sentences = [(int(doc_starts[a]), int(doc_starts[b])) for a, b in runs]
+  copy.fetch(SENTENCES, [(a, b + 1) for a, b in sentences])
+  sent_start = np.load(copy.path(SENTENCES), mmap_mode="r")
+  copy.fetch(TOKENS, [(int(sent_start[a]), int(sent_start[b])) for a, b in sentences])
+
+
+def open_arrays(prepared_dir: str, summary: dict, cache_dir: str | None = None,
+                positions=None) -> dict:
+  """{"tokens", "sentence_starts", "document_starts"}: read-only views of memory maps.
+
+  A remote corpus is copied to the local cache first: of tokens and sentence_starts only
+  what the documents at `positions` (in the stored order; None: all) need. The other
+  ranges of those arrays read as zeros, so read only those documents.
+  """
   check_format(prepared_dir, summary)
-  local = _local_copy(prepared_dir, summary, cache_dir) if fileio.is_remote(
-      prepared_dir) else prepared_dir
+  local = prepared_dir
+  if fileio.is_remote(prepared_dir):
+    copy = _LocalCopy(prepared_dir, summary, cache_dir)
+    _fetch_documents(copy, positions)
+    local = copy.dir
   out = {}
   for key, name in zip(("tokens", "sentence_starts", "document_starts"), FILES):
     path = fileio.path(local) / name

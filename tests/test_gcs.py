@@ -204,3 +204,52 @@ def test_kill_9_and_sigterm_on_gs_resume_exactly(gcs, pretrained, tmp_path):  # 
   resumed = _run(gcs, tu.main_args(preempted, **{**settings, "num_train_steps": steps[0] + 2}))
   assert f"Resumed from {preempted}/checkpoints/{steps[0]}" in resumed.stderr
   _no_local_gs_dir()
+
+
+_HOST_COPY = r"""
+import json, os, sys
+import numpy as np
+from input_pipeline import pretrain, store
+store._GAP = 0  # Copy exactly the ranges read (the default joins ranges 1 MiB apart).
+remote, local, vocab, host = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+cfg = pretrain.default_data_config()
+cfg.vocab_path, cfg.max_seq_length, cfg.max_predictions_per_seq = vocab, 64, 10
+equal = []
+for split in ("train", "eval"):
+  batches = []
+  for prepared in (remote, local):
+    cfg.prepared_dir = prepared
+    it = pretrain.PretrainIterator(cfg, batch_size=8, seed=0, process_index=host,
+                                   process_count=2, split=split)
+    batches.append([next(it) for _ in range(4)])
+    it.close()
+  equal.append(all(np.array_equal(a[k], b[k]) for a, b in zip(*batches) for k in a))
+cache = os.environ["BERT_JAX_CORPUS_CACHE"]
+(entry,) = os.listdir(cache)
+copied = {n: sum(b - a for a, b in json.load(open(os.path.join(cache, entry, n + ".ranges.json"))))
+          for n in store.FILES}
+print(json.dumps({"equal": equal, "copied": copied}))
+"""
+
+
+def test_gs_corpus_host_copies_only_its_documents(gcs, tmp_path):  # noqa: F811
+  """A gs:// prepared corpus: each host (its own machine: its own cache) copies the byte
+  ranges of its documents, and its batches equal those read from a local copy."""
+  from input_pipeline import store  # pylint: disable=g-import-not-at-top
+  from input_pipeline import testing  # pylint: disable=g-import-not-at-top
+  corpus = testing.make_tagged_corpus(str(tmp_path / "c"), num_docs=16, num_shards=4)
+  remote = gcs.fresh_prefix() + "/prepared"
+  for name in (*store.FILES, "summary.json"):
+    gcs.write_object(f"{remote}/{name}", (tmp_path / "c" / "prepared" / name).read_bytes())
+  size = (tmp_path / "c" / "prepared" / store.TOKENS).stat().st_size
+  for host in range(2):
+    env = {**tu.env(1), **gcs.env(), "BERT_JAX_CORPUS_CACHE": str(tmp_path / f"cache{host}")}
+    proc = subprocess.run([sys.executable, "-c", _HOST_COPY, remote, corpus["prepared"],
+                           corpus["vocab"], str(host)], cwd=tu.REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["equal"] == [True, True], result
+    # Shards host, host + 2 and the 2 held-out documents: well under the whole file.
+    assert 0.3 * size < result["copied"][store.TOKENS] < 0.75 * size, (result, size)
+  _no_local_gs_dir()
