@@ -160,3 +160,24 @@ def test_inspect_bad_flags_are_one_line_errors(tmp_path):
     inspect_lib.main(["inspect", "--prepared=x"])
   with pytest.raises(errors.UserError, match=r"Unexpected arguments \['extra'\]"):
     inspect_lib.main(["inspect", "--prepared_dir=x", "extra"])
+
+
+def test_corpus_scale_bench_replicates_and_measures(tmp_path):
+  """bench/corpus_scale.py's pieces on a tiny corpus: the replicated corpus holds every
+  document N times in corpus order; a measurement child reads it; the first-format copy
+  is refused by this checkout's loader (the bench reads it with an older checkout)."""
+  from bench import corpus_scale  # pylint: disable=g-import-not-at-top
+  tagged = testing.make_tagged_corpus(str(tmp_path / "c"), num_docs=6, num_shards=2)
+  out = str(tmp_path / "x3")
+  summary = corpus_scale.replicate(tagged["prepared"], out, 3)
+  assert summary["documents"] == 18 and summary["tokens"] == 3 * tagged["summary"]["tokens"]
+  base = corpus_scale._documents(tagged["prepared"], tagged["summary"])
+  copies = corpus_scale._documents(out, summary)
+  for g, (tokens, lengths) in enumerate(copies):
+    np.testing.assert_array_equal(tokens, base[g % 6][0])
+    np.testing.assert_array_equal(lengths, base[g % 6][1])
+  result = corpus_scale.measure(str(REPO), out, tagged["vocab"], 0.2)
+  assert result["rate"] > 0 and result["startup_s"] > 0 and result["peak_mb"] > 0
+  corpus_scale.write_first_format(summary, out, str(tmp_path / "old"), 3)
+  with pytest.raises(RuntimeError, match="first format"):
+    corpus_scale.measure(str(REPO), str(tmp_path / "old"), tagged["vocab"], 0.2)
