@@ -23,7 +23,7 @@ biases and LayerNorm, clipping at 1.0).
 Every run is its own subprocess; a round runs each once, in an order that rotates from
 round to round. The table has the median s/step over rounds and, per round, transformers'
 s/step / bert_jax's (> 1: bert_jax is faster), with its median. Appends the table to
-bench/RESULTS_finetune_step.md unless --no_record. Needs ../shared/data/cola/raw
+bench/RESULTS.md unless --no_record. Needs ../shared/data/cola/raw
 (skips otherwise).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 
 from bench import finetune_throughput
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS_finetune_step.md")
+RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_COLA = finetune_throughput.DEFAULT_COLA
 SEED = 0  # configs/common.py: data order and dropout
