@@ -33,7 +33,6 @@ import datetime
 import json
 import os
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
