@@ -259,7 +259,6 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
         summary[key] += result[key]
       summary["tokens"] += result["tokens_count"]
       bar.update(summary, read_stats)
-    results.close()  # Terminates the worker pool now.
     bar.update(summary, read_stats, final=True)
     if summary["documents"] == 0:
       raise ValueError(f"Corpus {input_spec!r} produced no documents with tokens "

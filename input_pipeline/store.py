@@ -79,7 +79,6 @@ class ShardWriter:
       self.scratch.rmtree()
     self.scratch.mkdir(parents=True)
     self.counts = {name: [0] * num_shards for name, _ in self._PARTS}
-    self.shard_documents = [0] * num_shards
     # epath's gs:// open() is a context manager: the stack holds them all open.
     self._stack = contextlib.ExitStack()
     self._files = {(name, s): self._stack.enter_context(
@@ -99,7 +98,6 @@ class ShardWriter:
       self._files[name, shard].write(values.astype(self._dtype(name).newbyteorder("<"),
                                                    copy=False).tobytes())
       self.counts[name][shard] += len(values)
-    self.shard_documents[shard] += len(arrays["document_sentences"])
 
   def close(self) -> None:
     self._stack.close()
@@ -124,8 +122,9 @@ class ShardWriter:
     yield np.zeros(1, np.int64)
     offset = 0
     for chunk in self._chunks(name):
-      yield offset + np.cumsum(chunk, dtype=np.int64)
-      offset += int(chunk.sum(dtype=np.int64))
+      starts = offset + np.cumsum(chunk, dtype=np.int64)
+      offset = int(starts[-1])
+      yield starts
 
   def finish(self) -> list[int]:
     """Writes the final arrays, removes the scratch files; returns shard_documents."""
@@ -136,7 +135,7 @@ class ShardWriter:
     self._write(DOCUMENTS, np.int64, sum(self.counts["document_sentences"]) + 1,
                 self._starts("document_sentences"))
     self.discard()
-    return list(self.shard_documents)
+    return list(self.counts["document_sentences"])  # Documents per shard.
 
   def discard(self) -> None:
     self.close()
@@ -240,7 +239,10 @@ class _LocalCopy:
         wanted = _merge([[0, offset]] + [
             [offset + a * dtype.itemsize, offset + b * dtype.itemsize]
             for a, b in element_ranges], gap=_GAP)
-      done = json.load(open(record)) if os.path.exists(record) else []
+      done = []
+      if os.path.exists(record):
+        with open(record) as f:
+          done = json.load(f)
       todo = _subtract(wanted, done)
       if not todo:
         return
