@@ -56,6 +56,16 @@ class ModelMismatchError(errors.UserError, ValueError):
   """The checkpoints of a workdir do not fit the configured model (not corruption)."""
 
 
+class InputsChangedError(errors.UserError, ValueError):
+  """A resume whose data or initial weights differ from those the checkpoints were made from."""
+
+
+MODEL_CONFIG_KEY = convert.MODEL_CONFIG_KEY  # the model's BertConfig
+INPUTS_KEY = "bert_jax_inputs"  # what the run is made from (Trainer.inputs)
+SCHEDULE_KEY = "bert_jax_schedule_steps"  # the learning-rate schedule's length
+_SAVED_EXTRA = (MODEL_CONFIG_KEY, INPUTS_KEY, SCHEDULE_KEY)
+
+
 class NoRestorableCheckpointError(errors.UserError, RuntimeError):
   """Every checkpoint of a workdir is damaged."""
 
@@ -83,8 +93,7 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any],
   a = {k: v for k, v in _flatten(dict(saved)).items() if keep(k)}
   b = {k: v for k, v in _flatten(dict(now)).items() if keep(k)}
   return [f"{k}: saved {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b))
-          if a.get(k) != b.get(k) and k != convert.MODEL_CONFIG_KEY
-          and not k.startswith(convert.MODEL_CONFIG_KEY + ".")]
+          if a.get(k) != b.get(k) and k.split(".")[0] not in _SAVED_EXTRA]
 
 
 # ----------------------------------------------------------------------------
@@ -215,17 +224,16 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, data_state: Any,
-           config: ml_collections.ConfigDict, model_config: Mapping[str, Any] | None = None
+           config: ml_collections.ConfigDict, extra: Mapping[str, Any] | None = None
            ) -> None:
-    """Starts an asynchronous save (all processes must call it). `model_config` (the
-    model's BertConfig as a dict) is kept beside the run's config, so the checkpoint says
-    what model it holds whatever the job (a fine-tuning config has no model sizes). Once
-    the step is complete, process 0 writes its MANIFEST.json (sizes and checksums)."""
+    """Starts an asynchronous save (all processes must call it). `extra` is kept beside the
+    run's config (Trainer.saved_with_config: the model's BertConfig, so the checkpoint says
+    what model it holds whatever the job; the run's inputs and schedule length). Once the
+    step is complete, process 0 writes its MANIFEST.json (sizes and checksums)."""
     if step in self.manager.all_steps():
       return
     saved_config = json.loads(config.to_json_best_effort())
-    if model_config is not None:
-      saved_config[convert.MODEL_CONFIG_KEY] = dict(model_config)
+    saved_config.update(extra or {})
     self.wait(background=True)
     self._saving = step
     with self._reporting_save_errors(step):

@@ -49,9 +49,28 @@ def read_json(p: str | os.PathLike, default: Any = None) -> Any:
 
 
 def write_json(p: str | os.PathLike, obj: Any) -> None:
+  """Writes `obj` as JSON, atomically (`write_text_atomic`)."""
   p = path(p)
   p.parent.mkdir(parents=True, exist_ok=True)
-  p.write_text(json.dumps(obj, indent=2))
+  write_text_atomic(p, json.dumps(obj, indent=2))
+
+
+def write_text_atomic(p: str | os.PathLike, text: str) -> None:
+  """Replaces the file `p` with `text` so that a reader (or a run after a kill or a full
+  disk) finds the old content or the new, never a cut file. Locally: a temporary file
+  beside it, renamed over it (a rename within a directory is atomic). On GCS an object
+  upload is already all or nothing, so the object is written directly."""
+  p = path(p)
+  if is_remote(p):
+    p.write_text(text)
+    return
+  tmp = p.parent / f".{p.name}.tmp-{os.getpid()}"
+  try:
+    tmp.write_text(text)
+    tmp.replace(p)
+  finally:
+    if tmp.exists():
+      tmp.unlink()
 
 
 def mark_complete(directory: str | os.PathLike) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 from typing import Any, Callable
 
@@ -63,6 +64,7 @@ _INPUT_FIELDS = {
 }
 
 
+MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP] with a token of each segment
 ConfigError = errors.ConfigError  # a config value that cannot work (names the field)
 
 
@@ -270,9 +272,14 @@ def _check_config(config: ml_collections.ConfigDict) -> bool:
                       "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
   if config.task not in TASKS:
     raise ConfigError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
+  trainer_lib.check_config(config)
   for field in ("global_batch_size", "eval_batch_size", "num_epochs", "max_seq_length"):
     if config[field] < 1:
       raise ConfigError(f"config.{field}={config[field]}: it must be at least 1.")
+  if config.max_seq_length < MIN_SEQ_LENGTH:
+    raise ConfigError(f"config.max_seq_length={config.max_seq_length}: at least "
+                      f"{MIN_SEQ_LENGTH} tokens are needed for [CLS], [SEP] x2 and one token of "
+                      "each segment (BERT: 128; 384 for SQuAD).")
   packed = bool(config.get("packing", False))
   if packed and config.task not in PACKABLE_TASKS:
     raise ConfigError(f"packing is only supported for classification fine-tuning (task glue or custom), "
@@ -325,6 +332,28 @@ def _load(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any, Tokenizer
   return cfg, enc_params, tok
 
 
+def fingerprint(tree: Any) -> str:
+  """A digest of a tree of arrays (names, dtypes, shapes and bytes)."""
+  h = hashlib.blake2b(digest_size=16)
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+    a = np.ascontiguousarray(np.asarray(leaf))
+    h.update(f"{jax.tree_util.keystr(path)}:{a.dtype}:{a.shape};".encode())
+    h.update(memoryview(a).cast("B"))
+  return h.hexdigest()
+
+
+def _inputs(config, task: TaskData, enc_params) -> dict[str, str]:
+  """What a fine-tuning run is made from, by content (Trainer.inputs): rerunning a workdir
+  with other data, labels or initial weights is refused, wherever the files now are."""
+  where = ", ".join(f"config.{f}" for f in _INPUT_FIELDS[config.task])
+  return {f"the training examples ({where}, max_seq_length or the vocabulary)":
+              fingerprint(task.train),
+          f"the dev examples ({where}, max_seq_length or the vocabulary)": fingerprint(task.eval),
+          "the labels": fingerprint(np.array(json.dumps(task.labels))),
+          "the initial weights (config.init_checkpoint)": fingerprint(enc_params)}
+
+
 def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray],
              packed: bool) -> EpochIterator:
   """This host's training batches of every epoch; fails when an epoch has no full batch."""
@@ -366,14 +395,13 @@ class _DevEvaluation:
   metrics.json (history kept across reruns), and best/ + predictions on improvement."""
 
   def __init__(self, config, workdir: str, task: TaskData, trainer: trainer_lib.Trainer,
-               cfg: BertConfig, writer, epoch_ends: list[int]):
+               cfg: BertConfig, writer, epoch_ends: list[int], saved: dict):
     self.config, self.out_dir, self.task, self.trainer = config, fileio.path(workdir), task, trainer
     self.cfg, self.writer, self.epoch_ends = cfg, writer, epoch_ends
     self.predict_fn = jax.jit(
         lambda p, b: task.model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
         in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
         out_shardings=trainer.replicated)
-    saved = _read_json(self.out_dir / "metrics.json")
     self.best, self.history = saved.get("best", {}), saved.get("epochs", [])
 
   def __call__(self, step: int, state) -> None:
@@ -392,10 +420,10 @@ class _DevEvaluation:
       _save_params(self.out_dir / "best", state.params, self.cfg, config, task.labels)
       if jax.process_index() == 0:  # shared files: one writer, every host reads them
         write(self.out_dir)
-    if jax.process_index() == 0:
-      (self.out_dir / "metrics.json").write_text(json.dumps(
-          {"task": config.task, "main_metric": task.main_metric, "best": self.best,
-           "epochs": self.history}, indent=2))
+    if jax.process_index() == 0:  # atomic: a kill or a full disk leaves the previous one
+      fileio.write_json(self.out_dir / METRICS_FILE,
+                        {"task": config.task, "main_metric": task.main_metric, "best": self.best,
+                         "epochs": self.history})
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -408,13 +436,15 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
 def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   packed = _check_config(config)
+  saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work
   cfg, enc_params, tok = _load(config)
   task = TASKS[config.task](config, tok, cfg)
   batches = _batches(config, task.train, packed)
   total = sum(batches.steps_per_epoch)
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
   trainer = trainer_lib.build(config, task.model, task.objective, task.train, workdir,
-                              eval_batch_size=config.eval_batch_size, total_steps=total)
+                              eval_batch_size=config.eval_batch_size, total_steps=total,
+                              inputs=_inputs(config, task, enc_params))
   state, data_state = trainer.restore_or_init(
       lambda fresh: _with_encoder(fresh, enc_params, cfg, trainer, config.init_checkpoint))
   if data_state is not None:
@@ -432,7 +462,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, floa
       learning_rate=functools.partial(optim.host_learning_rate, config, total_steps=total),
       summarize=task.objective.summarize, console=task.objective.console,
       prefix=lambda step: f"epoch {epoch_of(step)} ")
-  dev = _DevEvaluation(config, workdir, task, trainer, cfg, writer, epoch_ends)
+  dev = _DevEvaluation(config, workdir, task, trainer, cfg, writer, epoch_ends, saved_metrics)
   is_epoch_end = lambda step: step in epoch_ends
   result = trainer_lib.run(trainer, state, batches, num_steps=total, metrics=train_metrics,
                            evaluate=dev, eval_at=is_epoch_end, save_at=is_epoch_end)
@@ -443,11 +473,30 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, floa
   return dev.best
 
 
-def _read_json(path) -> dict:
-  try:
-    return json.loads(path.read_text()) if path.exists() else {}
-  except ValueError:
+METRICS_FILE = "metrics.json"
+
+
+class UnreadableMetricsError(errors.UserError, ValueError):
+  """A workdir's metrics.json exists but cannot be read: continuing would lose its history."""
+
+
+def _read_metrics(path) -> dict:
+  """The dev history of earlier epochs ({} before the first). One that exists but does not
+  read is an error: treated as empty, the rerun would drop the earlier epochs' results and
+  let a worse epoch replace best/."""
+  if not path.exists():
     return {}
+  try:
+    saved = json.loads(path.read_text())
+    if not isinstance(saved, dict) or not isinstance(saved.get("epochs", []), list):
+      raise ValueError("not the {task, main_metric, best, epochs} record fine-tuning writes")
+  except (ValueError, UnicodeDecodeError) as e:
+    raise UnreadableMetricsError(
+        f"{path} is unreadable ({str(e).splitlines()[0][:120]}): it holds this run's dev "
+        "results per epoch and which epoch best/ holds, so the run cannot go on without it; "
+        "nothing was changed. Put back a good copy of it, or delete it to continue without "
+        "the earlier epochs' results (the next evaluated epoch then replaces best/).") from None
+  return saved
 
 
 def _save_params(path, params, cfg: BertConfig, config, labels) -> None:

@@ -18,9 +18,14 @@ workdir.
 """
 from __future__ import annotations
 
+import functools
+import io
+import itertools
 import json
+import os
 import sys
-from typing import Sequence
+import time
+from typing import Iterable, Iterator, Sequence
 
 from absl import flags
 import jax
@@ -33,8 +38,8 @@ from bert_jax import errors
 from bert_jax import fileio
 from bert_jax import heads
 from bert_jax import model as model_lib
-from input_pipeline import features, glue, squad, tagging
-from input_pipeline.tokenizer import Tokenizer
+from input_pipeline import data_config, features, glue, squad, tagging
+from input_pipeline.tokenizer import Tokenizer, resolve_vocab_path
 
 MASK_TEXT = "[MASK]"
 
@@ -68,44 +73,77 @@ def encode_with_masks(tokenizer, text: str, max_len: int) -> list[int]:
   return ids
 
 
-def _pad(rows: Sequence[Sequence[int]], length: int):
-  ids = np.zeros((len(rows), length), np.int32)
+def _pad(rows: Sequence[Sequence[int]], length: int, num_rows: int | None = None):
+  ids = np.zeros((num_rows or len(rows), length), np.int32)
   mask = np.zeros_like(ids)
   for i, r in enumerate(rows):
     ids[i, :len(r)], mask[i, :len(r)] = r, 1
   return ids, mask
 
 
-def fill_mask(cfg, params, tokenizer, texts: Sequence[str], top_k: int = 5, max_len: int = 128):
-  """For each text, for each [MASK]: the top_k (token, probability)."""
-  rows = [encode_with_masks(tokenizer, t, min(max_len, cfg.max_position_embeddings)) for t in texts]
-  length = max(len(r) for r in rows)
-  ids, mask = _pad(rows, length)
-  positions = [[j for j, t in enumerate(r) if t == tokenizer.mask_id] for r in rows]
-  if not any(positions):
+def _bucket(n: int, low: int = 16, high: int | None = None) -> int:
+  """n rounded up to a power of two (at least `low`, at most `high`): few shapes to compile."""
+  b = max(low, 1 << max(n - 1, 0).bit_length())
+  return min(b, high) if high else b
+
+
+def chunks(items: Iterable, size: int) -> Iterator[list]:
+  """`items` in lists of `size` (the last may be shorter), read lazily."""
+  it = iter(items)
+  while chunk := list(itertools.islice(it, size)):
+    yield chunk
+
+
+@functools.lru_cache(maxsize=8)
+def _mlm_logits_fn(cfg, nsp: bool):
+  module = model_lib.BertForPreTraining(cfg, nsp=nsp)
+  return jax.jit(lambda prm, a, b, c: jax.nn.softmax(
+      module.apply({"params": prm}, a, jnp.zeros_like(a), b, c)["mlm_logits"], -1))
+
+
+def fill_mask(cfg, params, tokenizer, texts: Sequence[str], top_k: int = 5, max_len: int = 128,
+              batch_size: int = 32):
+  """For each text, for each [MASK]: the top_k (token, probability) (see iter_fill_mask);
+  no [MASK] in any text is a PredictError."""
+  results = list(iter_fill_mask(cfg, params, tokenizer, texts, top_k, max_len, batch_size))
+  if not any(results):
     raise PredictError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
-  p = max(len(x) for x in positions)
-  pos = np.zeros((len(rows), p), np.int32)
-  for i, x in enumerate(positions):
-    pos[i, :len(x)] = x
+  return results
+
+
+def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
+                   max_len: int = 128, batch_size: int = 32) -> Iterator[list]:
+  """Per text, per [MASK]: the top_k (token, probability), computed `batch_size` texts at a
+  time as `texts` is read (memory does not grow with the number of texts). A text whose
+  every [MASK] lies beyond `max_len` tokens is a PredictError naming it."""
   h = convert.heads(params)
   if not h["mlm"]:
     raise PredictError("The checkpoint has no masked-LM head (cls.predictions.*): fill-mask needs a "
                        "BertForMaskedLM or BertForPreTraining checkpoint, not an encoder-only one.")
   if h["pooler"] and not h["nsp"]:  # a pooler without the NSP head: unused by the MLM model
     params = {**params, "bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
-  module = model_lib.BertForPreTraining(cfg, nsp=h["nsp"])
-  out = jax.jit(lambda prm, a, b, c: module.apply({"params": prm}, a, jnp.zeros_like(a), b, c))(
-      params, ids, mask, pos)
-  probs = np.asarray(jax.nn.softmax(out["mlm_logits"], -1))
-  results = []
-  for i, x in enumerate(positions):
-    per_mask = []
-    for k in range(len(x)):
-      best = np.argsort(probs[i, k])[::-1][:top_k]
-      per_mask.append([(tokenizer.convert_ids_to_tokens([b])[0], float(probs[i, k, b])) for b in best])
-    results.append(per_mask)
-  return results
+  fn = _mlm_logits_fn(cfg, h["nsp"])
+  max_len = min(max_len, cfg.max_position_embeddings)
+  for batch in chunks(texts, batch_size):
+    rows = [encode_with_masks(tokenizer, t, max_len) for t in batch]
+    positions = [[j for j, t in enumerate(r) if t == tokenizer.mask_id] for r in rows]
+    for text, x in zip(batch, positions):
+      if not x and MASK_TEXT in text:
+        raise PredictError(f"Every {MASK_TEXT} of {text[:80]!r} lies beyond --max_seq_length="
+                           f"{max_len} tokens, where the text is cut: raise --max_seq_length (the "
+                           f"model takes up to {cfg.max_position_embeddings}) or shorten the text.")
+    ids, mask = _pad(rows, _bucket(max(map(len, rows)), high=max_len), batch_size)
+    pos = np.zeros((batch_size, _bucket(max(map(len, positions)), low=1)), np.int32)
+    for i, x in enumerate(positions):
+      pos[i, :len(x)] = x
+    probs = np.asarray(fn(params, ids, mask, pos))
+    for i, x in enumerate(positions):
+      per_mask = []
+      for k in range(len(x)):
+        best = np.argsort(probs[i, k])[::-1][:top_k]
+        per_mask.append([(tokenizer.convert_ids_to_tokens([b])[0], float(probs[i, k, b]))
+                         for b in best])
+      yield per_mask
 
 
 def parse_layers(text: str) -> list[int]:
@@ -164,8 +202,9 @@ def _flags():
   flags.DEFINE_string("checkpoint", None, "A checkpoint (fill_mask, features) or a fine-tuning "
                       "workdir (classify, qa, tag).", flag_values=fv)
   flags.DEFINE_string("vocab", None, "vocab.txt or SentencePiece model the model was trained "
-                      "with, or the directory holding it (e.g. the HuggingFace model directory).",
-                      flag_values=fv)
+                      "with, or the directory holding it. Default: the checkpoint's own (a "
+                      "HuggingFace or export directory's, the vocabulary a workdir of ours "
+                      "recorded).", flag_values=fv)
   flags.DEFINE_bool("lowercase", None, "Override the vocabulary's casing (--lowercase / "
                     "--nolowercase; default: as the files beside it say, e.g. do_lower_case "
                     "in a HuggingFace tokenizer_config.json).", flag_values=fv)
@@ -176,16 +215,116 @@ def _flags():
                             flag_values=fv)
   flags.DEFINE_string("question", None, "qa: the question.", flag_values=fv)
   flags.DEFINE_string("context", None, "qa: the passage holding the answer.", flag_values=fv)
-  flags.DEFINE_string("input_file", None, "One text per line.", flag_values=fv)
-  flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].", flag_values=fv)
+  flags.DEFINE_string("input_file", None, "One text per line (read as it is used).",
+                      flag_values=fv)
+  flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].", lower_bound=1,
+                       flag_values=fv)
   flags.DEFINE_string("layers", "-1", "features: comma-separated layer indices.", flag_values=fv)
   flags.DEFINE_bool("pooled", False, "features: write the pooled output instead.",
                     flag_values=fv)
-  flags.DEFINE_integer("max_seq_length", 128, "Tokens per input (longer ones are cut).",
+  flags.DEFINE_integer("max_seq_length", 128, "Tokens per input, [CLS] and [SEP] included "
+                       f"(longer ones are cut); at least {MIN_SEQ_LENGTH}.",
+                       lower_bound=MIN_SEQ_LENGTH, flag_values=fv)
+  flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass.", lower_bound=1,
                        flag_values=fv)
   flags.DEFINE_string("output", None, "features: .npy path to write (default features.npy).",
                       flag_values=fv)
   return fv
+
+
+MIN_SEQ_LENGTH = 3  # [CLS] one token [SEP]
+# The fine-tuning tasks (config.task of the run) each mode can read.
+MODE_TASKS = {"classify": ("glue", "custom"), "qa": ("squad",), "tag": ("conll",)}
+
+
+def _input_lines(path: str) -> Iterator[str]:
+  """The non-blank lines of a text file, read as they are used (a BOM is dropped, bytes
+  that are not UTF-8 become U+FFFD)."""
+  with fileio.path(path).open("rb") as f:
+    for line in io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="\n"):
+      line = line.rstrip("\n").rstrip("\r")
+      if line.strip():
+        yield line
+
+
+class _Progress:
+  """Counts the inputs passing through; a line on stderr every `every_s` seconds and at the
+  end (when there were more than one batch)."""
+
+  def __init__(self, items: Iterable, what: str, every_s: float = 10.0):
+    self.items, self.what, self.every_s = items, what, every_s
+    self.count, self.start = 0, time.perf_counter()
+
+  def __iter__(self):
+    last = self.start
+    for item in self.items:
+      yield item
+      self.count += 1
+      now = time.perf_counter()
+      if now - last >= self.every_s:
+        last = now
+        self._line("so far")
+
+  def _line(self, when: str) -> None:
+    elapsed = time.perf_counter() - self.start
+    print(f"predict: {self.count:,} {self.what} {when} ({self.count / max(elapsed, 1e-9):,.1f}/s, "
+          f"{elapsed:.1f} s)", file=sys.stderr, flush=True)
+
+  def done(self) -> None:
+    if time.perf_counter() - self.start >= self.every_s:
+      self._line("in all")
+
+
+def checkpoint_vocab(checkpoint: str) -> str:
+  """The vocabulary a checkpoint comes with: a directory holding vocab.txt / a SentencePiece
+  model (HuggingFace, export), the vocab_path a fine-tuning run recorded in best/, or the
+  data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir)."""
+  root = fileio.path(checkpoint)
+  recorded = []
+  for directory in (root, root / "best"):
+    try:
+      resolve_vocab_path(os.fspath(directory))
+      return os.fspath(directory)
+    except (FileNotFoundError, OSError):
+      pass
+  saved = _json_or_empty(root / "best" / "config.json").get("task") or {}
+  if saved.get("vocab_path"):
+    recorded.append(saved["vocab_path"])
+  steps = root / "checkpoints"
+  if steps.is_dir():
+    for step in sorted((p for p in steps.iterdir() if p.name.isdigit()),
+                       key=lambda p: -int(p.name)):
+      data = (_json_or_empty(step / "config" / "metadata").get("data") or {})
+      if data.get("vocab_path"):
+        recorded.append(data_config.in_workdir(data["vocab_path"], os.fspath(root)))
+        break
+  for path in recorded:
+    try:
+      resolve_vocab_path(path)
+      return path
+    except (FileNotFoundError, OSError):
+      pass
+  raise PredictError(
+      f"--vocab is not set and {checkpoint} holds no vocabulary"
+      + (f" (the run recorded {', '.join(recorded)}, which is not there)" if recorded else "")
+      + ": pass --vocab=PATH (the vocab.txt / SentencePiece model the model was trained with, "
+      "or the directory holding it).")
+
+
+def _json_or_empty(path) -> dict:
+  try:
+    value = json.loads(path.read_text())
+    return value if isinstance(value, dict) else {}
+  except (OSError, ValueError):
+    return {}
+
+
+def _check_output(path: str) -> None:
+  """Before any work: the directory an output goes to exists."""
+  parent = fileio.path(path).parent
+  if not parent.is_dir():
+    raise PredictError(f"--output={path}: the directory {parent} does not exist: create it or "
+                       "write elsewhere.")
 
 
 @errors.reported
@@ -193,49 +332,85 @@ def main(argv: Sequence[str] | None = None) -> None:
   """`argv`: the flags (without the program name; default sys.argv[1:])."""
   args = _flags()
   errors.parse_flags(args, ["predict"] + list(sys.argv[1:] if argv is None else argv), __doc__)
-  errors.require_flags(args, "checkpoint", "vocab")
-  texts = list(args.text)
-  if args.input_file:
-    data = fileio.path(args.input_file).read_bytes().decode("utf-8", errors="replace")
-    texts += [line.rstrip("\r") for line in data.split("\n") if line.strip()]
-  tokenizer = Tokenizer.from_path(args.vocab, args.lowercase)
+  errors.require_flags(args, "checkpoint")
+  if args.input_file and not fileio.path(args.input_file).is_file():
+    raise PredictError(f"--input_file={args.input_file} does not exist.")
+  if args.text_pair and (args.input_file or len(args.text_pair) != len(args.text)):
+    raise PredictError("--text_pair gives the second segment of each --text: give as many of "
+                       "each (not with --input_file).")
+  has_input = bool(args.text or args.input_file)
+  texts = itertools.chain(args.text, _input_lines(args.input_file) if args.input_file else ())
+  out = args.output or "features.npy"
+  if args.mode == "features":
+    _check_output(out)
+  vocab = args.vocab or checkpoint_vocab(args.checkpoint)
+  tokenizer = Tokenizer.from_path(vocab, args.lowercase)
+  B = args.batch_size
   if args.mode in ("classify", "qa", "tag"):
     cfg, params, task, labels = load_finetuned(args.checkpoint)
+    _check_mode(args.mode, task, args.checkpoint)
     _check_vocab(cfg, tokenizer)
     if args.mode == "qa":
       if not (args.question and args.context):
         raise PredictError("--mode=qa needs --question and --context.")
       print(json.dumps({"question": args.question, "answer": answer(cfg, params, task, tokenizer, args.question, args.context)}))
       return
-    if not texts:
+    if not has_input:
       raise PredictError("Give --text (repeatable) or --input_file.")
+    progress = _Progress(texts, "texts")
     if args.mode == "classify":
-      for text, (label, p, _) in zip(texts, classify(cfg, params, task, labels, tokenizer, texts, args.text_pair or None)):
+      inputs, shown = itertools.tee(progress)
+      for text, (label, p, _) in zip(shown, iter_classify(cfg, params, task, labels, tokenizer,
+                                                          inputs, args.text_pair or None, B)):
         print(json.dumps({"text": text, "prediction": label, "probability": p}))
     else:
-      for text in texts:
+      for text in progress:
         print(" ".join(f"{w}/{t}" for w, t in tag(cfg, params, task, labels, tokenizer, text)))
+    progress.done()
     return
-  if not texts:
+  if not has_input:
     raise PredictError("Give --text (repeatable) or --input_file.")
   if args.mode == "fill_mask":
     cfg, params = load_checkpoint(args.checkpoint, "pretraining")
     _check_vocab(cfg, tokenizer)
-    for text, per_mask in zip(texts, fill_mask(cfg, params, tokenizer, texts, args.top_k, args.max_seq_length)):
+    progress = _Progress(texts, "texts")
+    inputs, shown = itertools.tee(progress)
+    any_mask = False
+    for text, per_mask in zip(shown, iter_fill_mask(cfg, params, tokenizer, inputs, args.top_k,
+                                                    args.max_seq_length, B)):
+      any_mask |= bool(per_mask)
       print(text)
       for k, cands in enumerate(per_mask):
         print(f"  [MASK] #{k + 1}: " + ", ".join(f"{t} ({p:.3f})" for t, p in cands))
+    progress.done()
+    if not any_mask:
+      raise PredictError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
   else:
     layers = parse_layers(args.layers)
     cfg, params = load_checkpoint(args.checkpoint, "encoder")
     _check_vocab(cfg, tokenizer)
     check_layers(layers, cfg.num_layers, args.layers)
-    feats, mask = extract_features(cfg, params, tokenizer, texts, layers, args.max_seq_length, args.pooled)
-    out = args.output or "features.npy"
+    feats, mask = extract_features(cfg, params, tokenizer, list(_Progress(texts, "texts")),
+                                   layers, args.max_seq_length, args.pooled, B)
     for name, array in ((out, feats), (out.removesuffix(".npy") + "_mask.npy", mask)):
       with fileio.path(name).open("wb") as f:
         np.save(f, array)
     print(json.dumps({"output": out, "shape": list(feats.shape), "layers": layers, "pooled": args.pooled}))
+
+
+def _check_mode(mode: str, task: dict, checkpoint: str) -> None:
+  """A fine-tuned checkpoint answers only its own task's mode (a classifier's logits are
+  no tags)."""
+  kind = task.get("task")
+  if kind in MODE_TASKS[mode]:
+    return
+  modes = [m for m, kinds in MODE_TASKS.items() if kind in kinds]
+  raise PredictError(
+      f"--mode={mode} needs a checkpoint fine-tuned for {' or '.join(MODE_TASKS[mode])}, but "
+      f"{checkpoint} was fine-tuned for task {kind!r}: "
+      + (f"use --mode={modes[0]}." if modes else
+         "predict has no mode for it; its dev predictions are in the workdir.")
+      + " (--mode=features reads the encoder of any checkpoint.)")
 
 
 def load_finetuned(workdir: str):
@@ -258,17 +433,40 @@ def load_finetuned(workdir: str):
   return cfg.replace(scan_layers=False, remat="none"), params, saved["task"], saved.get("labels")
 
 
-def classify(cfg, params, task, labels, tokenizer, texts, pairs=None):
+@functools.lru_cache(maxsize=8)
+def _classifier_fn(cfg, num_labels: int):
+  module = heads.BertForSequenceClassification(cfg, num_labels=num_labels)
+  return jax.jit(lambda prm, a, b, c: module.apply({"params": prm}, a, b, c))
+
+
+def classify(cfg, params, task, labels, tokenizer, texts, pairs=None, batch_size: int = 32):
   """[(label, probability, all probabilities)] per text (or a score for regression)."""
-  examples = [glue.Example(str(i), t, (pairs[i] if pairs else None), None) for i, t in enumerate(texts)]
-  feats = glue.encode_examples(examples, tokenizer, task["max_seq_length"], labels)
+  return list(iter_classify(cfg, params, task, labels, tokenizer, texts, pairs, batch_size))
+
+
+def iter_classify(cfg, params, task, labels, tokenizer, texts: Iterable[str],
+                  pairs: Sequence[str] | None = None, batch_size: int = 32) -> Iterator[tuple]:
+  """(label, probability, all probabilities) per text (or ("score", value, None) for
+  regression), `batch_size` texts at a time as `texts` is read."""
   num = params["classifier"]["kernel"].shape[-1]
-  logits = np.asarray(heads.BertForSequenceClassification(cfg, num_labels=num).apply(
-      {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"]))
-  if num == 1:
-    return [("score", float(l[0]), None) for l in logits]
-  probs = np.asarray(jax.nn.softmax(logits, -1))
-  return [(labels[int(np.argmax(p))], float(np.max(p)), dict(zip(labels, map(float, p)))) for p in probs]
+  fn = _classifier_fn(cfg, num)
+  done = 0
+  for batch in chunks(texts, batch_size):
+    examples = [glue.Example(str(i), t, (pairs[done + i] if pairs else None), None)
+                for i, t in enumerate(batch)]
+    feats = glue.encode_examples(examples, tokenizer, task["max_seq_length"], labels)
+    padded = {k: np.zeros((batch_size,) + v.shape[1:], v.dtype) for k, v in feats.items()}
+    for k, v in feats.items():
+      padded[k][:len(v)] = v
+    logits = np.asarray(fn(params, padded["input_ids"], padded["segment_ids"],
+                           padded["input_mask"]))[:len(batch)]
+    done += len(batch)
+    if num == 1:
+      yield from (("score", float(l[0]), None) for l in logits)
+      continue
+    probs = np.asarray(jax.nn.softmax(logits, -1))
+    yield from ((labels[int(np.argmax(p))], float(np.max(p)), dict(zip(labels, map(float, p))))
+                for p in probs)
 
 
 def answer(cfg, params, task, tokenizer, question: str, context: str) -> str:

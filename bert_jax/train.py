@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from bert_jax import errors
 from bert_jax import fileio
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
@@ -34,6 +35,7 @@ from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.objectives import Objective
 from bert_jax.trainer import TrainState
 from input_pipeline import build as data_build
+from input_pipeline import data_config
 from input_pipeline import pretrain as pretrain_data
 
 MODEL_INPUTS = objectives.PRETRAINING_INPUTS
@@ -200,7 +202,20 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
     return _pretrain(config, os.fspath(workdir))
 
 
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """Pre-training values that cannot work, named before any work (ConfigError)."""
+  trainer_lib.check_config(config)
+  if config.num_train_steps < 1:
+    raise errors.ConfigError(f"--config.num_train_steps={config.num_train_steps}: it must be at "
+                             "least 1 (the step the run ends at).")
+  for k in ("eval_steps", "eval_every_steps"):
+    if config[k] < 0:
+      raise errors.ConfigError(f"--config.{k}={config[k]}: 0 = off, or a positive number.")
+  data_config.check(config.data)
+
+
 def _pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
+  check_config(config)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   data_cfg, vocab_size = data_build.prepare(config, workdir)
   cfg = bert_config(config, vocab_size)

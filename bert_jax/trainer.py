@@ -35,6 +35,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing
+from bert_jax import errors
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import sharding
@@ -110,6 +111,50 @@ def init_state(rng: jax.Array, *, model: nn.Module, tx: optax.GradientTransforma
   return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
 
 
+def _bad(field: str, value: Any, why: str) -> errors.ConfigError:
+  return errors.ConfigError(f"--config.{field}={value}: {why}")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """The fields every job reads (optimizer, schedule, cadences), checked before any work: a
+  value that cannot work is a ConfigError naming the field and what works. 0 turns a
+  cadence off (checkpoints then only at the end, at epoch ends and on SIGTERM)."""
+  opt, get = config.opt, lambda node, k, d=None: node.get(k, d)
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+  if not number(opt.learning_rate) or opt.learning_rate <= 0:
+    raise _bad("opt.learning_rate", opt.learning_rate, "the learning rate must be a positive "
+               "number (a negative one trains by gradient ascent), e.g. 1e-4.")
+  if not number(opt.grad_clip_norm) or opt.grad_clip_norm < 0:
+    raise _bad("opt.grad_clip_norm", opt.grad_clip_norm, "the gradient clipping norm must be "
+               "positive, or 0 for no clipping (a negative one flips every gradient).")
+  if not number(opt.weight_decay) or opt.weight_decay < 0:
+    raise _bad("opt.weight_decay", opt.weight_decay, "weight decay must be 0 or positive.")
+  for k in ("b1", "b2"):
+    if not number(opt[k]) or not 0 <= opt[k] < 1:
+      raise _bad(f"opt.{k}", opt[k], "Adam's decay rates must be in [0, 1), e.g. 0.9 / 0.999.")
+  if not number(opt.eps) or opt.eps <= 0:
+    raise _bad("opt.eps", opt.eps, "must be positive, e.g. 1e-6.")
+  sched = config.schedule
+  for k in ("warmup_steps", "decay_steps"):
+    if k in sched and sched[k] < 0:
+      raise _bad(f"schedule.{k}", sched[k], "must be 0 or more steps.")
+  if "warmup_fraction" in sched and not 0 <= sched.warmup_fraction <= 1:
+    raise _bad("schedule.warmup_fraction", sched.warmup_fraction, "must be in [0, 1].")
+  for k, what in (("checkpoint_every_steps", "steps between checkpoints"),
+                  ("log_every_steps", "steps between progress lines"),
+                  ("keep_checkpoint_period", "keeps every step divisible by it")):
+    if get(config, k, 0) < 0:
+      raise _bad(k, config[k], f"{what}: 0 = off, or a positive number of steps.")
+  if get(config, "keep_checkpoints", 1) < 1:
+    raise _bad("keep_checkpoints", config.keep_checkpoints, "at least the newest checkpoint "
+               "must be kept (1 or more).")
+  if get(config, "grad_accum_steps", 1) < 1:
+    raise _bad("grad_accum_steps", config.grad_accum_steps, "micro-batches per step: 1 or more.")
+  if get(config, "max_steps_per_run", -1) == 0 or get(config, "max_steps_per_run", -1) < -1:
+    raise _bad("max_steps_per_run", config.max_steps_per_run, "a positive number of steps, "
+               "or -1 for no limit.")
+
+
 def logical_rules(config: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
   """config.logical_axis_rules as hashable tuples (ConfigDict turns tuples into lists)."""
   return tuple((name, tuple(ax) if isinstance(ax, list) else ax)
@@ -144,6 +189,10 @@ class Trainer:
   train_step: Callable  # jitted (state, global batch, rng) -> (state, metrics); state donated
   eval_step: Callable  # jitted (params, global batch) -> metric sums (replicated)
   checkpointer: checkpointing.Checkpointer | None
+  # What the run is made from, by name (e.g. fingerprints of its data and initial weights):
+  # saved with every checkpoint; a resume from other inputs is refused (InputsChangedError).
+  inputs: Mapping[str, Any] | None = None
+  total_steps: int | None = None  # the learning-rate schedule's length
 
   @contextlib.contextmanager
   def activate(self) -> Iterator[None]:
@@ -167,6 +216,7 @@ class Trainer:
     restored = self.checkpointer.restore(self.abstract, self.config) if self.checkpointer else None
     if restored is not None:
       step, state, data_state, saved_cfg = restored
+      self._check_resume(step, saved_cfg)
       logging.info("Resumed from %s/%d.", self.checkpointer.directory, step)
       if saved_cfg.get("data") != json_config(self.config).get("data"):
         logging.info("The data config changed since step %d (e.g. phase 2): the input "
@@ -179,6 +229,39 @@ class Trainer:
       state = state.replace(params=init_params(state))
     return state, None
 
+  def _check_resume(self, step: int, saved_cfg: Mapping[str, Any]) -> None:
+    """Refuses a resume whose inputs (`self.inputs`) differ from those the checkpoint was
+    made from; warns when the schedule's length changed (the learning rate jumps)."""
+    saved_inputs = saved_cfg.get(checkpointing.INPUTS_KEY) or {}
+    step_dir = self.checkpointer.directory / str(step)
+    changed = [name for name, value in (self.inputs or {}).items()
+               if name in saved_inputs and saved_inputs[name] != value]
+    if changed:
+      fields = checkpointing.config_changes(saved_cfg, json_config(self.config))
+      raise checkpointing.InputsChangedError(
+          f"The checkpoints in {self.checkpointer.directory} (latest: step {step}) were trained "
+          f"from other inputs than this command's: {', '.join(changed)} differ; nothing was "
+          "moved or changed.\n"
+          + ("  Config fields that differ from the saved run's:\n    "
+             + "\n    ".join(fields[:12]) + "\n" if fields else "")
+          + f"  Rerun with the run's own inputs (its config is saved in {step_dir / 'config'}), "
+          "or train with these in another --workdir.")
+    saved_total = saved_cfg.get(checkpointing.SCHEDULE_KEY)
+    if self.total_steps is not None and saved_total not in (None, self.total_steps):
+      before = optim.host_learning_rate(self.config, step, saved_total)
+      after = optim.host_learning_rate(self.config, step, self.total_steps)
+      logging.warning(
+          "The learning-rate schedule now spans %d steps, not %d as when step %d was saved "
+          "(e.g. more epochs or num_train_steps): at step %d the learning rate goes from "
+          "%.3g to %.3g and decays anew to the end.", self.total_steps, saved_total, step, step,
+          before, after)
+
+  def saved_with_config(self) -> dict[str, Any]:
+    """What each checkpoint records beside the run's config: the model, inputs and schedule."""
+    return {checkpointing.MODEL_CONFIG_KEY: self.model.config.to_dict(),
+            checkpointing.INPUTS_KEY: dict(self.inputs or {}),
+            checkpointing.SCHEDULE_KEY: self.total_steps}
+
   def num_params(self) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.abstract.params))
 
@@ -190,12 +273,14 @@ def json_config(config: ml_collections.ConfigDict) -> dict:
 def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Objective,
           sample_batch: Mapping[str, Any], workdir: str | None, *,
           eval_batch_size: int | None = None, total_steps: int | None = None,
-          devices=None) -> Trainer:
+          devices=None, inputs: Mapping[str, Any] | None = None) -> Trainer:
   """Mesh, rules, sharded state shapes, jitted init/train/eval steps, optimizer and (with a
   workdir) the Checkpointer of a job, from its config, model, objective and one sample
   batch (any number of rows: only the shapes of `objective.inputs` are used). `devices`
   (default: all) may be compile-only topology devices: nothing runs here. `total_steps`
-  (default config.num_train_steps) is the learning-rate schedule's length."""
+  (default config.num_train_steps) is the learning-rate schedule's length. `inputs` names
+  what the run is made from (see Trainer.inputs)."""
+  check_config(config)
   tx = optim.make_optimizer(config, total_steps)
   mesh = sharding.make_mesh(config.mesh_shape, devices)
   rules = logical_rules(config)
@@ -228,7 +313,9 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   return Trainer(config=config, model=model, objective=objective, tx=tx, mesh=mesh, rules=rules,
                  abstract=abstract, state_shardings=state_sh, batch_sharding=batch_sh,
                  replicated=repl, init=functools.partial(jit_init, rng), train_step=p_train,
-                 eval_step=p_eval, checkpointer=ckpt)
+                 eval_step=p_eval, checkpointer=ckpt, inputs=inputs,
+                 total_steps=total_steps if total_steps is not None else config.get(
+                     "num_train_steps"))
 
 
 class Preemption:
@@ -297,6 +384,11 @@ class RunResult:
   preempted: bool
 
 
+def _every(step: int, period: int) -> bool:
+  """Whether a cadence of `period` steps (0 = off) falls on `step`."""
+  return period > 0 and step % period == 0
+
+
 def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
         metrics: metrics_lib.TrainMetrics,
         evaluate: Callable[[int, TrainState], Any] | None = None,
@@ -340,8 +432,8 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
           log_step = None
         stop = preempted(step) or step == end
         do_eval = evaluate is not None and eval_at(step)
-        do_save = (step % config.checkpoint_every_steps == 0) or save_at(step) or stop
-        if step % config.log_every_steps == 0 or stop:
+        do_save = _every(step, config.checkpoint_every_steps) or save_at(step) or stop
+        if _every(step, config.log_every_steps) or stop:
           if do_eval or do_save:
             metrics.report(step)  # blocking here anyway
           else:
@@ -352,7 +444,7 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
         if do_save:
           metrics.check(step)  # never save a state whose loss went NaN
           ckpt.save(step, state, train_iter.get_state(), config,
-                    model_config=trainer.model.config.to_dict())
+                    extra=trainer.saved_with_config())
         if stop:
           break
   except metrics_lib.NonFiniteLossError:

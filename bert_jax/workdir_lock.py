@@ -212,7 +212,11 @@ _held_guard = threading.Lock()
 def hold(workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
          stale_after_s: float = STALE_AFTER_S) -> Iterator[None]:
   """Holds the workdir's lock for the block; raises WorkdirLockedError (on every process)
-  when another live job holds it."""
+  when another live job holds it; an empty workdir (e.g. `--workdir=$WORKDIR` with the
+  variable unset, which would put everything in the current directory) is a UserError."""
+  if not os.fspath(workdir or "").strip():
+    raise errors.UserError("--workdir is empty (e.g. --workdir=$WORKDIR with WORKDIR unset): "
+                           "give the directory for the run's checkpoints, summaries and data.")
   key = os.fspath(fileio.path(workdir))
   with _held_guard:
     if key in _held:

@@ -2,6 +2,8 @@
 loading a config file imports nothing heavy (input_pipeline/pretrain.py reads it)."""
 import ml_collections
 
+from bert_jax import errors
+
 # The data config's paths that a run takes inside its workdir when they are relative.
 WORKDIR_PATHS = ("prepared_dir", "vocab_path")
 
@@ -47,3 +49,32 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.max_examples_per_row = 8      # E: examples (NSP slots) per packed row.
   c.max_predictions_per_row = ml_collections.config_dict.placeholder(int)  # None: P + E.
   return c
+
+
+def min_seq_length(nsp: bool) -> int:
+  """[CLS] A [SEP] (B [SEP]) with at least two tokens of text (one per NSP segment)."""
+  return 5 if nsp else 4
+
+
+def check(data_cfg: ml_collections.ConfigDict) -> None:
+  """Values the pre-training data cannot work with, as a ConfigError naming the field."""
+  bad = lambda field, why: errors.ConfigError(
+      f"--config.data.{field}={data_cfg[field]}: {why}")
+  low = min_seq_length(data_cfg.nsp)
+  if data_cfg.max_seq_length < low:
+    raise bad("max_seq_length", f"a sequence of {low} tokens at least is needed for "
+              f"[CLS], [SEP]{' x2' if data_cfg.nsp else ''} and "
+              f"{'one token of each NSP segment' if data_cfg.nsp else 'two tokens of text'} "
+              "(BERT: 128, then 512).")
+  if not 0 < data_cfg.masked_lm_prob <= 1:
+    raise bad("masked_lm_prob", "the share of tokens masked for the masked-LM objective must "
+              "be in (0, 1] (BERT: 0.15); 0 would pre-train with no masked-LM objective.")
+  if not 0 < data_cfg.max_predictions_per_seq <= data_cfg.max_seq_length:
+    raise bad("max_predictions_per_seq", f"masked positions per example must be in 1.."
+              f"{data_cfg.max_seq_length} (max_seq_length); BERT: 20 at L=128, 76 at L=512.")
+  if not 0 <= data_cfg.short_seq_prob <= 1:
+    raise bad("short_seq_prob", "a probability, in [0, 1] (BERT: 0.1).")
+  if not 0 <= data_cfg.eval_fraction < 1:
+    raise bad("eval_fraction", "the share of documents held out, in [0, 1).")
+  if data_cfg.get("packing", False) and data_cfg.max_examples_per_row < 1:
+    raise bad("max_examples_per_row", "examples per packed row: 1 or more.")

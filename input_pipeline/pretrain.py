@@ -272,12 +272,7 @@ class RecordStream:
 def make_stream(data_cfg, *, seed: int, process_index: int = 0, process_count: int = 1,
                 split: str = "train"):
   """The BlockStream (prepared corpus) or RecordStream (tfrecord_pattern) of data_cfg."""
-  if not 0 < data_cfg.max_predictions_per_seq <= data_cfg.max_seq_length:
-    raise ValueError(f"Need 0 < max_predictions_per_seq <= max_seq_length, got "
-                     f"{data_cfg.max_predictions_per_seq} and {data_cfg.max_seq_length}.")
-  if data_cfg.get("packing", False) and data_cfg.max_examples_per_row < 1:
-    raise ValueError(f"data.max_examples_per_row must be >= 1, got "
-                     f"{data_cfg.max_examples_per_row}.")
+  data_config.check(data_cfg)
   if data_cfg.tfrecord_pattern:
     if data_cfg.get("packing", False):
       raise ValueError("data.packing works on prepared corpora (input_pipeline.prepare), not "
