@@ -10,9 +10,11 @@ from __future__ import annotations
 import collections
 import csv
 import dataclasses
+import gzip
 import io
 import json
 import sys
+import zlib
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -87,13 +89,42 @@ GLUE = {t.name: t for t in [
 _COLA_RAW = {"train": "in_domain_train.tsv", "dev": "in_domain_dev.tsv"}
 
 
-def _read_text(path: str, missing: str = "") -> str:
-  """The file's text (undecodable bytes replaced); `missing`: what to do when it is absent."""
+def read_task_text(path: str, missing: str = "") -> str:
+  """A task file's text, as spreadsheets and scripts save it: UTF-8 (with or without the
+  BOM Excel's "CSV UTF-8" writes), UTF-16 with its BOM, or gzip-compressed (any name).
+  `missing`: what to do when the file is absent. A UTF-16 file without BOM is a DataError;
+  bytes that are not UTF-8 are replaced by U+FFFD, and the file and first line are logged."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if not tf.io.gfile.exists(path):
     raise MissingDataError(f"{path} does not exist{': ' + missing if missing else '.'}")
   with tf.io.gfile.GFile(path, "rb") as f:
-    return f.read().decode("utf-8", errors="replace")
+    data = f.read()
+  if data[:2] == b"\x1f\x8b":
+    try:
+      data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+      raise DataError(f"{path} is a gzip file that does not decompress ({e}): copy it again, "
+                      "or give the uncompressed file.") from None
+  if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+    try:
+      return data.decode("utf-16")
+    except UnicodeDecodeError as e:
+      raise DataError(f"{path} starts as UTF-16 but does not decode as it ({e.reason} at byte "
+                      f"{e.start}): save it again as UTF-8.") from None
+  if data.count(b"\x00") > len(data) // 4:
+    raise DataError(f"{path} holds NUL bytes in every other position: it looks like UTF-16 "
+                    "without a byte-order mark; save it as UTF-8 (or UTF-16 with its BOM).")
+  text = data.decode("utf-8-sig", errors="replace")
+  bad = text.count("\ufffd") - data.decode("utf-8-sig", errors="ignore").count("\ufffd")
+  if bad:
+    from absl import logging  # pylint: disable=g-import-not-at-top
+    line = text[:text.index("\ufffd")].count("\n") + 1
+    logging.warning("%s: %d bytes are not UTF-8 (the first on line %d) and read as U+FFFD: save "
+                    "the file as UTF-8 to keep those characters.", path, bad, line)
+  return text
+
+
+_read_text = read_task_text
 
 
 def _rows(path: str, delimiter: str, quotechar: str | None = None,
@@ -104,9 +135,13 @@ def _rows(path: str, delimiter: str, quotechar: str | None = None,
   reader = csv.reader(io.StringIO(text), delimiter=delimiter, quotechar=quotechar,
                       quoting=csv.QUOTE_MINIMAL if quotechar else csv.QUOTE_NONE)
   rows, start = [], 1
-  for row in reader:
-    rows.append((start, row))
-    start = reader.line_num + 1
+  try:
+    for row in reader:
+      rows.append((start, row))
+      start = reader.line_num + 1
+  except csv.Error as e:
+    raise DataError(f"{path}:{start}: not a readable {'TSV' if delimiter == chr(9) else 'CSV'} "
+                    f"row ({e}).") from None
   return rows
 
 
@@ -168,7 +203,9 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
       except ValueError:
         raise DataError(f"{path}:{line}: score {label!r} is not a number ({task} is a regression "
                         "task): fix or remove the line.") from None
-    elif label is not None and label not in spec.labels:
+    elif label is not None and all(l.isdigit() for l in spec.labels):
+      label = canonical_label(label)  # "1.0" (a spreadsheet's float column) is label "1"
+    if spec.labels is not None and label is not None and label not in spec.labels:
       raise DataError(f"{path}:{line}: label {label!r} is not one of {list(spec.labels)}, the "
                       f"labels of {task}: fix or remove the line.")
     examples.append(Example(guid, a, b, label, line))
@@ -217,8 +254,11 @@ def _tfds_label(task: str, index: int) -> str:
 
 def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -> list[Example]:
   """A user's own classification file: .csv, .tsv (with a header) or .jsonl. Each example
-  keeps the line it starts on; a file without rows is a DataError naming it."""
-  if path.endswith(".jsonl") or path.endswith(".json"):
+  keeps the line it starts on; a file without rows is a DataError naming it. Numeric labels
+  are compared as numbers (`1` and `1.0`, as pandas writes once a column held NaN, are one
+  class: `canonical_label`); a text that is null or not a string is a DataError."""
+  kind = path.removesuffix(".gz")
+  if kind.endswith(".jsonl") or kind.endswith(".json"):
     records = []
     for line_no, line in enumerate(_read_text(path).split("\n"), 1):
       if not line.strip():
@@ -233,7 +273,7 @@ def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -
                         "({field: value}) per line.")
       records.append((line_no, record))
   else:
-    rows = (_rows(path, "\t") if path.endswith(".tsv") else _rows(path, ",", quotechar='"'))
+    rows = (_rows(path, "\t") if kind.endswith(".tsv") else _rows(path, ",", quotechar='"'))
     header = rows[0][1] if rows else []
     records = [(line, dict(zip(header, r))) for line, r in rows[1:] if r]
   if not records:
@@ -244,9 +284,36 @@ def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -
       if key not in r:
         raise DataError(f"{path}:{line}: record {i} has no field {key!r}; fields are {sorted(r)}. "
                         "Set text_a_column / text_b_column / label_column in the config.")
-    out.append(Example(str(i), str(r[text_a]), str(r[text_b]) if text_b else None,
-                       None if r[label] in (None, "") else str(r[label]), line))
+    texts = [_text(r, key, path, line) for key in (text_a, text_b) if key]
+    out.append(Example(str(i), texts[0], texts[1] if text_b else None,
+                       None if r[label] in (None, "") else canonical_label(r[label]), line))
   return out
+
+
+def _text(record: dict, key: str, path: str, line: int) -> str:
+  value = record[key]
+  if isinstance(value, str):
+    return value
+  if value is None:
+    raise DataError(f"{path}:{line}: field {key!r} is null: every row needs its text (fix or "
+                    "remove the row).")
+  raise DataError(f"{path}:{line}: field {key!r} holds {type(value).__name__} {value!r}, not a "
+                  "text: put the text in quotes (a JSON string), or fix the row.")
+
+
+def canonical_label(label) -> str:
+  """A class label as a name. Numbers are named by value, integral ones as integers: the
+  labels `1`, `1.0` and `1.00` (JSON 1 or 1.0, pandas' float columns) are one class "1"."""
+  if isinstance(label, bool):
+    return str(label).lower()
+  text = str(label).strip() if isinstance(label, (int, float)) else str(label)
+  try:
+    value = float(text)
+  except ValueError:
+    return text
+  if np.isfinite(value) and value == int(value):
+    return str(int(value))
+  return text
 
 
 def truncate_pair(a: list[int], b: list[int] | None, max_tokens: int) -> None:
@@ -299,7 +366,7 @@ def parse_labels(declared) -> tuple[str, ...]:
   declared = tuple(declared or ())
   if len(declared) == 1 and isinstance(declared[0], str):
     declared = tuple(declared[0].split(","))
-  return tuple(s for s in (str(x).strip() for x in declared) if s)
+  return tuple(canonical_label(s) for s in (str(x).strip() for x in declared) if s)
 
 
 def _require_labels(examples: Sequence[Example], path: str) -> None:

@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from input_pipeline import features
-from input_pipeline.glue import DataError, MissingDataError
+from input_pipeline.glue import DataError, read_task_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,14 +28,11 @@ class QAExample:
 
 def read_squad(path: str) -> list[QAExample]:
   """Every question of a SQuAD v1.1 / v2.0 JSON file; a file with none is a DataError."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
-  if not tf.io.gfile.exists(path):
-    raise MissingDataError(f"SQuAD file {path} does not exist.")
-  with tf.io.gfile.GFile(path) as f:
-    try:
-      data = json.load(f)
-    except ValueError as e:
-      raise DataError(f"{path} is not a SQuAD file: not valid JSON ({e}).") from None
+  text = read_task_text(path)
+  try:
+    data = json.loads(text)
+  except ValueError as e:
+    raise DataError(f"{path} is not a SQuAD file: not valid JSON ({e}).") from None
   if not isinstance(data, dict) or "data" not in data:
     raise DataError(f"{path} is not a SQuAD file: no top-level 'data' list.")
   out = []

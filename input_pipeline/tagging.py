@@ -13,15 +13,7 @@ import io
 import numpy as np
 
 from input_pipeline import features
-from input_pipeline.glue import DataError, MissingDataError, truncate_pair
-
-
-def _read_text(path: str) -> str:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
-  if not tf.io.gfile.exists(path):
-    raise MissingDataError(f"{path} does not exist.")
-  with tf.io.gfile.GFile(path, "rb") as f:
-    return f.read().decode("utf-8", errors="replace")
+from input_pipeline.glue import DataError, read_task_text as _read_text, truncate_pair
 
 
 def read_conll(path: str) -> list[tuple[list[str], list[str]]]:
@@ -91,7 +83,7 @@ def read_swag(path: str) -> list[dict]:
   if not need <= set(reader.fieldnames or ()):
     raise DataError(f"{path} is not a SWAG CSV: needs columns {sorted(need)} (+ label).")
   out, line = [], reader.line_num + 1
-  for i, r in enumerate(reader):
+  for i, r in enumerate(_csv_records(reader, path)):
     label = r.get("label") or ""
     if label not in ("", "0", "1", "2", "3"):
       raise DataError(f"{path}:{line}: label {label!r} is not a choice (0, 1, 2 or 3): fix or "
@@ -104,6 +96,18 @@ def read_swag(path: str) -> list[dict]:
     raise DataError(f"{path} holds no examples (a header and no rows): every input file needs "
                     "at least one.")
   return out
+
+
+def _csv_records(reader, path: str):
+  """The reader's records; a malformed row is a DataError naming the file and line."""
+  while True:
+    start = reader.line_num + 1
+    try:
+      yield next(reader)
+    except StopIteration:
+      return
+    except csv.Error as e:
+      raise DataError(f"{path}:{start}: not a readable CSV row ({e}).") from None
 
 
 def encode_swag(examples: list[dict], tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:

@@ -284,3 +284,51 @@ def test_cola_without_a_dev_file_names_every_file_it_looked_for(tmp_path):
   with pytest.raises(errors.UserError, match=re.escape(f"{tmp_path}/dev.tsv") + ".*"
                      + re.escape(f"{tmp_path}/in_domain_dev.tsv")):
     glue.read_glue("cola", str(tmp_path), "dev")
+
+
+def test_numeric_labels_are_one_class_by_value_and_null_text_is_refused(tmp_path):
+  """Before: labels 1 and 1.0 in one file (pandas writes floats once a column held NaN)
+  became two classes of a 3-class model; a JSONL "text": null trained as the string "None"."""
+  (tmp_path / "t.csv").write_text("text,label\na,1\nb,1.0\nc,0\nd,0.0\ne,2\nf,2\n")
+  ex = glue.read_custom(str(tmp_path / "t.csv"), "text", "label")
+  assert glue.label_set(ex, (), str(tmp_path / "t.csv")) == ("0", "1", "2")
+  assert glue.parse_labels("0.0,1,2.0") == ("0", "1", "2")
+  (tmp_path / "t.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": 1.0}\n'
+                                    '{"text": "c", "label": "1.5"}\n{"text": null, "label": 0}\n')
+  with pytest.raises(glue.DataError, match=r"t\.jsonl:4: field 'text' is null"):
+    glue.read_custom(str(tmp_path / "t.jsonl"), "text", "label")
+  (tmp_path / "n.jsonl").write_text('{"text": "a", "label": 1}\n{"text": ["x"], "label": 1.0}\n')
+  with pytest.raises(glue.DataError, match=r"n\.jsonl:2: field 'text' holds list"):
+    glue.read_custom(str(tmp_path / "n.jsonl"), "text", "label")
+  (tmp_path / "SST-2").mkdir()
+  (tmp_path / "SST-2" / "train.tsv").write_text("sentence\tlabel\ngood\t1.0\nbad\t0\n")
+  assert [e.label for e in glue.read_glue("sst2", str(tmp_path / "SST-2"), "train")] == ["1", "0"]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "gzip"])
+def test_task_files_as_spreadsheets_save_them(tmp_path, encoding):
+  """Before: Excel's "CSV UTF-8" (a BOM) was refused ('\\ufefftext' is no column), UTF-16
+  and gzip files stopped with a bare _csv.Error traceback."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  text = "text,label\ncafé au lait,yes\nthé,no\n"
+  data = gzip.compress(text.encode()) if encoding == "gzip" else text.encode(encoding)
+  name = "t.csv.gz" if encoding == "gzip" else "t.csv"
+  (tmp_path / name).write_bytes(data)
+  ex = glue.read_custom(str(tmp_path / name), "text", "label")
+  assert [(e.text_a, e.label) for e in ex] == [("café au lait", "yes"), ("thé", "no")]
+
+
+def test_unreadable_task_files_name_the_file_and_line(tmp_path):
+  (tmp_path / "u16.csv").write_bytes("text,label\na,1\n".encode("utf-16-le"))
+  with pytest.raises(glue.DataError, match=r"u16\.csv holds NUL bytes .* UTF-16 without a byte-order mark"):
+    glue.read_custom(str(tmp_path / "u16.csv"), "text", "label")
+  (tmp_path / "bad.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+  with pytest.raises(glue.DataError, match=r"bad\.gz is a gzip file that does not decompress"):
+    glue.read_custom(str(tmp_path / "bad.gz"), "text", "label")
+  (tmp_path / "q.csv").write_bytes(b'text,label\n"ok",1\na\rb,1\n')  # a stray carriage return
+  with pytest.raises(glue.DataError, match=r"q\.csv:3: not a readable CSV row"):
+    glue.read_custom(str(tmp_path / "q.csv"), "text", "label")
+  (tmp_path / "s.csv").write_bytes(b'sent1,sent2,ending0,ending1,ending2,ending3,label\n'
+                                   b'a,b,c,d,e,f,1\na\rx,b,c,d,e,f,1\n')
+  with pytest.raises(glue.DataError, match=r"s\.csv:3: not a readable CSV row"):
+    tagging.read_swag(str(tmp_path / "s.csv"))
