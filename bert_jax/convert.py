@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import os
+import pickle
 import re
 import sys
 from typing import Any, Callable, Iterable, Mapping
@@ -37,6 +38,8 @@ from bert_jax import errors
 from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax.model import BertConfig
+from input_pipeline import data_config
+from input_pipeline import tokenizer as tokenizer_lib
 
 Array = np.ndarray
 Params = dict[str, Any]
@@ -50,8 +53,8 @@ _TF_IGNORED = re.compile(r"(/adam_[mv]$|^global_step$|/Momentum$|^bad_steps$|^lo
 HF_TANH_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
-class CheckpointMismatchError(ValueError):
-  """A checkpoint's tensors do not match the model: names them all."""
+class CheckpointMismatchError(errors.UserError, ValueError):
+  """A checkpoint's tensors do not match the model (or its config.json): names them all."""
 
 
 class CheckpointNotFoundError(errors.UserError, FileNotFoundError):
@@ -305,10 +308,36 @@ def _to_numpy(tree):
 # ----------------------------------------------------------------------------
 # Configs.
 
+HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size")
+
+
+def read_config_json(p: epath.Path) -> dict[str, Any]:
+  """A checkpoint's config.json / bert_config.json: a JSON object holding BERT's sizes;
+  anything else is a CorruptCheckpointFileError naming the file and what is wrong."""
+  try:
+    hf = json.loads(p.read_text())
+  except (ValueError, UnicodeDecodeError) as e:
+    raise CorruptCheckpointFileError(
+        f"{p} is not JSON ({str(e).splitlines()[0][:200]}): copy or download the checkpoint "
+        "again, or fix the file.") from None
+  if not isinstance(hf, dict):
+    raise CorruptCheckpointFileError(f"{p} holds a JSON {type(hf).__name__}, not the object "
+                                     "of a model config: fix the file.")
+  missing = [k for k in HF_REQUIRED if not isinstance(hf.get(k), int)]
+  if missing:
+    raise CorruptCheckpointFileError(
+        f"{p} lacks {', '.join(repr(k) for k in missing)} (or not as an integer): a BERT "
+        f"config gives {', '.join(HF_REQUIRED)}; fix the file (the values must match the "
+        "weights).")
+  return hf
+
+
 def config_from_hf(hf: Mapping[str, Any], **overrides) -> BertConfig:
   if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise ValueError(f"position_embedding_type={hf['position_embedding_type']!r} is not supported; "
-                     "bert_jax implements BERT's learned absolute positions.")
+    raise errors.ConfigError(
+        f"position_embedding_type={hf['position_embedding_type']!r} is not supported; "
+        "bert_jax implements BERT's learned absolute positions.")
   act = hf.get("hidden_act", "gelu")
   act = "gelu_tanh" if act in HF_TANH_ACTS else act
   return BertConfig(
@@ -393,11 +422,24 @@ def read_hf_state(path: str) -> dict[str, Array]:
     try:
       raw = torch.load(io.BytesIO((d / "pytorch_model.bin").read_bytes()), map_location="cpu",
                        weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused an object that is not a tensor
+      raise CorruptCheckpointFileError(
+          f"{d / 'pytorch_model.bin'} holds Python objects other than tensors, which could run "
+          "code when loaded: it is refused and was not unpickled. Use the checkpoint's "
+          "model.safetensors, or convert it to safetensors where its source is trusted.") from None
     except (RuntimeError, EOFError, ValueError) as e:  # torch's "PytorchStreamReader failed ..."
       raise _corrupt(d / "pytorch_model.bin", e) from None
+    if not isinstance(raw, dict):
+      raise CorruptCheckpointFileError(f"{d / 'pytorch_model.bin'} holds a {type(raw).__name__}, "
+                                       "not a state dict of tensors.")
     state = {k: v.float().numpy() for k, v in raw.items()}
   else:
-    raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}.")
+    others = [f.name for f in d.iterdir() if f.name in ("flax_model.msgpack", "tf_model.h5")]
+    raise CheckpointNotFoundError(
+        f"No model.safetensors or pytorch_model.bin in {path}"
+        + (f" (it holds {', '.join(others)}: bert_jax reads the PyTorch weights, which the "
+           "model's Hub page also offers; or convert them with transformers)" if others else "")
+        + ".")
   return canonical_names(state)
 
 
@@ -457,15 +499,37 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
 
   The params hold the heads the checkpoint has (`heads(params)` says which): target
   "pretraining" reads BertForPreTraining and BertForMaskedLM checkpoints (and, with
-  require_mlm=False, encoder-only ones), "encoder" the encoder (+ pooler) of any.
+  require_mlm=False, encoder-only ones), "encoder" the encoder (+ pooler) of any. Weights
+  holding NaN or Inf are a CorruptCheckpointFileError naming them (never used).
   """
+  cfg, params = _load_pretrained(path, target=target, scan_layers=scan_layers,
+                                 config_overrides=config_overrides, require_mlm=require_mlm)
+  check_finite(params, path)
+  return cfg, params
+
+
+def check_finite(params: Params, path: str) -> None:
+  """A CorruptCheckpointFileError naming the tensors of `params` (read from `path`) that
+  hold NaN or Inf: such weights would only ever predict NaN."""
+  bad = [jax.tree_util.keystr(k) for k, x in jax.tree_util.tree_flatten_with_path(params)[0]
+         if not np.isfinite(x).all()]
+  if bad:
+    raise CorruptCheckpointFileError(
+        f"{path} holds NaN or infinite weights in {len(bad)} tensors ({', '.join(bad[:5])}"
+        f"{', ...' if len(bad) > 5 else ''}): the model would predict NaN. Use an intact copy "
+        "(or an earlier checkpoint of the run that wrote it).")
+
+
+def _load_pretrained(path: str, *, target: str, scan_layers: bool,
+                     config_overrides: Mapping[str, Any] | None,
+                     require_mlm: bool) -> tuple[BertConfig, Params]:
   overrides = dict(config_overrides or {})
   d = fileio.path(path)
   if (d / NATIVE_CONFIG).exists():
     return load_native(path, target=target, scan_layers=scan_layers, config_overrides=overrides,
                        require_mlm=require_mlm)
   if (d / "config.json").exists():
-    cfg = config_from_hf(json.loads((d / "config.json").read_text()), **overrides)
+    cfg = config_from_hf(read_config_json(d / "config.json"), **overrides)
     state = read_hf_state(path)
     return cfg, canonical_to_params(state, cfg, target, scan_layers, require_mlm=require_mlm,
                                     source=f"HuggingFace checkpoint {path}")
@@ -473,8 +537,8 @@ def load_pretrained(path: str, *, target: str = "pretraining", scan_layers: bool
   if ckpt is not None:
     config_path = fileio.path(ckpt).parent / "bert_config.json"
     if not config_path.exists():
-      raise FileNotFoundError(f"TF checkpoint {ckpt} has no bert_config.json beside it.")
-    hf = json.loads(config_path.read_text())
+      raise CheckpointNotFoundError(f"TF checkpoint {ckpt} has no bert_config.json beside it.")
+    hf = read_config_json(config_path)
     # Google's TF code implements "gelu" with the tanh approximation.
     if hf.get("hidden_act") == "gelu":
       hf = {**hf, "hidden_act": "gelu_new"}
@@ -713,6 +777,78 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
   (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture), indent=2))
 
 
+# ----------------------------------------------------------------------------
+# Vocabularies: the one a checkpoint comes with, and the files an export carries.
+
+TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
+
+
+def checkpoint_vocab(checkpoint: str) -> str:
+  """The vocabulary a checkpoint comes with: a directory holding vocab.txt / a SentencePiece
+  model (HuggingFace, export), the vocab_path a fine-tuning run recorded in best/, or the
+  data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir)."""
+  root = fileio.path(checkpoint)
+  recorded = []
+  for directory in (root, root / "best"):
+    try:
+      tokenizer_lib.resolve_vocab_path(os.fspath(directory))
+      return os.fspath(directory)
+    except (FileNotFoundError, OSError):
+      pass
+  saved = _json_or_empty(root / "best" / "config.json").get("task") or {}
+  if saved.get("vocab_path"):
+    recorded.append(saved["vocab_path"])
+  steps = root / "checkpoints"
+  if steps.is_dir():
+    for step in sorted((p for p in steps.iterdir() if p.name.isdigit()),
+                       key=lambda p: -int(p.name)):
+      data = (_json_or_empty(step / "config" / "metadata").get("data") or {})
+      if data.get("vocab_path"):
+        recorded.append(data_config.in_workdir(data["vocab_path"], os.fspath(root)))
+        break
+  for path in recorded:
+    try:
+      tokenizer_lib.resolve_vocab_path(path)
+      return path
+    except (FileNotFoundError, OSError):
+      pass
+  raise CheckpointNotFoundError(
+      f"--vocab is not set and {checkpoint} holds no vocabulary"
+      + (f" (the run recorded {', '.join(recorded)}, which is not there)" if recorded else "")
+      + ": pass --vocab=PATH (the vocab.txt / SentencePiece model the model was trained with, "
+      "or the directory holding it).")
+
+
+def _json_or_empty(path) -> dict:
+  try:
+    value = json.loads(path.read_text())
+    return value if isinstance(value, dict) else {}
+  except (OSError, ValueError):
+    return {}
+
+
+def export_vocabulary(vocab: str, out: str, cfg: BertConfig) -> str:
+  """Copies the vocabulary `vocab` into the export directory `out` as a HuggingFace model
+  directory holds it (vocab.txt or spm.model, tokenizer_config.json and any tokenizer.json /
+  special_tokens_map.json beside it), so that AutoTokenizer.from_pretrained(out) and our
+  Tokenizer read the same; a vocabulary of another size than the model is refused."""
+  tok = tokenizer_lib.Tokenizer.from_path(vocab)
+  if tok.vocab_size != cfg.vocab_size:
+    raise CheckpointMismatchError(
+        f"The vocabulary {tok.path} has {tok.vocab_size} entries but the model "
+        f"{cfg.vocab_size}: pass --vocab= the vocabulary the model was trained with.")
+  src, dst = fileio.path(tok.path), fileio.path(out)
+  name = (tokenizer_lib.WORDPIECE_FILE if tok.kind == "wordpiece"
+          else tokenizer_lib.SENTENCEPIECE_FILE)
+  (dst / name).write_bytes(src.read_bytes())
+  for extra in TOKENIZER_FILES:
+    if (src.parent / extra).exists():
+      (dst / extra).write_bytes((src.parent / extra).read_bytes())
+  if not (dst / tokenizer_lib.CONFIG_NAME).exists():
+    tokenizer_lib.write_tokenizer_config(os.fspath(dst), tok.kind, tok.lowercase)
+  return name
+
+
 def _flags():
   """convert's flags, in their own FlagValues (absl syntax; importing adds no global flags)."""
   fv = flags.FlagValues()
@@ -721,6 +857,10 @@ def _flags():
   flags.DEFINE_string("output", None, "Directory to write.", flag_values=fv)
   flags.DEFINE_enum("to", "bert_jax", ["bert_jax", "huggingface"], "Format to write.",
                     flag_values=fv)
+  flags.DEFINE_string("vocab", None, "The vocabulary to put in the export (vocab.txt, a "
+                      "SentencePiece model, or the directory holding it). Default: the input's "
+                      "own (a HuggingFace or export directory's, the one a workdir recorded).",
+                      flag_values=fv)
   flags.DEFINE_enum("target", "pretraining", ["pretraining", "encoder"], "'pretraining' keeps "
                     "the heads the checkpoint has (masked-LM, NSP, pooler); 'encoder' keeps the "
                     "encoder and pooler only.", flag_values=fv)
@@ -733,11 +873,28 @@ def main(argv: Iterable[str] | None = None) -> None:
   args = _flags()
   errors.parse_flags(args, ["convert"] + list(sys.argv[1:] if argv is None else argv), __doc__)
   errors.require_flags(args, "input", "output")
+  vocab = args.vocab
+  if vocab is None:
+    try:
+      vocab = checkpoint_vocab(args.input)
+    except CheckpointNotFoundError as e:
+      if args.to == "huggingface":  # transformers needs the tokenizer files beside the weights
+        raise CheckpointNotFoundError(f"{e} A HuggingFace export holds its vocabulary.") from None
+      logging.warning("%s The export holds no vocabulary: predict and fine-tuning then need "
+                      "--vocab.", e)
   cfg, params, _ = load_params(args.input, target=args.target, require_mlm=False)
+  if vocab is not None:  # checked before anything is written
+    tok = tokenizer_lib.Tokenizer.from_path(vocab)
+    if tok.vocab_size != cfg.vocab_size:
+      raise CheckpointMismatchError(
+          f"The vocabulary {tok.path} has {tok.vocab_size} entries but the model "
+          f"{cfg.vocab_size}: pass --vocab= the vocabulary the model was trained with.")
   if args.to == "huggingface":
     export_huggingface(args.output, cfg, params)
   else:
     save_native(args.output, cfg, params)
+  if vocab is not None:
+    export_vocabulary(vocab, args.output, cfg)
   n = sum(int(np.size(x)) for x in __import__("jax").tree_util.tree_leaves(params))
   print(f"Converted {args.input} -> {args.output} ({args.to}): {describe_heads(heads(params))}, "
         f"{n:,} parameters, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "

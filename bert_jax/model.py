@@ -20,6 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import errors
+
 # Additive attention bias for padding. Large but finite so a fully padded row
 # (only ever at padding queries) stays NaN-free, and safe in bfloat16.
 NEG_INF = -1e9
@@ -78,22 +80,24 @@ class BertConfig:
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
     if self.hidden_size % self.num_heads:
-      raise ValueError(f"hidden_size {self.hidden_size} is not divisible by "
-                       f"num_heads {self.num_heads}.")
+      raise errors.ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
+                               f"num_heads {self.num_heads}: each attention head takes an "
+                               "equal share (config.model.hidden_size / num_heads, or the "
+                               "checkpoint's config.json).")
     if self.hidden_act not in ACTIVATIONS:
-      raise ValueError(f"hidden_act {self.hidden_act!r} unknown; "
+      raise errors.ConfigError(f"hidden_act {self.hidden_act!r} unknown; "
                        f"choose one of {sorted(ACTIVATIONS)}.")
     if self.dropout_rng not in DROPOUT_RNGS:
-      raise ValueError(f"dropout_rng {self.dropout_rng!r} unknown; "
+      raise errors.ConfigError(f"dropout_rng {self.dropout_rng!r} unknown; "
                        f"choose one of {DROPOUT_RNGS}.")
     if self.remat not in REMAT_POLICIES:
-      raise ValueError(f"remat {self.remat!r} unknown; "
+      raise errors.ConfigError(f"remat {self.remat!r} unknown; "
                        f"choose one of {sorted(REMAT_POLICIES)}.")
 
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "BertConfig":
     if name not in PRESETS:
-      raise ValueError(f"Unknown model preset {name!r}; "
+      raise errors.ConfigError(f"Unknown model preset {name!r}; "
                        f"choose one of {list(PRESETS)}.")
     sizes = dict(PRESETS[name])
     sizes["intermediate_size"] = 4 * sizes["hidden_size"]
@@ -115,7 +119,7 @@ class BertConfig:
   def from_dict(cls, d: Mapping[str, Any]) -> "BertConfig":
     unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
-      raise ValueError(f"Unknown BertConfig fields {sorted(unknown)}.")
+      raise errors.ConfigError(f"Unknown BertConfig fields {sorted(unknown)}.")
     return cls(**d)
 
 
@@ -127,11 +131,11 @@ def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None)
     overrides["intermediate_size"] = 4 * overrides["hidden_size"]
   if "vocab_size" not in overrides:
     if vocab_size is None:
-      raise ValueError("config.model.vocab_size is unset and there is no vocabulary to take "
+      raise errors.ConfigError("config.model.vocab_size is unset and there is no vocabulary to take "
                        "it from; set --config.model.vocab_size.")
     overrides["vocab_size"] = vocab_size
   elif vocab_size is not None and overrides["vocab_size"] < vocab_size:
-    raise ValueError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
+    raise errors.ConfigError(f"config.model.vocab_size={overrides['vocab_size']} is smaller than the "
                      f"vocabulary ({vocab_size} entries).")
   return BertConfig.from_preset(fields.get("preset", "base"), **overrides)
 
@@ -454,7 +458,7 @@ class BertModel(nn.Module):
     cfg = self.config
     batch, length = input_ids.shape
     if length > cfg.max_position_embeddings:
-      raise ValueError(
+      raise errors.ConfigError(
           f"Sequence length {length} exceeds the position table "
           f"(max_position_embeddings={cfg.max_position_embeddings}). Truncate the input "
           f"to {cfg.max_position_embeddings} tokens or use a model with more positions.")

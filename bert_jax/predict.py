@@ -22,7 +22,6 @@ import functools
 import io
 import itertools
 import json
-import os
 import sys
 import time
 from typing import Iterable, Iterator, Sequence
@@ -38,8 +37,8 @@ from bert_jax import errors
 from bert_jax import fileio
 from bert_jax import heads
 from bert_jax import model as model_lib
-from input_pipeline import data_config, features, glue, squad, tagging
-from input_pipeline.tokenizer import Tokenizer, resolve_vocab_path
+from input_pipeline import features, glue, squad, tagging
+from input_pipeline.tokenizer import Tokenizer
 
 MASK_TEXT = "[MASK]"
 
@@ -275,50 +274,6 @@ class _Progress:
       self._line("in all")
 
 
-def checkpoint_vocab(checkpoint: str) -> str:
-  """The vocabulary a checkpoint comes with: a directory holding vocab.txt / a SentencePiece
-  model (HuggingFace, export), the vocab_path a fine-tuning run recorded in best/, or the
-  data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir)."""
-  root = fileio.path(checkpoint)
-  recorded = []
-  for directory in (root, root / "best"):
-    try:
-      resolve_vocab_path(os.fspath(directory))
-      return os.fspath(directory)
-    except (FileNotFoundError, OSError):
-      pass
-  saved = _json_or_empty(root / "best" / "config.json").get("task") or {}
-  if saved.get("vocab_path"):
-    recorded.append(saved["vocab_path"])
-  steps = root / "checkpoints"
-  if steps.is_dir():
-    for step in sorted((p for p in steps.iterdir() if p.name.isdigit()),
-                       key=lambda p: -int(p.name)):
-      data = (_json_or_empty(step / "config" / "metadata").get("data") or {})
-      if data.get("vocab_path"):
-        recorded.append(data_config.in_workdir(data["vocab_path"], os.fspath(root)))
-        break
-  for path in recorded:
-    try:
-      resolve_vocab_path(path)
-      return path
-    except (FileNotFoundError, OSError):
-      pass
-  raise PredictError(
-      f"--vocab is not set and {checkpoint} holds no vocabulary"
-      + (f" (the run recorded {', '.join(recorded)}, which is not there)" if recorded else "")
-      + ": pass --vocab=PATH (the vocab.txt / SentencePiece model the model was trained with, "
-      "or the directory holding it).")
-
-
-def _json_or_empty(path) -> dict:
-  try:
-    value = json.loads(path.read_text())
-    return value if isinstance(value, dict) else {}
-  except (OSError, ValueError):
-    return {}
-
-
 def _check_output(path: str) -> None:
   """Before any work: the directory an output goes to exists."""
   parent = fileio.path(path).parent
@@ -343,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   out = args.output or "features.npy"
   if args.mode == "features":
     _check_output(out)
-  vocab = args.vocab or checkpoint_vocab(args.checkpoint)
+  vocab = args.vocab or convert.checkpoint_vocab(args.checkpoint)
   tokenizer = Tokenizer.from_path(vocab, args.lowercase)
   B = args.batch_size
   if args.mode in ("classify", "qa", "tag"):
@@ -426,6 +381,7 @@ def load_finetuned(workdir: str):
   saved = json.loads((best / "config.json").read_text())
   if (best / convert.NATIVE_CONFIG).exists():  # the export format
     cfg, params = convert.read_native(str(best))
+    convert.check_finite(params, str(best))
   else:  # best/ of older versions: Orbax params, the BertConfig in config.json
     with ocp.StandardCheckpointer() as ckptr:
       params = jax.tree.map(np.asarray, ckptr.restore(best / "params"))

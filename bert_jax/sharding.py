@@ -32,18 +32,23 @@ def resolve_mesh_shape(mesh_shape: Mapping[str, int], num_devices: int) -> tuple
   """{data, fsdp, tensor} with at most one -1 ("the rest") -> concrete sizes."""
   unknown = set(mesh_shape) - set(MESH_AXES)
   if unknown:
-    raise ValueError(f"mesh_shape has unknown axes {sorted(unknown)}; use {MESH_AXES}.")
+    raise errors.ConfigError(f"config.mesh_shape has unknown axes {sorted(unknown)}; use "
+                             f"{MESH_AXES}.")
   sizes = [int(mesh_shape.get(a, 1)) for a in MESH_AXES]
   if sizes.count(-1) > 1:
-    raise ValueError(f"At most one mesh axis may be -1, got {dict(mesh_shape)}.")
+    raise errors.ConfigError(f"At most one mesh axis may be -1, got {dict(mesh_shape)}.")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
-      raise ValueError(f"mesh_shape {dict(mesh_shape)} does not divide {num_devices} devices.")
+      raise errors.ConfigError(f"config.mesh_shape {dict(mesh_shape)} does not divide the "
+                               f"{num_devices} devices: set --config.mesh_shape.* so that "
+                               "their product (with -1 = the rest) is the device count.")
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"mesh_shape {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} "
-                     f"devices but {num_devices} are available.")
+    raise errors.ConfigError(f"config.mesh_shape {dict(zip(MESH_AXES, sizes))} needs "
+                             f"{math.prod(sizes)} devices but {num_devices} are available: set "
+                             "--config.mesh_shape.* so that their product is the device count "
+                             "(-1 = the rest).")
   return tuple(sizes)
 
 

@@ -126,7 +126,7 @@ def _check_fits(path: str, cfg: BertConfig, want: dict[tuple, tuple[int, ...]],
   problems += [f"{'/'.join(k)}: checkpoint {tuple(got[k])} vs model {tuple(want[k])}"
                for k in sorted(set(got) & set(want)) if tuple(got[k]) != tuple(want[k])]
   if problems:
-    raise ValueError(f"init_checkpoint {path} does not fit the configured model "
+    raise convert.CheckpointMismatchError(f"init_checkpoint {path} does not fit the configured model "
                      f"({cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab "
                      f"{cfg.vocab_size}, {cfg.max_position_embeddings} positions):\n  "
                      + "\n  ".join(problems[:20]))
@@ -166,8 +166,9 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
     differ = [f"{f}: checkpoint {getattr(ckpt_cfg, f)!r} vs config {getattr(cfg, f)!r}"
               for f in ARCHITECTURE_FIELDS if getattr(ckpt_cfg, f) != getattr(cfg, f)]
     if differ:
-      raise ValueError(f"init_checkpoint {path} was trained with another architecture; set "
-                       "config.model to match it:\n  " + "\n  ".join(differ))
+      raise convert.CheckpointMismatchError(
+          f"init_checkpoint {path} was trained with another architecture; set config.model to "
+          "match it:\n  " + "\n  ".join(differ))
     host = _flat_keys(params)
     fresh, extra = _check_fits(path, cfg, want_shapes, {k: np.shape(x) for k, x in host.items()})
     loaded = {k: jax.make_array_from_callback(
@@ -212,6 +213,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config[k] < 0:
       raise errors.ConfigError(f"--config.{k}={config[k]}: 0 = off, or a positive number.")
   data_config.check(config.data)
+  # The model's fields (sizes, activation, ...) before the vocabulary and data are built;
+  # the vocabulary's size is only known then.
+  cfg = bert_config(config, config.model.get("vocab_size") or 1)
+  if config.data.max_seq_length > cfg.max_position_embeddings:
+    raise errors.ConfigError(
+        f"--config.data.max_seq_length={config.data.max_seq_length} exceeds the model's position "
+        f"table (config.model.max_position_embeddings={cfg.max_position_embeddings}): lower "
+        "the one or raise the other.")
 
 
 def _pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:

@@ -208,6 +208,18 @@ _held: dict[str, list] = {}  # workdir -> [lock or None (other processes), depth
 _held_guard = threading.Lock()
 
 
+def _unusable(workdir: str, e: Exception) -> errors.UserError:
+  """Why a workdir cannot be written to, as one line naming it and the way on."""
+  if isinstance(e, (FileExistsError, NotADirectoryError)):
+    why = "it (or a directory above it) is a file, not a directory"
+  elif isinstance(e, PermissionError):
+    why = "it is not writable by this user (permission denied)"
+  else:
+    why = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+  return errors.UserError(f"--workdir={workdir} cannot be used: {why}. Give a directory this job "
+                          "can create and write (on gs://: an existing bucket it may write to).")
+
+
 @contextlib.contextmanager
 def hold(workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
          stale_after_s: float = STALE_AFTER_S) -> Iterator[None]:
@@ -233,13 +245,17 @@ def hold(workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
     return
   lock, error = None, None
   if jax.process_index() == 0:
-    fileio.path(workdir).mkdir(parents=True, exist_ok=True)
     lock = (_GcsLock(key, heartbeat_s, stale_after_s) if key.startswith("gs://")
             else _LocalLock(key))
     try:
+      fileio.path(workdir).mkdir(parents=True, exist_ok=True)
       lock.acquire(started=time.time())
     except WorkdirLockedError as e:
       lock, error = None, e
+    except errors.UserError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (a file, read-only, no bucket)
+      lock, error = None, _unusable(workdir, e)
   if jax.process_count() > 1:
     ok = multihost_utils.broadcast_one_to_all(np.int32(error is None))
     if not ok and error is None:

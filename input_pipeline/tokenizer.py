@@ -19,6 +19,8 @@ from absl import logging
 from etils import epath
 import numpy as np
 
+from bert_jax import errors
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONFIG_NAME = "tokenizer_config.json"
 WORDPIECE_FILE = "vocab.txt"
@@ -34,6 +36,10 @@ def _exists(path: str) -> bool:
   return epath.Path(path).exists()
 
 
+class VocabularyNotFoundError(errors.UserError, FileNotFoundError):
+  """No vocabulary file at the path given."""
+
+
 def resolve_vocab_path(path: str) -> tuple[str, str]:
   """A vocab path (a vocab.txt, a .model, or a directory holding one) -> (kind, file)."""
   path = os.fspath(path)
@@ -45,7 +51,7 @@ def resolve_vocab_path(path: str) -> tuple[str, str]:
     return "sentencepiece", path
   if _exists(path) and not epath.Path(path).is_dir():
     return "wordpiece", path
-  raise FileNotFoundError(
+  raise VocabularyNotFoundError(
       f"No vocabulary at {path!r}: expected a WordPiece vocab.txt, a SentencePiece .model, "
       "or a directory holding one. Train one with `python -m input_pipeline.vocab "
       "--input=... --output=DIR --vocab_size=N`.")
@@ -139,7 +145,7 @@ def _log_once(vocab_file: str, norm: Normalization) -> None:
 
 
 def _missing_special_error(path: str, missing: list[str]) -> ValueError:
-  return ValueError(
+  return VocabularyError(
       f"Vocabulary {path!r} lacks the special tokens {missing}; BERT needs all of "
       f"{list(SPECIAL_TOKENS)}. Train a vocabulary with `python -m input_pipeline.vocab` "
       "(it adds them) or add them to the file.")
@@ -191,9 +197,16 @@ class Tokenizer:
     sha256 = hashlib.sha256(data).hexdigest()
     if kind == "wordpiece":
       # As transformers' load_vocab: one token per line, only "\n" stripped.
-      tokens = data.decode("utf-8").split("\n")
+      try:
+        tokens = data.decode("utf-8").split("\n")
+      except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise VocabularyError(f"{vocab_file}:{line}: byte {data[e.start:e.start + 1]!r} is not "
+                              "UTF-8: a vocab.txt is UTF-8 text, one token per line; use the "
+                              "file the model was trained with, or fix that line.") from None
       if tokens and tokens[-1] == "":
         tokens.pop()
+      _check_unique(tokens, vocab_file)
       norm = wordpiece_normalization(vocab_file, tokens, lowercase)
       _log_once(vocab_file, norm)
       backend = _wordpiece_backend(tokens, norm, vocab_file)
@@ -228,6 +241,27 @@ class Tokenizer:
     if self.kind == "wordpiece":
       return self._backend.decode(ids, skip_special_tokens=False)
     return self._backend.decode(ids)
+
+
+class VocabularyError(errors.UserError, ValueError):
+  """A vocabulary file that cannot be used as it is (names the file and line)."""
+
+
+def _check_unique(tokens: list[str], vocab_file: str) -> None:
+  """Each token on one line: with duplicates, a token's id is its last line (as in
+  transformers) and the embedding rows of its earlier lines are never used, so every later
+  id is off from what the file's line numbers say: refused, naming them."""
+  first, dups = {}, []
+  for i, t in enumerate(tokens):
+    if t in first:
+      dups.append(f"{t!r} on lines {first[t] + 1} and {i + 1}")
+    else:
+      first[t] = i
+  if dups:
+    raise VocabularyError(
+        f"{vocab_file} lists {len(dups)} tokens twice ({'; '.join(dups[:5])}"
+        f"{'; ...' if len(dups) > 5 else ''}): each token must be on one line. Use the "
+        "vocabulary the model was trained with, or build one with python -m input_pipeline.vocab.")
 
 
 def _wordpiece_backend(tokens: list[str], norm: Normalization, vocab_file: str):

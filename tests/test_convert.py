@@ -246,13 +246,57 @@ def test_google_tf_checkpoint_import(tmp_path):
   _assert_trees_equal(params2, expected)
 
 
+def _hub_vocab(directory, size):
+  """vocab.txt + tokenizer_config.json of `size` entries, as the Hub ships a BERT's."""
+  words = ["the", "cat", "sat", "on", "mat", "dog", "ran", "a", "."]
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+  tokens += [f"##x{i}" for i in range(size - len(tokens))]
+  (directory / "vocab.txt").write_text("\n".join(tokens) + "\n")
+  (directory / "tokenizer_config.json").write_text(
+      '{"tokenizer_class": "BertTokenizer", "do_lower_case": true}')
+
+
 def test_convert_cli(tmp_path, capsys):
   _hf_model("tanh").save_pretrained(tmp_path / "hf")
+  _hub_vocab(tmp_path / "hf", 99)
   convert.main([f"--input={tmp_path / 'hf'}", f"--output={tmp_path / 'ours'}"])
   assert os.path.exists(tmp_path / "ours" / convert.NATIVE_PARAMS)
   convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'back'}", "--to=huggingface"])
   assert "parameters" in capsys.readouterr().out
   transformers.BertForPreTraining.from_pretrained(tmp_path / "back")
+
+
+def test_a_huggingface_export_is_a_complete_model_directory(tmp_path, capsys):
+  """Before: convert --to=huggingface wrote no vocab.txt / tokenizer files, so the export
+  loaded in BertForPreTraining but not in AutoTokenizer."""
+  from input_pipeline.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  _hf_model("tanh").save_pretrained(tmp_path / "hf")
+  convert.main([f"--input={tmp_path / 'hf'}", f"--output={tmp_path / 'ours'}"])  # no vocab: a warning
+  with pytest.raises(SystemExit) as e:
+    convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'out'}", "--to=huggingface"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "holds no vocabulary: pass --vocab=PATH" in err, err
+  assert not (tmp_path / "out").exists()  # refused before anything was written
+  _hub_vocab(tmp_path, 98)
+  with pytest.raises(SystemExit):
+    convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'out'}", "--to=huggingface",
+                  f"--vocab={tmp_path / 'vocab.txt'}"])
+  assert "has 98 entries but the model 99" in capsys.readouterr().err
+  _hub_vocab(tmp_path, 99)
+  convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'out'}", "--to=huggingface",
+                f"--vocab={tmp_path / 'vocab.txt'}"])
+  transformers.BertForPreTraining.from_pretrained(tmp_path / "out")
+  reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+  ours = Tokenizer.from_path(str(tmp_path / "out"))
+  text = "The cat sat on a mat. A dog ran."
+  assert reference(text)["input_ids"] == [ours.cls_id] + ours.encode(text) + [ours.sep_id]
+  assert len(reference) == 99
+  # A HuggingFace directory's own tokenizer files travel with it, without --vocab.
+  _hub_vocab(tmp_path / "hf", 99)
+  convert.main([f"--input={tmp_path / 'hf'}", f"--output={tmp_path / 'again'}", "--to=huggingface"])
+  assert (tmp_path / "again" / "tokenizer_config.json").read_text() == (
+      tmp_path / "hf" / "tokenizer_config.json").read_text()
+  transformers.AutoTokenizer.from_pretrained(tmp_path / "again")
 
 
 @pytest.mark.parametrize("scanned", [False, True])

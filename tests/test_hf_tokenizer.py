@@ -46,7 +46,8 @@ def _hf_dir(root, name: str, vocab_file: str, tokenizer_config: dict | None,
   """A model directory as the Hub ships one: config.json, vocab.txt, tokenizer_config.json."""
   d = root / name
   d.mkdir()
-  tokens = pathlib.Path(vocab_file).read_text(encoding="utf-8").splitlines() + list(extra_tokens)
+  tokens = pathlib.Path(vocab_file).read_text(encoding="utf-8").splitlines()
+  tokens += [t for t in extra_tokens if t not in tokens]  # each token once, as in a real vocab
   (d / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
   (d / "config.json").write_text(json.dumps({
       "architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": len(tokens),

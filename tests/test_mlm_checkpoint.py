@@ -103,12 +103,17 @@ def test_predict_fill_mask_cli_on_the_hub_directory(hub, capsys):
     logits = hub["model"](**enc).logits[0]
   pos = int((enc["input_ids"][0] == ref_tok.mask_token_id).nonzero()[0, 0])
   assert ours_top == ref_tok.convert_ids_to_tokens([int(logits[pos].argmax())])[0]
-  # An encoder-only checkpoint is refused for fill-mask with a message that says why.
+  # An encoder-only checkpoint is refused for fill-mask with a message that says why (one
+  # line, exit 2: CheckpointMismatchError is a UserError).
+  _, enc_params = convert.load_pretrained(hub["dir"], target="encoder")
+  enc_dir = os.path.join(os.path.dirname(hub["dir"]), "encoder_only")
+  convert.save_native(enc_dir, convert.load_pretrained(hub["dir"])[0], enc_params)
   with pytest.raises(convert.CheckpointMismatchError, match="no masked-LM head"):
-    _, enc_params = convert.load_pretrained(hub["dir"], target="encoder")
-    enc_dir = os.path.join(os.path.dirname(hub["dir"]), "encoder_only")
-    convert.save_native(enc_dir, convert.load_pretrained(hub["dir"])[0], enc_params)
+    convert.load_pretrained(enc_dir)
+  with pytest.raises(SystemExit) as e:
     predict.main([f"--checkpoint={enc_dir}", f"--vocab={hub['dir']}", f"--text={text}"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "no masked-LM head" in err and "Traceback" not in err, err
 
 
 def test_export_round_trips_to_bert_for_masked_lm(hub, tmp_path):
