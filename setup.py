@@ -33,6 +33,7 @@ EXTRAS = {
     "test": [
         "pytest==9.0.3",
         "pytest-timeout==2.4.0",
+        "pytest-xdist==3.8.0",  # the suite runs on every core (pytest.ini: -n auto)
         "torch==2.13.0",
         "transformers==5.23.0",
         "nbclient==0.11.0",

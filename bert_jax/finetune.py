@@ -343,15 +343,13 @@ def fingerprint(tree: Any) -> str:
   return h.hexdigest()
 
 
-def _inputs(config, task: TaskData, enc_params) -> dict[str, str]:
+def _inputs(task: TaskData, enc_params) -> dict[str, str]:
   """What a fine-tuning run is made from, by content (Trainer.inputs): rerunning a workdir
   with other data, labels or initial weights is refused, wherever the files now are."""
-  where = ", ".join(f"config.{f}" for f in _INPUT_FIELDS[config.task])
-  return {f"the training examples ({where}, max_seq_length or the vocabulary)":
-              fingerprint(task.train),
-          f"the dev examples ({where}, max_seq_length or the vocabulary)": fingerprint(task.eval),
-          "the labels": fingerprint(np.array(json.dumps(task.labels))),
-          "the initial weights (config.init_checkpoint)": fingerprint(enc_params)}
+  # The encoded examples reflect every data field (files, columns, max_seq_length, vocab).
+  return {"training examples": fingerprint(task.train), "dev examples": fingerprint(task.eval),
+          "labels": fingerprint(np.array(json.dumps(task.labels))),
+          "initial weights": fingerprint(enc_params)}
 
 
 def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray],
@@ -444,7 +442,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, floa
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
   trainer = trainer_lib.build(config, task.model, task.objective, task.train, workdir,
                               eval_batch_size=config.eval_batch_size, total_steps=total,
-                              inputs=_inputs(config, task, enc_params))
+                              inputs=_inputs(task, enc_params))
   state, data_state = trainer.restore_or_init(
       lambda fresh: _with_encoder(fresh, enc_params, cfg, trainer, config.init_checkpoint))
   if data_state is not None:

@@ -19,7 +19,6 @@ workdir.
 from __future__ import annotations
 
 import functools
-import io
 import itertools
 import json
 import sys
@@ -238,10 +237,12 @@ MODE_TASKS = {"classify": ("glue", "custom"), "qa": ("squad",), "tag": ("conll",
 
 def _input_lines(path: str) -> Iterator[str]:
   """The non-blank lines of a text file, read as they are used (a BOM is dropped, bytes
-  that are not UTF-8 become U+FFFD)."""
+  that are not UTF-8 become U+FFFD); a line ends at "\\n", a "\\r" before it is dropped."""
   with fileio.path(path).open("rb") as f:
-    for line in io.TextIOWrapper(f, encoding="utf-8-sig", errors="replace", newline="\n"):
-      line = line.rstrip("\n").rstrip("\r")
+    for i, raw in enumerate(iter(f.readline, b"")):
+      line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+      if i == 0:
+        line = line.removeprefix("\ufeff")
       if line.strip():
         yield line
 
@@ -277,7 +278,7 @@ class _Progress:
 def _check_output(path: str) -> None:
   """Before any work: the directory an output goes to exists."""
   parent = fileio.path(path).parent
-  if not parent.is_dir():
+  if not fileio.is_remote(path) and not parent.is_dir():  # GCS has no directories to create
     raise PredictError(f"--output={path}: the directory {parent} does not exist: create it or "
                        "write elsewhere.")
 

@@ -189,8 +189,9 @@ class Trainer:
   train_step: Callable  # jitted (state, global batch, rng) -> (state, metrics); state donated
   eval_step: Callable  # jitted (params, global batch) -> metric sums (replicated)
   checkpointer: checkpointing.Checkpointer | None
-  # What the run is made from, by name (e.g. fingerprints of its data and initial weights):
-  # saved with every checkpoint; a resume from other inputs is refused (InputsChangedError).
+  # What the run is made from, by name (e.g. fingerprints of its data and initial weights;
+  # names without dots): saved with every checkpoint; a resume from other inputs is refused
+  # (InputsChangedError).
   inputs: Mapping[str, Any] | None = None
   total_steps: int | None = None  # the learning-rate schedule's length
 
@@ -240,8 +241,8 @@ class Trainer:
       fields = checkpointing.config_changes(saved_cfg, json_config(self.config))
       raise checkpointing.InputsChangedError(
           f"The checkpoints in {self.checkpointer.directory} (latest: step {step}) were trained "
-          f"from other inputs than this command's: {', '.join(changed)} differ; nothing was "
-          "moved or changed.\n"
+          f"from other inputs than this command's: the {', '.join(changed)} differ (compared "
+          "by content); nothing was moved or changed.\n"
           + ("  Config fields that differ from the saved run's:\n    "
              + "\n    ".join(fields[:12]) + "\n" if fields else "")
           + f"  Rerun with the run's own inputs (its config is saved in {step_dir / 'config'}), "

@@ -4,6 +4,7 @@ clipping norm trained by gradient ascent, masked_lm_prob=0 pre-trained without M
 cadence of 0 divided by zero after the first step, too-short sequences crashed in the data
 pipeline, num_train_steps=0 claimed a checkpoint it never wrote, and --workdir="" filled
 the current directory."""
+import numpy as np
 import pytest
 
 from bert_jax import errors, finetune, train
@@ -77,10 +78,16 @@ def test_cadences_of_zero_are_off(tmp_path):
 
 
 def test_the_shortest_allowed_pretraining_sequences_train(tmp_path):
+  """The minimum lengths are enough: real NSP pairs / segments at L=5 and L=4 train."""
+  words = "the cat sat on a mat . dogs ran far away and then came back home".split()
+  rng = np.random.default_rng(0)
+  docs = ["\n".join(" ".join(rng.choice(words, 6)) + " ." for _ in range(4)) for _ in range(40)]
+  (tmp_path / "corpus.txt").write_text("\n\n".join(docs) + "\n")
   for nsp, length in ((True, 5), (False, 4)):
     config = tu.tiny_config(num_train_steps=2, data__max_seq_length=length, data__nsp=nsp,
                             data__max_predictions_per_seq=1, synthetic_data=False,
-                            build__corpus="default", build__vocab_size=200, model__vocab_size=256,
+                            build__corpus=str(tmp_path / "corpus.txt"), build__vocab_size=120,
+                            build__num_shards=1, data__eval_fraction=0.1,
                             data__vocab_path="vocab", data__prepared_dir="prepared")
     train.pretrain(config, str(tmp_path / f"nsp{nsp}"))
     assert tu.checkpoint_steps(tmp_path / f"nsp{nsp}") == [2]

@@ -129,6 +129,9 @@ def test_convert_to_and_from_gs(gcs, tmp_path):  # noqa: F811
       vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
       intermediate_size=32, max_position_embeddings=16))
   hf.save_pretrained(tmp_path / "hf")
+  # As the Hub ships it: the vocabulary beside the weights (every export carries it).
+  (tmp_path / "hf" / "vocab.txt").write_text("\n".join(
+      ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(45)]) + "\n")
   root = gcs.fresh_prefix()
   # The CLI three times in one interpreter: HF (local) -> ours (gs) -> HF (gs) -> HF (local).
   calls = [[f"--input={tmp_path / 'hf'}", f"--output={root}/native"],
@@ -136,8 +139,10 @@ def test_convert_to_and_from_gs(gcs, tmp_path):  # noqa: F811
            [f"--input={root}/hf", f"--output={tmp_path / 'back'}", "--to=huggingface"]]
   _run(gcs, [sys.executable, "-c", "from bert_jax import convert\n"
              + "".join(f"convert.main({c!r})\n" for c in calls)])
-  assert {f"{root}/native/bert_jax_config.json", f"{root}/hf/config.json",
-          f"{root}/hf/model.safetensors"} <= set(gcs.list_objects(root))
+  assert {f"{root}/native/bert_jax_config.json", f"{root}/native/vocab.txt",
+          f"{root}/hf/config.json", f"{root}/hf/model.safetensors", f"{root}/hf/vocab.txt",
+          f"{root}/hf/tokenizer_config.json"} <= set(gcs.list_objects(root))
+  transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
   import torch  # pylint: disable=g-import-not-at-top
   back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "back")
   for name, value in back.state_dict().items():

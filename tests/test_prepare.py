@@ -32,8 +32,8 @@ BOOK = ("*** START OF THE PROJECT GUTENBERG EBOOK T ***\r\n\r\n"
 def books(tmp_path):
   words = ("chapter one begins here . mr brown walked home it rained ! second paragraph of "
            "book bad byte here").split() + [str(i) for i in range(6)]
-  vocab = testing.write_vocab(str(tmp_path / "vocab" / "vocab.txt"),
-                              words + testing.tagged_words(6, 3) + ["[unused0]"])
+  vocab = testing.write_vocab(str(tmp_path / "vocab" / "vocab.txt"),  # each token once
+                              list(dict.fromkeys(words + testing.tagged_words(6, 3) + ["[unused0]"])))
   for i in range(6):
     text = BOOK.format(i=i).encode("utf-8").replace("\xff".encode("utf-8"), b"\xff")
     (tmp_path / f"book{i}.txt").write_bytes(text)
