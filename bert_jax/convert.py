@@ -827,16 +827,21 @@ def _json_or_empty(path) -> dict:
     return {}
 
 
-def export_vocabulary(vocab: str, out: str, cfg: BertConfig) -> str:
-  """Copies the vocabulary `vocab` into the export directory `out` as a HuggingFace model
-  directory holds it (vocab.txt or spm.model, tokenizer_config.json and any tokenizer.json /
-  special_tokens_map.json beside it), so that AutoTokenizer.from_pretrained(out) and our
-  Tokenizer read the same; a vocabulary of another size than the model is refused."""
+def vocabulary_of(vocab: str, cfg: BertConfig) -> tokenizer_lib.Tokenizer:
+  """The Tokenizer of `vocab`; one of another size than the model is refused."""
   tok = tokenizer_lib.Tokenizer.from_path(vocab)
   if tok.vocab_size != cfg.vocab_size:
     raise CheckpointMismatchError(
         f"The vocabulary {tok.path} has {tok.vocab_size} entries but the model "
         f"{cfg.vocab_size}: pass --vocab= the vocabulary the model was trained with.")
+  return tok
+
+
+def export_vocabulary(tok: tokenizer_lib.Tokenizer, out: str) -> str:
+  """Copies the vocabulary of `tok` into the export directory `out` as a HuggingFace model
+  directory holds it (vocab.txt or spm.model, tokenizer_config.json and any tokenizer.json /
+  special_tokens_map.json beside it), so that AutoTokenizer.from_pretrained(out) and our
+  Tokenizer read the same. Returns the vocabulary file's name."""
   src, dst = fileio.path(tok.path), fileio.path(out)
   name = (tokenizer_lib.WORDPIECE_FILE if tok.kind == "wordpiece"
           else tokenizer_lib.SENTENCEPIECE_FILE)
@@ -883,18 +888,13 @@ def main(argv: Iterable[str] | None = None) -> None:
       logging.warning("%s The export holds no vocabulary: predict and fine-tuning then need "
                       "--vocab.", e)
   cfg, params, _ = load_params(args.input, target=args.target, require_mlm=False)
-  if vocab is not None:  # checked before anything is written
-    tok = tokenizer_lib.Tokenizer.from_path(vocab)
-    if tok.vocab_size != cfg.vocab_size:
-      raise CheckpointMismatchError(
-          f"The vocabulary {tok.path} has {tok.vocab_size} entries but the model "
-          f"{cfg.vocab_size}: pass --vocab= the vocabulary the model was trained with.")
+  tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
   if args.to == "huggingface":
     export_huggingface(args.output, cfg, params)
   else:
     save_native(args.output, cfg, params)
-  if vocab is not None:
-    export_vocabulary(vocab, args.output, cfg)
+  if tok is not None:
+    export_vocabulary(tok, args.output)
   n = sum(int(np.size(x)) for x in __import__("jax").tree_util.tree_leaves(params))
   print(f"Converted {args.input} -> {args.output} ({args.to}): {describe_heads(heads(params))}, "
         f"{n:,} parameters, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
