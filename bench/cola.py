@@ -15,7 +15,7 @@ import pathlib
 import time
 
 from bert_jax import finetune, train
-from configs import glue, tiny_pretrain
+from bert_jax.configs import glue, tiny_pretrain
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 DEFAULT_COLA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "cola" / "raw"

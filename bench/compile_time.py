@@ -33,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def make_config(preset: str, seq_len: int, batch: int, dtype: str, *, scan: bool = True,
                 remat: str = "none", vocab: int = 30522, mesh_shape: dict | None = None):
   """configs/default.py with the benchmark's sizes."""
-  from configs import default
+  from bert_jax.configs import default
   config = default.get_config()
   config.model.preset = preset
   config.model.vocab_size = vocab

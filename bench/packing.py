@@ -37,7 +37,7 @@ class Run:
   def __init__(self, *, packing: bool, prepared: str, vocab: int, args):
     import jax
     from bert_jax import train, trainer as trainer_lib
-    from configs import default
+    from bert_jax.configs import default
     from input_pipeline import pretrain
     config = default.get_config()
     config.model.preset, config.model.vocab_size, config.model.dtype = args.preset, vocab, "float32"

@@ -69,7 +69,7 @@ def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: in
   """Per-step training loss of one run in `dtype` compute (float32 master weights)."""
   import jax
   from bert_jax import train, trainer as trainer_lib
-  from configs import default
+  from bert_jax.configs import default
   config = default.get_config()
   config.seed = seed
   config.model.preset, config.model.vocab_size, config.model.dtype = preset, vocab, dtype

@@ -54,7 +54,7 @@ def matmul_peak(n: int = 2048, reps: int = 10) -> float:
 
 def bench_config(preset: str, seq_len: int, dtype: str, batch: int, vocab: int):
   """configs/default.py set to the benchmarked model, length, dtype and batch."""
-  from configs import default
+  from bert_jax.configs import default
   config = default.get_config()
   config.model.preset = preset
   config.model.vocab_size = vocab

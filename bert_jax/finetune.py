@@ -456,7 +456,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, floa
   train_metrics = metrics_lib.TrainMetrics(
       writer, total_steps=total, tokens_per_step=B * seqs * L,
       flops_per_step=flops_lib.train_flops_per_step(cfg, B * seqs, L, 0, nsp=False),
-      peak_flops=flops_lib.peak_flops(str(cfg.dtype), config.peak_flops_per_device),
+      peak=flops_lib.Peak(str(cfg.dtype), config.peak_flops_per_device),
       learning_rate=functools.partial(optim.host_learning_rate, config, total_steps=total),
       summarize=task.objective.summarize, console=task.objective.console,
       prefix=lambda step: f"epoch {epoch_of(step)} ")

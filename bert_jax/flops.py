@@ -64,19 +64,58 @@ def _cache_path() -> pathlib.Path:
   return pathlib.Path(root) / "bert_jax" / "peak_flops.json"
 
 
+def _cpu_model() -> str:
+  """The CPU's model name (the same core count may be another CPU another day)."""
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return "unknown"
+
+
+def _cache_key(dtype: str) -> str:
+  dev = jax.devices()[0]
+  model = _cpu_model() if dev.platform == "cpu" else ""
+  return f"{dev.platform}:{dev.device_kind}:{model}:{os.cpu_count()}:{dtype}"
+
+
+def _read_cache() -> dict[str, float]:
+  try:
+    return json.loads(_cache_path().read_text())
+  except (OSError, ValueError):
+    return {}
+
+
+def _write_cache(key: str, peak: float) -> None:
+  """Records `peak` for `key` unless a higher figure is already there: a measurement on a
+  busy machine never lowers a better one."""
+  cached = _read_cache()
+  if cached.get(key, 0.0) >= peak:
+    return
+  cached[key] = peak
+  path = _cache_path()
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(cached, indent=1))
+    tmp.replace(path)
+  except OSError:
+    pass
+
+
 @functools.lru_cache(maxsize=None)
 def measure_matmul_peak(dtype: str = "float32", n: int = 1024, reps: int = 8) -> float:
   """Best observed FLOP/s of a square matmul on the default device (a quick probe,
-  ~1 s on a laptop). Cached on disk per device kind, core count and dtype."""
+  ~1 s on a laptop): the best of `reps` timings, and never below the best figure cached on
+  disk for this device kind, CPU model, core count and dtype (a probe under contention
+  reads low; `raise_measured_peak` also records faster rates a job achieved)."""
   dev = jax.devices()[0]
-  key = f"{dev.platform}:{dev.device_kind}:{os.cpu_count()}:{dtype}"
-  path = _cache_path()
-  try:
-    cached = json.loads(path.read_text())
-  except (OSError, ValueError):
-    cached = {}
-  if key in cached:
-    return float(cached[key])
+  key = _cache_key(dtype)
+  cached = _read_cache().get(key)
+  if cached:
+    return float(cached)
   x = jax.device_put(jnp.ones((n, n), dtype), dev)
   mm = jax.jit(lambda a: a @ a)
   mm(x).block_until_ready()
@@ -86,14 +125,16 @@ def measure_matmul_peak(dtype: str = "float32", n: int = 1024, reps: int = 8) ->
     mm(x).block_until_ready()
     best = min(best, time.perf_counter() - t0)
   peak = 2 * n ** 3 / best
-  cached[key] = peak
-  try:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cached, indent=1))
-  except OSError:
-    pass
+  _write_cache(key, peak)
   logging.info("Measured %s matmul peak on %s: %.1f GFLOP/s.", dtype, dev.device_kind, peak / 1e9)
   return peak
+
+
+def raise_measured_peak(dtype: str, flops_per_s: float) -> None:
+  """A host ran `flops_per_s` (model FLOPs): the matmul peak of this host is at least that,
+  from now on and in the disk cache."""
+  measure_matmul_peak.cache_clear()
+  _write_cache(_cache_key(dtype), flops_per_s)
 
 
 def peak_flops(dtype: str = "bfloat16", override: float = 0.0) -> float:
@@ -113,6 +154,40 @@ def peak_flops(dtype: str = "bfloat16", override: float = 0.0) -> float:
                     "config.peak_flops_per_device.", dev.device_kind)
     return 0.0
   return per_device * jax.device_count()
+
+
+class Peak:
+  """The peak FLOP/s that MFU counts against, and MFU itself (never above 100%).
+
+  A CPU peak is a measurement, so a lower bound of the true peak: when a job runs faster
+  (the probe ran on a busy machine), the peak is raised to the rate achieved, for this run
+  and in the disk cache, and the log says so once. A peak from the table or from
+  config.peak_flops_per_device is kept; a faster rate then shows as 100% with a warning
+  that the figure looks too low."""
+
+  def __init__(self, dtype: str = "bfloat16", override: float = 0.0):
+    self.dtype = str(jnp.dtype(dtype))
+    self.flops = peak_flops(self.dtype, override)
+    self.measured = not override and jax.devices()[0].platform == "cpu"
+    self._warned = False
+
+  def mfu(self, flops_per_s: float) -> float:
+    """Model FLOP/s achieved (the whole job) / the peak, at most 1."""
+    if not self.flops:
+      return 0.0
+    if flops_per_s > self.flops:
+      if self.measured:
+        logging.info("The job runs at %.1f GFLOP/s, above the %.1f GFLOP/s matmul peak "
+                     "measured earlier (on a busy machine): that is the peak now.",
+                     flops_per_s / 1e9, self.flops / 1e9)
+        self.flops = flops_per_s
+        raise_measured_peak(self.dtype, flops_per_s / jax.process_count())
+      elif not self._warned:
+        self._warned = True
+        logging.warning("The job runs at %.1f GFLOP/s, above the peak MFU counts against "
+                        "(%.1f GFLOP/s): MFU reads 100%%; check config.peak_flops_per_device.",
+                        flops_per_s / 1e9, self.flops / 1e9)
+    return min(flops_per_s / self.flops, 1.0)
 
 
 def xla_flops(compiled) -> float:

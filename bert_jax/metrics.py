@@ -16,6 +16,8 @@ from clu import metric_writers
 import jax
 import numpy as np
 
+from bert_jax import flops as flops_lib
+
 
 class NonFiniteLossError(FloatingPointError):
   """The loss, gradients or parameters became NaN/Inf."""
@@ -60,7 +62,7 @@ class TrainMetrics:
   """Collects per-step device metrics; reads, reports and checks them on demand."""
 
   def __init__(self, writer: metric_writers.MetricWriter, *, total_steps: int,
-               tokens_per_step: int, flops_per_step: float, peak_flops: float,
+               tokens_per_step: int, flops_per_step: float, peak: flops_lib.Peak,
                learning_rate: Callable[[int], float],
                summarize: Callable[[Mapping[str, float]], dict[str, float]],
                console: Sequence[tuple[str, str]] = (),
@@ -71,7 +73,7 @@ class TrainMetrics:
     self.summarize, self.console, self.prefix = summarize, tuple(console), prefix
     self.total_steps = total_steps
     self.tokens_per_step, self.flops_per_step = tokens_per_step, flops_per_step
-    self.peak_flops = peak_flops
+    self.peak = peak
     self.learning_rate = learning_rate
     self.pending: list[tuple[int, Any]] = []  # (step, device metrics), not read yet
     self.values: list[dict[str, Any]] = []  # read and checked, not yet reported
@@ -128,8 +130,7 @@ class TrainMetrics:
       if "num_tokens" in sums:  # real (non-padding) tokens; packing raises this
         scalars["real_tokens_per_sec"] = steps_per_s * sums["num_tokens"] / len(values)
         scalars["padding_fraction"] = 1.0 - sums["num_tokens"] / len(values) / self.tokens_per_step
-      scalars["mfu"] = (steps_per_s * self.flops_per_step / self.peak_flops
-                        if self.peak_flops else 0.0)
+      scalars["mfu"] = self.peak.mfu(steps_per_s * self.flops_per_step)
       eta = (self.total_steps - step) / steps_per_s
     self.writer.write_scalars(step, {f"train/{k}": v for k, v in scalars.items()})
     speed = ""

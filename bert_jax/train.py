@@ -262,7 +262,7 @@ def _pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
       tokens_per_step=config.global_batch_size * seq_len,
       flops_per_step=flops_lib.train_flops_per_step(cfg, config.global_batch_size, seq_len, preds,
                                                     nsp=model.nsp),
-      peak_flops=flops_lib.peak_flops(str(cfg.dtype), config.peak_flops_per_device),
+      peak=flops_lib.Peak(str(cfg.dtype), config.peak_flops_per_device),
       learning_rate=functools.partial(optim.host_learning_rate, config),
       summarize=trainer.objective.summarize, console=trainer.objective.console)
 

@@ -46,7 +46,7 @@ def test_pretraining_values_that_cannot_work_are_named_before_any_work(tmp_path,
     ("log_every_steps", -1, "--config.log_every_steps=-1"),
 ])
 def test_finetuning_values_that_cannot_work_are_named(tmp_path, field, value, message):
-  from configs import classify_custom  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import classify_custom  # pylint: disable=g-import-not-at-top
   c = classify_custom.get_config()
   c.init_checkpoint, c.vocab_path = "x", "y"
   node, *_ = [c.opt] if field.startswith("opt.") else [c]

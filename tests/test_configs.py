@@ -154,7 +154,7 @@ def test_every_field_of_every_shipped_config_is_read_by_its_job(tmp_path, monkey
   """Pre-training (the README job, then packed) and every fine-tuning task run under a
   tracker; each leaf of each shipped config must be read by its job (or, for MODE_ONLY
   fields, be named in the code of the mode that reads it)."""
-  from configs import classify_custom, conll, glue, squad, swag, tiny_pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import classify_custom, conll, glue, squad, swag, tiny_pretrain  # pylint: disable=g-import-not-at-top
   from tests import test_finetune, test_finetune_packing, test_main  # pylint: disable=g-import-not-at-top
   tracker = _ReadTracker()
   tracker.install(monkeypatch)

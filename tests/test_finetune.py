@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import convert, errors, finetune
 from bert_jax import model as model_lib
-from configs import classify_custom, conll, glue, squad, swag
+from bert_jax.configs import classify_custom, conll, glue, squad, swag
 from tests.test_task_data import CONTEXT, _squad_file, make_vocab
 
 WORDS = "good great fine bad awful poor the movie was plot acting very".split()

@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax import finetune, heads, sharding
 from bert_jax import model as model_lib
-from configs import classify_custom, squad
+from bert_jax.configs import classify_custom, squad
 from input_pipeline import epochs, packing
 from tests.test_finetune import _sentiment, pretrained  # noqa: F401  (module fixture)
 

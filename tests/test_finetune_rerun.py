@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpointing, fileio, finetune
-from configs import classify_custom
+from bert_jax.configs import classify_custom
 from tests import test_finetune
 from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import
 

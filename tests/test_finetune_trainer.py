@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune
-from configs import glue
+from bert_jax.configs import glue
 from tests import test_finetune
 from tests import test_train_utils as tu
 from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import

@@ -106,7 +106,7 @@ def test_inspect_shows_what_a_run_trains_on(run_workdir, tmp_path, capsys):
   """--config and --workdir of a run: its workdir-relative vocabulary and prepared corpus,
   its L, P, seed and global batch size, and exactly the batches its iterator yields."""
   from bert_jax import fileio  # pylint: disable=g-import-not-at-top
-  from configs import tiny_pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import tiny_pretrain  # pylint: disable=g-import-not-at-top
   from input_pipeline import data_config  # pylint: disable=g-import-not-at-top
   out = tmp_path / "batches.npz"
   stats = inspect_lib.main(["inspect", "--config=configs/tiny_pretrain.py",

@@ -105,7 +105,7 @@ def test_predict_from_our_workdir_prints_no_orbax_warnings(pretraining_workdir):
 
 def test_finetuning_from_our_workdir_logs_no_orbax_warnings(tmp_path, pretraining_workdir, caplog):
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
-  from configs import classify_custom  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import classify_custom  # pylint: disable=g-import-not-at-top
   run, vocab = pretraining_workdir
   rows = [{"text": f"w{i % 7} w{i % 3}", "label": str(i % 2)} for i in range(16)]
   (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -16,7 +16,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
   sys.path.insert(0, str(REPO))
 
-from configs import tiny_pretrain  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.configs import tiny_pretrain  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Shrinks configs/tiny_pretrain.py to seconds-long runs (command-line form).
 TINY = {

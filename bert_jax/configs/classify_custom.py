@@ -6,7 +6,7 @@ r"""Fine-tune on your own classification data (CSV / TSV with a header, or JSONL
 """
 import ml_collections
 
-from configs import finetune
+from bert_jax.configs import finetune
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -8,7 +8,7 @@ r"""CoNLL-2003 NER fine-tuning (token classification, first WordPiece of each wo
 """
 import ml_collections
 
-from configs import finetune
+from bert_jax.configs import finetune
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -5,7 +5,7 @@ r"""SWAG multiple-choice fine-tuning (one [CLS] score per choice, softmax over 4
 """
 import ml_collections
 
-from configs import finetune
+from bert_jax.configs import finetune
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

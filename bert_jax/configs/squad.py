@@ -9,7 +9,7 @@ HasAns/NoAns and the null threshold that maximises dev F1).
 """
 import ml_collections
 
-from configs import finetune
+from bert_jax.configs import finetune
 
 
 def get_config(arg: str | None = "v1") -> ml_collections.ConfigDict:

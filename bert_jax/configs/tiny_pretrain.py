@@ -9,7 +9,7 @@ no-op once finished; raise --config.num_train_steps to continue).
 """
 import ml_collections
 
-from configs import default
+from bert_jax.configs import default
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

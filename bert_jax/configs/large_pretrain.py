@@ -9,7 +9,7 @@ does not want to be replicated on every chip), and layers are rematerialised.
 """
 import ml_collections
 
-from configs import base_pretrain
+from bert_jax.configs import base_pretrain
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -13,7 +13,7 @@ continuing the same schedule. Variants (comma-separated after the colon):
 """
 import ml_collections
 
-from configs import default
+from bert_jax.configs import default
 
 PHASE1_FRACTION = 0.9
 

@@ -9,7 +9,7 @@ few fields (configs/base_pretrain.py, large_pretrain.py, tiny_pretrain.py). Over
 import ml_collections
 from ml_collections import config_dict
 
-from configs import common
+from bert_jax.configs import common
 from input_pipeline import data_config
 
 

@@ -9,7 +9,7 @@ in_domain_*.tsv names work too). Predictions go to `<workdir>/<Task>.tsv`, metri
 """
 import ml_collections
 
-from configs import finetune
+from bert_jax.configs import finetune
 
 
 def get_config(arg: str | None = "cola") -> ml_collections.ConfigDict:

@@ -12,7 +12,7 @@ conll.py, swag.py) add the fields of their data.
 """
 import ml_collections
 
-from configs import common
+from bert_jax.configs import common
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

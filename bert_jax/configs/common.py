@@ -53,12 +53,12 @@ def get_config() -> ml_collections.ConfigDict:
   )
 
   # Checkpoints in workdir/checkpoints (Orbax, asynchronous).
-  c.checkpoint_every_steps = 10_000
+  c.checkpoint_every_steps = 10_000  # 0 = off (saves still at the end, epoch ends, SIGTERM)
   c.keep_checkpoints = 3  # the newest N ...
   c.keep_checkpoint_period = 100_000  # ... plus every step divisible by this (0 = none)
   c.async_checkpointing = True
 
   # Logging.
-  c.log_every_steps = 100
+  c.log_every_steps = 100  # 0 = off (a progress line at the end only)
   c.peak_flops_per_device = 0.0  # for MFU; 0 = known table / measured on CPU
   return c
