@@ -141,6 +141,20 @@ class _GcsLock:
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
 
+  def check_bucket(self) -> None:
+    """A missing bucket is a UserError at once (TensorFlow's gs:// mkdir would retry it for
+    minutes before failing). Credentials allowed objects but not bucket metadata cannot
+    tell: the job goes on."""
+    try:
+      exists = self.blob.bucket.exists()
+    except self.exceptions.Forbidden:
+      return
+    if not exists:
+      raise errors.UserError(
+          f"--workdir={self.workdir} cannot be used: the bucket gs://{self.blob.bucket.name} "
+          "does not exist. Create it (gcloud storage buckets create gs://BUCKET) or give "
+          "another --workdir.")
+
   def _read(self) -> tuple[dict[str, Any], int] | None:
     try:
       self.blob.reload()
@@ -248,6 +262,8 @@ def hold(workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
     lock = (_GcsLock(key, heartbeat_s, stale_after_s) if key.startswith("gs://")
             else _LocalLock(key))
     try:
+      if isinstance(lock, _GcsLock):
+        lock.check_bucket()
       fileio.path(workdir).mkdir(parents=True, exist_ok=True)
       lock.acquire(started=time.time())
     except WorkdirLockedError as e:

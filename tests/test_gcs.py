@@ -110,6 +110,16 @@ def test_finetune_glue_on_gs_then_predict(gcs, pretrained):  # noqa: F811
   _no_local_gs_dir()
 
 
+def test_a_workdir_in_a_missing_bucket_is_one_line(gcs, tmp_path):  # noqa: F811
+  """Before: a traceback from the storage client. Nothing is written anywhere."""
+  out = _run(gcs, tu.main_args("gs://no-such-bucket-here/run"), timeout=120, check=False)
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  (line,) = [l for l in out.stderr.splitlines() if "error:" in l]
+  assert line.startswith("main.py: error: --workdir=gs://no-such-bucket-here/run cannot be "
+                         "used: the bucket gs://no-such-bucket-here does not exist"), line
+  _no_local_gs_dir()
+
+
 @pytest.mark.slow
 def test_predict_features_to_gs(gcs, pretrained):  # noqa: F811
   run, _ = pretrained
