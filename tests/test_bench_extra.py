@@ -7,6 +7,8 @@ say so instead of failing.
 """
 import re
 
+import pytest
+
 from bench import aot_tpu, compile_time, flax_peer, precision
 
 
@@ -58,3 +60,13 @@ def test_aot_tpu_smoke(capsys):
   else:
     assert rows[0]["devices"] == 4 and cells[5] == "1,4,1"
     assert float(cells[9]) > 0 and float(cells[12]) > 0
+
+
+@pytest.mark.slow
+def test_predict_memory_smoke(capsys, monkeypatch):
+  from bench import predict_memory  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr("sys.argv", ["predict_memory", "--smoke"])
+  predict_memory.main()
+  rows = [l for l in capsys.readouterr().out.splitlines() if "peak RSS" in l]
+  assert len(rows) == 4 and all(float(r.split("peak RSS")[1].split("MB")[0].replace(",", "")) > 0
+                                for r in rows), rows
