@@ -6,31 +6,21 @@ import json
 import os
 import shutil
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bert_jax import convert, errors, predict, train, workdir_lock
-from bert_jax import model as model_lib
 from tests import test_main_errors
 from tests import test_train_utils as tu
-from tests.test_task_data import make_vocab
+from tests.test_checkpoint_inputs import checkpoints  # noqa: F401  pylint: disable=unused-import
 
 
 @pytest.fixture(scope="module")
-def hub_dir(tmp_path_factory):
-  """A HuggingFace BertForPreTraining directory of a tiny model, as the Hub ships it."""
-  tmp = tmp_path_factory.mktemp("hub")
-  tok = make_vocab(tmp, ["the cat sat on the mat . a dog ran"])
-  cfg = model_lib.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_layers=2, num_heads=2,
-                             intermediate_size=32, max_position_embeddings=32)
-  ids = jnp.ones((1, 4), jnp.int32)
-  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
-  convert.export_huggingface(str(tmp / "hf"), cfg, jax.tree.map(np.asarray, params))
-  shutil.copy(tmp / "vocab.txt", tmp / "hf" / "vocab.txt")
-  return tmp / "hf"
+def hub_dir(checkpoints, tmp_path_factory):  # noqa: F811
+  """The tiny model's HuggingFace directory with its vocab.txt, as the Hub ships it."""
+  d = shutil.copytree(checkpoints / "hf", tmp_path_factory.mktemp("hub") / "hf")
+  shutil.copy(checkpoints / "vocab.txt", d / "vocab.txt")
+  return d
 
 
 def _predict_error(capsys, checkpoint, *flags) -> str:
