@@ -248,9 +248,11 @@ class Trainer:
           + f"  Rerun with the run's own inputs (its config is saved in {step_dir / 'config'}), "
           "or train with these in another --workdir.")
     saved_total = saved_cfg.get(checkpointing.SCHEDULE_KEY)
-    if self.total_steps is not None and saved_total not in (None, self.total_steps):
-      before = optim.host_learning_rate(self.config, step, saved_total)
-      after = optim.host_learning_rate(self.config, step, self.total_steps)
+    if self.total_steps is None or saved_total in (None, self.total_steps):
+      return
+    before = optim.host_learning_rate(self.config, step, saved_total)
+    after = optim.host_learning_rate(self.config, step, self.total_steps)
+    if not np.isclose(before, after, rtol=1e-6, atol=0.0):  # e.g. a fixed decay_steps: no jump
       logging.warning(
           "The learning-rate schedule now spans %d steps, not %d as when step %d was saved "
           "(e.g. more epochs or num_train_steps): at step %d the learning rate goes from "

@@ -169,3 +169,19 @@ def test_predict_reads_a_finetuned_workdir_only_in_its_own_mode(finished, pretra
   assert [(o["text"], o["prediction"]) for o in again] == [(o["text"], o["prediction"]) for o in out]
   np.testing.assert_allclose([o["probability"] for o in again], [o["probability"] for o in out],
                              rtol=1e-5)
+
+
+@pytest.mark.parametrize("decay_steps,warned", [(0, True), (1000, False)])
+def test_a_longer_run_warns_only_when_the_learning_rate_jumps(decay_steps, warned, caplog):
+  """Pre-training's num_train_steps raised on resume: with the decay tied to it
+  (decay_steps=0) the learning rate jumps and the log says so; with a fixed schedule
+  length (BERT's decay_steps) nothing changes and nothing is said."""
+  import types  # pylint: disable=g-import-not-at-top
+  from bert_jax import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  config = tu.tiny_config(num_train_steps=20, schedule__decay_steps=decay_steps)
+  fake = types.SimpleNamespace(config=config, inputs=None, total_steps=20,
+                               checkpointer=types.SimpleNamespace(directory=epath.Path("/w")))
+  caplog.set_level("WARNING")
+  trainer_lib.Trainer._check_resume(fake, 10, {checkpointing.SCHEDULE_KEY: 10})  # pylint: disable=protected-access
+  assert ("learning-rate schedule now spans 20 steps, not 10" in caplog.text) is warned, caplog.text
