@@ -299,12 +299,14 @@ def main(argv: Sequence[str] | None = None) -> None:
   out = args.output or "features.npy"
   if args.mode == "features":
     _check_output(out)
-  vocab = args.vocab or convert.checkpoint_vocab(args.checkpoint)
-  tokenizer = Tokenizer.from_path(vocab, args.lowercase)
+  # The checkpoint's own vocabulary by default, read once the checkpoint is known good.
+  vocabulary = lambda: Tokenizer.from_path(args.vocab or convert.checkpoint_vocab(args.checkpoint),
+                                           args.lowercase)
   B = args.batch_size
   if args.mode in ("classify", "qa", "tag"):
     cfg, params, task, labels = load_finetuned(args.checkpoint)
     _check_mode(args.mode, task, args.checkpoint)
+    tokenizer = vocabulary()
     _check_vocab(cfg, tokenizer)
     if args.mode == "qa":
       if not (args.question and args.context):
@@ -328,6 +330,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     raise PredictError("Give --text (repeatable) or --input_file.")
   if args.mode == "fill_mask":
     cfg, params = load_checkpoint(args.checkpoint, "pretraining")
+    tokenizer = vocabulary()
     _check_vocab(cfg, tokenizer)
     progress = _Progress(texts, "texts")
     inputs, shown = itertools.tee(progress)
@@ -344,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   else:
     layers = parse_layers(args.layers)
     cfg, params = load_checkpoint(args.checkpoint, "encoder")
+    tokenizer = vocabulary()
     _check_vocab(cfg, tokenizer)
     check_layers(layers, cfg.num_layers, args.layers)
     feats, mask = extract_features(cfg, params, tokenizer, list(_Progress(texts, "texts")),
