@@ -124,13 +124,10 @@ def read_task_text(path: str, missing: str = "") -> str:
   return text
 
 
-_read_text = read_task_text
-
-
 def _rows(path: str, delimiter: str, quotechar: str | None = None,
           missing: str = "") -> list[tuple[int, list[str]]]:
   """(line where the row starts, fields) of every row of a CSV / TSV file."""
-  text = _read_text(path, missing)
+  text = read_task_text(path, missing)
   # GLUE TSVs hold bare quotes inside sentences: read them unquoted, as the original.
   reader = csv.reader(io.StringIO(text), delimiter=delimiter, quotechar=quotechar,
                       quoting=csv.QUOTE_MINIMAL if quotechar else csv.QUOTE_NONE)
@@ -260,7 +257,7 @@ def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -
   kind = path.removesuffix(".gz")
   if kind.endswith(".jsonl") or kind.endswith(".json"):
     records = []
-    for line_no, line in enumerate(_read_text(path).split("\n"), 1):
+    for line_no, line in enumerate(read_task_text(path).split("\n"), 1):
       if not line.strip():
         continue
       try:

@@ -13,13 +13,13 @@ import io
 import numpy as np
 
 from input_pipeline import features
-from input_pipeline.glue import DataError, read_task_text as _read_text, truncate_pair
+from input_pipeline.glue import DataError, read_task_text, truncate_pair
 
 
 def read_conll(path: str) -> list[tuple[list[str], list[str]]]:
   """[(words, tags)] per sentence; the tag is the last column."""
   sentences, words, tags = [], [], []
-  for line_no, line in enumerate(_read_text(path).splitlines(), 1):
+  for line_no, line in enumerate(read_task_text(path).splitlines(), 1):
     line = line.strip()
     if not line or line.startswith("-DOCSTART-"):
       if words:
@@ -78,7 +78,7 @@ def encode_conll(sentences, tokenizer, max_seq_length: int, labels: list[str]) -
 
 
 def read_swag(path: str) -> list[dict]:
-  reader = csv.DictReader(io.StringIO(_read_text(path)))
+  reader = csv.DictReader(io.StringIO(read_task_text(path)))
   need = {"sent1", "sent2", "ending0", "ending1", "ending2", "ending3"}
   if not need <= set(reader.fieldnames or ()):
     raise DataError(f"{path} is not a SWAG CSV: needs columns {sorted(need)} (+ label).")
