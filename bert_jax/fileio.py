@@ -56,17 +56,22 @@ def write_json(p: str | os.PathLike, obj: Any) -> None:
 
 
 def write_text_atomic(p: str | os.PathLike, text: str) -> None:
-  """Replaces the file `p` with `text` so that a reader (or a run after a kill or a full
+  """Replaces the file `p` with `text` atomically (`write_bytes_atomic`)."""
+  write_bytes_atomic(p, text.encode("utf-8"))
+
+
+def write_bytes_atomic(p: str | os.PathLike, data: bytes) -> None:
+  """Replaces the file `p` with `data` so that a reader (or a run after a kill or a full
   disk) finds the old content or the new, never a cut file. Locally: a temporary file
   beside it, renamed over it (a rename within a directory is atomic). On GCS an object
   upload is already all or nothing, so the object is written directly."""
   p = path(p)
   if is_remote(p):
-    p.write_text(text)
+    p.write_bytes(data)
     return
   tmp = p.parent / f".{p.name}.tmp-{os.getpid()}"
   try:
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     tmp.replace(p)
   finally:
     if tmp.exists():

@@ -264,7 +264,7 @@ def _log_labels(config, labels: tuple, train_ex) -> None:
                     empty, where)
 
 
-def _check_config(config: ml_collections.ConfigDict) -> bool:
+def check_config(config: ml_collections.ConfigDict) -> bool:
   """Fails early on a config fine-tuning cannot run (unset fields, missing checkpoint or
   input files), naming the field to set; returns whether it packs."""
   if not config.init_checkpoint:
@@ -433,7 +433,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float
 
 def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  packed = _check_config(config)
+  packed = check_config(config)
   saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work
   cfg, enc_params, tok = _load(config)
   task = TASKS[config.task](config, tok, cfg)

@@ -25,6 +25,7 @@ import tensorflow as tf
 from bert_jax import errors
 from bert_jax import finetune
 from bert_jax import metrics
+from bert_jax import suite
 from bert_jax import train
 from bert_jax import workdir_lock
 
@@ -56,11 +57,13 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def run(config, workdir: str):
-  """The job config.task names: pre-training, or a fine-tuning task (holding the workdir's
-  lock: one job per workdir)."""
+  """The job config.task names: pre-training, a fine-tuning task or the fine-tuning suite
+  (holding the workdir's lock: one job per workdir)."""
   with workdir_lock.hold(workdir):
     if config.task == "pretrain":
       return train.train_and_evaluate(config, workdir)
+    if config.task == "suite":
+      return suite.run_suite(config, workdir)
     return finetune.finetune(config, workdir)
 
 

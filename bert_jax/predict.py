@@ -405,22 +405,37 @@ def classify(cfg, params, task, labels, tokenizer, texts, pairs=None, batch_size
   return list(iter_classify(cfg, params, task, labels, tokenizer, texts, pairs, batch_size))
 
 
+def classifier_logits(cfg, params, feats: dict[str, np.ndarray], batch_size: int = 32) -> np.ndarray:
+  """The classifier's logits [n, num_labels] for encoded features (glue.encode_examples),
+  `batch_size` rows at a time (the last batch padded: one compiled shape)."""
+  num = _num_outputs(params)
+  fn = _classifier_fn(cfg, num)
+  inputs = ("input_ids", "segment_ids", "input_mask")
+  out = [np.zeros((0, num), np.float32)]
+  for start in range(0, len(feats["input_ids"]), batch_size):
+    rows = [feats[k][start:start + batch_size] for k in inputs]
+    padded = [np.zeros((batch_size,) + v.shape[1:], v.dtype) for v in rows]
+    for p, v in zip(padded, rows):
+      p[:len(v)] = v
+    out.append(np.asarray(fn(params, *padded))[:len(rows[0])])
+  return np.concatenate(out)
+
+
+def _num_outputs(params) -> int:
+  return params["classifier"]["kernel"].shape[-1]
+
+
 def iter_classify(cfg, params, task, labels, tokenizer, texts: Iterable[str],
                   pairs: Sequence[str] | None = None, batch_size: int = 32) -> Iterator[tuple]:
   """(label, probability, all probabilities) per text (or ("score", value, None) for
   regression), `batch_size` texts at a time as `texts` is read."""
-  num = params["classifier"]["kernel"].shape[-1]
-  fn = _classifier_fn(cfg, num)
+  num = _num_outputs(params)
   done = 0
   for batch in chunks(texts, batch_size):
     examples = [glue.Example(str(i), t, (pairs[done + i] if pairs else None), None)
                 for i, t in enumerate(batch)]
     feats = glue.encode_examples(examples, tokenizer, task["max_seq_length"], labels)
-    padded = {k: np.zeros((batch_size,) + v.shape[1:], v.dtype) for k, v in feats.items()}
-    for k, v in feats.items():
-      padded[k][:len(v)] = v
-    logits = np.asarray(fn(params, padded["input_ids"], padded["segment_ids"],
-                           padded["input_mask"]))[:len(batch)]
+    logits = classifier_logits(cfg, params, feats, batch_size)
     done += len(batch)
     if num == 1:
       yield from (("score", float(l[0]), None) for l in logits)

@@ -1,0 +1,749 @@
+r"""The fine-tuning suite: every task of a suite x every setting of a protocol x seeds, one report.
+
+  python -m bert_jax.main --config=configs/suite.py:glue --config.init_checkpoint=CKPT \
+      --config.vocab_path=VOCAB --config.data_dir=glue_data --workdir=/tmp/glue
+
+The suite is a job like the others (config.task == "suite", bert_jax/configs/suite.py): it
+plans the runs, checks every task's data before the first one, then runs each as the
+fine-tuning job (bert_jax/finetune.py) in its own workdir `runs/<task>/<setting>/seed<k>`
+and records `result.json` there once it has finished (or failed: a run that diverges is
+reported as failed, the suite goes on). A rerun skips finished runs and resumes an
+interrupted one from its checkpoint, so the report it writes is the same.
+
+Per task it chooses a setting (the best run on dev, as the paper; or the best median
+over seeds), evaluates the chosen run where the paper needs more (MNLI mismatched), writes
+the GLUE server's test-set files from it (`submission/`, zipped, AX included) and copies
+its dev predictions (SQuAD's in the official JSON format). `report.json`, `report.md`
+and `report.png` (ours beside the paper's rows) come last, each replaced atomically.
+
+Runs of equal shapes share compiled programs through XLA's persistent compilation cache
+(on by default in WORKDIR/xla_cache): the seeds of a setting compile once, and a rerun or
+another suite on the same model compiles nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import statistics
+import time
+import traceback
+import zipfile
+from typing import Any
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+
+from bert_jax import errors, fileio, finetune, predict
+from bert_jax.configs import conll as conll_config
+from bert_jax.configs import glue as glue_config
+from bert_jax.configs import squad as squad_config
+from bert_jax.configs import suite as suite_config
+from bert_jax.configs import swag as swag_config
+from input_pipeline import glue, squad, tagging
+from input_pipeline.tokenizer import Tokenizer
+
+ConfigError = errors.ConfigError
+GLUE_TASKS = suite_config.GLUE_TASKS
+TASKS = GLUE_TASKS + ("squad1", "squad2", "swag", "conll")
+# Each task's directory under config.data_dir, as the downloads lay them out (the GLUE
+# download script's names; diagnostic/ holds AX).
+DIRECTORIES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
+               "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI", "ax": "diagnostic",
+               "squad1": "squad", "squad2": "squad", "swag": "swag", "conll": "conll2003"}
+SQUAD_FILES = {"squad1": ("train-v1.1.json", "dev-v1.1.json"),
+               "squad2": ("train-v2.0.json", "dev-v2.0.json")}
+AX_FILE = "diagnostic.tsv"
+# The metrics the paper reports per task (the first one chooses runs and settings); as the
+# paper prints them: percentages.
+METRICS = {"cola": ("mcc",), "sst2": ("accuracy",), "mrpc": ("f1", "accuracy"),
+           "stsb": ("spearman", "pearson"), "qqp": ("f1", "accuracy"),
+           "mnli": ("accuracy", "accuracy_mismatched"), "qnli": ("accuracy",),
+           "rte": ("accuracy",), "wnli": ("accuracy",), "squad1": ("f1", "exact"),
+           "squad2": ("f1", "exact"), "swag": ("accuracy",), "conll": ("f1",)}
+_PERCENT_ALREADY = ("squad1", "squad2")  # scoring.squad_scores gives percentages
+# The paper's rows (Devlin et al. 2019): GLUE test (Table 1), SQuAD v1.1 dev (Table 2),
+# SQuAD v2.0 dev (Table 3, BERT-large only), SWAG dev (Table 4), CoNLL-2003 dev (Table 7).
+REFERENCES = {
+    "BERT-base": {"split": {"glue": "test", "other": "dev"},
+                  "mnli": 84.6, "mnli_mm": 83.4, "qqp": 71.2, "qnli": 90.5, "sst2": 93.5,
+                  "cola": 52.1, "stsb": 85.8, "mrpc": 88.9, "rte": 66.4, "glue_score": 79.6,
+                  "squad1": 88.5, "swag": 81.6, "conll": 96.4},
+    "BERT-large": {"split": {"glue": "test", "other": "dev"},
+                   "mnli": 86.7, "mnli_mm": 85.9, "qqp": 72.1, "qnli": 92.7, "sst2": 94.9,
+                   "cola": 60.5, "stsb": 86.5, "mrpc": 89.3, "rte": 70.1, "glue_score": 82.1,
+                   "squad1": 90.9, "squad2": 81.9, "swag": 86.6, "conll": 96.6},
+}
+# The paper's GLUE score: the mean of these nine numbers (WNLI left out).
+GLUE_SCORE_PARTS = (("mnli", "accuracy"), ("mnli", "accuracy_mismatched"), ("qqp", "f1"),
+                    ("qnli", "accuracy"), ("sst2", "accuracy"), ("cola", "mcc"),
+                    ("stsb", "spearman"), ("mrpc", "f1"), ("rte", "accuracy"))
+# The GLUE server's file names; AX is predicted by the MNLI model.
+SUBMISSION_FILES = {"cola": {"test": "CoLA.tsv"}, "sst2": {"test": "SST-2.tsv"},
+                    "mrpc": {"test": "MRPC.tsv"}, "stsb": {"test": "STS-B.tsv"},
+                    "qqp": {"test": "QQP.tsv"},
+                    "mnli": {"test": "MNLI-m.tsv", "test_mismatched": "MNLI-mm.tsv", "ax": "AX.tsv"},
+                    "qnli": {"test": "QNLI.tsv"}, "rte": {"test": "RTE.tsv"},
+                    "wnli": {"test": "WNLI.tsv"}}
+# Dev predictions of the chosen run copied to submission/ (SQuAD's in the official format).
+DEV_PREDICTIONS = {"squad1": ("predictions.json",), "squad2": ("predictions.json", "null_odds.json"),
+                   "swag": ("predictions.csv",), "conll": ("predictions.txt",)}
+RESULT_FILE = "result.json"
+ZIP_NAME = "glue_submission.zip"
+# Run-config fields that do not change a run's result (a rerun may change them).
+_OPERATIONAL = ("max_steps_per_run", "log_every_steps", "checkpoint_every_steps",
+                "keep_checkpoints", "keep_checkpoint_period", "async_checkpointing",
+                "peak_flops_per_device", "mesh_shape", "logical_axis_rules", "eval_batch_size")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One fine-tuning run of the suite."""
+  task: str
+  setting: str  # e.g. lr5e-05_b32_e3
+  hparams: tuple[tuple[str, Any], ...]  # (field, value) the protocol sets
+  seed: int
+  dir: str  # relative to the suite workdir
+
+  def describe(self) -> str:
+    return f"{self.task} {self.setting} seed {self.seed}"
+
+
+# ----------------------------------------------------------------------------
+# Planning: tasks, protocol, settings, seeds.
+
+def task_list(config) -> tuple[str, ...]:
+  """The tasks config.tasks names: a suite of suite_config.SUITES or a comma list."""
+  spec = str(config.tasks).strip()
+  if spec in suite_config.SUITES:
+    return suite_config.SUITES[spec]
+  tasks = tuple(t.strip() for t in spec.split(",") if t.strip())
+  unknown = [t for t in tasks if t not in TASKS]
+  if unknown or not tasks:
+    raise ConfigError(f"--config.tasks={spec!r}: unknown task{'s' if len(unknown) > 1 else ''} "
+                      f"{', '.join(unknown) or '(none given)'}; name a suite "
+                      f"({', '.join(suite_config.SUITES)}) or tasks among {', '.join(TASKS)}.")
+  return tuple(dict.fromkeys(tasks))
+
+
+def grid(config, task: str) -> dict[str, tuple]:
+  """The protocol's settings for `task`: {field: values}."""
+  if config.protocol == "grid":
+    table = {k: config.grid[k] for k in ("learning_rate", "global_batch_size", "num_epochs")}
+    where = "--config.grid"
+  elif config.protocol in suite_config.PROTOCOLS:
+    protocol = suite_config.PROTOCOLS[config.protocol]
+    table, where = protocol.get(task, protocol.get("*")), f"protocol {config.protocol!r}"
+    if table is None:
+      raise ConfigError(f"protocol {config.protocol!r} has no setting for task {task}: add one "
+                        "to PROTOCOLS in bert_jax/configs/suite.py, or use --config.protocol=grid.")
+  else:
+    raise ConfigError(f"--config.protocol={config.protocol!r} is unknown: choose one of "
+                      f"{', '.join(suite_config.PROTOCOLS)} or grid (your --config.grid).")
+  out = {}
+  for field in ("learning_rate", "global_batch_size", "num_epochs"):
+    values = table.get(field, ())
+    values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+    if not values:
+      raise ConfigError(f"{where}.{field} holds no values (task {task}): give at least one, "
+                        f"e.g. --config.grid.{field}=\"(2e-5,3e-5)\".")
+    kind = float if field == "learning_rate" else int
+    for v in values:
+      if not isinstance(v, (int, float)) or v <= 0 or (kind is int and v != int(v)):
+        raise ConfigError(f"{where}.{field}={values}: every value must be a positive "
+                          f"{'number' if kind is float else 'integer'}.")
+    out[field] = tuple(kind(v) for v in values)
+  return out
+
+
+def plan(config) -> list[Run]:
+  """Every run of the suite, in order (MNLI first when other tasks start from it)."""
+  tasks = task_list(config)
+  mnli_first = _init_from_mnli(config, tasks)
+  if mnli_first:
+    tasks = ("mnli",) + tuple(t for t in tasks if t != "mnli")
+  if config.select not in ("best", "median"):
+    raise ConfigError(f"--config.select={config.select!r}: choose best (the best run on dev, "
+                      "as the paper) or median (the best median over seeds).")
+  for field in ("seeds", "small_task_seeds"):
+    if config[field] < (1 if field == "seeds" else 0):
+      raise ConfigError(f"--config.{field}={config[field]}: it must be at least "
+                        f"{1 if field == 'seeds' else 0} (0 = seeds).")
+  runs = []
+  for task in tasks:
+    g = grid(config, task)
+    n = (config.small_task_seeds or config.seeds) if task in suite_config.SMALL_TASKS else config.seeds
+    for lr in g["learning_rate"]:
+      for batch in g["global_batch_size"]:
+        for epochs in g["num_epochs"]:
+          setting = f"lr{lr:g}_b{batch}_e{epochs}"
+          hp = (("learning_rate", lr), ("global_batch_size", batch), ("num_epochs", epochs))
+          for k in range(n):
+            seed = config.seed + k
+            runs.append(Run(task, setting, hp, seed, f"runs/{task}/{setting}/seed{seed}"))
+  return runs
+
+
+def _init_from_mnli(config, tasks) -> tuple[str, ...]:
+  names = tuple(t.strip() for t in str(config.init_from_mnli or "").split(",") if t.strip())
+  if not names:
+    return ()
+  bad = [t for t in names if t not in TASKS or t == "mnli"]
+  if bad:
+    raise ConfigError(f"--config.init_from_mnli names {', '.join(bad)}: list fine-tuning tasks "
+                      "other than mnli, e.g. rte,mrpc,stsb.")
+  if "mnli" not in tasks:
+    raise ConfigError("--config.init_from_mnli needs mnli among the suite's tasks (its chosen "
+                      "run's weights start the others).")
+  return names
+
+
+# ----------------------------------------------------------------------------
+# Each run's fine-tuning config.
+
+def task_dir(config, task: str) -> str:
+  if config.task_dirs.get(task):
+    return config.task_dirs[task]
+  if not config.data_dir:
+    raise ConfigError(f"Task {task}: config.data_dir is not set: pass --config.data_dir=DIR (the "
+                      f"directory holding {DIRECTORIES[task]}/ and the other tasks' directories), "
+                      f"or --config.task_dirs.{task}=DIR.")
+  if config.data_dir.startswith("tfds") and task in GLUE_TASKS + ("ax",):
+    return config.data_dir
+  return fileio.join(config.data_dir, DIRECTORIES[task])
+
+
+def run_config(config, run: Run, init_checkpoint: str | None = None) -> ml_collections.ConfigDict:
+  """The fine-tuning config of one run: the task's own config, the suite's shared fields,
+  the protocol's setting and the run's seed."""
+  module, arg = {"squad1": (squad_config, "v1"), "squad2": (squad_config, "v2"),
+                 "swag": (swag_config, None), "conll": (conll_config, None)}.get(
+                     run.task, (glue_config, run.task))
+  c = module.get_config(arg)
+  for key, value in config.items():
+    if key in ("task", "data_dir") or key not in c:
+      continue
+    if key == "max_seq_length" and not value:
+      continue  # the task's own
+    if isinstance(value, ml_collections.ConfigDict):
+      for sub, v in value.items():
+        c[key][sub] = v
+    else:
+      c[key] = value
+  directory = task_dir(config, run.task)
+  if run.task in SQUAD_FILES:
+    c.train_file, c.eval_file = (fileio.join(directory, f) for f in SQUAD_FILES[run.task])
+  else:
+    c.data_dir = directory
+  for field, value in run.hparams:
+    if field == "learning_rate":
+      c.opt.learning_rate = value
+    else:
+      c[field] = value
+  c.seed = run.seed
+  if init_checkpoint:
+    c.init_checkpoint = init_checkpoint
+  return c
+
+
+def _identity(c: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The fields of a run config that decide its result."""
+  flat = {}
+
+  def walk(prefix, d):
+    for k, v in d.items():
+      if isinstance(v, dict):
+        walk(f"{prefix}{k}.", v)
+      elif f"{prefix}{k}" not in _OPERATIONAL and k not in _OPERATIONAL:
+        flat[f"{prefix}{k}"] = v
+  walk("", json.loads(c.to_json_best_effort()))
+  return flat
+
+
+# ----------------------------------------------------------------------------
+# Checks before the first run: every task's data, every finished run's config.
+
+@dataclasses.dataclass
+class TaskInputs:
+  train_examples: int
+  splits: dict[str, list] = dataclasses.field(default_factory=dict)  # extra GLUE splits found
+
+
+def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
+  """Reads every task's files (train, dev, and the test files the submission needs) and
+  checks each run's config, before any run starts: a missing directory or file, a file in
+  the wrong format or a config that cannot work is one ConfigError naming the task and
+  file. Also refuses finished runs whose config differs from this command's."""
+  inputs = {}
+  for task in dict.fromkeys(r.task for r in runs):
+    first = next(r for r in runs if r.task == task)
+    c = run_config(config, first)
+    try:
+      finetune.check_config(c)
+      inputs[task] = _read_task(config, task, c)
+    except errors.UserError as e:
+      raise ConfigError(f"Task {task}: {e}") from None
+  for run in runs:
+    saved = fileio.read_json(fileio.path(workdir) / run.dir / RESULT_FILE)
+    if saved and "config" in saved:
+      now = _identity(run_config(config, run))
+      before = saved["config"]
+      differ = sorted(k for k in set(now) | set(before)
+                      if now.get(k) != before.get(k) and k != "init_checkpoint")
+      if differ:
+        fields = "; ".join(f"{k}: saved {before.get(k)!r}, now {now.get(k)!r}" for k in differ[:5])
+        raise ConfigError(f"{run.dir} finished with another config than this command's ({fields}); "
+                          "nothing was changed. Rerun with the suite's own config (saved in each "
+                          "run's result.json), or use another --workdir.")
+  return inputs
+
+
+def _read_task(config, task: str, c) -> TaskInputs:
+  """Reads the task's files with the fine-tuning readers (a format error names file and
+  line); returns the training-set size and the extra GLUE splits found."""
+  if task in GLUE_TASKS:
+    read = (lambda split: glue.read_tfds_glue(task, split, c.data_dir.partition(":")[2] or None))\
+        if c.data_dir.startswith("tfds") else (lambda split: glue.read_glue(task, c.data_dir, split))
+    train = read("train")
+    read(c.eval_split)
+    found = {}
+    wanted = ["dev_mismatched"] if task == "mnli" else []
+    if config.submission:
+      wanted += [s for s in SUBMISSION_FILES.get(task, {}) if s != "ax"]
+    for split in wanted:
+      try:
+        found[split] = read(split)
+      except glue.MissingDataError as e:
+        if split == "dev_mismatched":
+          raise
+        logging.warning("Task %s: %s No %s file for the GLUE submission.", task, e,
+                        SUBMISSION_FILES[task][split])
+    if task == "mnli" and config.submission:
+      ax = _read_ax(config)
+      if ax is not None:
+        found["ax"] = ax
+    return TaskInputs(len(train), found)
+  if task in SQUAD_FILES:
+    squad.read_squad(c.eval_file)
+    return TaskInputs(len(squad.read_squad(c.train_file)))
+  if task == "conll":
+    tagging.read_conll(fileio.join(c.data_dir, c.eval_file))
+    return TaskInputs(len(tagging.read_conll(fileio.join(c.data_dir, c.train_file))))
+  tagging.read_swag(fileio.join(c.data_dir, c.eval_file))
+  return TaskInputs(len(tagging.read_swag(fileio.join(c.data_dir, c.train_file))))
+
+
+def _read_ax(config) -> list | None:
+  """The GLUE diagnostic set (AX), predicted by the MNLI model; None (a warning) if absent."""
+  directory = task_dir(config, "ax")
+  if directory.startswith("tfds"):
+    try:
+      return glue.read_tfds_glue("mnli", "test", directory.partition(":")[2] or None, "glue/ax")
+    except glue.MissingDataError as e:
+      logging.warning("%s No AX.tsv for the GLUE submission.", e)
+      return None
+  path = fileio.join(directory, AX_FILE)
+  if not fileio.path(path).exists():
+    logging.warning("%s does not exist (the GLUE diagnostic set, set --config.task_dirs.ax): no "
+                    "AX.tsv for the GLUE submission.", path)
+    return None
+  return glue.read_glue_file("mnli", path, "test")
+
+
+# ----------------------------------------------------------------------------
+# Running.
+
+class _Progress:
+  """One line per run start and end, with the suite's ETA from the steps still to go."""
+
+  def __init__(self, runs: list[Run], inputs: dict[str, TaskInputs], todo: list[Run]):
+    self.total, self.steps = len(runs), {}
+    for r in runs:
+      hp = dict(r.hparams)
+      self.steps[r] = max(inputs[r.task].train_examples // hp["global_batch_size"], 1) * hp["num_epochs"]
+    self.left = {r: self.steps[r] for r in todo}
+    self.seconds = self.steps_done = 0.0
+    self.index = {r: i + 1 for i, r in enumerate(runs)}
+
+  def start(self, run: Run) -> None:
+    logging.info("suite: run %d/%d start: %s (%d steps)", self.index[run], self.total,
+                 run.describe(), self.steps[run])
+
+  def end(self, run: Run, result: dict, seconds: float) -> None:
+    self.seconds += seconds
+    self.steps_done += self.steps[run]
+    self.left.pop(run, None)
+    metric = METRICS[run.task][0]
+    what = (f"{metric} {_value(result, run.task, metric):.2f}" if result["status"] == "done"
+            else f"FAILED ({result['error'].splitlines()[0][:200]})")
+    eta = ""
+    if self.left and self.steps_done:
+      eta = f"; ETA {_duration(sum(self.left.values()) * self.seconds / self.steps_done)} " \
+            f"({len(self.left)} runs left)"
+    logging.info("suite: run %d/%d end: %s: %s in %s%s", self.index[run], self.total,
+                 run.describe(), what, _duration(seconds), eta)
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+      f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _run_one(config, run: Run, workdir: str, init_checkpoint: str | None) -> dict | None:
+  """Fine-tunes one run; returns its result record, or None when it stopped early (SIGTERM,
+  max_steps_per_run): the suite then stops and a rerun continues it."""
+  out = fileio.path(workdir) / run.dir
+  c = run_config(config, run, init_checkpoint)
+  start = time.time()
+  record = {"task": run.task, "setting": run.setting, "hparams": dict(run.hparams),
+            "seed": run.seed, "config": _identity(c)}
+  try:
+    finetune.finetune(c, str(out))
+  except (errors.UserError, KeyboardInterrupt):
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (a failed run is reported, not fatal)
+    logging.error("suite: %s failed:\n%s", run.describe(), traceback.format_exc())
+    record.update(status="failed", error=f"{type(e).__name__}: {e}", dev={},
+                  seconds=time.time() - start)
+    fileio.write_json(out / RESULT_FILE, record)
+    return record
+  saved = fileio.read_json(out / finetune.METRICS_FILE, {})
+  if len(saved.get("epochs", [])) < c.num_epochs:
+    return None  # stopped before its last epoch
+  best = dict(saved["best"])
+  record.update(status="done", epoch=best.pop("epoch"), step=best.pop("step"), dev=best,
+                seconds=time.time() - start)
+  if jax.process_index() == 0:
+    fileio.write_json(out / RESULT_FILE, record)
+  return record
+
+
+def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
+  """Runs the suite in `workdir` (holding its lock; main.run takes it); returns the report,
+  or None when stopped early (a rerun continues)."""
+  fileio.path(workdir).mkdir(parents=True, exist_ok=True)
+  runs = plan(config)
+  inputs = check(config, runs, workdir)
+  _compilation_cache(config, workdir)
+  results = {r: fileio.read_json(fileio.path(workdir) / r.dir / RESULT_FILE) for r in runs}
+  todo = [r for r in runs if not results[r] or (config.retry_failed and results[r]["status"] != "done")]
+  logging.info("suite: %d tasks (%s), protocol %s: %d runs, %d finished before, %d to run; "
+               "outputs in %s", len(inputs), ", ".join(inputs), config.protocol, len(runs),
+               len(runs) - len(todo), len(todo), workdir)
+  progress = _Progress(runs, inputs, todo)
+  mnli_init = _init_from_mnli(config, tuple(inputs))
+  chosen: dict[str, dict] = {}
+  for task in inputs:
+    task_runs = [r for r in runs if r.task == task]
+    init = None
+    if task in mnli_init:
+      best = chosen.get("mnli", {}).get("best_run")
+      if best is None:
+        logging.error("suite: task %s starts from the chosen MNLI run, and no MNLI run finished.", task)
+      init = fileio.join(workdir, best["dir"], "best") if best else None
+    for run in task_runs:
+      if run not in todo:
+        continue
+      if task in mnli_init and init is None:
+        results[run] = {"task": task, "setting": run.setting, "hparams": dict(run.hparams),
+                        "seed": run.seed, "status": "failed", "dev": {}, "seconds": 0.0,
+                        "error": "no finished MNLI run to start from"}
+        continue
+      progress.start(run)
+      t0 = time.time()
+      result = _run_one(config, run, workdir, init)
+      if result is None:
+        logging.info("suite: %s stopped before its end; rerun the same command to continue. "
+                     "Outputs so far in %s", run.describe(), workdir)
+        return None
+      results[run] = result
+      progress.end(run, result, time.time() - t0)
+    chosen[task] = choose(config, task, [(r, results[r]) for r in task_runs])
+    if chosen[task].get("best_run"):
+      chosen[task].update(_finalize(config, task, chosen[task], inputs[task], workdir))
+  report = build_report(config, runs, results, chosen)
+  write_report(report, workdir)
+  logging.info("suite: report in %s (report.md, report.json, report.png)%s; runs under %s/runs; "
+               "TensorBoard: tensorboard --logdir=%s/runs", workdir,
+               f", GLUE submission in {workdir}/submission/{ZIP_NAME}"
+               if report.get("submission", {}).get("zip") else "", workdir, workdir)
+  return report
+
+
+def _compilation_cache(config, workdir: str) -> None:
+  """XLA's persistent compilation cache in WORKDIR/xla_cache (or the configured dir)."""
+  where = config.compilation_cache_dir
+  if where == "none":
+    return
+  where = where or fileio.join(workdir, "xla_cache")
+  if jax.config.jax_compilation_cache_dir != where:
+    jax.config.update("jax_compilation_cache_dir", str(fileio.path(where)))
+    try:  # the cache object keeps the first directory it was used with
+      from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
+      compilation_cache.reset_cache()
+    except (ImportError, AttributeError):
+      pass
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# ----------------------------------------------------------------------------
+# Choosing a setting per task, and what the chosen run gives beyond its dev metrics.
+
+def _value(result: dict, task: str, metric: str) -> float | None:
+  v = (result or {}).get("dev", {}).get(metric)
+  if v is None:
+    return None
+  return float(v) if task in _PERCENT_ALREADY else 100.0 * float(v)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+  if not values:
+    return {"median": None, "mean": None, "std": None, "n": 0}
+  return {"median": statistics.median(values), "mean": statistics.fmean(values),
+          "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def choose(config, task: str, runs: list[tuple[Run, dict | None]]) -> dict[str, Any]:
+  """The task's settings with their runs and spread over seeds, the chosen setting and its
+  best run (config.select: the best single run, or the best median)."""
+  metric = METRICS[task][0]
+  settings = []
+  for name in dict.fromkeys(r.setting for r, _ in runs):
+    members = [(r, res) for r, res in runs if r.setting == name]
+    rows = [{"seed": r.seed, "dir": r.dir, "status": (res or {}).get("status", "missing"),
+             "dev": {m: _value(res, task, m) for m in (res or {}).get("dev", {})
+                     if isinstance(res["dev"][m], (int, float))},
+             "epoch": (res or {}).get("epoch"), "seconds": (res or {}).get("seconds"),
+             **({"error": res["error"]} if res and res.get("error") else {})}
+            for r, res in members]
+    values = [row["dev"][metric] for row in rows if row["status"] == "done"]
+    settings.append({"name": name, "hparams": dict(members[0][0].hparams), "runs": rows,
+                     **_spread(values)})
+  done = [s for s in settings if s["n"]]
+  out = {"metric": metric, "settings": settings}
+  if not done:
+    return out
+  key = (lambda s: s["median"]) if config.select == "median" else (
+      lambda s: max(r["dev"][metric] for r in s["runs"] if r["status"] == "done"))
+  best_setting = max(done, key=key)  # the first of equals: the protocol's order
+  best_run = max((r for r in best_setting["runs"] if r["status"] == "done"),
+                 key=lambda r: r["dev"][metric])
+  out.update(chosen=best_setting["name"], hparams=best_setting["hparams"], best_run=best_run,
+             dev=dict(best_run["dev"]))
+  return out
+
+
+def _finalize(config, task: str, chosen: dict, inputs: TaskInputs, workdir: str) -> dict:
+  """MNLI mismatched dev accuracy, the GLUE test-set files and the dev predictions of the
+  chosen run; kept in tasks/<task>.json and reused while the chosen run stays the same."""
+  root = fileio.path(workdir)
+  run_dir = chosen["best_run"]["dir"]
+  cache_path = root / "tasks" / f"{task}.json"
+  cached = fileio.read_json(cache_path, {})
+  if cached.get("run") == run_dir and all((root / f).exists() for f in cached.get("files", [])):
+    return cached["extra"]
+  extra: dict[str, Any] = {}
+  files = []
+  sub = root / "submission"
+  sub.mkdir(parents=True, exist_ok=True)
+  if task in GLUE_TASKS and (inputs.splits or task == "mnli"):
+    cfg, params, saved, labels = predict.load_finetuned(str(root / run_dir))
+    tok = Tokenizer.from_path(saved["vocab_path"], saved.get("lowercase"))
+    for split, examples in inputs.splits.items():
+      feats = glue.encode_examples(examples, tok, saved["max_seq_length"], labels)
+      logits = predict.classifier_logits(cfg, params, feats, config.eval_batch_size)
+      if split == "dev_mismatched":
+        extra["accuracy_mismatched"] = 100.0 * float(np.mean(np.argmax(logits, -1) == feats["labels"]))
+        continue
+      name = SUBMISSION_FILES[task][split]
+      if labels is None:  # STS-B: scores on the task's 0-5 scale
+        rows = [f"{ex.guid}\t{float(np.clip(l[0], 0.0, 5.0)):.3f}\n" for ex, l in zip(examples, logits)]
+      else:
+        rows = [f"{ex.guid}\t{labels[int(np.argmax(l))]}\n" for ex, l in zip(examples, logits)]
+      if jax.process_index() == 0:
+        fileio.write_text_atomic(sub / name, "index\tprediction\n" + "".join(rows))
+      files.append(f"submission/{name}")
+  for name in DEV_PREDICTIONS.get(task, ()):
+    source = root / run_dir / name
+    if source.exists():
+      target = f"{task}_dev_{name}"
+      if jax.process_index() == 0:
+        fileio.write_text_atomic(sub / target, source.read_text())
+      files.append(f"submission/{target}")
+  if jax.process_index() == 0:
+    fileio.write_json(cache_path, {"run": run_dir, "files": files, "extra": extra})
+  return extra
+
+
+# ----------------------------------------------------------------------------
+# The report.
+
+def glue_score(tasks: dict[str, dict]) -> dict[str, Any]:
+  """The paper's GLUE score: the mean of MNLI-m, MNLI-mm, QQP F1, QNLI, SST-2, CoLA MCC,
+  STS-B Spearman, MRPC F1 and RTE (WNLI left out); None unless all nine are there."""
+  parts = {}
+  for task, metric in GLUE_SCORE_PARTS:
+    value = tasks.get(task, {}).get("dev", {}).get(metric)
+    if task == "mnli" and metric == "accuracy_mismatched":
+      value = tasks.get(task, {}).get("accuracy_mismatched")
+    parts[f"{task}/{metric}"] = value
+  have = [v for v in parts.values() if v is not None]
+  return {"score": statistics.fmean(have) if len(have) == len(parts) else None,
+          "parts": parts, "split": "dev"}
+
+
+def build_report(config, runs: list[Run], results: dict, chosen: dict) -> dict[str, Any]:
+  tasks = {}
+  for task, c in chosen.items():
+    entry = dict(c)
+    if "accuracy_mismatched" in entry:
+      entry.setdefault("dev", {})["accuracy_mismatched"] = entry["accuracy_mismatched"]
+    chosen_setting = next((s for s in c["settings"] if s["name"] == c.get("chosen")), None)
+    entry["spread"] = {k: chosen_setting[k] for k in ("median", "mean", "std", "n")} if chosen_setting else None
+    entry["metrics"] = list(METRICS[task])
+    entry["status"] = "done" if c.get("best_run") else "failed"
+    entry["seconds"] = sum(s for s in (results[r].get("seconds") or 0.0 for r in runs
+                                       if r.task == task and results.get(r)))
+    tasks[task] = entry
+  report = {"tasks_spec": str(config.tasks), "protocol": config.protocol, "select": config.select,
+            "init_checkpoint": config.init_checkpoint, "seeds": config.seeds,
+            "small_task_seeds": config.small_task_seeds, "tasks": tasks,
+            "references": REFERENCES}
+  if any(t in GLUE_TASKS for t in tasks):
+    report["glue_score"] = glue_score(tasks)
+  files = sorted(n for t in tasks if t in SUBMISSION_FILES for n in SUBMISSION_FILES[t].values())
+  report["submission"] = {"expected": files}
+  return report
+
+
+def _fmt(v, digits=1) -> str:
+  return "-" if v is None else f"{v:.{digits}f}"
+
+
+def render_markdown(report: dict) -> str:
+  lines = [f"# Fine-tuning suite: {report['tasks_spec']} ({report['protocol']} protocol)", "",
+           f"init_checkpoint: `{report['init_checkpoint']}`; setting chosen by "
+           f"{'the best single run' if report['select'] == 'best' else 'the best median over seeds'} "
+           "on dev. Dev-set numbers in %.", "",
+           "| task | metric | best run | chosen setting | median | mean | std | seeds | epoch | time |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for task, t in report["tasks"].items():
+    metric = t["metric"]
+    if t["status"] != "done":
+      errs = {r.get("error", r["status"]) for s in t["settings"] for r in s["runs"]}
+      lines.append(f"| {task} | {metric} | FAILED ({'; '.join(sorted(errs))[:120]}) | | | | | | | |")
+      continue
+    others = ", ".join(f"{m} {_fmt(t['dev'].get(m))}" for m in t["metrics"][1:])
+    sp = t["spread"]
+    lines.append(
+        f"| {task} | {metric} | {_fmt(t['dev'][metric])}" + (f" ({others})" if others else "")
+        + f" | {t['chosen']} seed {t['best_run']['seed']} | {_fmt(sp['median'])} | {_fmt(sp['mean'])} "
+        f"| {_fmt(sp['std'], 2)} | {sp['n']} | {t['best_run']['epoch']} | {_duration(t['seconds'])} |")
+  if "glue_score" in report:
+    g = report["glue_score"]
+    lines += ["", f"GLUE score (the paper's: mean of MNLI-m/mm, QQP F1, QNLI, SST-2, CoLA, "
+                  f"STS-B Spearman, MRPC F1, RTE; dev): **{_fmt(g['score'])}**"
+              + ("" if g["score"] is not None else
+                 f" (needs all nine; missing: {', '.join(k for k, v in g['parts'].items() if v is None)})")]
+  lines += ["", "## Beside the paper", "",
+            "The paper's rows are GLUE **test** scores (Table 1) and SQuAD/SWAG/CoNLL dev scores; ours are dev.",
+            "", "| task | ours (dev) | BERT-base | BERT-large |", "|---|---|---|---|"]
+  for key, ours in _comparison(report):
+    base, large = REFERENCES["BERT-base"].get(key), REFERENCES["BERT-large"].get(key)
+    lines.append(f"| {key} | {_fmt(ours)} | {_fmt(base)} | {_fmt(large)} |")
+  lines += ["", "## Runs", "", "| task | setting | seed | status | metric | epoch | time |",
+            "|---|---|---|---|---|---|---|"]
+  for task, t in report["tasks"].items():
+    for s in t["settings"]:
+      for r in s["runs"]:
+        lines.append(f"| {task} | {s['name']} | {r['seed']} | {r['status']} | "
+                     f"{_fmt(r['dev'].get(t['metric']))} | {r.get('epoch') or '-'} | "
+                     f"{_duration(r['seconds']) if r.get('seconds') is not None else '-'} |")
+  sub = report.get("submission", {})
+  if sub.get("expected"):
+    lines += ["", f"GLUE submission: `submission/{ZIP_NAME}` holds {len(sub.get('present', []))} of "
+                  f"the {len(sub['expected'])} files the server expects"
+              + (f" (missing: {', '.join(sub['missing'])})" if sub.get("missing") else "") + "."]
+  return "\n".join(lines) + "\n"
+
+
+def _comparison(report: dict) -> list[tuple[str, float | None]]:
+  """(reference key, our number) for the tasks the suite ran."""
+  out = []
+  for task, t in report["tasks"].items():
+    key = task
+    out.append((key, t.get("dev", {}).get(t["metric"])))
+    if task == "mnli":
+      out.append(("mnli_mm", t.get("dev", {}).get("accuracy_mismatched")))
+  if report.get("glue_score", {}).get("score") is not None:
+    out.append(("glue_score", report["glue_score"]["score"]))
+  return out
+
+
+def render_plot(report: dict) -> bytes | None:
+  """A PNG: our dev numbers beside the paper's BERT-base and BERT-large rows."""
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.warning("matplotlib is not installed: no report.png (pip install matplotlib).")
+    return None
+  rows = _comparison(report)
+  fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(rows) + 1.5), 3.6))
+  x = np.arange(len(rows))
+  glue_rows = any(k in GLUE_TASKS for k, _ in rows)
+  other_rows = any(k not in GLUE_TASKS + ("mnli_mm", "glue_score") for k, _ in rows)
+  split = "GLUE test, others dev" if glue_rows and other_rows else "test" if glue_rows else "dev"
+  series = [("ours (dev)", [v for _, v in rows])] + [
+      (f"{name} (paper, {split})", [REFERENCES[name].get(k) for k, _ in rows])
+      for name in ("BERT-base", "BERT-large")]
+  width = 0.27
+  for i, (label, values) in enumerate(series):
+    ax.bar(x + (i - 1) * width, [np.nan if v is None else v for v in values], width, label=label)
+  ax.set_xticks(x, [k for k, _ in rows], rotation=30, ha="right")
+  ax.set_ylabel("score (%)")
+  ax.set_title(f"{report['tasks_spec']}, {report['protocol']} protocol")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+  plt.close(fig)
+  return buf.getvalue()
+
+
+def _zip(root, names: list[str]) -> bytes:
+  """The submission zip: the files at its top level, fixed timestamps (same bytes each time)."""
+  buf = io.BytesIO()
+  with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+    for name in names:
+      info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+      info.compress_type = zipfile.ZIP_DEFLATED
+      z.writestr(info, (root / "submission" / name).read_bytes())
+  return buf.getvalue()
+
+
+def write_report(report: dict, workdir: str) -> None:
+  """report.json, report.md, report.png and the submission zip, each replaced atomically
+  (process 0)."""
+  if jax.process_index() != 0:
+    return
+  root = fileio.path(workdir)
+  sub = report["submission"]
+  sub["present"] = [n for n in sub["expected"] if (root / "submission" / n).exists()]
+  sub["missing"] = [n for n in sub["expected"] if n not in sub["present"]]
+  if sub["present"]:
+    fileio.write_bytes_atomic(root / "submission" / ZIP_NAME, _zip(root, sub["present"]))
+    sub["zip"] = f"submission/{ZIP_NAME}"
+    if sub["missing"]:
+      logging.warning("suite: the GLUE submission lacks %s (the server expects all %d files).",
+                      ", ".join(sub["missing"]), len(sub["expected"]))
+  png = render_plot(report)
+  if png is not None:
+    fileio.write_bytes_atomic(root / "report.png", png)
+  fileio.write_text_atomic(root / "report.md", render_markdown(report))
+  fileio.write_text_atomic(root / "report.json", json.dumps(report, indent=1, sort_keys=True))
