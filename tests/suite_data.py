@@ -105,7 +105,7 @@ def make_squad2(root: pathlib.Path) -> pathlib.Path:
   answers = ["the 10th and 11th centuries", "Normandy", "Rollo", "Catholicism"]
   qas = [{"id": f"q{i}", "question": f"What is answer number {i}?",
           "answers": [{"text": a, "answer_start": CONTEXT.index(a)}], "is_impossible": False}
-         for i, a in enumerate(answers)]
+         for i, a in enumerate(answers + answers)]
   qas.append({"id": "qx", "question": "What is answer number 9?", "answers": [],
               "is_impossible": True})
   data = {"version": "v2.0", "data": [{"title": "Normans", "paragraphs": [

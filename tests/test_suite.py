@@ -1,0 +1,334 @@
+"""The fine-tuning suite (bert_jax/suite.py): the whole GLUE suite end to end on tiny files in
+the download's formats, its report and submission, resume after kill -9, and bad inputs."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import zipfile
+
+import ml_collections
+import numpy as np
+import pytest
+
+from bert_jax import errors, finetune, main, suite
+from bert_jax.configs import suite as suite_config
+from bert_jax.metrics import NonFiniteLossError
+from tests import suite_data
+from tests import test_train_utils as tu
+
+GLUE_LABELS = {"CoLA.tsv": {"0", "1"}, "SST-2.tsv": {"0", "1"}, "MRPC.tsv": {"0", "1"},
+               "QQP.tsv": {"0", "1"}, "WNLI.tsv": {"0", "1"},
+               "MNLI-m.tsv": set(suite_data.MNLI_LABELS), "MNLI-mm.tsv": set(suite_data.MNLI_LABELS),
+               "AX.tsv": set(suite_data.MNLI_LABELS),
+               "QNLI.tsv": {"entailment", "not_entailment"}, "RTE.tsv": {"entailment", "not_entailment"}}
+TEST_FILE = {"CoLA.tsv": "CoLA/test.tsv", "SST-2.tsv": "SST-2/test.tsv", "MRPC.tsv": "MRPC/test.tsv",
+             "STS-B.tsv": "STS-B/test.tsv", "QQP.tsv": "QQP/test.tsv", "MNLI-m.tsv": "MNLI/test_matched.tsv",
+             "MNLI-mm.tsv": "MNLI/test_mismatched.tsv", "QNLI.tsv": "QNLI/test.tsv",
+             "RTE.tsv": "RTE/test.tsv", "WNLI.tsv": "WNLI/test.tsv", "AX.tsv": "diagnostic/diagnostic.tsv"}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("suite_inputs")
+  suite_data.make_glue(root / "data")
+  suite_data.make_squad2(root / "data")
+  ckpt, vocab = suite_data.make_checkpoint(root / "model")
+  return {"data": str(root / "data"), "ckpt": ckpt, "vocab": vocab}
+
+
+def _config(inputs, tasks="glue", lrs=(1e-3, 5e-4), epochs=1, seeds=2, **overrides):
+  c = suite_config.get_config(tasks)
+  c.init_checkpoint, c.vocab_path, c.data_dir = inputs["ckpt"], inputs["vocab"], inputs["data"]
+  c.protocol = "grid"
+  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = lrs, (8,), (epochs,)
+  c.seeds = seeds
+  c.eval_batch_size = 8
+  c.max_seq_length = 32
+  c.log_every_steps = 0
+  for key, value in overrides.items():
+    assert key in c, key
+    c[key] = value
+  return c
+
+
+def _flat(d, prefix=""):
+  for k, v in d.items():
+    if isinstance(v, ml_collections.ConfigDict):
+      yield from _flat(v, f"{prefix}{k}.")
+    else:
+      yield f"{prefix}{k}", v
+
+
+def _args(c) -> list[str]:
+  """The command-line flags that turn configs/suite.py into config `c`."""
+  base = dict(_flat(suite_config.get_config()))
+  return [f"--config.{k}={v}" for k, v in _flat(c) if base.get(k) != v]
+
+
+@pytest.fixture(scope="module")
+def glue_run(inputs, tmp_path_factory):
+  """The whole glue suite, 2 settings x 2 seeds, one epoch each."""
+  work = tmp_path_factory.mktemp("glue_suite") / "w"
+  report = main.run(_config(inputs), str(work))
+  return work, report
+
+
+def _strip_times(obj):
+  if isinstance(obj, dict):
+    return {k: _strip_times(v) for k, v in obj.items() if k != "seconds"}
+  if isinstance(obj, list):
+    return [_strip_times(v) for v in obj]
+  return obj
+
+
+def test_glue_suite_reports_every_task_with_its_seed_spread(glue_run):
+  work, report = glue_run
+  saved = json.loads((work / "report.json").read_text())
+  assert saved == json.loads(json.dumps(report, sort_keys=True))
+  assert set(saved["tasks"]) == set(suite_config.GLUE_TASKS)
+  for task, t in saved["tasks"].items():
+    assert t["status"] == "done", task
+    metric = suite.METRICS[task][0]
+    assert [s["name"] for s in t["settings"]] == ["lr0.001_b8_e1", "lr0.0005_b8_e1"]
+    for s in t["settings"]:
+      values = [r["dev"][metric] for r in s["runs"]]
+      assert len(values) == s["n"] == 2 and [r["seed"] for r in s["runs"]] == [0, 1]
+      assert s["median"] == pytest.approx(np.median(values))
+      assert s["mean"] == pytest.approx(np.mean(values))
+      assert s["std"] == pytest.approx(np.std(values, ddof=1))
+      for r in s["runs"]:  # the run's own best epoch, in percent
+        best = json.loads((work / r["dir"] / finetune.METRICS_FILE).read_text())["best"]
+        assert r["dev"][metric] == pytest.approx(100.0 * best[metric])
+    # The chosen setting holds the best run over all settings (the paper's choice).
+    best_value = max(r["dev"][metric] for s in t["settings"] for r in s["runs"])
+    assert t["best_run"]["dev"][metric] == best_value == t["dev"][metric]
+    chosen = next(s for s in t["settings"] if s["name"] == t["chosen"])
+    assert t["best_run"] in chosen["runs"]
+    assert t["spread"] == {k: chosen[k] for k in ("median", "mean", "std", "n")}
+  mnli = saved["tasks"]["mnli"]
+  assert 0 <= mnli["dev"]["accuracy_mismatched"] <= 100
+  score = saved["glue_score"]
+  parts = [saved["tasks"][t]["dev"][m] for t, m in suite.GLUE_SCORE_PARTS]
+  assert score["score"] == pytest.approx(np.mean(parts)) and len(parts) == 9
+  md = (work / "report.md").read_text()
+  for task in suite_config.GLUE_TASKS:
+    assert f"| {task} |" in md
+  assert "| glue_score |" in md and "79.6" in md and "82.1" in md  # the paper's rows beside ours
+  assert (work / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_glue_submission_zip_holds_every_file_with_its_rows_and_labels(glue_run, inputs):
+  work, report = glue_run
+  z = zipfile.ZipFile(work / "submission" / suite.ZIP_NAME)
+  assert sorted(z.namelist()) == sorted(TEST_FILE)
+  assert report["submission"]["missing"] == []
+  for name, source in TEST_FILE.items():
+    rows = z.read(name).decode().splitlines()
+    assert rows[0] == "index\tprediction"
+    test_rows = (suite_data.AX_ROWS if name == "AX.tsv" else
+                 suite_data.TEST_ROWS[{v: k for k, v in suite_data.DIRS.items()}[source.split("/")[0]]])
+    assert len(rows) == 1 + test_rows, name
+    ids = [r.split("\t")[0] for r in rows[1:]]
+    gold_ids = [line.split("\t")[0] for line in
+                open(os.path.join(inputs["data"], source)).read().splitlines()[1:]]
+    assert ids == gold_ids, name
+    preds = [r.split("\t")[1] for r in rows[1:]]
+    if name == "STS-B.tsv":
+      assert all(0.0 <= float(p) <= 5.0 for p in preds)
+    else:
+      assert set(preds) <= GLUE_LABELS[name], name
+
+
+def test_rerun_skips_finished_runs_and_writes_the_identical_report(glue_run, inputs, monkeypatch):
+  work, _ = glue_run
+  before = {p: (work / p).read_bytes() for p in ("report.json", "report.md",
+                                                 f"submission/{suite.ZIP_NAME}")}
+
+  def no_training(*_):
+    raise AssertionError("a finished run was trained again")
+  monkeypatch.setattr(finetune, "finetune", no_training)
+  main.run(_config(inputs), str(work))
+  for p, data in before.items():
+    assert (work / p).read_bytes() == data, p
+
+
+def test_a_failed_run_is_reported_and_the_suite_goes_on(inputs, tmp_path, monkeypatch):
+  real = finetune.finetune
+
+  def diverge_on_cola(config, workdir):
+    if "/cola/" in workdir and config.opt.learning_rate == 1e-3:
+      raise NonFiniteLossError("Non-finite values {'loss': nan} at training step 2")
+    return real(config, workdir)
+  monkeypatch.setattr(finetune, "finetune", diverge_on_cola)
+  work = tmp_path / "w"
+  report = main.run(_config(inputs, tasks="cola,sst2", seeds=1), str(work))
+  cola = report["tasks"]["cola"]
+  failed = cola["settings"][0]["runs"][0]
+  assert failed["status"] == "failed" and "NonFiniteLossError" in failed["error"]
+  assert cola["status"] == "done" and cola["chosen"] == "lr0.0005_b8_e1"  # the other setting
+  assert report["tasks"]["sst2"]["status"] == "done"
+  assert "| cola | lr0.001_b8_e1 | 0 | failed |" in (work / "report.md").read_text()
+  # Failed runs stay failed on a rerun; retry_failed runs them again.
+  monkeypatch.setattr(finetune, "finetune", real)
+  assert main.run(_config(inputs, tasks="cola,sst2", seeds=1), str(work))["tasks"]["cola"][
+      "settings"][0]["runs"][0]["status"] == "failed"
+  again = main.run(_config(inputs, tasks="cola,sst2", seeds=1, retry_failed=True), str(work))
+  assert again["tasks"]["cola"]["settings"][0]["runs"][0]["status"] == "done"
+
+
+def test_squad2_suite_writes_the_official_prediction_json(inputs, tmp_path):
+  work = tmp_path / "w"
+  report = main.run(_config(inputs, tasks="squad2", lrs=(1e-3,), seeds=1, max_seq_length=128),
+                    str(work))
+  t = report["tasks"]["squad2"]
+  assert t["status"] == "done" and set(t["dev"]) >= {"f1", "exact"}
+  preds = json.loads((work / "submission" / "squad2_dev_predictions.json").read_text())
+  assert sorted(preds) == [f"q{i}" for i in range(8)] + ["qx"]
+  assert all(isinstance(v, str) for v in preds.values())
+  assert (work / "submission" / "squad2_dev_null_odds.json").exists()
+  assert "glue_score" not in report and not (work / "submission" / suite.ZIP_NAME).exists()
+
+
+def test_tasks_start_from_the_chosen_mnli_run_when_asked(inputs, tmp_path):
+  work = tmp_path / "w"
+  report = main.run(_config(inputs, tasks="rte,mnli", lrs=(1e-3,), seeds=1, init_from_mnli="rte"),
+                    str(work))
+  mnli_dir = report["tasks"]["mnli"]["best_run"]["dir"]
+  rte = json.loads(next((work / "runs" / "rte").rglob("result.json")).read_text())
+  assert rte["config"]["init_checkpoint"] == str(work / mnli_dir / "best")
+  assert list(report["tasks"]) == ["mnli", "rte"]  # MNLI runs first
+
+
+# ----------------------------------------------------------------------------
+# Bad input: one line naming the task and file, before any run starts.
+
+@pytest.mark.parametrize("change,message", [
+    (dict(tasks="glue,cola2"), "unknown task cola2"),
+    (dict(protocol="papr"), "--config.protocol='papr' is unknown"),
+    (dict(grid_lr=()), "grid.learning_rate holds no values"),
+    (dict(select="mean"), "--config.select='mean'"),
+    (dict(init_from_mnli="rte"), "needs mnli among the suite's tasks"),
+    (dict(seeds=0), "--config.seeds=0"),
+])
+def test_bad_suite_config_is_refused_before_any_run(inputs, tmp_path, change, message):
+  change = dict(change)
+  lrs = change.pop("grid_lr", (1e-3,))
+  tasks = change.pop("tasks", "cola,rte")
+  c = _config(inputs, tasks=tasks, lrs=lrs, **change)
+  with pytest.raises(errors.ConfigError, match=re.escape(message)):
+    main.run(c, str(tmp_path / "w"))
+  assert not (tmp_path / "w" / "runs").exists()
+
+
+def test_missing_task_directory_or_bad_file_names_the_task_and_file(inputs, tmp_path):
+  data = tmp_path / "data"
+  shutil.copytree(inputs["data"], data)
+  shutil.rmtree(data / "RTE")
+  c = _config(dict(inputs, data=str(data)), tasks="cola,rte")
+  with pytest.raises(errors.UserError, match=r"Task rte: .*RTE/train.tsv does not exist"):
+    main.run(c, str(tmp_path / "w"))
+  assert not (tmp_path / "w" / "runs").exists()
+  shutil.copytree(inputs["data"] + "/RTE", data / "RTE")
+  (data / "RTE" / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+  with pytest.raises(errors.UserError, match=r"Task rte: .*RTE/dev.tsv:2: label 'maybe'"):
+    main.run(c, str(tmp_path / "w"))
+  c.grid.global_batch_size = (8, 32)
+  with pytest.raises(errors.UserError, match=r"Task cola: 24 training examples are fewer than one "
+                                             r"batch of 32 \(--config.grid.global_batch_size\)"):
+    main.run(c, str(tmp_path / "w"))
+
+
+def test_bad_input_after_finished_runs_is_one_line_and_loses_nothing(inputs, tmp_path):
+  """The CLI: exit 2, one line naming the task and file; finished runs and their results stay."""
+  data = tmp_path / "data"
+  shutil.copytree(inputs["data"], data)
+  work = tmp_path / "w"
+  c = _config(dict(inputs, data=str(data)), tasks="cola", lrs=(1e-3,), seeds=1)
+  main.run(c, str(work))
+  finished = {p: p.read_bytes() for p in work.rglob("*") if p.is_file() and "xla_cache" not in str(p)}
+  (data / "MRPC").rename(data / "MRPC_moved")
+  c.tasks = "cola,mrpc"
+  proc = subprocess.run([sys.executable, "-m", "bert_jax.main",
+                         f"--config={tu.REPO / 'configs' / 'suite.py'}", f"--workdir={work}",
+                         *_args(c)], capture_output=True, text=True, cwd=tu.REPO, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  errors_ = [l for l in proc.stderr.splitlines() if "error:" in l]
+  assert len(errors_) == 1 and "Task mrpc:" in errors_[0] and "MRPC/train.tsv" in errors_[0], proc.stderr[-2000:]
+  for p, data_ in finished.items():
+    assert p.read_bytes() == data_, p
+
+
+# ----------------------------------------------------------------------------
+# kill -9 anywhere: in a run, between runs, while writing the report; the rerun's report
+# is the one an uninterrupted suite writes.
+
+_DRIVER = r"""
+import os, runpy, signal, sys
+point = os.environ["SUITE_KILL_AT"]
+from bert_jax import finetune, fileio, suite
+
+def kill():
+  os.kill(os.getpid(), signal.SIGKILL)
+
+if point == "in_run":  # after the 2nd run's first epoch is evaluated (its checkpoint not yet saved)
+  evaluate = finetune._DevEvaluation.__call__
+  def evaluated(self, step, state):
+    evaluate(self, step, state)
+    if "lr0.0005" in str(self.out_dir) and "/cola/" in str(self.out_dir):
+      kill()
+  finetune._DevEvaluation.__call__ = evaluated
+elif point == "between_runs":  # the first run this invocation finishes has its result.json
+  run_one = suite._run_one
+  def ran(*args, **kwargs):
+    result = run_one(*args, **kwargs)
+    kill()
+  suite._run_one = ran
+elif point == "in_report":  # report.png and the zip written, report.md being written
+  write = fileio.write_bytes_atomic
+  def written(p, data):
+    if str(p).endswith("report.md"):
+      tmp = fileio.path(p).parent / ".report.md.tmp-x"
+      tmp.write_bytes(data[: len(data) // 2])
+      kill()
+    write(p, data)
+  fileio.write_bytes_atomic = written
+sys.argv = ["bert_jax.main"] + sys.argv[1:]
+runpy.run_module("bert_jax.main", run_name="__main__")
+"""
+
+
+def _invoke(work, c, point=None):
+  env = dict(os.environ, SUITE_KILL_AT=point or "none", PYTHONPATH=str(tu.REPO))
+  return subprocess.run([sys.executable, "-c", _DRIVER, f"--config={tu.REPO / 'configs' / 'suite.py'}",
+                         f"--workdir={work}", *_args(c)], capture_output=True, text=True,
+                        cwd=tu.REPO, env=env, timeout=600)
+
+
+def _markdown_without_times(text):
+  return re.sub(r"\| (\d+h\d+m|\d+m\d+s|\d+s|-) \|", "| T |", text)
+
+
+def test_kill_9_at_three_points_then_rerun_gives_the_identical_report(inputs, tmp_path):
+  c = _config(inputs, tasks="cola,mnli", epochs=2, seeds=1)
+  reference = tmp_path / "reference"
+  main.run(c, str(reference))
+  work = tmp_path / "killed"
+  for point in ("in_run", "between_runs", "in_report"):
+    proc = _invoke(work, c, point)
+    assert proc.returncode == -signal.SIGKILL, (point, proc.stderr[-3000:])
+  assert not (work / "report.json").exists()  # killed before the report was complete
+  proc = _invoke(work, c)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  ref, got = (json.loads((w / "report.json").read_text()) for w in (reference, work))
+  assert _strip_times(got) == _strip_times(ref)
+  assert _markdown_without_times((work / "report.md").read_text()) == _markdown_without_times(
+      (reference / "report.md").read_text())
+  assert (work / "submission" / suite.ZIP_NAME).read_bytes() == (
+      reference / "submission" / suite.ZIP_NAME).read_bytes()
+  # The interrupted run resumed from its checkpoint (two epochs in its history, as uninterrupted).
+  for w in (reference, work):
+    hist = json.loads((w / "runs/cola/lr0.0005_b8_e2/seed0" / finetune.METRICS_FILE).read_text())
+    assert [e["epoch"] for e in hist["epochs"]] == [1, 2]
