@@ -173,6 +173,13 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
         f"point data_dir at the {task} directory as distributed by GLUE (train.tsv, dev.tsv, "
         "test.tsv)" + (" or by the CoLA 1.1 release (in_domain_train.tsv, in_domain_dev.tsv)."
                        if len(paths) > 1 else "."))
+  return read_glue_file(task, path, split)
+
+
+def read_glue_file(task: str, path: str, split: str) -> list[Example]:
+  """Reads one GLUE TSV file laid out as `task`'s `split` ("test*": no labels; e.g. the
+  diagnostic set AX, read as MNLI's test)."""
+  spec = GLUE[task]
   header_flag = spec.header
   is_test = split.startswith("test")
   if task == "cola" and is_test:
