@@ -21,26 +21,48 @@ import optax
 NO_DECAY_PATTERNS = ("LayerNorm", "layer_norm", "bias")
 
 
-def learning_rate_schedule(lr: float, warmup_steps: int, decay_steps: int,
-                           end_lr: float = 0.0) -> optax.Schedule:
+def _linear(init, end, steps):
+  """Linear from `init` to `end` over `steps` (>= 1) steps, then `end`, with each argument
+  a Python number or a traced scalar alike. The arithmetic is that of optax.linear_schedule
+  as XLA compiles it with constant steps (`count / steps` becomes `count * (1 / steps)`), so
+  that a step given these as inputs computes the same float32 learning rates."""
+  def schedule(count):
+    count = jnp.clip(count, 0, steps)
+    return (init - end) * (1 - count * (1 / jnp.asarray(steps, jnp.float32))) + end
+  return schedule
+
+
+def learning_rate_schedule(lr, warmup_steps, decay_steps, end_lr=0.0) -> optax.Schedule:
   """Linear warmup from 0 to `lr` over `warmup_steps`, then linear decay to `end_lr`
-  at `decay_steps` (the schedule's total length, which may exceed one run's steps)."""
-  warmup = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
-  decay = optax.linear_schedule(lr, end_lr, max(decay_steps - warmup_steps, 1))
-  return optax.join_schedules([warmup, decay], [warmup_steps])
+  at `decay_steps` (the schedule's total length, which may exceed one run's steps).
+
+  Every argument may be a traced scalar: the train step takes them as inputs
+  (`schedule_hparams`), so that runs differing only in them (a sweep's learning rates
+  and epochs) share one compiled program."""
+  warmup = _linear(0.0, lr, jnp.maximum(warmup_steps, 1))
+  decay = _linear(lr, end_lr, jnp.maximum(decay_steps - warmup_steps, 1))
+  return lambda step: jnp.where(step < warmup_steps, warmup(step), decay(step - warmup_steps))
 
 
-def schedule_from_config(config: ml_collections.ConfigDict,
-                         total_steps: int | None = None) -> optax.Schedule:
-  """config.schedule over `total_steps` (default config.num_train_steps): warmup_steps and
-  decay_steps (0 = at the total), or a warmup_fraction of the total then decay to it."""
+def schedule_hparams(config: ml_collections.ConfigDict,
+                     total_steps: int | None = None) -> dict[str, Any]:
+  """config.schedule over `total_steps` (default config.num_train_steps) as the arguments
+  of learning_rate_schedule: warmup_steps and decay_steps (0 = at the total), or a
+  warmup_fraction of the total then decay to it."""
   s = config.schedule
   total = total_steps if total_steps is not None else config.num_train_steps
   if "warmup_fraction" in s:
     warmup, decay = int(s.warmup_fraction * total), total
   else:
     warmup, decay = s.warmup_steps, s.decay_steps or total
-  return learning_rate_schedule(config.opt.learning_rate, warmup, decay, s.end_learning_rate)
+  return {"lr": np.float32(config.opt.learning_rate), "warmup_steps": np.int32(warmup),
+          "decay_steps": np.int32(decay), "end_lr": np.float32(s.end_learning_rate)}
+
+
+def schedule_from_config(config: ml_collections.ConfigDict,
+                         total_steps: int | None = None) -> optax.Schedule:
+  """The learning-rate schedule of `config` over `total_steps` (schedule_hparams)."""
+  return learning_rate_schedule(**schedule_hparams(config, total_steps))
 
 
 def _path_name(path) -> str:
@@ -89,12 +111,14 @@ def scale_by_adam(b1: float, b2: float, eps: float, bias_correction: bool
   return optax.GradientTransformation(init, update)
 
 
-def make_optimizer(config: ml_collections.ConfigDict,
-                   total_steps: int | None = None) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict, total_steps: int | None = None,
+                   hparams: dict[str, Any] | None = None) -> optax.GradientTransformation:
   """clip -> (adamw | lamb) with masked weight decay -> learning rate schedule (over
-  `total_steps`, default config.num_train_steps)."""
+  `total_steps`, default config.num_train_steps; or of `hparams`, schedule_hparams' values,
+  possibly traced)."""
   opt = config.opt
-  schedule = schedule_from_config(config, total_steps)
+  schedule = learning_rate_schedule(**(hparams if hparams is not None else
+                                       schedule_hparams(config, total_steps)))
   clip = optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm else optax.identity()
   if opt.name == "adamw":
     direction = [scale_by_adam(opt.b1, opt.b2, opt.eps, opt.bias_correction),

@@ -302,10 +302,14 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   jit_init = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=state_sh)
   batch_sh = sharding.batch_sharding(mesh, rules)
   repl = sharding.replicated(mesh)
-  p_train = jax.jit(functools.partial(train_step, model=model, tx=tx, objective=objective,
-                                      micro_steps=micro),
-                    in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-                    donate_argnums=(0,))
+  # The schedule's numbers are inputs of the step, not constants of its program: runs that
+  # differ only in learning rate or length (a fine-tuning sweep) share one compiled step.
+  def scheduled_step(state, batch, rng, hparams):
+    return train_step(state, batch, rng, model=model, objective=objective, micro_steps=micro,
+                      tx=optim.make_optimizer(config, hparams=hparams))
+  p_train = Bound(jax.jit(scheduled_step, in_shardings=(state_sh, batch_sh, repl, repl),
+                          out_shardings=(state_sh, repl), donate_argnums=(0,)),
+                  (optim.schedule_hparams(config, total_steps),))
   p_eval = jax.jit(functools.partial(eval_step, model=model, objective=objective),
                    in_shardings=(state_sh.params, batch_sh), out_shardings=repl)
   ckpt = None
@@ -319,6 +323,20 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
                  eval_step=p_eval, checkpointer=ckpt, inputs=inputs,
                  total_steps=total_steps if total_steps is not None else config.get(
                      "num_train_steps"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """A jitted function with its trailing arguments bound: called and lowered without them
+  (Trainer.train_step is `(state, batch, rng)`; the schedule's numbers come last)."""
+  fn: Any  # jitted
+  args: tuple
+
+  def __call__(self, *args):
+    return self.fn(*args, *self.args)
+
+  def lower(self, *args):
+    return self.fn.lower(*args, *self.args)
 
 
 class Preemption:

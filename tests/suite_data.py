@@ -115,11 +115,12 @@ def make_squad2(root: pathlib.Path) -> pathlib.Path:
   return root
 
 
-def make_checkpoint(root: pathlib.Path) -> tuple[str, str]:
-  """A tiny random BERT (export format) and its vocabulary: (checkpoint dir, vocab.txt)."""
+def make_checkpoint(root: pathlib.Path, texts=()) -> tuple[str, str]:
+  """A tiny random BERT (export format) and its vocabulary (the test files' words and
+  `texts`'): (checkpoint dir, vocab.txt)."""
   root.mkdir(parents=True, exist_ok=True)
   tok = make_vocab(root, [" ".join(POS + NEG + tuple(FILLER)), CONTEXT,
-                          "What is answer number 0123456789?"])
+                          "What is answer number 0123456789?", *texts])
   cfg = model_lib.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2,
                              num_heads=2, intermediate_size=64, max_position_embeddings=128)
   ids = jnp.ones((1, 4), jnp.int32)

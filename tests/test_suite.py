@@ -118,6 +118,20 @@ def test_glue_suite_reports_every_task_with_its_seed_spread(glue_run):
     assert f"| {task} |" in md
   assert "| glue_score |" in md and "79.6" in md and "82.1" in md  # the paper's rows beside ours
   assert (work / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # 36 runs, 2 learning rates: one compiled train step per model shape (2, 1 and 3 labels).
+  steps = [p for p in os.listdir(work / "xla_cache") if p.startswith("jit_scheduled_step-")]
+  assert len(steps) == 3, steps
+
+
+def test_a_second_suite_on_the_same_model_compiles_nothing(inputs, tmp_path):
+  cache = tmp_path / "cache"
+  main.run(_config(inputs, tasks="cola", seeds=1, compilation_cache_dir=str(cache)),
+           str(tmp_path / "first"))
+  compiled = sorted(os.listdir(cache))
+  assert any(p.startswith("jit_scheduled_step-") for p in compiled)
+  main.run(_config(inputs, tasks="cola", lrs=(2e-4,), epochs=2, seeds=2,
+                   compilation_cache_dir=str(cache)), str(tmp_path / "second"))
+  assert sorted(os.listdir(cache)) == compiled  # every program came from the cache
 
 
 def test_glue_submission_zip_holds_every_file_with_its_rows_and_labels(glue_run, inputs):
@@ -332,3 +346,25 @@ def test_kill_9_at_three_points_then_rerun_gives_the_identical_report(inputs, tm
   for w in (reference, work):
     hist = json.loads((w / "runs/cola/lr0.0005_b8_e2/seed0" / finetune.METRICS_FILE).read_text())
     assert [e["epoch"] for e in hist["epochs"]] == [1, 2]
+
+
+@pytest.mark.slow
+def test_paper_protocol_on_real_cola_reports_mcc_with_its_seed_spread(shared_data_dir, tmp_path):
+  """The paper's GLUE protocol (batch 32, 3 epochs, lr among 5e-5..2e-5) on CoLA 1.1 from a
+  tiny random checkpoint, two seeds per setting."""
+  cola = shared_data_dir / "cola" / "raw"
+  from input_pipeline import glue  # pylint: disable=g-import-not-at-top
+  texts = [e.text_a for e in glue.read_glue("cola", str(cola), "train") + glue.read_glue(
+      "cola", str(cola), "dev")]
+  ckpt, vocab = suite_data.make_checkpoint(tmp_path / "model", texts=texts)
+  c = suite_config.get_config("cola")
+  c.init_checkpoint, c.vocab_path, c.task_dirs.cola = ckpt, vocab, str(cola)
+  c.seeds, c.log_every_steps = 2, 0
+  report = main.run(c, str(tmp_path / "w"))
+  t = report["tasks"]["cola"]
+  assert [s["name"] for s in t["settings"]] == [f"lr{lr:g}_b32_e3" for lr in (5e-5, 4e-5, 3e-5, 2e-5)]
+  assert all(s["n"] == 2 and s["std"] is not None for s in t["settings"])
+  assert -100 <= t["dev"]["mcc"] <= 100 and t["spread"]["n"] == 2
+  md = (tmp_path / "w" / "report.md").read_text()
+  assert "| cola | mcc |" in md
+  print(md)
