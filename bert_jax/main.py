@@ -3,6 +3,8 @@ r"""Entry point: BERT pre-training or fine-tuning, as the config file says (conf
   python -m bert_jax.main --config=configs/tiny_pretrain.py --workdir=/tmp/bert_tiny
   python -m bert_jax.main --config=configs/glue.py:cola --config.init_checkpoint=/tmp/bert_tiny \
       --config.vocab_path=/tmp/bert_tiny/vocab --config.data_dir=CoLA --workdir=/tmp/cola
+  python -m bert_jax.main --config=configs/suite.py:glue --config.init_checkpoint=/tmp/bert_tiny \
+      --config.vocab_path=/tmp/bert_tiny/vocab --config.data_dir=glue_data --workdir=/tmp/glue
 
 Any config field can be overridden with --config.FIELD=VALUE. Rerunning a command resumes
 its workdir; one job at a time may use a workdir.

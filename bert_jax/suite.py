@@ -670,10 +670,13 @@ def render_markdown(report: dict) -> str:
                      f"{_fmt(r['dev'].get(t['metric']))} | {r.get('epoch') or '-'} | "
                      f"{_duration(r['seconds']) if r.get('seconds') is not None else '-'} |")
   sub = report.get("submission", {})
-  if sub.get("expected"):
-    lines += ["", f"GLUE submission: `submission/{ZIP_NAME}` holds {len(sub.get('present', []))} of "
+  if sub.get("expected") and sub.get("present"):
+    lines += ["", f"GLUE submission: `submission/{ZIP_NAME}` holds {len(sub['present'])} of "
                   f"the {len(sub['expected'])} files the server expects"
               + (f" (missing: {', '.join(sub['missing'])})" if sub.get("missing") else "") + "."]
+  elif sub.get("expected"):
+    lines += ["", "No GLUE submission: the tasks' test files were not found (expected "
+                  f"{', '.join(sub['expected'])})."]
   return "\n".join(lines) + "\n"
 
 
