@@ -424,14 +424,15 @@ class _DevEvaluation:
                          "epochs": self.history})
 
 
-def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> dict[str, float]:
   """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics. The job
-  holds the workdir's lock throughout (a second job on it is refused)."""
+  holds the workdir's lock throughout (a second job on it is refused). `devices`: the
+  devices its mesh spans (default: all; the suite runs several jobs on device groups)."""
   with workdir_lock.hold(workdir):
-    return _finetune(config, workdir)
+    return _finetune(config, workdir, devices)
 
 
-def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def _finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> dict[str, float]:
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   packed = check_config(config)
   saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work
@@ -442,6 +443,7 @@ def _finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, floa
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
   trainer = trainer_lib.build(config, task.model, task.objective, task.train, workdir,
                               eval_batch_size=config.eval_batch_size, total_steps=total,
+                              devices=devices,
                               inputs=_inputs(task, enc_params))
   state, data_state = trainer.restore_or_init(
       lambda fresh: _with_encoder(fresh, enc_params, cfg, trainer, config.init_checkpoint))

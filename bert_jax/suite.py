@@ -22,10 +22,13 @@ another suite on the same model compiles nothing.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import io
 import json
+import queue
 import statistics
+import threading
 import time
 import traceback
 import zipfile
@@ -398,16 +401,19 @@ def _duration(seconds: float) -> str:
       f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def _run_one(config, run: Run, workdir: str, init_checkpoint: str | None) -> dict | None:
-  """Fine-tunes one run; returns its result record, or None when it stopped early (SIGTERM,
-  max_steps_per_run): the suite then stops and a rerun continues it."""
+def _run_one(config, run: Run, workdir: str, init_checkpoint: str | None,
+             devices=None) -> dict | None:
+  """Fine-tunes one run (on `devices`, default all); returns its result record, or None when
+  it stopped early (SIGTERM, max_steps_per_run): the suite then stops and a rerun continues it."""
   out = fileio.path(workdir) / run.dir
   c = run_config(config, run, init_checkpoint)
+  if devices is not None:  # side by side, saves are synchronous: two asynchronous Orbax
+    c.async_checkpointing = False  # saves from two threads raced in testing
   start = time.time()
   record = {"task": run.task, "setting": run.setting, "hparams": dict(run.hparams),
             "seed": run.seed, "config": _identity(c)}
   try:
-    finetune.finetune(c, str(out))
+    finetune.finetune(c, str(out), devices)
   except (errors.UserError, KeyboardInterrupt):
     raise
   except Exception as e:  # pylint: disable=broad-except  (a failed run is reported, not fatal)
@@ -440,6 +446,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
                "outputs in %s", len(inputs), ", ".join(inputs), config.protocol, len(runs),
                len(runs) - len(todo), len(todo), workdir)
   progress = _Progress(runs, inputs, todo)
+  groups = device_groups(config.parallel_runs)
   mnli_init = _init_from_mnli(config, tuple(inputs))
   chosen: dict[str, dict] = {}
   for task in inputs:
@@ -450,23 +457,18 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
       if best is None:
         logging.error("suite: task %s starts from the chosen MNLI run, and no MNLI run finished.", task)
       init = fileio.join(workdir, best["dir"], "best") if best else None
-    for run in task_runs:
-      if run not in todo:
-        continue
-      if task in mnli_init and init is None:
+    pending = [r for r in task_runs if r in todo]
+    if task in mnli_init and init is None:
+      for run in pending:
         results[run] = {"task": task, "setting": run.setting, "hparams": dict(run.hparams),
                         "seed": run.seed, "status": "failed", "dev": {}, "seconds": 0.0,
                         "error": "no finished MNLI run to start from"}
-        continue
-      progress.start(run)
-      t0 = time.time()
-      result = _run_one(config, run, workdir, init)
-      if result is None:
-        logging.info("suite: %s stopped before its end; rerun the same command to continue. "
-                     "Outputs so far in %s", run.describe(), workdir)
-        return None
-      results[run] = result
-      progress.end(run, result, time.time() - t0)
+      pending = []
+    stopped = _run_all(config, pending, workdir, init, groups, progress, results)
+    if stopped:
+      logging.info("suite: %s stopped before its end; rerun the same command to continue. "
+                   "Outputs so far in %s", ", ".join(r.describe() for r in stopped), workdir)
+      return None
     chosen[task] = choose(config, task, [(r, results[r]) for r in task_runs])
     if chosen[task].get("best_run"):
       chosen[task].update(_finalize(config, task, chosen[task], inputs[task], workdir))
@@ -477,6 +479,68 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
                f", GLUE submission in {workdir}/submission/{ZIP_NAME}"
                if report.get("submission", {}).get("zip") else "", workdir, workdir)
   return report
+
+
+def device_groups(n: int) -> list[list | None]:
+  """`n` disjoint groups of this host's devices, one run on each at a time ([None]: one run
+  at a time on every device)."""
+  if n < 1:
+    raise ConfigError(f"--config.parallel_runs={n}: at least 1 (runs at a time).")
+  if n == 1:
+    return [None]
+  if jax.process_count() > 1:
+    raise ConfigError("--config.parallel_runs > 1 splits one host's devices into groups; with "
+                      f"{jax.process_count()} processes every run spans all hosts: set it to 1.")
+  devices = jax.local_devices()
+  if len(devices) < n:
+    raise ConfigError(f"--config.parallel_runs={n}: this host has {len(devices)} devices; at "
+                      "most one run per device.")
+  size = len(devices) // n
+  if len(devices) % n:
+    logging.warning("suite: %d devices in %d groups of %d: %d devices stay idle.", len(devices),
+                    n, size, len(devices) % n)
+  logging.info("suite: %d runs at a time, each on %d of this host's %d devices.", n, size,
+               len(devices))
+  return [devices[i * size:(i + 1) * size] for i in range(n)]
+
+
+def _run_all(config, runs: list[Run], workdir: str, init, groups, progress, results) -> list[Run]:
+  """Runs `runs`, one per device group at a time (in order on one group); records their
+  results; returns the runs that stopped early (SIGTERM, max_steps_per_run)."""
+  free = queue.Queue()
+  for g in groups:
+    free.put(g)
+  lock = threading.Lock()
+  stopped = []
+
+  def one(run: Run) -> None:
+    devices = free.get()
+    try:
+      if stopped:
+        return
+      with lock:
+        progress.start(run)
+      t0 = time.time()
+      result = _run_one(config, run, workdir, init, devices)
+      with lock:
+        if result is None:
+          stopped.append(run)
+        else:
+          results[run] = result
+          progress.end(run, result, time.time() - t0)
+    finally:
+      free.put(devices)
+
+  if len(groups) == 1:
+    for run in runs:
+      one(run)
+      if stopped:
+        break
+  else:
+    with concurrent.futures.ThreadPoolExecutor(len(groups)) as pool:
+      for future in [pool.submit(one, run) for run in runs]:
+        future.result()  # a UserError of one run ends the suite, as in sequence
+  return stopped
 
 
 def _compilation_cache(config, workdir: str) -> None:

@@ -275,6 +275,21 @@ def test_bad_input_after_finished_runs_is_one_line_and_loses_nothing(inputs, tmp
     assert p.read_bytes() == data_, p
 
 
+def test_parallel_runs_on_device_groups_match_runs_in_sequence(inputs, tmp_path):
+  """parallel_runs=2 on 2 devices: two runs at a time, one device each; the report is that
+  of the same runs one after another on a 1-device host."""
+  c = _config(inputs, tasks="cola,sst2", seeds=2)
+  sequence = _invoke(tmp_path / "sequence", c, devices=1)
+  assert sequence.returncode == 0, sequence.stderr[-3000:]
+  c.parallel_runs = 2
+  parallel = _invoke(tmp_path / "parallel", c, devices=2)
+  assert parallel.returncode == 0, parallel.stderr[-3000:]
+  assert "2 runs at a time, each on 1 of this host's 2 devices" in parallel.stderr
+  ref, got = (json.loads((tmp_path / w / "report.json").read_text()) for w in ("sequence", "parallel"))
+  assert all(t["status"] == "done" for t in got["tasks"].values())
+  assert _strip_times(got) == _strip_times(ref)
+
+
 # ----------------------------------------------------------------------------
 # kill -9 anywhere: in a run, between runs, while writing the report; the rerun's report
 # is the one an uninterrupted suite writes.
@@ -314,8 +329,8 @@ runpy.run_module("bert_jax.main", run_name="__main__")
 """
 
 
-def _invoke(work, c, point=None):
-  env = dict(os.environ, SUITE_KILL_AT=point or "none", PYTHONPATH=str(tu.REPO))
+def _invoke(work, c, point=None, devices=1):
+  env = dict(tu.env(devices), SUITE_KILL_AT=point or "none", PYTHONPATH=str(tu.REPO))
   return subprocess.run([sys.executable, "-c", _DRIVER, f"--config={tu.REPO / 'configs' / 'suite.py'}",
                          f"--workdir={work}", *_args(c)], capture_output=True, text=True,
                         cwd=tu.REPO, env=env, timeout=600)

@@ -76,6 +76,9 @@ def get_config(arg: str | None = "glue") -> ml_collections.ConfigDict:
   c.max_seq_length = 0  # 0 = each task's own (128; SQuAD 384); else every task's
   c.submission = True  # GLUE test-set predictions (and AX) for the server, zipped
   c.retry_failed = False  # rerun runs recorded as failed (e.g. diverged to NaN)
+  # Runs at a time, each on its own group of this host's devices (8 GPUs, 8 -> one run per
+  # GPU); 1 = one run at a time on every device.
+  c.parallel_runs = 1
   # XLA's persistent compilation cache: a rerun, or another suite on the same model, compiles
   # nothing. "" = WORKDIR/xla_cache; "none" = off.
   c.compilation_cache_dir = ""
