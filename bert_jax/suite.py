@@ -294,13 +294,15 @@ def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
           f"protocol {config.protocol}"
       raise ConfigError(f"Task {task}: {inputs[task].train_examples} training examples are fewer "
                         f"than one batch of {batch} ({where}): use smaller batches.")
+  from_mnli = _init_from_mnli(config, tuple(inputs))
   for run in runs:
     saved = fileio.read_json(fileio.path(workdir) / run.dir / RESULT_FILE)
     if saved and "config" in saved:
       now = _identity(run_config(config, run))
       before = saved["config"]
-      differ = sorted(k for k in set(now) | set(before)
-                      if now.get(k) != before.get(k) and k != "init_checkpoint")
+      # (A task started from the chosen MNLI run has that run's best/ as init_checkpoint.)
+      differ = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k)
+                      and not (k == "init_checkpoint" and run.task in from_mnli))
       if differ:
         fields = "; ".join(f"{k}: saved {before.get(k)!r}, now {now.get(k)!r}" for k in differ[:5])
         raise ConfigError(f"{run.dir} finished with another config than this command's ({fields}); "

@@ -327,16 +327,23 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-  """A jitted function with its trailing arguments bound: called and lowered without them
-  (Trainer.train_step is `(state, batch, rng)`; the schedule's numbers come last)."""
-  fn: Any  # jitted
+  """A jitted function with its trailing arguments bound: called, lowered and compiled
+  without them (Trainer.train_step is `(state, batch, rng)`; the schedule's numbers come
+  last). Other attributes are those of the function (or of its lowered/compiled form)."""
+  fn: Any  # jitted, lowered or compiled
   args: tuple
 
   def __call__(self, *args):
     return self.fn(*args, *self.args)
 
-  def lower(self, *args):
-    return self.fn.lower(*args, *self.args)
+  def lower(self, *args, **kwargs) -> Bound:
+    return Bound(self.fn.lower(*args, *self.args, **kwargs), self.args)
+
+  def compile(self, *args, **kwargs) -> Bound:
+    return Bound(self.fn.compile(*args, **kwargs), self.args)
+
+  def __getattr__(self, name: str):
+    return getattr(self.fn, name)
 
 
 class Preemption:

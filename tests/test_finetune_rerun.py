@@ -125,13 +125,13 @@ def test_metrics_json_is_replaced_atomically(tmp_path, monkeypatch):
   """A write that fails half-way (full disk, kill) leaves the previous file whole."""
   target = tmp_path / "metrics.json"
   fileio.write_json(target, {"epochs": [1]})
-  real = epath.Path.write_text
+  real = epath.Path.write_bytes
 
-  def half_then_full(self, text, *args, **kwargs):
-    real(self, text[:len(text) // 2], *args, **kwargs)
+  def half_then_full(self, data, *args, **kwargs):
+    real(self, data[:len(data) // 2], *args, **kwargs)
     raise OSError(errno.ENOSPC, "No space left on device")
 
-  monkeypatch.setattr(epath.Path, "write_text", half_then_full)
+  monkeypatch.setattr(epath.Path, "write_bytes", half_then_full)
   with pytest.raises(OSError):
     fileio.write_json(target, {"epochs": [1, 2]})
   monkeypatch.undo()

@@ -172,10 +172,10 @@ def test_rerun_skips_finished_runs_and_writes_the_identical_report(glue_run, inp
 def test_a_failed_run_is_reported_and_the_suite_goes_on(inputs, tmp_path, monkeypatch):
   real = finetune.finetune
 
-  def diverge_on_cola(config, workdir):
+  def diverge_on_cola(config, workdir, devices=None):
     if "/cola/" in workdir and config.opt.learning_rate == 1e-3:
       raise NonFiniteLossError("Non-finite values {'loss': nan} at training step 2")
-    return real(config, workdir)
+    return real(config, workdir, devices)
   monkeypatch.setattr(finetune, "finetune", diverge_on_cola)
   work = tmp_path / "w"
   report = main.run(_config(inputs, tasks="cola,sst2", seeds=1), str(work))
@@ -271,6 +271,13 @@ def test_bad_input_after_finished_runs_is_one_line_and_loses_nothing(inputs, tmp
   assert proc.returncode == 2, proc.stderr[-2000:]
   errors_ = [l for l in proc.stderr.splitlines() if "error:" in l]
   assert len(errors_) == 1 and "Task mrpc:" in errors_[0] and "MRPC/train.tsv" in errors_[0], proc.stderr[-2000:]
+  for p, data_ in finished.items():
+    assert p.read_bytes() == data_, p
+  # Another checkpoint on the same workdir: the finished runs are not reused for it.
+  other, _ = suite_data.make_checkpoint(tmp_path / "other")
+  c = _config(dict(inputs, data=str(data), ckpt=other), tasks="cola", lrs=(1e-3,), seeds=1)
+  with pytest.raises(errors.ConfigError, match=r"finished with another config.*init_checkpoint"):
+    main.run(c, str(work))
   for p, data_ in finished.items():
     assert p.read_bytes() == data_, p
 
