@@ -422,7 +422,8 @@ def _run_one(config, run: Run, workdir: str, init_checkpoint: str | None,
     logging.error("suite: %s failed:\n%s", run.describe(), traceback.format_exc())
     record.update(status="failed", error=f"{type(e).__name__}: {e}", dev={},
                   seconds=time.time() - start)
-    fileio.write_json(out / RESULT_FILE, record)
+    if jax.process_index() == 0:
+      fileio.write_json(out / RESULT_FILE, record)
     return record
   saved = fileio.read_json(out / finetune.METRICS_FILE, {})
   if len(saved.get("epochs", [])) < c.num_epochs:
@@ -717,10 +718,11 @@ def render_markdown(report: dict) -> str:
         f"| {_fmt(sp['std'], 2)} | {sp['n']} | {t['best_run']['epoch']} | {_duration(t['seconds'])} |")
   if "glue_score" in report:
     g = report["glue_score"]
+    have = sum(v is not None for v in g["parts"].values())
     lines += ["", f"GLUE score (the paper's: mean of MNLI-m/mm, QQP F1, QNLI, SST-2, CoLA, "
                   f"STS-B Spearman, MRPC F1, RTE; dev): **{_fmt(g['score'])}**"
-              + ("" if g["score"] is not None else
-                 f" (needs all nine; missing: {', '.join(k for k, v in g['parts'].items() if v is None)})")]
+              if g["score"] is not None else
+              f"GLUE score: needs the paper's nine GLUE numbers; this suite has {have}."]
   lines += ["", "## Beside the paper", "",
             "The paper's rows are GLUE **test** scores (Table 1) and SQuAD/SWAG/CoNLL dev scores; ours are dev.",
             "", "| task | ours (dev) | BERT-base | BERT-large |", "|---|---|---|---|"]
