@@ -49,26 +49,14 @@ import subprocess
 import sys
 import time
 
+from bench import finetune_step  # machine(): lscpu's model and flags
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 DEFAULT_COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 SUITE_CACHE = "xla_cache"  # bert_jax/configs/suite.py: compilation_cache_dir "" = WORKDIR/xla_cache
 NAMES = {"bert_jax": "bert_jax", "hf": "transformers"}
 TITLE = "## Fine-tuning suite vs transformers Trainer: CoLA sweep (2026-11-25)"
-
-
-def machine() -> str:
-  """lscpu's model name, the core count and whether avx2 / avx512f are there."""
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-  except (OSError, subprocess.CalledProcessError):
-    return "lscpu unavailable"
-  info = dict(l.split(":", 1) for l in out.splitlines() if ":" in l)
-  flags = set(info.get("Flags", "").split())
-  shown = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16",
-                       "avx512_vnni", "amx_tile") if f in flags]
-  return (f"{info.get('Model name', '?').strip()}, {os.cpu_count()} cores; flags include "
-          f"{', '.join(shown) or 'none of avx2/avx512f'}")
 
 
 def _env() -> dict[str, str]:
@@ -426,7 +414,7 @@ def render(rounds: list[dict], args, load_start: str, seconds: float) -> str:
   return (
       f"\n{TITLE}\n\n"
       f"Command: `{command(args)}`  \n"
-      f"Date: {datetime.datetime.now():%Y-%m-%d %H:%M}. Machine: {machine()}; load average "
+      f"Date: {datetime.datetime.now():%Y-%m-%d %H:%M}. Machine: {finetune_step.machine()}; load average "
       f"(1/5/15 min) {load_start} at the start, {_load()} at the end ({seconds:.0f} s of "
       f"rounds); jax {jax.__version__}, torch {torch.__version__} "
       f"({hf0['torch_threads']} threads, torch's default), transformers "
