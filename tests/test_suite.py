@@ -123,6 +123,7 @@ def test_glue_suite_reports_every_task_with_its_seed_spread(glue_run):
   assert len(steps) == 3, steps
 
 
+@pytest.mark.slow  # (the default suite's time: ~12 minutes on 2 cores)
 def test_a_second_suite_on_the_same_model_compiles_nothing(inputs, tmp_path):
   cache = tmp_path / "cache"
   main.run(_config(inputs, tasks="cola", seeds=1, compilation_cache_dir=str(cache)),
@@ -193,6 +194,7 @@ def test_a_failed_run_is_reported_and_the_suite_goes_on(inputs, tmp_path, monkey
   assert again["tasks"]["cola"]["settings"][0]["runs"][0]["status"] == "done"
 
 
+@pytest.mark.slow  # (the default suite's time: ~12 minutes on 2 cores)
 def test_squad2_suite_writes_the_official_prediction_json(inputs, tmp_path):
   work = tmp_path / "w"
   report = main.run(_config(inputs, tasks="squad2", lrs=(1e-3,), seeds=1, max_seq_length=128),
@@ -206,6 +208,7 @@ def test_squad2_suite_writes_the_official_prediction_json(inputs, tmp_path):
   assert "glue_score" not in report and not (work / "submission" / suite.ZIP_NAME).exists()
 
 
+@pytest.mark.slow  # (the default suite's time: ~12 minutes on 2 cores)
 def test_tasks_start_from_the_chosen_mnli_run_when_asked(inputs, tmp_path):
   work = tmp_path / "w"
   report = main.run(_config(inputs, tasks="rte,mnli", lrs=(1e-3,), seeds=1, init_from_mnli="rte"),
@@ -282,6 +285,7 @@ def test_bad_input_after_finished_runs_is_one_line_and_loses_nothing(inputs, tmp
     assert p.read_bytes() == data_, p
 
 
+@pytest.mark.slow  # (the default suite's time: ~12 minutes on 2 cores)
 def test_parallel_runs_on_device_groups_match_runs_in_sequence(inputs, tmp_path):
   """parallel_runs=2 on 2 devices: two runs at a time, one device each; the report is that
   of the same runs one after another on a 1-device host."""
