@@ -39,7 +39,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import errors, fileio, finetune, predict
+from bert_jax import checkpointing, errors, fileio, finetune, predict
+from bert_jax import trainer as trainer_lib
 from bert_jax.configs import conll as conll_config
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import squad as squad_config
@@ -253,16 +254,7 @@ def run_config(config, run: Run, init_checkpoint: str | None = None) -> ml_colle
 
 def _identity(c: ml_collections.ConfigDict) -> dict[str, Any]:
   """The fields of a run config that decide its result."""
-  flat = {}
-
-  def walk(prefix, d):
-    for k, v in d.items():
-      if isinstance(v, dict):
-        walk(f"{prefix}{k}.", v)
-      elif f"{prefix}{k}" not in _OPERATIONAL and k not in _OPERATIONAL:
-        flat[f"{prefix}{k}"] = v
-  walk("", json.loads(c.to_json_best_effort()))
-  return flat
+  return {k: v for k, v in trainer_lib.json_config(c).items() if k not in _OPERATIONAL}
 
 
 # ----------------------------------------------------------------------------
@@ -301,10 +293,10 @@ def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
       now = _identity(run_config(config, run))
       before = saved["config"]
       # (A task started from the chosen MNLI run has that run's best/ as init_checkpoint.)
-      differ = sorted(k for k in set(now) | set(before) if now.get(k) != before.get(k)
-                      and not (k == "init_checkpoint" and run.task in from_mnli))
+      differ = [d for d in checkpointing.config_changes(before, now)
+                if not (d.startswith("init_checkpoint:") and run.task in from_mnli)]
       if differ:
-        fields = "; ".join(f"{k}: saved {before.get(k)!r}, now {now.get(k)!r}" for k in differ[:5])
+        fields = "; ".join(differ[:5])
         raise ConfigError(f"{run.dir} finished with another config than this command's ({fields}); "
                           "nothing was changed. Rerun with the suite's own config (saved in each "
                           "run's result.json), or use another --workdir.")
