@@ -35,8 +35,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax import convert
-from bert_jax import errors
-from bert_jax import fileio
+from input_pipeline import errors
+from input_pipeline import fileio
 
 
 def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:

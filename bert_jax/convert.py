@@ -34,10 +34,10 @@ import orbax.checkpoint as ocp
 import safetensors
 import safetensors.numpy
 
-from bert_jax import errors
-from bert_jax import fileio
 from bert_jax import model as model_lib
 from bert_jax.model import BertConfig
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import data_config
 from input_pipeline import tokenizer as tokenizer_lib
 

@@ -33,13 +33,14 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import convert, errors, fileio, heads, optim, scoring
+from bert_jax import convert, heads, optim, scoring
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
 from bert_jax import trainer as trainer_lib
 from bert_jax import workdir_lock
 from bert_jax.model import BertConfig
+from input_pipeline import errors, fileio
 from input_pipeline import glue, squad, tagging
 from input_pipeline.epochs import EpochIterator
 from input_pipeline.tokenizer import Tokenizer

@@ -24,12 +24,12 @@ import jax
 from ml_collections import config_flags
 import tensorflow as tf
 
-from bert_jax import errors
 from bert_jax import finetune
 from bert_jax import metrics
 from bert_jax import suite
 from bert_jax import train
 from bert_jax import workdir_lock
+from input_pipeline import errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, summaries and prepared data.")
 config_flags.DEFINE_config_file("config", None, "Training configuration file.",

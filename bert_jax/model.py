@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import errors
+from input_pipeline import errors
 
 # Additive attention bias for padding. Large but finite so a fully padded row
 # (only ever at padding queries) stays NaN-free, and safe in bfloat16.

@@ -32,10 +32,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax import convert
-from bert_jax import errors
-from bert_jax import fileio
 from bert_jax import heads
 from bert_jax import model as model_lib
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import features, glue, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from bert_jax import errors
+from input_pipeline import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

@@ -39,13 +39,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpointing, errors, fileio, finetune, predict
+from bert_jax import checkpointing, finetune, predict
 from bert_jax import trainer as trainer_lib
 from bert_jax.configs import conll as conll_config
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import squad as squad_config
 from bert_jax.configs import suite as suite_config
 from bert_jax.configs import swag as swag_config
+from input_pipeline import errors, fileio
 from input_pipeline import glue, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 

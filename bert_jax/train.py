@@ -21,8 +21,6 @@ import ml_collections
 import numpy as np
 import optax
 
-from bert_jax import errors
-from bert_jax import fileio
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
@@ -34,6 +32,8 @@ from bert_jax import model as model_lib
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.objectives import Objective
 from bert_jax.trainer import TrainState
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import build as data_build
 from input_pipeline import data_config
 from input_pipeline import pretrain as pretrain_data

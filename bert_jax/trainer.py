@@ -35,11 +35,11 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing
-from bert_jax import errors
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import sharding
 from bert_jax.objectives import Objective
+from input_pipeline import errors
 
 
 class TrainState(struct.PyTreeNode):

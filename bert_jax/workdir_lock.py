@@ -36,8 +36,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import errors
-from bert_jax import fileio
+from input_pipeline import errors
+from input_pipeline import fileio
 
 LOCK_NAME = "LOCK"
 HEARTBEAT_S = 60.0

@@ -8,9 +8,8 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
-import tensorflow as tf
 
-from bert_jax import fileio
+from input_pipeline import fileio
 from input_pipeline import data_config
 from input_pipeline import prepare as prepare_lib
 from input_pipeline import tokenizer as tokenizer_lib
@@ -50,7 +49,7 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
     fileio.mark_complete(data_cfg.vocab_path)
     logging.info("Vocabulary ready: %s.", data_cfg.vocab_path)
   summary = fileio.join(data_cfg.prepared_dir, prepare_lib.SUMMARY_NAME)
-  if data_cfg.prepared_dir and not tf.io.gfile.exists(summary):
+  if data_cfg.prepared_dir and not fileio.path(summary).exists():
     logging.info("Preparing corpus %r into %s.", build.corpus, data_cfg.prepared_dir)
     prepare_lib.prepare_corpus(build.corpus, data_cfg.vocab_path, data_cfg.prepared_dir,
                                lowercase=data_cfg.lowercase, num_shards=build.num_shards,

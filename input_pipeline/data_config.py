@@ -2,7 +2,7 @@
 loading a config file imports nothing heavy (input_pipeline/pretrain.py reads it)."""
 import ml_collections
 
-from bert_jax import errors
+from input_pipeline import errors
 
 # The data config's paths that a run takes inside its workdir when they are relative.
 WORKDIR_PATHS = ("prepared_dir", "vocab_path")

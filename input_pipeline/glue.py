@@ -19,7 +19,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from bert_jax import errors
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import features
 
 csv.field_size_limit(sys.maxsize)
@@ -94,11 +95,9 @@ def read_task_text(path: str, missing: str = "") -> str:
   BOM Excel's "CSV UTF-8" writes), UTF-16 with its BOM, or gzip-compressed (any name).
   `missing`: what to do when the file is absent. A UTF-16 file without BOM is a DataError;
   bytes that are not UTF-8 are replaced by U+FFFD, and the file and first line are logged."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
-  if not tf.io.gfile.exists(path):
+  if not fileio.path(path).exists():
     raise MissingDataError(f"{path} does not exist{': ' + missing if missing else '.'}")
-  with tf.io.gfile.GFile(path, "rb") as f:
-    data = f.read()
+  data = fileio.path(path).read_bytes()
   if data[:2] == b"\x1f\x8b":
     try:
       data = gzip.decompress(data)
@@ -162,10 +161,9 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
   name = spec.splits.get(split)
   if name is None:
     raise DataError(f"{task} has no split {split!r}; it has {sorted(spec.splits)}.")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths too)
   names = [name] + ([_COLA_RAW[split]] if task == "cola" and split in _COLA_RAW else [])
   paths = [data_dir.rstrip("/") + "/" + n for n in names]  # the CoLA 1.1 release layout second
-  path = next((p for p in paths if tf.io.gfile.exists(p)), None)
+  path = next((p for p in paths if fileio.path(p).exists()), None)
   if path is None:
     raise MissingDataError(
         (f"{paths[0]} does not exist: " if len(paths) == 1 else

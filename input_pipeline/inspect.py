@@ -19,8 +19,8 @@ from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
-from bert_jax import errors
-from bert_jax import fileio
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import data_config
 from input_pipeline import prepare
 from input_pipeline import pretrain

@@ -41,10 +41,11 @@ import time
 from absl import flags
 from absl import logging
 
-from bert_jax import errors
 import numpy as np
 
 from input_pipeline import corpus
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import store
@@ -227,15 +228,14 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
              num_shards: int, num_workers: int | None, fmt: str, text_field: str,
              tfds_data_dir: str | None, progress: bool, max_replaced_fraction: float
              ) -> dict:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   if num_shards < 1:
     raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
   num_workers = num_workers or os.cpu_count() or 1
   tok = tokenizer_lib.Tokenizer.from_path(vocab_path, lowercase)  # Fails early if bad.
-  tf.io.gfile.makedirs(output_dir)
-  summary_path = output_dir.rstrip("/") + "/" + SUMMARY_NAME
-  if tf.io.gfile.exists(summary_path):
-    tf.io.gfile.remove(summary_path)  # Incomplete until rewritten at the end.
+  fileio.path(output_dir).mkdir(parents=True, exist_ok=True)
+  summary_path = fileio.path(fileio.join(output_dir, SUMMARY_NAME))
+  if summary_path.exists():
+    summary_path.unlink()  # Incomplete until rewritten at the end.
   read_stats = corpus.new_stats()
   docs = corpus.iter_documents(input_spec, fmt=fmt, text_field=text_field,
                                tfds_data_dir=tfds_data_dir, stats=read_stats,
@@ -279,8 +279,7 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
       "seconds": round(time.time() - start, 2),
       "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
   })
-  with tf.io.gfile.GFile(summary_path, "w") as f:
-    f.write(json.dumps(summary, indent=2))
+  summary_path.write_text(json.dumps(summary, indent=2))
   logging.info("Prepared %s: %d documents, %d tokens (%d [UNK]); read %s.", output_dir,
                summary["documents"], summary["tokens"], summary["unk_tokens"],
                corpus.format_stats(read_stats))
@@ -302,15 +301,13 @@ def _deal(writer: store.ShardWriter, result: dict, first_document: int) -> None:
 def load_summary(prepared_dir: str) -> dict:
   """summary.json of a prepared corpus, with a clear error if the run never finished or
   the directory is of another format."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   path = prepared_dir.rstrip("/") + "/" + SUMMARY_NAME
-  if not tf.io.gfile.exists(path):
+  if not fileio.path(path).exists():
     raise FileNotFoundError(
         f"{path} not found: {prepared_dir!r} is not a (completely) prepared corpus. Run "
         "`python -m input_pipeline.prepare --input=... --vocab=... "
         f"--output_dir={prepared_dir}`.")
-  with tf.io.gfile.GFile(path) as f:
-    summary = json.load(f)
+  summary = json.loads(fileio.path(path).read_text())
   store.check_format(prepared_dir, summary)
   return summary
 
@@ -321,22 +318,20 @@ def convert_legacy(old_dir: str, output_dir: str) -> dict:
   The token ids are copied shard by shard, nothing is tokenized again, so the converted
   corpus gives the same batches as one prepared afresh from the same text.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
   path = old_dir.rstrip("/") + "/" + SUMMARY_NAME
-  if not tf.io.gfile.exists(path):
+  if not fileio.path(path).exists():
     raise FileNotFoundError(f"{path} not found: {old_dir} is not a complete prepared corpus.")
-  with tf.io.gfile.GFile(path) as f:
-    old = json.load(f)
+  old = json.loads(fileio.path(path).read_text())
   if old.get("format_version", 1) != 1:
     raise ValueError(f"{old_dir} is not of the first format (its format_version is "
                      f"{old['format_version']}); it needs no conversion.")
   if old_dir.rstrip("/") == output_dir.rstrip("/"):
     raise ValueError("--output_dir must differ from --convert: the original is read while "
                      "the arrays are written (delete it yourself afterwards).")
-  tf.io.gfile.makedirs(output_dir)
-  summary_path = output_dir.rstrip("/") + "/" + SUMMARY_NAME
-  if tf.io.gfile.exists(summary_path):
-    tf.io.gfile.remove(summary_path)
+  fileio.path(output_dir).mkdir(parents=True, exist_ok=True)
+  summary_path = fileio.path(fileio.join(output_dir, SUMMARY_NAME))
+  if summary_path.exists():
+    summary_path.unlink()
   start = time.time()
   writer = store.ShardWriter(output_dir, old["num_shards"], old["vocab"]["vocab_size"])
   try:
@@ -355,8 +350,7 @@ def convert_legacy(old_dir: str, output_dir: str) -> dict:
                  seconds=round(time.time() - start, 2),
                  created=datetime.datetime.now(datetime.timezone.utc).isoformat(
                      timespec="seconds"))
-  with tf.io.gfile.GFile(summary_path, "w") as f:
-    f.write(json.dumps(summary, indent=2))
+  summary_path.write_text(json.dumps(summary, indent=2))
   logging.info("Converted %s into %s: %d documents, %d tokens.", old_dir, output_dir,
                summary["documents"], summary["tokens"])
   return summary

@@ -27,7 +27,8 @@ from typing import Iterator
 
 from absl import logging
 
-from bert_jax import errors
+from input_pipeline import errors
+from input_pipeline import fileio
 
 FORMATS = ("auto", "lines", "paragraphs")
 _READ_CHUNK_BYTES = 8 << 20
@@ -46,22 +47,13 @@ _END = re.compile(r"\*\*\*\s*END OF")
 # --------------------------------------------------------------------------- files
 
 
-def _gfile():
-  # Imported on use: prepare's worker processes import this module but never read files,
-  # and must start without loading TensorFlow.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
-  return tf.io.gfile
-
-
 def expand_patterns(patterns: str) -> list[str]:
   """Comma-separated globs -> sorted unique file list; every glob must match something."""
-  gfile = _gfile()
   files = []
   for pattern in (p.strip() for p in patterns.split(",")):
     if not pattern:
       continue
-    matched = sorted(gfile.glob(pattern))
-    matched = [m for m in matched if not gfile.isdir(m)]
+    matched = [m for m in fileio.glob(pattern) if not fileio.path(m).is_dir()]
     if not matched:
       raise FileNotFoundError(
           f"Input pattern {pattern!r} matches no files. Check the path (globs such as "
@@ -130,9 +122,7 @@ def read_lines(path: str, stats: dict,
     refused = False
 
   try:
-    # Plain open() for local files: faster, and TF's GFile is not safe to read from the
-    # threads some consumers (tokenizers' trainers) pull iterators on.
-    with (_gfile().GFile(path, "rb") if "://" in path else open(path, "rb")) as f:
+    with fileio.path(path).open("rb") as f:
       while True:
         chunk = f.read(_READ_CHUNK_BYTES)
         if not chunk:

@@ -19,7 +19,7 @@ from absl import logging
 from etils import epath
 import numpy as np
 
-from bert_jax import errors
+from input_pipeline import errors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONFIG_NAME = "tokenizer_config.json"

@@ -23,8 +23,8 @@ import unicodedata
 from absl import flags
 from absl import logging
 
-from bert_jax import errors
-from bert_jax import fileio
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import corpus
 from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib

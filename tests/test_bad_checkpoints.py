@@ -9,7 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax import convert, errors, predict, train, workdir_lock
+from bert_jax import convert, predict, train, workdir_lock
+from input_pipeline import errors
 from tests import test_main_errors
 from tests import test_train_utils as tu
 from tests.test_checkpoint_inputs import checkpoints  # noqa: F401  pylint: disable=unused-import

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from bert_jax import errors
+from input_pipeline import errors
 from input_pipeline import build
 from input_pipeline import text
 from tests import test_train_utils as tu

@@ -5,8 +5,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax import convert, errors, predict
+from bert_jax import convert, predict
 from bert_jax import model as model_lib
+from input_pipeline import errors
 from tests.test_task_data import make_vocab
 
 

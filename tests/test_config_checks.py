@@ -7,8 +7,9 @@ the current directory."""
 import numpy as np
 import pytest
 
-from bert_jax import errors, finetune, train
+from bert_jax import finetune, train
 from bert_jax import workdir_lock
+from input_pipeline import errors
 from tests import test_main_errors
 from tests import test_train_utils as tu
 

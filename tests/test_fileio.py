@@ -1,4 +1,4 @@
-"""bert_jax.fileio: the one path layer (local and gs:// paths)."""
+"""input_pipeline.fileio: the one path layer (local and gs:// paths)."""
 import os
 import pathlib
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bert_jax import fileio
+from input_pipeline import fileio
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -70,3 +70,14 @@ def test_vocabulary_build_is_complete_or_rebuilt(tmp_path):
   (vocab / fileio.COMPLETE_MARKER).unlink()
   (tmp_path / "vocab.tmp").rmdir()
   assert build.vocab_complete(str(vocab))
+
+
+def test_glob_matches_as_the_pattern_is_spelt(tmp_path, monkeypatch):
+  for name in ("a/x1.txt", "a/x2.txt", "a/y.txt", "b/x3.txt", "b/sub/x4.txt"):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text("t")
+  monkeypatch.chdir(tmp_path)
+  assert fileio.glob("a/x*.txt") == ["a/x1.txt", "a/x2.txt"]
+  assert fileio.glob("*/x?.txt") == ["a/x1.txt", "a/x2.txt", "b/x3.txt"]
+  assert fileio.glob(f"{tmp_path}/b/*") == [f"{tmp_path}/b/sub", f"{tmp_path}/b/x3.txt"]
+  assert fileio.glob("a/y.txt") == ["a/y.txt"] and fileio.glob("a/none*") == []

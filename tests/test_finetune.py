@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, errors, finetune
+from bert_jax import convert, finetune
 from bert_jax import model as model_lib
 from bert_jax.configs import classify_custom, conll, glue, squad, swag
+from input_pipeline import errors
 from tests.test_task_data import CONTEXT, _squad_file, make_vocab
 
 WORDS = "good great fine bad awful poor the movie was plot acting very".split()

@@ -11,8 +11,9 @@ from etils import epath
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, fileio, finetune
+from bert_jax import checkpointing, finetune
 from bert_jax.configs import classify_custom
+from input_pipeline import fileio
 from tests import test_finetune
 from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import
 

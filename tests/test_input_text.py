@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from bert_jax import errors
+from input_pipeline import errors
 from input_pipeline import builtin_corpus
 from input_pipeline import corpus
 from input_pipeline import sentences

@@ -101,4 +101,4 @@ def test_layers_import_downward_only():
   for name in graph:
     if name.startswith("input_pipeline."):
       used = {m for m in _closure(graph, name) if m.startswith("bert_jax.")}
-      assert used <= {"bert_jax.fileio", "bert_jax.errors"}, (name, used)
+      assert used <= {"input_pipeline.fileio", "input_pipeline.errors"}, (name, used)

@@ -13,9 +13,10 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import errors, finetune, main, suite
+from bert_jax import finetune, main, suite
 from bert_jax.configs import suite as suite_config
 from bert_jax.metrics import NonFiniteLossError
+from input_pipeline import errors
 from tests import suite_data
 from tests import test_train_utils as tu
 
@@ -308,7 +309,8 @@ def test_parallel_runs_on_device_groups_match_runs_in_sequence(inputs, tmp_path)
 _DRIVER = r"""
 import os, runpy, signal, sys
 point = os.environ["SUITE_KILL_AT"]
-from bert_jax import finetune, fileio, suite
+from bert_jax import finetune, suite
+from input_pipeline import fileio
 
 def kill():
   os.kill(os.getpid(), signal.SIGKILL)

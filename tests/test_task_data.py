@@ -5,7 +5,8 @@ import re
 import numpy as np
 import pytest
 
-from bert_jax import errors, scoring
+from bert_jax import scoring
+from input_pipeline import errors
 from input_pipeline import glue, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 

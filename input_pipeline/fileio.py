@@ -15,7 +15,7 @@ from typing import Any
 
 from etils import epath
 
-from bert_jax import errors
+from input_pipeline import errors
 
 COMPLETE_MARKER = "COMPLETE"
 
@@ -38,6 +38,19 @@ def path(p: str | os.PathLike) -> epath.Path:
 def join(base: str, *names: str) -> str:
   """`base/name/...` as a string (a relative base stays relative)."""
   return "/".join([os.fspath(base).rstrip("/")] + [n.strip("/") for n in names])
+
+
+def glob(pattern: str) -> list[str]:
+  """The paths matching `pattern` (`*`, `?`, `[...]` in any component; local or gs://),
+  sorted, spelt from the pattern's own prefix (a relative pattern gives relative paths)."""
+  parts = os.fspath(pattern).split("/")
+  first = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+  if first is None:
+    return [pattern] if path(pattern).exists() else []
+  base = "/".join(parts[:first])
+  root = path(base or ".")
+  return sorted(join(base, os.fspath(p.relative_to(root))) if base else
+                os.fspath(p.relative_to(root)) for p in root.glob("/".join(parts[first:])))
 
 
 def read_json(p: str | os.PathLike, default: Any = None) -> Any:
