@@ -38,7 +38,6 @@ from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
 from bert_jax import trainer as trainer_lib
-from bert_jax import workdir_lock
 from bert_jax.model import BertConfig
 from input_pipeline import errors, fileio
 from input_pipeline import glue, squad, tagging
@@ -426,14 +425,9 @@ class _DevEvaluation:
 
 
 def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> dict[str, float]:
-  """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics. The job
-  holds the workdir's lock throughout (a second job on it is refused). `devices`: the
-  devices its mesh spans (default: all; the suite runs several jobs on device groups)."""
-  with workdir_lock.hold(workdir):
-    return _finetune(config, workdir, devices)
-
-
-def _finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> dict[str, float]:
+  """Fine-tunes config.init_checkpoint on config.task; returns the best dev metrics.
+  `devices`: the devices its mesh spans (default: all; the suite runs several jobs on
+  device groups). main.run holds the workdir's lock."""
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   packed = check_config(config)
   saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work

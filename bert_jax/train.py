@@ -26,7 +26,6 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import objectives
 from bert_jax import optim
 from bert_jax import trainer as trainer_lib
-from bert_jax import workdir_lock
 from bert_jax import convert
 from bert_jax import model as model_lib
 from bert_jax.model import BertConfig, BertForPreTraining
@@ -187,22 +186,6 @@ def load_init_params(path: str, cfg: BertConfig, abstract_params: Any, fresh_par
   return flax.traverse_util.unflatten_dict({k: loaded.get(k, fresh_flat[k]) for k in want})
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Pre-trains in `workdir` (resuming from its checkpoints); main.py dispatches by
-  config.task to this or to finetune.finetune."""
-  if config.task != "pretrain":
-    raise ValueError(f"config.task={config.task!r} is a fine-tuning task: run it with "
-                     "bert_jax.main (or finetune.finetune).")
-  return pretrain(config, workdir)
-
-
-def pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
-  """Pre-trains (MLM + optional NSP) to config.num_train_steps; evaluates on held-out data.
-  The job holds the workdir's lock throughout (a second job on it is refused)."""
-  with workdir_lock.hold(workdir):
-    return _pretrain(config, os.fspath(workdir))
-
-
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Pre-training values that cannot work, named before any work (ConfigError)."""
   trainer_lib.check_config(config)
@@ -223,7 +206,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "the one or raise the other.")
 
 
-def _pretrain(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
+  """Pre-trains in `workdir` to config.num_train_steps (resuming from its checkpoints),
+  evaluating on held-out data. main.run dispatches by config.task to this, the fine-tuning
+  job or the suite, holding the workdir's lock."""
+  if config.task != "pretrain":
+    raise ValueError(f"config.task={config.task!r} is a fine-tuning task: run it with "
+                     "bert_jax.main (or finetune.finetune).")
+  workdir = os.fspath(workdir)
   check_config(config)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   data_cfg, vocab_size = data_build.prepare(config, workdir)

@@ -5,8 +5,8 @@
 
 The lock is `workdir/LOCK`, a small JSON naming its holder (host, pid, process count, start
 time, heartbeat). Only process 0 of a multi-host job takes it (the job holds it once); every
-process learns the outcome, so a refused job stops on every host. It is reentrant within a
-process (the main job and the functions it calls may each ask for it).
+process learns the outcome, so a refused job stops on every host. The entry point takes it
+once (bert_jax.main.run); the jobs it runs do not.
 
 How it works where the workdir lives:
   local disk  `fcntl.flock` on LOCK. The kernel drops the lock when its process dies, so a
@@ -218,10 +218,6 @@ class _GcsLock:
       self.generation = None
 
 
-_held: dict[str, list] = {}  # workdir -> [lock or None (other processes), depth]
-_held_guard = threading.Lock()
-
-
 def _unusable(workdir: str, e: Exception) -> errors.UserError:
   """Why a workdir cannot be written to, as one line naming it and the way on."""
   if isinstance(e, (FileExistsError, NotADirectoryError)):
@@ -244,19 +240,6 @@ def hold(workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
     raise errors.UserError("--workdir is empty (e.g. --workdir=$WORKDIR with WORKDIR unset): "
                            "give the directory for the run's checkpoints, summaries and data.")
   key = os.fspath(fileio.path(workdir))
-  with _held_guard:
-    if key in _held:
-      _held[key][1] += 1
-      reentered = True
-    else:
-      reentered = False
-  if reentered:
-    try:
-      yield
-    finally:
-      with _held_guard:
-        _held[key][1] -= 1
-    return
   lock, error = None, None
   if jax.process_index() == 0:
     lock = (_GcsLock(key, heartbeat_s, stale_after_s) if key.startswith("gs://")
@@ -279,12 +262,8 @@ def hold(workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
                                  "0's log).")
   if error is not None:
     raise error
-  with _held_guard:
-    _held[key] = [lock, 1]
   try:
     yield
   finally:
-    with _held_guard:
-      del _held[key]
     if lock is not None:
       lock.release()

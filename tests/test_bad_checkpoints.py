@@ -121,7 +121,7 @@ def test_pretraining_configs_that_cannot_work_are_user_errors(tmp_path, override
       section, leaf = key.split(".")
       config[section][leaf] = value
   with pytest.raises(errors.UserError, match=message.replace("(", r"\(").replace("{", r"\{")):
-    train.pretrain(config, str(tmp_path / "w"))
+    train.train_and_evaluate(config, str(tmp_path / "w"))
 
 
 def test_a_workdir_that_cannot_be_used_is_one_line(tmp_path):

@@ -36,7 +36,7 @@ PRETRAINING = [
 def test_pretraining_values_that_cannot_work_are_named_before_any_work(tmp_path, overrides, message):
   config = tu.tiny_config(**overrides)
   with pytest.raises(errors.ConfigError) as e:
-    train.pretrain(config, str(tmp_path / "w"))
+    train.train_and_evaluate(config, str(tmp_path / "w"))
   assert str(e.value).startswith(message), str(e.value)
   assert not (tmp_path / "w" / "checkpoints").exists()
 
@@ -73,7 +73,7 @@ def test_cadences_of_zero_are_off(tmp_path):
   """checkpoint_every_steps=0 / log_every_steps=0: no periodic checkpoints or progress
   lines (before: ZeroDivisionError after the first step); the run still saves at its end."""
   config = tu.tiny_config(num_train_steps=4, checkpoint_every_steps=0, log_every_steps=0)
-  train.pretrain(config, str(tmp_path))
+  train.train_and_evaluate(config, str(tmp_path))
   assert tu.checkpoint_steps(tmp_path) == [4]
   assert sorted(tu.read_scalars(tmp_path, "train/loss")) == [4]
 
@@ -90,5 +90,5 @@ def test_the_shortest_allowed_pretraining_sequences_train(tmp_path):
                             build__corpus=str(tmp_path / "corpus.txt"), build__vocab_size=120,
                             build__num_shards=1, data__eval_fraction=0.1,
                             data__vocab_path="vocab", data__prepared_dir="prepared")
-    train.pretrain(config, str(tmp_path / f"nsp{nsp}"))
+    train.train_and_evaluate(config, str(tmp_path / f"nsp{nsp}"))
     assert tu.checkpoint_steps(tmp_path / f"nsp{nsp}") == [2]
