@@ -57,13 +57,10 @@ def abstract_step(config, devices: Sequence[Any] | None = None):
   """
   import jax
   import jax.numpy as jnp
-  from bert_jax import train, trainer as trainer_lib
-  cfg = train.bert_config(config)
-  model = train.BertForPreTraining(cfg)
-  trainer = trainer_lib.build(config, model, train.PRETRAINING,
-                              train.pretraining_sample(config.data.max_seq_length,
-                                                       config.data.max_predictions_per_seq),
-                              workdir=None, devices=devices)
+  from bert_jax import registry, trainer as trainer_lib
+  model, objective, sample = registry.pretraining(config)
+  cfg = model.config
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None, devices=devices)
   mesh, rules, abstract = trainer.mesh, trainer.rules, trainer.abstract
   batch_sh, repl = trainer.batch_sharding, trainer.replicated
   B, L = config.global_batch_size, config.data.max_seq_length

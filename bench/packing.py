@@ -36,7 +36,7 @@ class Run:
 
   def __init__(self, *, packing: bool, prepared: str, vocab: int, args):
     import jax
-    from bert_jax import train, trainer as trainer_lib
+    from bert_jax import registry, trainer as trainer_lib
     from bert_jax.configs import default
     from input_pipeline import pretrain
     config = default.get_config()
@@ -47,12 +47,9 @@ class Run:
     config.global_batch_size = args.rows
     config.mesh_shape.data = 1
     self.packing = packing
-    cfg = train.bert_config(config)
-    model = train.BertForPreTraining(cfg)
-    self.trainer = trainer_lib.build(
-        config, model, train.PRETRAINING,
-        train.pretraining_sample(args.seq_len, config.data.max_predictions_per_seq),
-        workdir=None, devices=jax.devices()[:1])
+    model, objective, sample = registry.pretraining(config)
+    self.trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
+                                     devices=jax.devices()[:1])
     self.mesh, self.rules = self.trainer.mesh, self.trainer.rules
     self.batch_sh, self.step_fn = self.trainer.batch_sharding, self.trainer.train_step
     with self.trainer.activate():

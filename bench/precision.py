@@ -68,7 +68,7 @@ def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: in
         lr: float, warmup: int, seed: int) -> list[float]:
   """Per-step training loss of one run in `dtype` compute (float32 master weights)."""
   import jax
-  from bert_jax import train, trainer as trainer_lib
+  from bert_jax import registry, trainer as trainer_lib
   from bert_jax.configs import default
   config = default.get_config()
   config.seed = seed
@@ -80,16 +80,13 @@ def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: in
   config.schedule.warmup_steps = warmup
   config.schedule.decay_steps = len(batches)
   config.mesh_shape.data = 1
-  cfg = train.bert_config(config)
-  model = train.BertForPreTraining(cfg)
-  trainer = trainer_lib.build(config, model, train.PRETRAINING,
-                              train.pretraining_sample(config.data.max_seq_length,
-                                                       config.data.max_predictions_per_seq),
-                              workdir=None, devices=jax.devices()[:1])
+  model, objective, sample = registry.pretraining(config)
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
+                              devices=jax.devices()[:1])
   losses = []
   with trainer.activate():
     state = trainer.init()
-    rng = trainer.dropout_rng
+    rng = trainer.train_rng
     pending = []
     for b in batches:
       state, m = trainer.train_step(state, trainer.to_global(b), rng)

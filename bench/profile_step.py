@@ -53,19 +53,17 @@ def _model_file(path: str):
 
 
 def _setup(preset: str, seq_len: int, batch: int, dtype: str):
-  import flax.linen as nn
-  import jax
   import jax.numpy as jnp
   from bench.train_step import _batch, bench_config
-  from bert_jax import optim, train
+  from bert_jax import registry, trainer as trainer_lib
   config = bench_config(preset, seq_len, dtype, batch, vocab=30522)
   preds = config.data.max_predictions_per_seq
-  cfg = train.bert_config(config)
-  tx = optim.make_optimizer(config)
-  model = train.BertForPreTraining(cfg)
-  init = functools.partial(train.init_state, model=model, tx=tx, seq_len=seq_len,
-                           num_predictions=preds)
-  state = jax.jit(lambda r: nn.unbox(init(r)))(jax.random.key(0))
+  model, objective, sample = registry.pretraining(config)
+  cfg = model.config
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None)
+  tx = trainer.tx
+  with trainer.activate():
+    state = trainer.init()
   data = {k: jnp.asarray(v) for k, v in _batch(np.random.default_rng(0), batch, seq_len, preds,
                                                  30522).items()}
   return config, cfg, tx, state, data, preds
@@ -170,8 +168,9 @@ def main(argv=None) -> None:
   import jax.numpy as jnp
   import optax
   from bert_jax import flops as flops_lib
-  from bert_jax import train, trainer as trainer_lib
-  from bert_jax.objectives import pretraining_loss
+  from bert_jax import model as model_lib
+  from bert_jax import objectives, registry, trainer as trainer_lib
+  objective = objectives.pretraining()
   config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)
   flops = flops_lib.train_flops_per_step(cfg, args.batch, args.seq_len, preds)
   rng = jax.random.key(1)
@@ -182,11 +181,12 @@ def main(argv=None) -> None:
     """The train step as the trainer runs it (state donated), on its own copy of the state."""
     t = time.perf_counter()
     if args.no_mesh or not use_mesh:
-      step = jax.jit(functools.partial(train.train_step, model=model, tx=tx), donate_argnums=(0,))
+      step = jax.jit(functools.partial(trainer_lib.train_step, model=model, tx=tx,
+                                       objective=objective), donate_argnums=(0,))
       c = step.lower(state, data, rng).compile(compiler_options=options or None)
     else:  # the trainer's own jitted step: a mesh, logical axis rules, shardings
-      trainer = trainer_lib.build(config, model, train.PRETRAINING,
-                                  train.pretraining_sample(args.seq_len, preds), workdir=None)
+      _, _, sample = registry.pretraining(config)
+      trainer = trainer_lib.build(config, model, objective, sample, workdir=None)
       with trainer.activate():
         c = trainer.train_step.lower(state, data, rng).compile(compiler_options=options or None)
     print(f"compiled in {time.perf_counter() - t:.1f} s: options={options}", flush=True)
@@ -197,7 +197,7 @@ def main(argv=None) -> None:
       return metrics
     return run
 
-  model = train.BertForPreTraining(cfg)
+  model = model_lib.BertForPreTraining(cfg)
   if args.trace:
     run = compiled_step(model)
     jax.block_until_ready(run())
@@ -224,9 +224,9 @@ def main(argv=None) -> None:
     fns[f"step {variant}"] = (compiled_step(model, opts), ())
   if args.pieces:
     def loss(params, deterministic):
-      out = model.apply({"params": params}, *(data[k] for k in train.MODEL_INPUTS),
-                        deterministic=deterministic, rngs={"dropout": rng})
-      return pretraining_loss(out, data)[0]
+      out = objective.apply(model, params, data, deterministic=deterministic,
+                            rngs={"dropout": rng})
+      return objective.batch_loss(out, data)
     p = state.params
     fns["forward (dropout)"] = (jax.jit(lambda p: loss(p, False)), (p,))
     fns["forward (deterministic)"] = (jax.jit(lambda p: loss(p, True)), (p,))

@@ -68,13 +68,12 @@ def bench_config(preset: str, seq_len: int, dtype: str, batch: int, vocab: int):
 def bench_ours(preset, seq_len, dtype, batch, steps, warmup, vocab):
   import jax
   from bert_jax import flops as flops_lib
-  from bert_jax import train, trainer as trainer_lib
+  from bert_jax import registry, trainer as trainer_lib
   config = bench_config(preset, seq_len, dtype, batch, vocab)
   preds = config.data.max_predictions_per_seq
-  cfg = train.bert_config(config)
-  model = train.BertForPreTraining(cfg)
-  trainer = trainer_lib.build(config, model, train.PRETRAINING,
-                              train.pretraining_sample(seq_len, preds), workdir=None)
+  model, objective, sample = registry.pretraining(config)
+  cfg = model.config
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None)
   with trainer.activate():
     state = trainer.init()
     data = trainer.to_global(_batch(np.random.default_rng(0), batch, seq_len, preds, vocab))

@@ -33,19 +33,15 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import convert, heads, optim, scoring
-from bert_jax import flops as flops_lib
-from bert_jax import metrics as metrics_lib
+from bert_jax import convert, heads, scoring
 from bert_jax import objectives
 from bert_jax import trainer as trainer_lib
 from bert_jax.model import BertConfig
-from input_pipeline import errors, fileio
+from input_pipeline import errors, features, fileio
 from input_pipeline import glue, squad, tagging
 from input_pipeline.epochs import EpochIterator
 from input_pipeline.tokenizer import Tokenizer
 
-TEXT_INPUTS = objectives.TEXT_INPUTS
-PACKING_INPUTS = objectives.PACKED_INPUTS  # packed rows pass these to the head by keyword
 PACKABLE_TASKS = ("glue", "custom")
 
 # The config fields naming each task's input files (or their directory), with what they hold.
@@ -65,7 +61,6 @@ _INPUT_FIELDS = {
 
 
 MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP] with a token of each segment
-ConfigError = errors.ConfigError  # a config value that cannot work (names the field)
 
 
 @dataclasses.dataclass
@@ -78,9 +73,6 @@ class TaskData:
   evaluate: Callable[[Any], tuple[dict[str, float], Callable[[str], None]]]  # outputs -> (metrics, writer)
   main_metric: str
   labels: tuple | None = None  # class / tag names, saved beside the best params for predict
-
-
-_objective = objectives.supervised
 
 
 def _glue_metrics(names, preds, labels, scores=None):
@@ -128,7 +120,7 @@ def classification_task(config, tok, cfg: BertConfig) -> TaskData:
       (out_dir / f"{name}.tsv").write_text("index\tprediction\n" + "".join(rows))
     return result, write
 
-  return TaskData(model, _objective(heads.classification_loss, "example_weights"),
+  return TaskData(model, objectives.supervised(heads.classification_sums, "example_weights"),
                   glue.encode_examples(train_ex, tok, L, labels), eval_feats, evaluate, metrics[0],
                   labels=tuple(labels) if labels is not None else None)
 
@@ -138,7 +130,8 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
   eval_ex = squad.read_squad(config.eval_file)
   conv = functools.partial(squad.convert_examples, tokenizer=tok, max_seq_length=config.max_seq_length,
                            doc_stride=config.doc_stride, max_query_length=config.max_query_length)
-  train_feats = {k: v for k, v in conv(train_ex).items() if k in TEXT_INPUTS + ("start_positions", "end_positions")}
+  train_feats = {k: v for k, v in conv(train_ex).items()
+                 if k in features.TEXT + ("start_positions", "end_positions")}
   eval_feats = conv(eval_ex)
   v2 = config.version_2_with_negative
   too_long = squad.answers_over_length(eval_ex, tok, config.max_answer_length)
@@ -165,7 +158,8 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
         (out_dir / fname).write_text(json.dumps(obj, indent=1))
     return result, write
 
-  return TaskData(heads.BertForQuestionAnswering(cfg), _objective(heads.span_loss, "example_weights"),
+  return TaskData(heads.BertForQuestionAnswering(cfg),
+                  objectives.supervised(heads.span_sums, "example_weights"),
                   train_feats, eval_feats, evaluate, "f1")
 
 
@@ -196,7 +190,7 @@ def conll_task(config, tok, cfg: BertConfig) -> TaskData:
     return result, write
 
   return TaskData(heads.BertForTokenClassification(cfg, num_labels=len(labels)),
-                  _objective(heads.token_loss, "label_weights"),
+                  objectives.supervised(heads.token_sums, "label_weights"),
                   tagging.encode_conll(train_s, tok, L, labels), eval_feats, evaluate, "f1",
                   labels=tuple(labels))
 
@@ -216,7 +210,8 @@ def swag_task(config, tok, cfg: BertConfig) -> TaskData:
           "id,pred\n" + "".join(f"{e['id']},{int(p)}\n" for e, p in zip(eval_ex, preds)))
     return result, write
 
-  return TaskData(heads.BertForMultipleChoice(cfg), _objective(heads.classification_loss, "example_weights"),
+  return TaskData(heads.BertForMultipleChoice(cfg),
+                  objectives.supervised(heads.classification_sums, "example_weights"),
                   tagging.encode_swag(train_ex, tok, L), eval_feats, evaluate, "accuracy")
 
 
@@ -231,21 +226,29 @@ def load_encoder(path: str) -> tuple[BertConfig, Any]:
   return cfg, params
 
 
-def _predict(trainer: trainer_lib.Trainer, predict_fn, params, feats, batch_size: int):
-  """Model outputs for every eval feature, on every host. Each host feeds its rows of each
-  global batch of `batch_size`; the last batch is padded (outputs cut to the real rows)."""
+def _dev_outputs(trainer: trainer_lib.Trainer, params, feats, keys, batch_size: int):
+  """(metric sums, model outputs) of every dev feature, on every host, through the trainer's
+  eval step. Each host feeds its rows of each global batch of `batch_size`; the last batch
+  is padded with rows weighing 0 (outputs cut to the real rows)."""
   n = len(feats["input_ids"])
   b = batch_size // jax.process_count()
   lo = jax.process_index() * b
-  outs = []
+  outs, sums = [], None
   with trainer.activate():
-    for start in range(0, n, batch_size):
-      idx = (np.arange(start, start + batch_size) % n)[lo:lo + b]
-      batch = trainer.to_global({k: feats[k][idx] for k in TEXT_INPUTS})
-      out = jax.device_get(predict_fn(params, batch))  # replicated: whole on every host
+    for i, start in enumerate(range(0, n, batch_size)):
+      rows = np.arange(start, start + batch_size)[lo:lo + b]
+      batch = {k: feats[k][rows % n] for k in keys}
+      real = (rows < n).astype(np.float32)
+      batch["example_weights"] = batch.get("example_weights", 1) * real
+      if "label_weights" in batch:
+        batch["label_weights"] = batch["label_weights"] * real[:, None]
+      m, out = trainer.eval_step(params, trainer.to_global(batch),
+                                 jax.random.fold_in(trainer.eval_rng, i))
+      sums = m if sums is None else jax.tree.map(np.add, sums, m)
       take = min(batch_size, n - start)
-      outs.append(jax.tree.map(lambda x: np.asarray(x)[:take], out))
-  return jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
+      outs.append(jax.tree.map(lambda x: np.asarray(x)[:take], jax.device_get(out)))
+  sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+  return sums, jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
 def _log_labels(config, labels: tuple, train_ex) -> None:
@@ -268,26 +271,26 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
   """Fails early on a config fine-tuning cannot run (unset fields, missing checkpoint or
   input files), naming the field to set; returns whether it packs."""
   if not config.init_checkpoint:
-    raise ConfigError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
+    raise errors.ConfigError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
                       "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
   if config.task not in TASKS:
-    raise ConfigError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
+    raise errors.ConfigError(f"config.task={config.task!r}: choose one of {sorted(TASKS)} or 'pretrain'.")
   trainer_lib.check_config(config)
   for field in ("global_batch_size", "eval_batch_size", "num_epochs", "max_seq_length"):
     if config[field] < 1:
-      raise ConfigError(f"config.{field}={config[field]}: it must be at least 1.")
+      raise errors.ConfigError(f"config.{field}={config[field]}: it must be at least 1.")
   if config.max_seq_length < MIN_SEQ_LENGTH:
-    raise ConfigError(f"config.max_seq_length={config.max_seq_length}: at least "
+    raise errors.ConfigError(f"config.max_seq_length={config.max_seq_length}: at least "
                       f"{MIN_SEQ_LENGTH} tokens are needed for [CLS], [SEP] x2 and one token of "
                       "each segment (BERT: 128; 384 for SQuAD).")
   packed = bool(config.get("packing", False))
   if packed and config.task not in PACKABLE_TASKS:
-    raise ConfigError(f"packing is only supported for classification fine-tuning (task glue or custom), "
+    raise errors.ConfigError(f"packing is only supported for classification fine-tuning (task glue or custom), "
                       f"not task={config.task!r}: set --config.packing=False.")
   if packed and config.get("max_examples_per_row", 0) < 1:
-    raise ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
+    raise errors.ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   if not convert.checkpoint_exists(config.init_checkpoint):
-    raise ConfigError(f"config.init_checkpoint: {config.init_checkpoint} does not exist: pass a "
+    raise errors.ConfigError(f"config.init_checkpoint: {config.init_checkpoint} does not exist: pass a "
                       "pre-training or fine-tuning workdir of ours, a converted checkpoint, a "
                       "HuggingFace model directory or a Google TF checkpoint (bert_model.ckpt).")
   fields = {"vocab_path": "the vocabulary the checkpoint was trained with: vocab.txt, a "
@@ -297,10 +300,10 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
   for field, what in fields.items():
     if not config[field]:
       value = "DIR" if field == "data_dir" else "PATH"
-      raise ConfigError(f"config.{field} is not set: pass --config.{field}={value} ({what}).")
+      raise errors.ConfigError(f"config.{field} is not set: pass --config.{field}={value} ({what}).")
   for field, path in _input_files(config).items():
     if not fileio.path(path).exists():
-      raise ConfigError(f"config.{field}: {path} does not exist" + (
+      raise errors.ConfigError(f"config.{field}: {path} does not exist" + (
           f" (config.data_dir + config.{field})." if "data_dir" in config else "."))
   return packed
 
@@ -323,11 +326,11 @@ def _load(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any, Tokenizer
                         dtype=config.model.dtype, scan_layers=config.model.scan_layers,
                         remat=config.model.remat)
   if config.max_seq_length > cfg.max_position_embeddings:
-    raise ConfigError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
+    raise errors.ConfigError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
                       f"{cfg.max_position_embeddings} positions: lower --config.max_seq_length.")
   tok = Tokenizer.from_path(config.vocab_path, config.get("lowercase"))
   if tok.vocab_size != cfg.vocab_size:
-    raise ConfigError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
+    raise errors.ConfigError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
                       f"{cfg.vocab_size}: use the vocabulary the model was pre-trained with.")
   return cfg, enc_params, tok
 
@@ -367,10 +370,10 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray],
                  "real), %s steps of %d rows.", n_train, rows, n_train / max(np.mean(rows), 1),
                  100 * lengths.sum() / (np.mean(rows) * config.max_seq_length), steps, B)
     if min(steps, default=1) == 0:
-      raise ConfigError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
+      raise errors.ConfigError(f"{n_train} training examples pack into {min(rows)} rows, fewer than one batch "
                         f"of {B} rows: lower global_batch_size.")
   elif n_train // B == 0:
-    raise ConfigError(f"{n_train} training examples is fewer than one batch of {B}: lower "
+    raise errors.ConfigError(f"{n_train} training examples is fewer than one batch of {B}: lower "
                       "--config.global_batch_size.")
   return batches
 
@@ -396,20 +399,18 @@ class _DevEvaluation:
                cfg: BertConfig, writer, epoch_ends: list[int], saved: dict):
     self.config, self.out_dir, self.task, self.trainer = config, fileio.path(workdir), task, trainer
     self.cfg, self.writer, self.epoch_ends = cfg, writer, epoch_ends
-    self.predict_fn = jax.jit(
-        lambda p, b: task.model.apply({"params": p}, *(b[k] for k in TEXT_INPUTS)),
-        in_shardings=(trainer.state_shardings.params, trainer.batch_sharding),
-        out_shardings=trainer.replicated)
     self.best, self.history = saved.get("best", {}), saved.get("epochs", [])
 
   def __call__(self, step: int, state) -> None:
     task, config = self.task, self.config
     epoch = self.epoch_ends.index(step) + 1
-    outputs = _predict(self.trainer, self.predict_fn, state.params, task.eval, config.eval_batch_size)
+    sums, outputs = _dev_outputs(self.trainer, state.params, task.eval, list(task.train),
+                                 config.eval_batch_size)
     result, write = task.evaluate(outputs)
     result = {k: float(v) for k, v in result.items()}
-    logging.info("epoch %d dev: %s", epoch, result)
-    self.writer.write_scalars(step, {f"dev/{k}": v for k, v in result.items()})
+    loss = task.objective.summarize(sums)["loss"]
+    logging.info("epoch %d dev: %s (loss %.4f)", epoch, result, loss)
+    self.writer.write_scalars(step, {"dev/loss": loss, **{f"dev/{k}": v for k, v in result.items()}})
     # A run killed between this evaluation and its checkpoint evaluates the epoch again.
     self.history = [h for h in self.history if h.get("epoch") != epoch] + [
         {"epoch": epoch, "step": step, **result}]
@@ -436,31 +437,23 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   batches = _batches(config, task.train, packed)
   total = sum(batches.steps_per_epoch)
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
+  epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
   trainer = trainer_lib.build(config, task.model, task.objective, task.train, workdir,
                               eval_batch_size=config.eval_batch_size, total_steps=total,
-                              devices=devices,
-                              inputs=_inputs(task, enc_params))
+                              devices=devices, inputs=_inputs(task, enc_params),
+                              eval_outputs=True,
+                              log_prefix=lambda step: f"epoch {epoch_of(step)} ")
   state, data_state = trainer.restore_or_init(
       lambda fresh: _with_encoder(fresh, enc_params, cfg, trainer, config.init_checkpoint))
   if data_state is not None:
     batches.set_state(data_state)
   if int(jax.device_get(state.step)):
     logging.info("Resumed fine-tuning at step %d.", int(jax.device_get(state.step)))
-  writer = metrics_lib.make_writer(workdir)
-  B, L = config.global_batch_size, config.max_seq_length
-  seqs = int(np.prod(task.train["input_ids"].shape[1:-1], dtype=np.int64))  # SWAG: choices
-  epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
-  train_metrics = metrics_lib.TrainMetrics(
-      writer, total_steps=total, tokens_per_step=B * seqs * L,
-      flops_per_step=flops_lib.train_flops_per_step(cfg, B * seqs, L, 0, nsp=False),
-      peak=flops_lib.Peak(str(cfg.dtype), config.peak_flops_per_device),
-      learning_rate=functools.partial(optim.host_learning_rate, config, total_steps=total),
-      summarize=task.objective.summarize, console=task.objective.console,
-      prefix=lambda step: f"epoch {epoch_of(step)} ")
-  dev = _DevEvaluation(config, workdir, task, trainer, cfg, writer, epoch_ends, saved_metrics)
+  dev = _DevEvaluation(config, workdir, task, trainer, cfg, trainer.writer, epoch_ends,
+                       saved_metrics)
   is_epoch_end = lambda step: step in epoch_ends
-  result = trainer_lib.run(trainer, state, batches, num_steps=total, metrics=train_metrics,
-                           evaluate=dev, eval_at=is_epoch_end, save_at=is_epoch_end)
+  result = trainer_lib.run(trainer, state, batches, num_steps=total, evaluate=dev,
+                           eval_at=is_epoch_end, save_at=is_epoch_end)
   logging.info("Best dev %s: %s", task.main_metric, dev.best)
   logging.info("Outputs in %s: best/ (epoch %s), metrics.json, the dev predictions, checkpoints "
                "(step %d); TensorBoard: tensorboard --logdir=%s", workdir, dev.best.get("epoch"),

@@ -79,8 +79,8 @@ def _nll(logits, labels):
   return -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), labels[..., None], -1)[..., 0]
 
 
-def classification_loss(logits: jax.Array, batch: Mapping[str, jax.Array]):
-  """Cross-entropy, or squared error when there is one output (STS-B).
+def classification_sums(logits: jax.Array, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """Sums of the cross-entropy, or of the squared error when there is one output (STS-B).
 
   logits [B, C] with labels / example_weights [B], or packed rows: logits
   [R, E, C] with labels / example_weights [R, E] (flattened to R*E examples;
@@ -99,8 +99,8 @@ def classification_loss(logits: jax.Array, batch: Mapping[str, jax.Array]):
   return _weighted(per_example, correct, w_B)
 
 
-def span_loss(start_BL, end_BL, batch):
-  """Mean of start and end cross-entropies (as in the original run_squad.py)."""
+def span_sums(start_BL, end_BL, batch) -> dict[str, jax.Array]:
+  """Sums of the mean of start and end cross-entropies (as in the original run_squad.py)."""
   w_B = batch.get("example_weights", jnp.ones(start_BL.shape[:1])).astype(jnp.float32)
   starts, ends = batch["start_positions"].astype(jnp.int32), batch["end_positions"].astype(jnp.int32)
   per_example = 0.5 * (_nll(start_BL, starts) + _nll(end_BL, ends))
@@ -108,8 +108,8 @@ def span_loss(start_BL, end_BL, batch):
   return _weighted(per_example, correct, w_B)
 
 
-def token_loss(logits_BLC, batch):
-  """Cross-entropy over labelled tokens (first WordPiece of each word)."""
+def token_sums(logits_BLC, batch) -> dict[str, jax.Array]:
+  """Sums of the cross-entropy over labelled tokens (first WordPiece of each word)."""
   labels = batch["labels"].astype(jnp.int32)
   w_BL = batch["label_weights"].astype(jnp.float32)
   per_token = _nll(logits_BLC, labels)
@@ -117,8 +117,7 @@ def token_loss(logits_BLC, batch):
   return _weighted(per_token, correct, w_BL)
 
 
-def _weighted(per_item, correct, weights):
-  denom = jnp.sum(weights)
-  loss_sum = jnp.sum(per_item * weights)
-  metrics = {"loss_sum": loss_sum, "correct_sum": jnp.sum(correct * weights), "weight": denom}
-  return loss_sum / jnp.maximum(denom, 1e-8), metrics
+def _weighted(per_item, correct, weights) -> dict[str, jax.Array]:
+  """The sums objectives.supervised divides: weighted loss and correct counts, and the weight."""
+  return {"loss_sum": jnp.sum(per_item * weights), "correct_sum": jnp.sum(correct * weights),
+          "weight": jnp.sum(weights)}

@@ -15,6 +15,7 @@ vars JAX_NUM_PROCESSES / JAX_PROCESS_ID / JAX_COORDINATOR_ADDRESS), or with
 `--multihost` where JAX detects the cluster itself (Cloud TPU pods, SLURM).
 `--local_device_ids=0,1` (or JAX_LOCAL_DEVICE_IDS) picks the GPUs a process drives.
 """
+import ctypes
 import os
 
 from absl import app
@@ -58,6 +59,29 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer("heartbeat_timeout", 60,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def reuse_host_memory() -> bool:
+  """On the CPU backend: glibc keeps freed memory for reuse (no mmap for large blocks, no
+  trimming); returns whether it applied.
+
+  XLA:CPU allocates all temporaries of a step as one block per execution (590 MB for
+  all-MiniLM-L6 fine-tuning at batch 32 x 64). glibc serves a block that large with a
+  fresh mmap and unmaps it on free, so every step page-faulted all of it again (~140k
+  minor faults a step); from the heap it is reused, and that step got 15% faster. Only
+  allocations of glibc's main arena follow these settings, i.e. those of the main thread:
+  bert_jax.main therefore turns off jax_cpu_enable_async_dispatch (XLA:CPU then executes
+  on the calling thread); with async dispatch on this does nothing. Process-wide: the
+  process keeps its peak host memory.
+  """
+  if jax.default_backend() != "cpu" or jax.config.read("jax_cpu_enable_async_dispatch"):
+    return False
+  try:
+    libc = ctypes.CDLL("libc.so.6")
+  except OSError:  # not glibc
+    return False
+  m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+  return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2 ** 31 - 1))
+
+
 def run(config, workdir: str):
   """The job config.task names: pre-training, a fine-tuning task or the fine-tuning suite
   (holding the workdir's lock: one job per workdir)."""
@@ -74,7 +98,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
   metrics.quiet_library_logs()
-  # XLA:CPU executes on this thread, so its step memory can be reused (trainer.reuse_host_memory).
+  # XLA:CPU executes on this thread, so its step memory can be reused (reuse_host_memory).
   jax.config.update("jax_cpu_enable_async_dispatch", False)
   # TF is only used for data and summaries: keep it off the accelerators.
   tf.config.experimental.set_visible_devices([], "GPU")
@@ -90,6 +114,7 @@ def main(argv):
   logging.info("JAX process %d/%d, local devices: %s", jax.process_index(),
                jax.process_count(), jax.local_devices())
   logging.info("%d devices in total (%s).", jax.device_count(), jax.devices()[0].device_kind)
+  reuse_host_memory()
   run(flags.FLAGS.config, _WORKDIR.value)
 
 

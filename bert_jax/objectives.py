@@ -1,13 +1,16 @@
 """Objectives: what a train step optimises and what the logs show, in one place each.
 
 An `Objective` names the model inputs, computes metric *sums* of a (micro-)batch and the
-denominators over the global batch, combines them into the loss, and turns host-side sums
-into the scalars of the console and TensorBoard (`summarize`, `console`). The trainer and
-its logging read whatever the objective returns, so a new objective (span masking,
-ELECTRA, a new task) is one factory here plus the job that picks it.
+denominators over the global batch, and divides the one by the other into the loss (the
+only place a loss is formed: sums-only functions below and in bert_jax/heads.py, so the
+loss of a batch split into micro-batches equals the loss of the whole). It also turns
+host-side sums into the scalars of the console and TensorBoard (`summarize`, `console`),
+counts the model FLOPs of a step, and names the random streams its model draws from
+besides dropout. The trainer and its logging read whatever the objective returns, so a
+new objective is one factory here plus its line in bert_jax/registry.py.
 
   pretraining()          masked LM, plus NSP when the model has the NSP head
-  supervised(loss_fn)    a fine-tuning head's loss (heads.*_loss): classification,
+  supervised(sums_fn)    a fine-tuning head's sums (heads.*_sums): classification,
                          regression, span QA, tagging, multiple choice
 
 Packed rows (input_pipeline/packing.py) carry PACKED_INPUTS; an objective passes those the
@@ -15,16 +18,16 @@ batch has to the model by keyword, so packed and unpacked batches share one obje
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 from flax import struct
 import jax
 import jax.numpy as jnp
 
+from bert_jax import flops as flops_lib
 from input_pipeline import features
 
-TEXT_INPUTS = features.TEXT
-PRETRAINING_INPUTS = features.PRETRAINING
 # Packed rows also carry these, passed to the model by keyword (see bert_jax.model.BertModel).
 PACKED_INPUTS = features.PACKED
 
@@ -42,64 +45,61 @@ class Objective:
   denominators: Any = struct.field(pytree_node=False)  # global batch -> dict of scalars
   loss: Any = struct.field(pytree_node=False)  # (sums, denominators) -> scalar loss
   summarize: Any = struct.field(pytree_node=False)  # host sums -> dict of scalars
+  flops: Any = struct.field(pytree_node=False)  # (model, global batch shapes) -> FLOPs a step
   console: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
   eval_console: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
   count: str = struct.field(pytree_node=False, default="")
   keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=PACKED_INPUTS)
+  rng_streams: tuple[str, ...] = struct.field(pytree_node=False, default=())
 
   def apply(self, model, params, batch, **kwargs):
     """model.apply on the objective's inputs of `batch`."""
     return model.apply({"params": params}, *(batch[k] for k in self.inputs),
                        **{k: batch[k] for k in self.keyword_inputs if k in batch}, **kwargs)
 
+  def rngs(self, rng: jax.Array, train: bool) -> dict[str, jax.Array]:
+    """The named random streams of one (micro-)batch: dropout (in training) and those the
+    objective declares (`rng_streams`), each its own key derived from `rng`."""
+    out = {"dropout": rng} if train else {}
+    out.update({name: jax.random.fold_in(rng, i + 1) for i, name in enumerate(self.rng_streams)})
+    return out
+
+  def batch_loss(self, outputs, batch) -> jax.Array:
+    """The loss of one whole batch (its own denominators)."""
+    return self.loss(self.sums(outputs, batch), self.denominators(batch))
+
 
 # ----------------------------------------------------------- pre-training ----
 
-def pretraining_loss(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
-                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Weighted-mean masked-LM cross-entropy + mean NSP cross-entropy (when the outputs
-  hold "nsp_logits"; the masked-LM loss alone otherwise).
-
-  Returns the scalar loss and metric *sums* with their denominators, so metrics
-  can be summed over steps/devices and divided once on the host.
-  """
+def pretraining_sums(outputs: Mapping[str, jax.Array], batch: Mapping[str, jax.Array]
+                     ) -> dict[str, jax.Array]:
+  """Metric sums of masked LM (weighted cross-entropy over the masked positions) and, when
+  the outputs hold "nsp_logits", NSP (cross-entropy per example). Examples may carry a
+  weight (0 for padding rows of a ragged final batch, or for empty slots of a packed row)."""
   logits_BPV = outputs["mlm_logits"]
   ids_BP = batch["masked_lm_ids"].astype(jnp.int32)
   w_BP = batch["masked_lm_weights"].astype(jnp.float32)
   logp_BPV = jax.nn.log_softmax(logits_BPV, axis=-1)
   mlm_nll_BP = -jnp.take_along_axis(logp_BPV, ids_BP[..., None], axis=-1)[..., 0]
-  mlm_weight = jnp.sum(w_BP)
-  mlm_loss_sum = jnp.sum(mlm_nll_BP * w_BP)
-  mlm_loss = mlm_loss_sum / jnp.maximum(mlm_weight, 1e-8)
-  metrics = {
-      "mlm_loss_sum": mlm_loss_sum,
-      "mlm_correct_sum": jnp.sum((jnp.argmax(logits_BPV, -1) == ids_BP) * w_BP),
-      "mlm_weight": mlm_weight,
-  }
-  # Examples may carry a weight (0 for padding rows of a ragged final batch, or
-  # for empty example slots of a packed row).
   labels = batch["next_sentence_labels"]
-  ex_w_B = batch.get("next_sentence_weights", batch.get("example_weights", jnp.ones(labels.shape)))
-  ex_w_B = ex_w_B.reshape(-1).astype(jnp.float32)
-  metrics["num_examples"] = jnp.sum(ex_w_B)
-  if "nsp_logits" not in outputs:
-    return mlm_loss, metrics
-
-  # [B, 2], or [B, E, 2] for packed rows (E examples a row): flatten to examples.
-  nsp_logits_B2 = outputs["nsp_logits"].reshape(-1, 2)
-  labels_B = labels.reshape(-1).astype(jnp.int32)
-  nsp_nll_B = -jnp.take_along_axis(jax.nn.log_softmax(nsp_logits_B2), labels_B[:, None], axis=-1)[:, 0]
-  nsp_loss_sum = jnp.sum(nsp_nll_B * ex_w_B)
-  nsp_loss = nsp_loss_sum / jnp.maximum(metrics["num_examples"], 1e-8)
-  metrics["nsp_loss_sum"] = nsp_loss_sum
-  metrics["nsp_correct_sum"] = jnp.sum((jnp.argmax(nsp_logits_B2, -1) == labels_B) * ex_w_B)
-  return mlm_loss + nsp_loss, metrics
-
-
-def _pretraining_sums(outputs, batch):
-  # Real (non-padding) tokens: throughput that packing is measured by.
-  num_tokens = jnp.sum(batch["input_mask"].astype(jnp.float32))
-  return dict(pretraining_loss(outputs, batch)[1], num_tokens=num_tokens)
+  ex_w_B = batch.get("example_weights", jnp.ones(labels.shape)).reshape(-1).astype(jnp.float32)
+  sums = {
+      "mlm_loss_sum": jnp.sum(mlm_nll_BP * w_BP),
+      "mlm_correct_sum": jnp.sum((jnp.argmax(logits_BPV, -1) == ids_BP) * w_BP),
+      "mlm_weight": jnp.sum(w_BP),
+      "num_examples": jnp.sum(ex_w_B),
+  }
+  if "input_mask" in batch:  # real (non-padding) tokens: throughput that packing is measured by
+    sums["num_tokens"] = jnp.sum(batch["input_mask"].astype(jnp.float32))
+  if "nsp_logits" in outputs:
+    # [B, 2], or [B, E, 2] for packed rows (E examples a row): flatten to examples.
+    nsp_logits_B2 = outputs["nsp_logits"].reshape(-1, 2)
+    labels_B = labels.reshape(-1).astype(jnp.int32)
+    nsp_nll_B = -jnp.take_along_axis(jax.nn.log_softmax(nsp_logits_B2), labels_B[:, None],
+                                     axis=-1)[:, 0]
+    sums["nsp_loss_sum"] = jnp.sum(nsp_nll_B * ex_w_B)
+    sums["nsp_correct_sum"] = jnp.sum((jnp.argmax(nsp_logits_B2, -1) == labels_B) * ex_w_B)
+  return sums
 
 
 def _pretraining_denominators(batch):
@@ -131,12 +131,19 @@ def summarize_pretraining(sums: Mapping[str, float]) -> dict[str, float]:
   return out
 
 
+def _pretraining_flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
+  batch, length = shapes["input_ids"]
+  return flops_lib.train_flops_per_step(model.config, batch, length,
+                                        shapes["masked_lm_positions"][-1], nsp=model.nsp)
+
+
 def pretraining() -> Objective:
   """Masked LM + NSP, or masked LM alone for BertForPreTraining(nsp=False): the model's
   outputs (and so the sums) say which; packed rows (data.packing) need nothing more."""
   return Objective(
-      inputs=PRETRAINING_INPUTS, sums=_pretraining_sums, denominators=_pretraining_denominators,
-      loss=_pretraining_loss, summarize=summarize_pretraining,
+      inputs=features.PRETRAINING, sums=pretraining_sums,
+      denominators=_pretraining_denominators, loss=_pretraining_loss,
+      summarize=summarize_pretraining, flops=_pretraining_flops,
       console=(("mlm_accuracy", "mlm_acc"), ("nsp_accuracy", "nsp_acc")),
       eval_console=(("mlm_loss", "mlm_loss"), ("mlm_accuracy", "mlm_acc"),
                     ("nsp_loss", "nsp_loss"), ("nsp_accuracy", "nsp_acc")),
@@ -145,14 +152,19 @@ def pretraining() -> Objective:
 
 # ------------------------------------------------------------ fine-tuning ----
 
-def supervised(loss_fn: Callable, weight_key: str = "example_weights",
-               inputs: tuple[str, ...] = TEXT_INPUTS) -> Objective:
-  """A fine-tuning head's loss (heads.classification_loss, span_loss, token_loss): `loss_fn(
-  *outputs, batch) -> (loss, {"loss_sum", "correct_sum", "weight"})`, normalised by the
-  global batch's `weight_key` sum (or its row count when the batch has no weights)."""
+def _supervised_flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
+  *rows, length = shapes["input_ids"]  # [B, L], or [B, choices, L] (multiple choice)
+  return flops_lib.train_flops_per_step(model.config, math.prod(rows), length, 0, nsp=False)
+
+
+def supervised(sums_fn: Callable, weight_key: str = "example_weights",
+               inputs: tuple[str, ...] = features.TEXT) -> Objective:
+  """A fine-tuning head's sums (heads.classification_sums, span_sums, token_sums): `sums_fn(
+  *outputs, batch) -> {"loss_sum", "correct_sum", "weight"}`, normalised by the global
+  batch's `weight_key` sum (or its row count when the batch has no weights)."""
   def sums(outputs, batch):
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    return loss_fn(*outputs, batch)[1]
+    return sums_fn(*outputs, batch)
 
   def denominators(batch):
     if weight_key in batch:
@@ -165,5 +177,6 @@ def supervised(loss_fn: Callable, weight_key: str = "example_weights",
 
   return Objective(inputs=inputs, sums=sums, denominators=denominators,
                    loss=lambda s, d: s["loss_sum"] / jnp.maximum(d["weight"], 1e-8),
-                   summarize=summarize, console=(("accuracy", "train_acc"),),
+                   summarize=summarize, flops=_supervised_flops,
+                   console=(("accuracy", "train_acc"),),
                    eval_console=(("accuracy", "accuracy"),), count="weight")

@@ -1,103 +1,39 @@
 """BERT pre-training: the job that `main.py` runs for `config.task == "pretrain"`.
 
-It picks the model (BertForPreTraining, with or without NSP), the objective (masked LM +
-optional NSP, packed or not), the data (the prepared corpus or synthetic batches) and the
+It picks the model and objective that config.objective names (bert_jax/registry.py: masked
+LM + optional NSP, ...), the data (the prepared corpus or synthetic batches) and the
 held-out evaluation; `bert_jax/trainer.py` does the rest (sharded state, jitted steps,
-checkpoints, the loop). `train_and_evaluate(config, workdir)` is the job; main.py picks it
-or finetune.finetune by config.task.
+checkpoints, the loop). `train_and_evaluate(config, workdir)` is the job; main.py picks it,
+finetune.finetune or the suite by config.task.
 """
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
 from absl import logging
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
-from bert_jax import flops as flops_lib
-from bert_jax import metrics as metrics_lib
-from bert_jax import objectives
-from bert_jax import optim
-from bert_jax import trainer as trainer_lib
 from bert_jax import convert
-from bert_jax import model as model_lib
-from bert_jax.model import BertConfig, BertForPreTraining
-from bert_jax.objectives import Objective
+from bert_jax import metrics as metrics_lib
+from bert_jax import registry
+from bert_jax import trainer as trainer_lib
+from bert_jax.model import BertConfig
 from bert_jax.trainer import TrainState
-from input_pipeline import errors
-from input_pipeline import fileio
 from input_pipeline import build as data_build
 from input_pipeline import data_config
+from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import pretrain as pretrain_data
 
-MODEL_INPUTS = objectives.PRETRAINING_INPUTS
 # BertConfig fields an imported checkpoint must agree with (the rest, e.g. dropout, may differ).
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                        "intermediate_size", "max_position_embeddings", "type_vocab_size",
                        "hidden_act", "layer_norm_eps")
-
-
-def bert_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> BertConfig:
-  """config.model (a preset + overrides; None = the preset's value) -> BertConfig."""
-  return model_lib.config_from_fields(config.model, vocab_size)
-
-
-def pretraining_sample(seq_len: int, num_predictions: int) -> dict[str, np.ndarray]:
-  """One row of the pre-training model inputs (what the init traces; values do not matter)."""
-  ids = np.ones((1, seq_len), np.int32)
-  return {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": ids,
-          "masked_lm_positions": np.zeros((1, num_predictions), np.int32)}
-
-
-def init_state(rng: jax.Array, *, model: BertForPreTraining, tx: optax.GradientTransformation,
-               seq_len: int, num_predictions: int) -> TrainState:
-  """A fresh pre-training TrainState with *boxed* (logically named) params."""
-  return trainer_lib.init_state(rng, model=model, tx=tx,
-                                sample_batch=pretraining_sample(seq_len, num_predictions),
-                                inputs=MODEL_INPUTS)
-
-
-# MLM + NSP, or MLM alone for BertForPreTraining(nsp=False); packed rows or not.
-PRETRAINING = objectives.pretraining()
-
-
-def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *,
-               model: BertForPreTraining, tx: optax.GradientTransformation,
-               micro_steps: int = 1, objective: Objective = PRETRAINING
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """trainer.train_step with the pre-training objective by default."""
-  return trainer_lib.train_step(state, batch, rng, model=model, tx=tx, objective=objective,
-                                micro_steps=micro_steps)
-
-
-def eval_step(params: Any, batch: dict[str, jax.Array], *, model: BertForPreTraining,
-              objective: Objective = PRETRAINING) -> dict[str, jax.Array]:
-  return trainer_lib.eval_step(params, batch, model=model, objective=objective)
-
-
-def pretraining_objective(data_cfg) -> Objective:
-  """The pre-training objective (packed rows pass their extra inputs by keyword)."""
-  del data_cfg
-  return PRETRAINING
-
-
-def create_train_state(config: ml_collections.ConfigDict, model: BertForPreTraining,
-                       tx: optax.GradientTransformation, mesh: jax.sharding.Mesh,
-                       rules) -> tuple[Any, Any, functools.partial]:
-  """(abstract_state, state_shardings, init_fn) of a pre-training state (see trainer.build)."""
-  init = functools.partial(init_state, model=model, tx=tx, seq_len=config.data.max_seq_length,
-                           num_predictions=config.data.max_predictions_per_seq)
-  rng = jax.random.key(config.seed)
-  abstract, shardings = trainer_lib.abstract_state(init, rng, mesh, rules)
-  jit_init = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)
-  return abstract, shardings, functools.partial(jit_init, rng)
 
 
 def _flat_keys(tree: Any) -> dict[tuple[str, ...], Any]:
@@ -196,9 +132,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config[k] < 0:
       raise errors.ConfigError(f"--config.{k}={config[k]}: 0 = off, or a positive number.")
   data_config.check(config.data)
-  # The model's fields (sizes, activation, ...) before the vocabulary and data are built;
-  # the vocabulary's size is only known then.
-  cfg = bert_config(config, config.model.get("vocab_size") or 1)
+  # The model's fields (sizes, activation, ...) and the objective before the vocabulary and
+  # data are built; the vocabulary's size is only known then.
+  model, _, _ = registry.pretraining(config, config.model.get("vocab_size") or 1)
+  cfg = model.config
   if config.data.max_seq_length > cfg.max_position_embeddings:
     raise errors.ConfigError(
         f"--config.data.max_seq_length={config.data.max_seq_length} exceeds the model's position "
@@ -217,20 +154,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   check_config(config)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   data_cfg, vocab_size = data_build.prepare(config, workdir)
-  cfg = bert_config(config, vocab_size)
-  model = BertForPreTraining(cfg, nsp=data_cfg.nsp)
+  model, objective, sample = registry.pretraining(config, vocab_size, data_cfg)
+  cfg = model.config
   do_eval = config.eval_steps > 0
-  trainer = trainer_lib.build(
-      config, model, pretraining_objective(data_cfg),
-      pretraining_sample(config.data.max_seq_length, config.data.max_predictions_per_seq),
-      workdir, eval_batch_size=config.eval_batch_size if do_eval else None)
-  logging.info("Model %s: %s; %d devices, mesh %s.", config.model.preset, cfg,
-               jax.device_count(), dict(trainer.mesh.shape))
+  trainer = trainer_lib.build(config, model, objective, sample, workdir,
+                              eval_batch_size=config.eval_batch_size if do_eval else None)
+  logging.info("Model %s (%s): %s; %d devices, mesh %s.", config.model.preset,
+               config.get("objective", "mlm"), cfg, jax.device_count(), dict(trainer.mesh.shape))
   init_params = None
   if config.init_checkpoint:
     init_params = lambda state: load_init_params(config.init_checkpoint, cfg,
                                                  trainer.abstract.params, state.params)
   state, data_state = trainer.restore_or_init(init_params)
+  if data_state is not None and (trainer.restored_config.get("data")
+                                 != trainer_lib.json_config(config).get("data")):
+    logging.info("The data config changed since step %d (e.g. phase 2): the input "
+                 "iterator starts afresh.", int(jax.device_get(state.step)))
+    data_state = None
   logging.info("%s parameters.", f"{trainer.num_params():,}")
 
   n = jax.process_count()
@@ -245,28 +185,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     eval_iter = pretrain_data.make_iterator(config, data_cfg, split="eval",
                                             batch_size=config.eval_batch_size // n,
                                             vocab_size=cfg.vocab_size, seed=config.seed, **hosts)
-  seq_len, preds = data_cfg.max_seq_length, pretrain_data.predictions_per_row(data_cfg)
-  writer = metrics_lib.make_writer(workdir)
-  train_metrics = metrics_lib.TrainMetrics(
-      writer, total_steps=config.num_train_steps,
-      tokens_per_step=config.global_batch_size * seq_len,
-      flops_per_step=flops_lib.train_flops_per_step(cfg, config.global_batch_size, seq_len, preds,
-                                                    nsp=model.nsp),
-      peak=flops_lib.Peak(str(cfg.dtype), config.peak_flops_per_device),
-      learning_rate=functools.partial(optim.host_learning_rate, config),
-      summarize=trainer.objective.summarize, console=trainer.objective.console)
 
   def evaluate(step, state):
     if not eval_batches:  # the same held-out batches every time, read once
       eval_batches.extend(next(eval_iter) for _ in range(config.eval_steps))
     sums = trainer_lib.evaluate_sums(trainer, state.params, eval_batches)
-    return metrics_lib.report_eval(writer, step, sums, trainer.objective)
+    return metrics_lib.report_eval(trainer.writer, step, sums, trainer.objective)
 
   eval_at = lambda step: bool((config.eval_every_steps and step % config.eval_every_steps == 0)
                               or step == config.num_train_steps)
   result = trainer_lib.run(trainer, state, train_iter, num_steps=config.num_train_steps,
-                           metrics=train_metrics, evaluate=evaluate if do_eval else None,
-                           eval_at=eval_at)
+                           evaluate=evaluate if do_eval else None, eval_at=eval_at)
   logging.info("Outputs in %s: checkpoints (latest: step %d) in %s; TensorBoard: "
                "tensorboard --logdir=%s", workdir, result.step, trainer.checkpointer.directory,
                workdir)

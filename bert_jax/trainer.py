@@ -11,12 +11,12 @@ and eval steps (state donated), the optimizer and the Checkpointer. `run` is the
 metrics read one step late, console progress and TensorBoard, evaluation and checkpoint
 cadence, SIGTERM (preemption) save, NaN/Inf stop, and resume through the iterator's
 `get_state()`. A job (bert_jax/train.py, bert_jax/finetune.py) picks model, objective,
-data and evaluation; the `Objective` owns the inputs, loss and metric sums.
+data and evaluation; the `Objective` owns the inputs, loss and metric sums, the FLOPs the
+progress lines count, and the random streams its model draws from.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import json
@@ -35,6 +35,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing
+from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import sharding
@@ -71,7 +72,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
 
   def loss_fn(params, micro, micro_rng):
     outputs = objective.apply(model, params, micro, deterministic=False,
-                              rngs={"dropout": micro_rng})
+                              rngs=objective.rngs(micro_rng, train=True))
     sums = objective.sums(outputs, micro)
     return objective.loss(sums, denominators), sums
 
@@ -97,9 +98,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array, *
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params: Any, batch: dict[str, jax.Array], *, model: nn.Module,
-              objective: Objective) -> dict[str, jax.Array]:
-  return objective.sums(objective.apply(model, params, batch, deterministic=True), batch)
+def eval_step(params: Any, batch: dict[str, jax.Array], rng: jax.Array, *, model: nn.Module,
+              objective: Objective, outputs: bool = False) -> Any:
+  """The objective's metric sums of `batch` (no dropout), with the model's outputs too when
+  `outputs` (fine-tuning's dev predictions): (sums, outputs)."""
+  out = objective.apply(model, params, batch, deterministic=True,
+                        rngs=objective.rngs(rng, train=False))
+  sums = objective.sums(out, batch)
+  return (sums, out) if outputs else sums
 
 
 def init_state(rng: jax.Array, *, model: nn.Module, tx: optax.GradientTransformation,
@@ -187,13 +193,26 @@ class Trainer:
   replicated: jax.sharding.NamedSharding
   init: Callable[[], TrainState]  # jitted: a fresh state, already sharded
   train_step: Callable  # jitted (state, global batch, rng) -> (state, metrics); state donated
-  eval_step: Callable  # jitted (params, global batch) -> metric sums (replicated)
+  # jitted (params, global batch, rng) -> metric sums, or (sums, model outputs) when built
+  # with eval_outputs (replicated)
+  eval_step: Callable
   checkpointer: checkpointing.Checkpointer | None
+  # The progress lines and TensorBoard of `run` (build's, from the objective, with a
+  # workdir): made on first use, so a run refused at restore writes nothing.
+  make_metrics: Callable[[], metrics_lib.TrainMetrics] | None = None
   # What the run is made from, by name (e.g. fingerprints of its data and initial weights;
   # names without dots): saved with every checkpoint; a resume from other inputs is refused
   # (InputsChangedError).
   inputs: Mapping[str, Any] | None = None
   total_steps: int | None = None  # the learning-rate schedule's length
+  restored_config: Mapping[str, Any] | None = None  # the config of the checkpoint resumed
+  _metrics: metrics_lib.TrainMetrics | None = dataclasses.field(default=None, repr=False)
+
+  @property
+  def metrics(self) -> metrics_lib.TrainMetrics | None:
+    if self._metrics is None and self.make_metrics is not None:
+      self._metrics = self.make_metrics()
+    return self._metrics
 
   @contextlib.contextmanager
   def activate(self) -> Iterator[None]:
@@ -206,23 +225,29 @@ class Trainer:
     return sharding.host_to_global(batch, self.batch_sharding)
 
   @property
-  def dropout_rng(self) -> jax.Array:
+  def train_rng(self) -> jax.Array:
+    """The key every step's random streams derive from (folded with the step)."""
     return jax.random.fold_in(jax.random.key(self.config.seed), 1)
+
+  @property
+  def eval_rng(self) -> jax.Array:
+    """The key evaluation's random streams (the objective's, if any) derive from."""
+    return jax.random.fold_in(jax.random.key(self.config.seed), 2)
+
+  @property
+  def writer(self):
+    return self.metrics.writer
 
   def restore_or_init(self, init_params: Callable[[TrainState], Any] | None = None
                       ) -> tuple[TrainState, Any]:
     """(state, this process's data state or None): the newest restorable checkpoint of the
-    workdir, else a fresh state whose params `init_params(state)` may replace (e.g. from
-    config.init_checkpoint)."""
+    workdir (its saved config then in `self.restored_config`), else a fresh state whose
+    params `init_params(state)` may replace (e.g. from config.init_checkpoint)."""
     restored = self.checkpointer.restore(self.abstract, self.config) if self.checkpointer else None
     if restored is not None:
-      step, state, data_state, saved_cfg = restored
-      self._check_resume(step, saved_cfg)
+      step, state, data_state, self.restored_config = restored
+      self._check_resume(step, self.restored_config)
       logging.info("Resumed from %s/%d.", self.checkpointer.directory, step)
-      if saved_cfg.get("data") != json_config(self.config).get("data"):
-        logging.info("The data config changed since step %d (e.g. phase 2): the input "
-                     "iterator starts afresh.", step)
-        data_state = None
       return state, data_state
     with self.activate():
       state = self.init()
@@ -276,13 +301,16 @@ def json_config(config: ml_collections.ConfigDict) -> dict:
 def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Objective,
           sample_batch: Mapping[str, Any], workdir: str | None, *,
           eval_batch_size: int | None = None, total_steps: int | None = None,
-          devices=None, inputs: Mapping[str, Any] | None = None) -> Trainer:
+          devices=None, inputs: Mapping[str, Any] | None = None, eval_outputs: bool = False,
+          log_prefix: Callable[[int], str] | None = None) -> Trainer:
   """Mesh, rules, sharded state shapes, jitted init/train/eval steps, optimizer and (with a
-  workdir) the Checkpointer of a job, from its config, model, objective and one sample
-  batch (any number of rows: only the shapes of `objective.inputs` are used). `devices`
-  (default: all) may be compile-only topology devices: nothing runs here. `total_steps`
-  (default config.num_train_steps) is the learning-rate schedule's length. `inputs` names
-  what the run is made from (see Trainer.inputs)."""
+  workdir) the Checkpointer and the progress metrics of a job, from its config, model,
+  objective and one sample batch (any number of rows: only the shapes of
+  `objective.inputs` are used). `devices` (default: all) may be compile-only topology
+  devices: nothing runs here. `total_steps` (default config.num_train_steps) is the
+  learning-rate schedule's length. `inputs` names what the run is made from (see
+  Trainer.inputs). `eval_outputs`: the eval step returns the model's outputs beside the
+  sums. `log_prefix(step)` may start each progress line (e.g. the epoch)."""
   check_config(config)
   tx = optim.make_optimizer(config, total_steps)
   mesh = sharding.make_mesh(config.mesh_shape, devices)
@@ -310,19 +338,29 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   p_train = Bound(jax.jit(scheduled_step, in_shardings=(state_sh, batch_sh, repl, repl),
                           out_shardings=(state_sh, repl), donate_argnums=(0,)),
                   (optim.schedule_hparams(config, total_steps),))
-  p_eval = jax.jit(functools.partial(eval_step, model=model, objective=objective),
-                   in_shardings=(state_sh.params, batch_sh), out_shardings=repl)
-  ckpt = None
+  p_eval = jax.jit(functools.partial(eval_step, model=model, objective=objective,
+                                     outputs=eval_outputs),
+                   in_shardings=(state_sh.params, batch_sh, repl), out_shardings=repl)
+  total_steps = total_steps if total_steps is not None else config.get("num_train_steps")
+  ckpt = make_metrics = None
   if workdir is not None:
     ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints,
                                       keep_period=config.keep_checkpoint_period,
                                       async_save=config.async_checkpointing)
+    shapes = {k: (config.global_batch_size,) + v.shape[1:] for k, v in sample.items()}
+    make_metrics = lambda: metrics_lib.TrainMetrics(
+        metrics_lib.make_writer(workdir), total_steps=total_steps,
+        tokens_per_step=int(np.prod(shapes["input_ids"])),
+        flops_per_step=objective.flops(model, shapes),
+        peak=flops_lib.Peak(str(model.config.dtype), config.peak_flops_per_device),
+        learning_rate=functools.partial(optim.host_learning_rate, config,
+                                        total_steps=total_steps),
+        summarize=objective.summarize, console=objective.console, prefix=log_prefix)
   return Trainer(config=config, model=model, objective=objective, tx=tx, mesh=mesh, rules=rules,
                  abstract=abstract, state_shardings=state_sh, batch_sharding=batch_sh,
                  replicated=repl, init=functools.partial(jit_init, rng), train_step=p_train,
-                 eval_step=p_eval, checkpointer=ckpt, inputs=inputs,
-                 total_steps=total_steps if total_steps is not None else config.get(
-                     "num_train_steps"))
+                 eval_step=p_eval, checkpointer=ckpt, make_metrics=make_metrics, inputs=inputs,
+                 total_steps=total_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,33 +414,11 @@ def evaluate_sums(trainer: Trainer, params: Any, batches) -> dict[str, float]:
   """Metric sums of the eval step over host-local `batches` (summed over the global batch)."""
   sums = None
   with trainer.activate():
-    for batch in batches:
-      m = trainer.eval_step(params, trainer.to_global(batch))
+    for i, batch in enumerate(batches):
+      m = trainer.eval_step(params, trainer.to_global(batch),
+                            jax.random.fold_in(trainer.eval_rng, i))
       sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
   return {k: float(v) for k, v in jax.device_get(sums).items()}
-
-
-def reuse_host_memory() -> bool:
-  """On the CPU backend: glibc keeps freed memory for reuse (no mmap for large blocks, no
-  trimming); returns whether it applied.
-
-  XLA:CPU allocates all temporaries of a step as one block per execution (590 MB for
-  all-MiniLM-L6 fine-tuning at batch 32 x 64). glibc serves a block that large with a
-  fresh mmap and unmaps it on free, so every step page-faulted all of it again (~140k
-  minor faults a step); from the heap it is reused, and that step got 15% faster. Only
-  allocations of glibc's main arena follow these settings, i.e. those of the main thread:
-  bert_jax.main therefore turns off jax_cpu_enable_async_dispatch (XLA:CPU then executes
-  on the calling thread); with async dispatch on this does nothing. Process-wide: the
-  process keeps its peak host memory.
-  """
-  if jax.default_backend() != "cpu" or jax.config.read("jax_cpu_enable_async_dispatch"):
-    return False
-  try:
-    libc = ctypes.CDLL("libc.so.6")
-  except OSError:  # not glibc
-    return False
-  m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
-  return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2 ** 31 - 1))
 
 
 @dataclasses.dataclass
@@ -418,7 +434,6 @@ def _every(step: int, period: int) -> bool:
 
 
 def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
-        metrics: metrics_lib.TrainMetrics,
         evaluate: Callable[[int, TrainState], Any] | None = None,
         eval_at: Callable[[int], bool] = lambda step: False,
         save_at: Callable[[int], bool] = lambda step: False) -> RunResult:
@@ -431,9 +446,8 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
   config.checkpoint_every_steps, where `save_at(step)`, on SIGTERM and at the end. A
   non-finite loss stops the run without saving that state.
   """
-  config, ckpt = trainer.config, trainer.checkpointer
-  reuse_host_memory()
-  rng = trainer.dropout_rng
+  config, ckpt, metrics = trainer.config, trainer.checkpointer, trainer.metrics
+  rng = trainer.train_rng
   preempted = Preemption(ckpt)
   start = int(jax.device_get(state.step))
   end = num_steps

@@ -104,13 +104,13 @@ class BlockStream:
     self.num_pieces = len(corpus["piece_doc"])
     self.block_size = max(1, int(cfg.shuffle_block_docs))
     self.blocks_per_epoch = -(-self.num_pieces // self.block_size)
-    self.mask_fn = masking.make_mask_fn(
+    mask_fn = masking.make_mask_fn(
         is_special=tok.is_special, is_continuation=tok.is_continuation, mask_id=tok.mask_id,
         max_predictions_per_seq=cfg.max_predictions_per_seq,
         masked_lm_prob=cfg.masked_lm_prob, whole_word_masking=cfg.whole_word_masking)
     spec = {"input_ids": tf.TensorSpec([None, cfg.max_seq_length], tf.int32),
             "mask_seed": tf.TensorSpec([2], tf.int64)}
-    self._mask_block = tf.function(self.mask_fn, input_signature=[spec])  # Traced once.
+    self._mask_block = tf.function(mask_fn, input_signature=[spec])  # Traced once.
     self._perm = (None, None)
 
   def _permutation(self, epoch: int) -> np.ndarray:
@@ -180,42 +180,6 @@ class BlockStream:
           yield batch, {"epoch": epoch, "block": block, "offset": offset}
           parts, filled = [], 0
 
-  def dataset(self, state: dict) -> tf.data.Dataset:
-    """The same stream as tf.data: generated blocks, masked by a map, cut into examples."""
-    if self.cfg.get("packing", False):
-      return self._packed_dataset(state)
-    length = self.cfg.max_seq_length
-    sig = {k: tf.TensorSpec([None, length], tf.int32)
-           for k in ("input_ids", "input_mask", "segment_ids")}
-    sig.update(next_sentence_labels=tf.TensorSpec([None], tf.int32),
-               mask_seed=tf.TensorSpec([2], tf.int64), skip=tf.TensorSpec([], tf.int64))
-
-    def blocks():
-      for epoch, block, offset in self._positions(state):
-        yield dict(self.block(epoch, block), skip=np.int64(offset))
-
-    ds = tf.data.Dataset.from_generator(blocks, output_signature=sig)
-    # The whole block is masked (the random draws depend on it), then `skip` dropped.
-    ds = ds.map(lambda b: dict(self.mask_fn(b), skip=b["skip"]))
-    ds = ds.map(lambda b: {k: b[k][b["skip"]:] for k in FEATURES})
-    return ds.unbatch()
-
-  def _packed_dataset(self, state: dict) -> tf.data.Dataset:
-    """Packed rows, masked and packed in the generator (packing needs the masks)."""
-    L, E, P = self.cfg.max_seq_length, self.cfg.max_examples_per_row, predictions_per_row(self.cfg)
-    shapes = {"masked_lm_positions": [P], "masked_lm_ids": [P], "masked_lm_weights": [P],
-              "next_sentence_labels": [E], "cls_positions": [E], "example_weights": [E]}
-    sig = {k: tf.TensorSpec([None] + shapes.get(k, [L]),
-                            tf.float32 if k.endswith("weights") else tf.int32)
-           for k in PACKED_FEATURES}
-
-    def blocks():
-      for epoch, block, offset in self._positions(state):
-        rows = self.rows(epoch, block)
-        yield {k: rows[k][offset:] for k in PACKED_FEATURES}
-
-    return tf.data.Dataset.from_generator(blocks, output_signature=sig).unbatch()
-
 
 # ------------------------------------------------------------------ original records
 
@@ -262,9 +226,6 @@ class RecordStream:
                     "offset": int(batch["index"][-1]) + 1}
       yield {k: batch[k] for k in FEATURES}, next_state
 
-  def dataset(self, state: dict) -> tf.data.Dataset:
-    return self._with_positions(state).map(lambda ex: {k: ex[k] for k in FEATURES})
-
 
 # ------------------------------------------------------------------------- public API
 
@@ -296,21 +257,6 @@ def make_stream(data_cfg, *, seed: int, process_index: int = 0, process_count: i
 
 def _initial_state() -> dict:
   return {"epoch": 0, "block": 0, "offset": 0}
-
-
-def pretrain_dataset(data_cfg, *, seed: int, process_index: int = 0, process_count: int = 1,
-                     split: str = "train", batch_size: int | None = None) -> tf.data.Dataset:
-  """Endless dataset of feature dicts (see module doc), batched when batch_size is set.
-
-  The same examples, in the same order, as PretrainIterator (which also restores state).
-  Delete its iterators before the interpreter exits: tf.data may hang finalizing a live
-  Python generator.
-  """
-  ds = make_stream(data_cfg, seed=seed, process_index=process_index,
-                   process_count=process_count, split=split).dataset(_initial_state())
-  if batch_size:
-    ds = ds.batch(batch_size, drop_remainder=True)
-  return ds.prefetch(tf.data.AUTOTUNE)
 
 
 class _Failure:

@@ -68,9 +68,8 @@ def test_all_checkpoints_corrupt_is_an_error_not_a_fresh_start(tmp_path):
 
 
 _SAVE_FSDP_AND_RESHARD = r"""
-import flax.linen as nn, jax, numpy as np, sys
-from bert_jax import checkpointing, optim, sharding, train
-from bert_jax.model import BertForPreTraining
+import jax, numpy as np, sys
+from bert_jax import checkpointing, train
 from tests import test_train_utils as tu
 workdir = sys.argv[1]
 config = tu.tiny_config(num_train_steps=4, eval_steps=0)
@@ -80,13 +79,10 @@ kernel = state.params["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
 assert kernel.addressable_shards[0].data.shape == (16, 256), kernel.sharding
 # Restore on another 8-device mesh (tensor parallel) and compare.
 config.mesh_shape.update(data=1, fsdp=2, tensor=4)
-mesh = sharding.make_mesh(config.mesh_shape)
-model = BertForPreTraining(train.bert_config(config))
-with jax.set_mesh(mesh), nn.logical_axis_rules(config.logical_axis_rules):
-  abstract, _, _ = train.create_train_state(config, model, optim.make_optimizer(config), mesh,
-                                            config.logical_axis_rules)
+trainer = tu.pretraining_trainer(config)
+with trainer.activate():
   ckpt = checkpointing.Checkpointer(workdir, keep=3, keep_period=0)
-  step, restored, _, _ = ckpt.restore(abstract)
+  step, restored, _, _ = ckpt.restore(trainer.abstract)
 k2 = restored.params["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
 assert step == 4, step
 assert k2.addressable_shards[0].data.shape == (32, 64)
@@ -231,15 +227,7 @@ def test_flipped_bytes_are_caught_by_the_checksums(tmp_path, caplog):
 
 def _abstract_state(config):
   """The pre-training TrainState's ShapeDtypeStructs (with shardings) of `config`."""
-  from bert_jax import optim, sharding  # pylint: disable=g-import-not-at-top
-  from bert_jax.model import BertForPreTraining  # pylint: disable=g-import-not-at-top
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  mesh = sharding.make_mesh(config.mesh_shape)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(config.logical_axis_rules):
-    abstract, _, _ = train.create_train_state(
-        config, BertForPreTraining(train.bert_config(config)), optim.make_optimizer(config),
-        mesh, config.logical_axis_rules)
-  return abstract
+  return tu.pretraining_trainer(config).abstract
 
 
 def test_non_finite_restored_state_is_damaged_even_without_checksums(tmp_path, caplog):

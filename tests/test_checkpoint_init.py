@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax import convert
+from bert_jax import registry
 from bert_jax import train
 from tests import test_train_utils as tu
 
@@ -19,7 +20,7 @@ FROZEN = dict(num_train_steps=1, schedule__warmup_steps=5, eval_steps=0)
 def hf_checkpoint(tmp_path_factory):
   """A randomly initialised HuggingFace BertForPreTraining shaped like tu.tiny_config()."""
   transformers = pytest.importorskip("transformers")
-  cfg = train.bert_config(tu.tiny_config())
+  cfg = registry.model_config(tu.tiny_config())
   hf = transformers.BertConfig(
       vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
       num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,

@@ -4,6 +4,7 @@ import pytest
 from ml_collections import config_flags
 
 from bert_jax import optim
+from bert_jax import registry
 from bert_jax import train
 from tests import test_train_utils as tu
 from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import
@@ -27,7 +28,7 @@ def _load(spec: str, *overrides: str):
 def test_every_config_loads_and_builds_its_model(spec):
   config = _load(spec)
   assert config.task == "pretrain"
-  cfg = train.bert_config(config, vocab_size=30522)
+  cfg = registry.model_config(config, vocab_size=30522)
   preset = config.model.preset
   sizes = {"tiny": (2, 128), "base": (12, 768), "large": (24, 1024)}[preset]
   assert (cfg.num_layers, cfg.hidden_size) == sizes
@@ -65,7 +66,7 @@ def test_command_line_overrides_and_unknown_keys_fail():
   c = _load("tiny_pretrain.py", "--config.opt.learning_rate=0.5", "--config.mesh_shape.fsdp=2",
             "--config.model.num_layers=3")
   assert c.opt.learning_rate == 0.5 and c.mesh_shape.fsdp == 2
-  assert train.bert_config(c, 100).num_layers == 3
+  assert registry.model_config(c, 100).num_layers == 3
   with pytest.raises(Exception, match="learning_rat"):
     _load("tiny_pretrain.py", "--config.opt.learning_rat=0.5")
   with pytest.raises(Exception):
@@ -80,11 +81,11 @@ def test_tiny_pretrain_schedule_follows_its_step_count():
 def test_vocab_size_must_cover_the_vocabulary():
   c = tu.tiny_config()
   with pytest.raises(ValueError, match="smaller than the vocabulary"):
-    train.bert_config(c, vocab_size=1000)
+    registry.model_config(c, vocab_size=1000)
   c.model.vocab_size = None
-  assert train.bert_config(c, vocab_size=1000).vocab_size == 1000
+  assert registry.model_config(c, vocab_size=1000).vocab_size == 1000
   with pytest.raises(ValueError, match="vocab_size is unset"):
-    train.bert_config(c, vocab_size=None)
+    registry.model_config(c, vocab_size=None)
 
 
 # ------------------------------------------------ every field is read by its job ----

@@ -77,7 +77,7 @@ def _ours(cfg, params, b):
                 j["masked_lm_positions"])
   seq, pooled = model_lib.BertModel(cfg).apply({"params": params["bert"]}, j["input_ids"],
                                                j["segment_ids"], j["input_mask"])
-  loss, _ = objectives.pretraining_loss(out, j)
+  loss = objectives.pretraining().batch_loss(out, j)
   return dict(sequence=np.asarray(seq), pooled=np.asarray(pooled), loss=float(loss),
               mlm_logits=np.asarray(out["mlm_logits"]), nsp_logits=np.asarray(out["nsp_logits"]))
 

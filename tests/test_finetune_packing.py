@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune, heads, sharding
+from bert_jax import finetune, heads, objectives, sharding
 from bert_jax import model as model_lib
 from bert_jax.configs import classify_custom, squad
-from input_pipeline import epochs, packing
+from input_pipeline import epochs, features, packing
 from tests.test_finetune import _sentiment, pretrained  # noqa: F401  (module fixture)
 
 CFG = model_lib.BertConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -34,7 +34,7 @@ def _examples(n=7, num_labels=3, seed=0):
 
 
 def _loss_fn(model, objective, batch):
-  """What train.train_step differentiates (dropout rate 0)."""
+  """What trainer.train_step differentiates (dropout rate 0)."""
   def loss(params):
     outputs = objective.apply(model, params, batch, deterministic=False,
                               rngs={"dropout": jax.random.key(0)})
@@ -51,9 +51,9 @@ def test_packed_loss_and_gradients_equal_unpacked(num_labels):
   assert R < 7 and E == 4  # Really packed, several examples a row.
   assert packed["example_weights"].sum() == 7 and packed["labels"].shape == (R, E)
   head = heads.BertForSequenceClassification(CFG, num_labels=num_labels)
-  params = nn.unbox(head.init(jax.random.key(0), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))["params"]
-  objective = finetune._objective(heads.classification_loss, "example_weights")
-  packed_objective = objective.replace(keyword_inputs=finetune.PACKING_INPUTS)
+  params = nn.unbox(head.init(jax.random.key(0), *(jnp.asarray(f[k]) for k in features.TEXT)))["params"]
+  objective = objectives.supervised(heads.classification_sums, "example_weights")
+  packed_objective = objective.replace(keyword_inputs=features.PACKED)
   logits = packed_objective.apply(head, params, packed)
   assert logits.shape == (R, E, num_labels)
   (l1, s1), g1 = jax.value_and_grad(_loss_fn(head, objective, f), has_aux=True)(params)
@@ -65,7 +65,7 @@ def test_packed_loss_and_gradients_equal_unpacked(num_labels):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), g1, g2)
   # Each filled slot's logits are its example's unpacked logits (the packer may fill an
   # earlier row, so slots are matched to examples through a per-example index).
-  unpacked = head.apply({"params": params}, *(f[k] for k in finetune.TEXT_INPUTS))
+  unpacked = head.apply({"params": params}, *(f[k] for k in features.TEXT))
   index = epochs.pack_epoch(dict(f, index=np.arange(7)), np.arange(7), L, 4)["index"]
   filled = packed["example_weights"] > 0
   np.testing.assert_allclose(np.asarray(logits)[filled], np.asarray(unpacked)[index[filled]], atol=1e-5)
@@ -74,7 +74,8 @@ def test_packed_loss_and_gradients_equal_unpacked(num_labels):
 def test_classification_loss_flattens_packed_slots():
   logits = jnp.log(jnp.array([[[0.4, 0.6], [0.9, 0.1], [0.2, 0.8]]]))  # [R=1, E=3, C=2]
   batch = {"labels": jnp.array([[0, 0, 1]]), "example_weights": jnp.array([[1.0, 1.0, 0.0]])}
-  loss, m = heads.classification_loss(logits, batch)
+  loss = objectives.supervised(heads.classification_sums).batch_loss(logits, batch)
+  m = heads.classification_sums(logits, batch)
   np.testing.assert_allclose(loss, -(np.log(0.4) + np.log(0.9)) / 2, rtol=1e-6)
   assert float(m["weight"]) == 2.0 and float(m["correct_sum"]) == 1.0
 
@@ -84,9 +85,9 @@ def test_packed_examples_do_not_see_each_other():
   packed = epochs.pack_epoch(f, np.arange(2), L, max_examples_per_row=2)
   assert packed["input_ids"].shape[0] == 1
   head = heads.BertForSequenceClassification(CFG, num_labels=3)
-  params = nn.unbox(head.init(jax.random.key(1), *(jnp.asarray(f[k]) for k in finetune.TEXT_INPUTS)))
+  params = nn.unbox(head.init(jax.random.key(1), *(jnp.asarray(f[k]) for k in features.TEXT)))
   run = lambda ids: np.asarray(head.apply(params, ids, packed["segment_ids"], packed["input_mask"],
-                                          **{k: packed[k] for k in finetune.PACKING_INPUTS}))
+                                          **{k: packed[k] for k in features.PACKED}))
   changed = packed["input_ids"].copy()
   second = packed["packed_example_ids"][0] == 2
   changed[0, second] = 7  # Rewrite example 2 entirely.

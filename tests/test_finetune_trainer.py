@@ -194,9 +194,9 @@ def test_convert_cli_reads_a_workdir_of_ours(tmp_path, pretrained):  # noqa: F81
 
 _FAULTS = r"""
 import resource, sys, jax, jax.numpy as jnp
-from bert_jax import trainer
+from bert_jax import main
 jax.config.update("jax_cpu_enable_async_dispatch", sys.argv[1] == "True")  # before the backend starts
-applied = trainer.reuse_host_memory()
+applied = main.reuse_host_memory()
 f = jax.jit(lambda x: (jnp.sin(x) * 2 + jnp.cos(x)).sum() + jnp.sin(x * 3).sum())  # ~200 MB of temporaries
 x = jnp.ones((25_000_000,))
 f(x).block_until_ready()

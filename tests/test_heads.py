@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, heads
+from bert_jax import convert, heads, objectives
 from bert_jax import model as model_lib
 
 CFG = model_lib.BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
@@ -46,16 +46,22 @@ def test_pretrained_encoder_drops_into_a_head(tmp_path):
 
 def test_losses_hand_computed():
   logits = jnp.log(jnp.array([[0.5, 0.5], [0.9, 0.1]]))
-  loss, m = heads.classification_loss(logits, {"labels": jnp.array([0, 0])})
+  classify = objectives.supervised(heads.classification_sums)
+  batch = {"labels": jnp.array([0, 0]), "input_ids": jnp.zeros((2, 3), jnp.int32)}  # 2 rows
+  loss, m = classify.batch_loss(logits, batch), heads.classification_sums(logits, batch)
   np.testing.assert_allclose(loss, -(np.log(0.5) + np.log(0.9)) / 2, rtol=1e-6)
   assert float(m["weight"]) == 2.0
-  loss, _ = heads.classification_loss(jnp.array([[1.0], [3.0]]), {"labels": jnp.array([2.0, 2.0])})
+  loss = classify.batch_loss(jnp.array([[1.0], [3.0]]), {**batch, "labels": jnp.array([2.0, 2.0])})
   np.testing.assert_allclose(loss, 1.0)
   start = jnp.log(jnp.array([[0.25, 0.75]]))
   end = jnp.log(jnp.array([[0.5, 0.5]]))
-  loss, m = heads.span_loss(start, end, {"start_positions": jnp.array([1]), "end_positions": jnp.array([0])})
+  loss = objectives.supervised(heads.span_sums).batch_loss(
+      (start, end), {"start_positions": jnp.array([1]), "end_positions": jnp.array([0]),
+                     "input_ids": jnp.zeros((1, 2), jnp.int32)})
   np.testing.assert_allclose(loss, -(np.log(0.75) + np.log(0.5)) / 2, rtol=1e-6)
   tok = jnp.log(jnp.array([[[0.2, 0.8], [0.6, 0.4]]]))
-  loss, m = heads.token_loss(tok, {"labels": jnp.array([[1, 1]]), "label_weights": jnp.array([[1.0, 0.0]])})
+  batch = {"labels": jnp.array([[1, 1]]), "label_weights": jnp.array([[1.0, 0.0]])}
+  loss = objectives.supervised(heads.token_sums, "label_weights").batch_loss(tok, batch)
+  m = heads.token_sums(tok, batch)
   np.testing.assert_allclose(loss, -np.log(0.8), rtol=1e-6)
   assert float(m["correct_sum"]) == 1.0

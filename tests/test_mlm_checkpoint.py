@@ -5,7 +5,6 @@ import json
 import logging
 import os
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from bert_jax import convert  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
-from bert_jax import optim, predict, sharding, train  # noqa: E402
+from bert_jax import predict, train  # noqa: E402
 from input_pipeline import testing  # noqa: E402
 from input_pipeline import tokenizer as tokenizer_lib  # noqa: E402
 from tests import test_train_utils as tu  # noqa: E402
@@ -158,15 +157,11 @@ def test_init_from_mlm_checkpoint(hub, nsp, caplog):
   pooler start fresh (and the log says so); with NSP off the model has neither."""
   caplog.set_level(logging.INFO)
   config = _continue_config(hub, nsp)
-  cfg = train.bert_config(config, 326)
-  model = model_lib.BertForPreTraining(cfg, nsp=nsp)
-  tx = optim.make_optimizer(config)
-  mesh = sharding.make_mesh(config.mesh_shape, jax.devices()[:1])
-  rules = config.logical_axis_rules
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract, _, init = train.create_train_state(config, model, tx, mesh, rules)
-    fresh = init().params
-    params = train.load_init_params(hub["dir"], cfg, abstract.params, fresh)
+  trainer = tu.pretraining_trainer(config, 326, devices=jax.devices()[:1])
+  with trainer.activate():
+    fresh = trainer.init().params
+    params = train.load_init_params(hub["dir"], trainer.model.config, trainer.abstract.params,
+                                    fresh)
   _, expected = convert.load_pretrained(hub["dir"])
   got = tu.flat(params)
   for key, value in tu.flat(expected).items():

@@ -123,7 +123,7 @@ def test_scan_and_remat_compute_the_same_function(remat):
                 next_sentence_labels=jnp.array([0, 1, 0]))
 
   def loss(module, p):
-    return objectives.pretraining_loss(module.apply({"params": p}, **batch), labels)[0]
+    return objectives.pretraining().batch_loss(module.apply({"params": p}, **batch), labels)
 
   l1, g1 = jax.value_and_grad(lambda p: loss(base, p))(params)
   l2, g2 = jax.value_and_grad(lambda p: loss(scanned, p))(stacked)
@@ -149,7 +149,9 @@ def test_pretraining_loss_is_weighted_mean_of_cross_entropies():
   nsp = jnp.log(jnp.array([[0.25, 0.75]]))
   batch = dict(masked_lm_ids=jnp.array([[0, 1]]), masked_lm_weights=jnp.array([[1.0, 0.0]]),
                next_sentence_labels=jnp.array([1]))
-  loss, m = objectives.pretraining_loss({"mlm_logits": logits, "nsp_logits": nsp}, batch)
+  outputs = {"mlm_logits": logits, "nsp_logits": nsp}
+  loss = objectives.pretraining().batch_loss(outputs, batch)
+  m = objectives.pretraining_sums(outputs, batch)
   np.testing.assert_allclose(loss, -np.log(0.7) - np.log(0.75), rtol=1e-6)
   assert float(m["mlm_weight"]) == 1.0 and float(m["mlm_correct_sum"]) == 1.0
   assert float(m["nsp_correct_sum"]) == 1.0 and float(m["num_examples"]) == 1.0

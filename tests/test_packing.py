@@ -43,13 +43,13 @@ def test_packing_matches_unpacked_loss_and_gradients():
 
   def loss_unpacked(p):
     out = m.apply({"params": p}, b["input_ids"], b["segment_ids"], b["input_mask"], b["masked_lm_positions"])
-    return objectives.pretraining_loss(out, b)[0]
+    return objectives.pretraining().batch_loss(out, b)
 
   def loss_packed(p):
     out = m.apply({"params": p}, packed["input_ids"], packed["segment_ids"], packed["input_mask"],
                   packed["masked_lm_positions"], position_ids=packed["position_ids"],
                   packed_example_ids=packed["packed_example_ids"], cls_positions=packed["cls_positions"])
-    return objectives.pretraining_loss(out, packed)[0]
+    return objectives.pretraining().batch_loss(out, packed)
 
   l1, g1 = jax.value_and_grad(loss_unpacked)(params)
   l2, g2 = jax.value_and_grad(loss_packed)(params)

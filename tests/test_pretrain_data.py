@@ -68,23 +68,26 @@ def _unmasked(ex):
 # ---------------------------------------------------------------- shapes and layout
 
 
-def test_dataset_shapes_and_dtypes(tagged):
+def test_feature_shapes_and_dtypes(tagged):
   cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10)
-  ds = pretrain.pretrain_dataset(cfg, seed=0)
-  spec = ds.element_spec
   expected = {"input_ids": [64], "input_mask": [64], "segment_ids": [64],
               "masked_lm_positions": [10], "masked_lm_ids": [10], "masked_lm_weights": [10],
               "next_sentence_labels": []}
-  assert {k: v.shape.as_list() for k, v in spec.items()} == expected
-  assert all(spec[k].dtype == tf.int32 for k in expected if k != "masked_lm_weights")
-  assert spec["masked_lm_weights"].dtype == tf.float32
-  batched = pretrain.pretrain_dataset(cfg, seed=0, batch_size=8)
-  assert batched.element_spec["input_ids"].shape.as_list() == [8, 64]
-  batch = next(iter(_batches(cfg, 1, batch_size=8)))
-  assert set(batch) == set(expected)
+  assert set(pretrain.features(cfg)) == set(pretrain.FEATURES) == set(expected)
+  # Per example: the stream's examples (one block, leading dim = its examples).
+  examples = pretrain.make_stream(cfg, seed=0).rows(0, 0)
+  n = len(examples["input_ids"])
+  assert set(examples) == set(expected) and n > 1
   for k, shape in expected.items():
-    assert batch[k].shape == (8, *shape), k
-    assert batch[k].dtype == (np.float32 if k == "masked_lm_weights" else np.int32), k
+    assert examples[k].shape == (n, *shape), k
+    assert examples[k].dtype == (np.float32 if k == "masked_lm_weights" else np.int32), k
+  # Batched: the iterator's batches, of any batch size.
+  for batch_size in (8, 5):
+    batch = next(iter(_batches(cfg, 1, batch_size=batch_size)))
+    assert set(batch) == set(expected)
+    for k, shape in expected.items():
+      assert batch[k].shape == (batch_size, *shape), k
+      assert batch[k].dtype == (np.float32 if k == "masked_lm_weights" else np.int32), k
 
 
 def test_sequence_layout(tagged):
@@ -344,8 +347,20 @@ def test_deterministic_and_seeded(tagged):
              doc_piece_tokens=200)
   assert _equal(_batches(cfg, 4, batch_size=16), _batches(cfg, 4, batch_size=16))
   assert not _equal(_batches(cfg, 2, batch_size=16), _batches(cfg, 2, batch_size=16, seed=1))
-  ds = pretrain.pretrain_dataset(cfg, seed=0, batch_size=16).take(4)
-  assert _equal(list(ds.as_numpy_iterator()), _batches(cfg, 4, batch_size=16))
+  # Batches cut the stream's examples, block after block, into consecutive runs: batches
+  # span block (and, with 140 examples, epoch) ends, and the batch size changes no example.
+  stream = pretrain.make_stream(cfg, seed=0)
+  blocks = [stream.rows(e, b) for e in range(2) for b in range(stream.blocks_per_epoch)]
+  epoch_size = sum(len(b["input_ids"]) for b in blocks[:stream.blocks_per_epoch])
+  assert any(len(b["input_ids"]) % 16 for b in blocks) and epoch_size < 140
+  examples = _stack(blocks)
+  for batch_size, n in ((16, 4), (7, 20)):
+    batches = _batches(cfg, n, batch_size=batch_size)
+    assert all(len(b["input_ids"]) == batch_size for b in batches)
+    got = _stack(batches)
+    assert set(got) == set(pretrain.FEATURES)
+    for k in got:
+      np.testing.assert_array_equal(got[k], examples[k][:batch_size * n], err_msg=k)
 
 
 def test_restart_resumes_exact_stream(tagged):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from bert_jax import model as model_lib
-from bert_jax import train
+from bert_jax import objectives
+from bert_jax import trainer
 from input_pipeline import pretrain
 from input_pipeline import testing
 from tests import test_train_utils as tu
@@ -71,14 +72,19 @@ def test_packed_block_holds_exactly_the_unpacked_examples(tagged):
   assert rows["masked_lm_positions"].shape[1] == P + E
 
 
-def test_packed_iterator_shapes_resume_and_tf_data(tagged):
+def test_packed_iterator_shapes_resume_and_stream_order(tagged):
   cfg = _cfg(tagged)
   it = pretrain.PretrainIterator(cfg, batch_size=8, seed=1)
   reference = [next(it) for _ in range(12)]
   b = reference[0]
-  assert set(b) == set(pretrain.PACKED_FEATURES)
+  assert set(b) == set(pretrain.PACKED_FEATURES) == set(pretrain.features(cfg))
   assert b["input_ids"].shape == (8, L) and b["cls_positions"].shape == (8, E)
   assert b["masked_lm_ids"].shape == (8, P + E) and b["example_weights"].dtype == np.float32
+  shapes = {"masked_lm_positions": P + E, "masked_lm_ids": P + E, "masked_lm_weights": P + E,
+            "next_sentence_labels": E, "cls_positions": E, "example_weights": E}
+  for k in pretrain.PACKED_FEATURES:
+    assert b[k].shape == (8, shapes.get(k, L)), k
+    assert b[k].dtype == (np.float32 if k.endswith("weights") else np.int32), k
   resumed = pretrain.PretrainIterator(cfg, batch_size=8, seed=1)
   first = pretrain.PretrainIterator(cfg, batch_size=8, seed=1)
   for _ in range(5):
@@ -87,10 +93,17 @@ def test_packed_iterator_shapes_resume_and_tf_data(tagged):
   for got, want in zip([next(resumed) for _ in range(7)], reference[5:]):
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=k)
-  ds = pretrain.pretrain_dataset(cfg, seed=1, batch_size=8).take(3)
-  for got, want in zip(ds.as_numpy_iterator(), reference):
+  # The batches are the stream's packed rows, block after block (across blocks and epochs).
+  stream = pretrain.make_stream(cfg, seed=1)
+  blocks, epoch = [], 0
+  while sum(len(r["input_ids"]) for r in blocks) < 8 * len(reference):
+    blocks += [stream.rows(epoch, blk) for blk in range(stream.blocks_per_epoch)]
+    epoch += 1
+  assert epoch > 1 and any(len(r["input_ids"]) % 8 for r in blocks)
+  rows = {k: np.concatenate([r[k] for r in blocks]) for k in pretrain.PACKED_FEATURES}
+  for i, want in enumerate(reference):
     for k in want:
-      np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+      np.testing.assert_array_equal(rows[k][8 * i:8 * (i + 1)], want[k], err_msg=k)
   for i in (it, resumed, first):
     i.close()
 
@@ -104,9 +117,10 @@ def test_packed_step_scores_the_same_examples_as_unpacked(tagged):
   model = model_lib.BertForPreTraining(cfg)
   ids = np.ones((1, L), np.int32)
   params = nn.unbox(model.init(jax.random.key(0), ids, ids, ids, np.zeros((1, P), np.int32)))["params"]
-  plain = jax.jit(functools.partial(train.eval_step, model=model))(params, examples)
-  packed = jax.jit(functools.partial(train.eval_step, model=model,
-                                     objective=train.PRETRAINING))(params, rows)
+  step = jax.jit(functools.partial(trainer.eval_step, model=model,
+                                   objective=objectives.pretraining()))
+  plain = step(params, examples, jax.random.key(0))
+  packed = step(params, rows, jax.random.key(0))
   assert float(packed["num_examples"]) == len(examples["input_ids"])
   for k in plain:
     np.testing.assert_allclose(float(packed[k]), float(plain[k]), rtol=2e-5, err_msg=k)

@@ -29,33 +29,27 @@ def test_batch_axes_from_rules():
 
 
 _EQUIVALENCE = r"""
-import functools, json
-import flax.linen as nn, jax, numpy as np
-from bert_jax import optim, sharding, train
+import json
+import jax, numpy as np
+from bert_jax import sharding
 from input_pipeline import synthetic
-from bert_jax.model import BertForPreTraining
 from tests import test_train_utils as tu
 
 # Dropout on: random bits are sharding-invariant. One layer keeps compilation short.
 config = tu.tiny_config(global_batch_size=16, model__num_layers=1)
-cfg = train.bert_config(config)
-model, tx = BertForPreTraining(cfg), optim.make_optimizer(config)
-rules = config.logical_axis_rules
 it = synthetic.SyntheticIterator(batch_size=16, seq_len=32, num_predictions=5, vocab_size=128)
 batches = [next(it) for _ in range(2)]
 
 def run(shape, n_devices, micro_steps=1):
-  mesh = sharding.make_mesh(dict(zip(sharding.MESH_AXES, shape)), jax.devices()[:n_devices])
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    _, state_sh, init = train.create_train_state(config, model, tx, mesh, rules)
-    state = init()
-    batch_sh = sharding.batch_sharding(mesh, rules)
-    step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, micro_steps=micro_steps),
-                   in_shardings=(state_sh, batch_sh, sharding.replicated(mesh)),
-                   out_shardings=(state_sh, sharding.replicated(mesh)), donate_argnums=0)
+  c = config.copy_and_resolve_references()
+  c.mesh_shape.update(dict(zip(sharding.MESH_AXES, shape)))
+  c.grad_accum_steps = micro_steps
+  trainer = tu.pretraining_trainer(c, devices=jax.devices()[:n_devices])
+  with trainer.activate():
+    state = trainer.init()
     losses = []
     for b in batches:
-      state, m = step(state, sharding.host_to_global(b, batch_sh), jax.random.key(1))
+      state, m = trainer.train_step(state, trainer.to_global(b), jax.random.key(1))
       losses.append(float(m["loss"]))
     kernel = state.params["bert"]["encoder"]["layer_0"]["intermediate"]["kernel"]
     spec = str(kernel.sharding.spec)

@@ -1,8 +1,5 @@
 """The train step and optimizers on one device: learning, accumulation, decay mask,
 LAMB, FLOPs accounting, NaN stop, the in-process entry point."""
-import functools
-
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,23 +10,19 @@ from input_pipeline import synthetic
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
-from bert_jax import sharding
+from bert_jax import registry
 from bert_jax import train
-from bert_jax.model import BertForPreTraining
 from tests import test_train_utils as tu
 
 tu.use_compilation_cache()
 
 
-def _setup(config, mesh=None):
-  cfg = train.bert_config(config)
-  model, tx = BertForPreTraining(cfg), optim.make_optimizer(config)
-  mesh = mesh or sharding.make_mesh(config.mesh_shape, jax.devices()[:1])
-  rules = config.logical_axis_rules
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract, state_sh, init = train.create_train_state(config, model, tx, mesh, rules)
-    state = init()
-  return model, tx, mesh, rules, state, state_sh
+def _setup(config):
+  """(trainer of the pre-training model on one device, its initial state)."""
+  trainer = tu.pretraining_trainer(config, devices=jax.devices()[:1])
+  with trainer.activate():
+    state = trainer.init()
+  return trainer, state
 
 
 def _batches(config, n, seed=0):
@@ -40,15 +33,15 @@ def _batches(config, n, seed=0):
   return [next(it) for _ in range(n)]
 
 
-def _run_steps(config, batches, micro_steps=1):
-  model, tx, mesh, rules, state, state_sh = _setup(config)
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx, micro_steps=micro_steps),
-                 in_shardings=(state_sh, batch_sh, None), donate_argnums=0)
+def _run_steps(config, batches, micro_steps=1, state=None):
+  config = config.copy_and_resolve_references()
+  config.grad_accum_steps = micro_steps
+  trainer, start = _setup(config)
+  state = start if state is None else state
   out = []
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  with trainer.activate():
     for b in batches:
-      state, m = step(state, sharding.host_to_global(b, batch_sh), jax.random.key(0))
+      state, m = trainer.train_step(state, trainer.to_global(b), jax.random.key(0))
       out.append(jax.device_get(m))
   return state, out
 
@@ -79,16 +72,13 @@ def test_scanned_rematerialised_layers_train_like_unrolled_ones():
   unrolled, m1 = _run_steps(config, batches)
   scanned_cfg = tu.tiny_config(model__hidden_dropout_rate=0.0, model__attention_dropout_rate=0.0,
                                model__scan_layers=True, model__remat="full")
-  model, tx, mesh, rules, state, state_sh = _setup(scanned_cfg)
-  _, _, _, _, start, _ = _setup(config)  # the unrolled initial params, stacked
-  state = state.replace(params=jax.tree.map(
+  _, scanned = _setup(scanned_cfg)
+  _, start = _setup(config)  # the unrolled initial params, stacked
+  state = scanned.replace(params=jax.tree.map(
       jnp.asarray, convert.stack_layers(jax.device_get(start.params), 2)))
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  step = jax.jit(functools.partial(train.train_step, model=model, tx=tx))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for b, ref in zip(batches, m1):
-      state, m = step(state, sharding.host_to_global(b, batch_sh), jax.random.key(0))
-      np.testing.assert_allclose(m["loss"], ref["loss"], rtol=1e-5)
+  state, m2 = _run_steps(scanned_cfg, batches, state=state)
+  for m, ref in zip(m2, m1):
+    np.testing.assert_allclose(m["loss"], ref["loss"], rtol=1e-5)
   stacked = convert.stack_layers(jax.device_get(unrolled.params), 2)
   for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(state.params)):
     np.testing.assert_allclose(a, b, atol=1e-5)
@@ -112,7 +102,7 @@ def test_gradient_accumulation_equals_the_big_batch():
 
 def test_weight_decay_mask_skips_layernorm_and_biases():
   config = tu.tiny_config()
-  _, _, _, _, state, _ = _setup(config)
+  _, state = _setup(config)
   mask = tu.flat(optim.weight_decay_mask(state.params))
   decayed = sorted(k for k, v in mask.items() if v)
   skipped = sorted(k for k, v in mask.items() if not v)
@@ -174,14 +164,12 @@ def test_analytic_flops_match_xla_cost_analysis():
                           model__max_position_embeddings=128, data__max_seq_length=128,
                           data__max_predictions_per_seq=20, model__hidden_dropout_rate=0.0,
                           model__attention_dropout_rate=0.0)
-  model, tx, mesh, rules, state, state_sh = _setup(config)
-  batch_sh = sharding.batch_sharding(mesh, rules)
-  batch = sharding.host_to_global(_batches(config, 1)[0], batch_sh)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    compiled = jax.jit(functools.partial(train.train_step, model=model, tx=tx)).lower(
-        state, batch, jax.random.key(0)).compile()
+  trainer, state = _setup(config)
+  batch = trainer.to_global(_batches(config, 1)[0])
+  with trainer.activate():
+    compiled = trainer.train_step.lower(state, batch, jax.random.key(0)).compile()
   xla = flops_lib.xla_flops(compiled)
-  analytic = flops_lib.train_flops_per_step(train.bert_config(config), 8, 128, 20)
+  analytic = flops_lib.train_flops_per_step(registry.model_config(config), 8, 128, 20)
   assert 0.9 < analytic / xla < 1.1, (analytic, xla)
 
 

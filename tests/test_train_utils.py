@@ -141,3 +141,11 @@ def read_scalars(workdir, tag: str) -> dict[int, float]:
           out[event.step] = (float(tf.make_ndarray(v.tensor)) if v.HasField("tensor")
                              else v.simple_value)
   return out
+
+
+def pretraining_trainer(config, vocab_size: int | None = None, devices=None, workdir=None):
+  """trainer.build of the pre-training model and objective `config` names (the registry)."""
+  from bert_jax import registry  # pylint: disable=g-import-not-at-top
+  from bert_jax import trainer  # pylint: disable=g-import-not-at-top
+  model, objective, sample = registry.pretraining(config, vocab_size)
+  return trainer.build(config, model, objective, sample, workdir, devices=devices)

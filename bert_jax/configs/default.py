@@ -17,9 +17,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
   c = common.get_config()
   c.task = "pretrain"
+  # What is optimised, with the model it needs (bert_jax/registry.py PRETRAINING): "mlm" =
+  # masked LM, plus next-sentence prediction when data.nsp (BERT).
+  c.objective = "mlm"
 
   # Model: a preset of bert_jax.model.PRESETS; None fields keep the preset's value.
   c.model = ml_collections.ConfigDict()
+  c.model.family = "bert"  # bert_jax/registry.py FAMILIES
   c.model.preset = "base"  # tiny | mini | small | medium | base | large
   c.model.num_layers = config_dict.placeholder(int)
   c.model.hidden_size = config_dict.placeholder(int)  # intermediate follows at 4x if unset

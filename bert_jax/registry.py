@@ -1,0 +1,80 @@
+"""What a config names, each in one table: the model family (`config.model.family`) and the
+pre-training objective (`config.objective`) with the model it trains and the inputs that
+model takes (its feature schema); the objective counts its FLOPs (objectives.Objective).
+
+    model, objective, sample = registry.pretraining(config, vocab_size)
+    trainer = trainer.build(config, model, objective, sample, workdir)
+
+A new pre-training objective is one `Pretraining` entry here, its factory in
+bert_jax/objectives.py and, if it needs one, its model (bert_jax/model.py); a new model
+family is one entry of FAMILIES.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import flax.linen as nn
+import ml_collections
+import numpy as np
+
+from bert_jax import model as model_lib
+from bert_jax import objectives
+from input_pipeline import errors
+from input_pipeline import pretrain as pretrain_data
+
+# config.model.family -> (config.model fields, the vocabulary's size) -> the model's config.
+FAMILIES: dict[str, Callable[[Mapping[str, Any], int | None], Any]] = {
+    "bert": model_lib.config_from_fields,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining:
+  """A pre-training objective and the model it trains."""
+  model: Callable[[Any, ml_collections.ConfigDict], nn.Module]  # (model config, data config)
+  objective: Callable[[], objectives.Objective]
+  # data config -> the per-row shape of each model input (what the init traces).
+  inputs: Callable[[ml_collections.ConfigDict], dict[str, tuple[int, ...]]]
+  about: str  # one line for --help and errors
+
+
+def _mlm_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
+  length = (data_cfg.max_seq_length,)
+  return {"input_ids": length, "segment_ids": length, "input_mask": length,
+          "masked_lm_positions": (pretrain_data.predictions_per_row(data_cfg),)}
+
+
+PRETRAINING: dict[str, Pretraining] = {
+    "mlm": Pretraining(
+        model=lambda cfg, data_cfg: model_lib.BertForPreTraining(cfg, nsp=data_cfg.nsp),
+        objective=objectives.pretraining, inputs=_mlm_inputs,
+        about="masked LM, with next-sentence prediction when data.nsp (BERT)"),
+}
+
+
+def _choose(table: Mapping[str, Any], name: str, field: str) -> Any:
+  if name not in table:
+    raise errors.ConfigError(f"--config.{field}={name!r} is unknown: choose one of "
+                             f"{', '.join(sorted(table))}.")
+  return table[name]
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> Any:
+  """config.model (a family, a preset and overrides; None = the preset's value) -> the
+  model's config; `vocab_size` is the vocabulary's, used where the fields leave it unset."""
+  fields = dict(config.model)
+  family = _choose(FAMILIES, fields.pop("family", "bert"), "model.family")
+  return family(fields, vocab_size)
+
+
+def pretraining(config: ml_collections.ConfigDict, vocab_size: int | None = None,
+                data_cfg: ml_collections.ConfigDict | None = None
+                ) -> tuple[nn.Module, objectives.Objective, dict[str, np.ndarray]]:
+  """(model, objective, one sample row of the model inputs) that config.objective names for
+  config.model and `data_cfg` (default config.data)."""
+  entry = _choose(PRETRAINING, config.get("objective", "mlm"), "objective")
+  data_cfg = data_cfg if data_cfg is not None else config.data
+  model = entry.model(model_config(config, vocab_size), data_cfg)
+  sample = {k: np.ones((1,) + shape, np.int32) for k, shape in entry.inputs(data_cfg).items()}
+  return model, entry.objective(), sample
