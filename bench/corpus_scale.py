@@ -44,8 +44,8 @@ _CHILD = r"""
 import json, os, resource, sys, time
 args = json.loads(sys.argv[1])
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-from input_pipeline import pretrain
-cfg = pretrain.default_data_config()
+from input_pipeline import data_config, pretrain
+cfg = data_config.default_data_config()
 cfg.prepared_dir, cfg.vocab_path = args["prepared"], args["vocab"]
 cfg.max_seq_length, cfg.max_predictions_per_seq = 128, 20
 maxrss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -57,8 +57,8 @@ def build_corpus(spec: str, workdir: str, vocab_size: int, vocab_chars: int) -> 
 
 def reference_documents(prepared: str, max_tokens: int) -> list[list[list[int]]]:
   """Documents (lists of sentences of ids) for the references, up to max_tokens."""
-  from input_pipeline import pretrain  # pylint: disable=g-import-not-at-top
-  corpus = pretrain.load_documents(prepared, eval_fraction=0.0, nsp=False,
+  from input_pipeline import documents  # pylint: disable=g-import-not-at-top
+  corpus = documents.load_documents(prepared, eval_fraction=0.0, nsp=False,
                                    doc_piece_tokens=0)
   tokens, sent_start = corpus["tokens"], corpus["sent_start"]
   # Whole documents would be a few huge books: take ~2k-token slices of many documents.
@@ -79,8 +79,8 @@ def reference_documents(prepared: str, max_tokens: int) -> list[list[list[int]]]
 def measure_ours(corpus: dict, max_seq_length: int, max_predictions: int, seconds: float,
                  batch_size: int = 256) -> float:
   """Examples/s of PretrainIterator (after the first batch, which builds the pipeline)."""
-  from input_pipeline import pretrain  # pylint: disable=g-import-not-at-top
-  cfg = pretrain.default_data_config()
+  from input_pipeline import data_config, pretrain  # pylint: disable=g-import-not-at-top
+  cfg = data_config.default_data_config()
   cfg.prepared_dir, cfg.vocab_path = corpus["prepared"], corpus["vocab"]
   cfg.max_seq_length, cfg.max_predictions_per_seq = max_seq_length, max_predictions
   it = pretrain.PretrainIterator(cfg, batch_size=batch_size, seed=0)

@@ -54,8 +54,8 @@ def build_data(data_dir: str, *, corpus: str, vocab_size: int) -> str:
 
 def read_batches(prepared: str, *, seq_len: int, preds: int, batch: int, steps: int,
                  seed: int) -> tuple[list[dict], int]:
-  from input_pipeline import prepare, pretrain
-  data_cfg = pretrain.default_data_config()
+  from input_pipeline import data_config, prepare, pretrain
+  data_cfg = data_config.default_data_config()
   data_cfg.prepared_dir = prepared
   data_cfg.max_seq_length, data_cfg.max_predictions_per_seq = seq_len, preds
   it = pretrain.PretrainIterator(data_cfg, batch_size=batch, seed=seed)

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.model import BertConfig, BertModel, _dense
+from bert_jax.model import BertConfig, BertModel, dense
 
 
 class BertForSequenceClassification(nn.Module):
@@ -33,7 +33,7 @@ class BertForSequenceClassification(nn.Module):
         input_ids, segment_ids, input_mask, deterministic, position_ids=position_ids,
         packed_example_ids=packed_example_ids, cls_positions=cls_positions)  # [B, D] or [B, E, D]
     pooled = nn.Dropout(self.config.hidden_dropout_rate)(pooled, deterministic=deterministic)
-    logits = _dense(self.config, self.num_labels, ("embed", None), "classifier")(pooled)
+    logits = dense(self.config, self.num_labels, ("embed", None), "classifier")(pooled)
     return logits.astype(jnp.float32)  # [B, C] or [B, E, C]
 
 
@@ -44,7 +44,7 @@ class BertForQuestionAnswering(nn.Module):
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
     seq_BLD, _ = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask, deterministic)
-    logits_BL2 = _dense(self.config, 2, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
+    logits_BL2 = dense(self.config, 2, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
     return logits_BL2[..., 0], logits_BL2[..., 1]
 
 
@@ -57,7 +57,7 @@ class BertForTokenClassification(nn.Module):
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
     seq_BLD, _ = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask, deterministic)
     seq_BLD = nn.Dropout(self.config.hidden_dropout_rate)(seq_BLD, deterministic=deterministic)
-    return _dense(self.config, self.num_labels, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
+    return dense(self.config, self.num_labels, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
 
 
 class BertForMultipleChoice(nn.Module):
@@ -71,7 +71,7 @@ class BertForMultipleChoice(nn.Module):
     _, pooled_ND = BertModel(self.config, pooled_only=True, name="bert")(
         flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
     pooled_ND = nn.Dropout(self.config.hidden_dropout_rate)(pooled_ND, deterministic=deterministic)
-    scores_N1 = _dense(self.config, 1, ("embed", None), "classifier")(pooled_ND)
+    scores_N1 = dense(self.config, 1, ("embed", None), "classifier")(pooled_ND)
     return scores_N1.reshape(batch, choices).astype(jnp.float32)
 
 

@@ -162,7 +162,7 @@ def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
       bias_init=_zeros(("embed",)), name=name)
 
 
-def _dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+def dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   kernel_init=_kernel_init(cfg, axes), bias_init=_zeros(axes[1:]),
                   name=name)
@@ -379,11 +379,11 @@ class EncoderLayer(nn.Module):
     h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic,
                                                               rows=rows)
     x_BLD = _layer_norm(cfg, "attention_LayerNorm")(_rows(x_BLD, query_positions_BE, 1) + h_BLD)
-    h_BLF = _dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BLD)
+    h_BLF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BLD)
     h_BLF = ACTIVATIONS[cfg.hidden_act](h_BLF)
     h_BLF = nn.with_logical_constraint(
         h_BLF, ("activation_batch", "activation_length", "activation_mlp"))
-    h_BLD = _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BLF)
+    h_BLD = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BLF)
     h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic,
                                                               rows=rows)
     return _layer_norm(cfg, "output_LayerNorm")(x_BLD + h_BLD)
@@ -447,7 +447,7 @@ class BertModel(nn.Module):
     self.embeddings = Embeddings(cfg)
     self.encoder = Encoder(cfg)
     if self.add_pooler:
-      self.pooler = _dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
+      self.pooler = dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
 
   def __call__(self, input_ids, segment_ids=None, input_mask=None, deterministic: bool = True,
                position_ids=None, packed_example_ids=None, cls_positions=None):
@@ -507,12 +507,12 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     cfg = self.config
     self.bert = BertModel(cfg, add_pooler=self.nsp)
-    self.transform = _dense(cfg, cfg.hidden_size, ("embed", None), "transform")
+    self.transform = dense(cfg, cfg.hidden_size, ("embed", None), "transform")
     self.transform_LayerNorm = _layer_norm(cfg, "transform_LayerNorm")
     self.output_bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,),
                                   cfg.param_dtype)
     if self.nsp:
-      self.seq_relationship = _dense(cfg, 2, ("embed", None), "seq_relationship")
+      self.seq_relationship = dense(cfg, 2, ("embed", None), "seq_relationship")
 
   def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions,
                deterministic: bool = True, position_ids=None, packed_example_ids=None,

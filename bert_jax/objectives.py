@@ -13,7 +13,7 @@ new objective is one factory here plus its line in bert_jax/registry.py.
   supervised(sums_fn)    a fine-tuning head's sums (heads.*_sums): classification,
                          regression, span QA, tagging, multiple choice
 
-Packed rows (input_pipeline/packing.py) carry PACKED_INPUTS; an objective passes those the
+Packed rows (input_pipeline/packing.py) carry features.PACKED; an objective passes those the
 batch has to the model by keyword, so packed and unpacked batches share one objective.
 """
 from __future__ import annotations
@@ -27,10 +27,6 @@ import jax.numpy as jnp
 
 from bert_jax import flops as flops_lib
 from input_pipeline import features
-
-# Packed rows also carry these, passed to the model by keyword (see bert_jax.model.BertModel).
-PACKED_INPUTS = features.PACKED
-
 
 @struct.dataclass
 class Objective:
@@ -49,7 +45,7 @@ class Objective:
   console: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
   eval_console: tuple[tuple[str, str], ...] = struct.field(pytree_node=False, default=())
   count: str = struct.field(pytree_node=False, default="")
-  keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=PACKED_INPUTS)
+  keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=features.PACKED)
   rng_streams: tuple[str, ...] = struct.field(pytree_node=False, default=())
 
   def apply(self, model, params, batch, **kwargs):

@@ -50,9 +50,7 @@ from input_pipeline import errors, fileio
 from input_pipeline import glue, squad, tagging
 from input_pipeline.tokenizer import Tokenizer
 
-ConfigError = errors.ConfigError
-GLUE_TASKS = suite_config.GLUE_TASKS
-TASKS = GLUE_TASKS + ("squad1", "squad2", "swag", "conll")
+TASKS = suite_config.GLUE_TASKS + ("squad1", "squad2", "swag", "conll")
 # Each task's directory under config.data_dir, as the downloads lay them out (the GLUE
 # download script's names; diagnostic/ holds AX).
 DIRECTORIES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
@@ -126,7 +124,7 @@ def task_list(config) -> tuple[str, ...]:
   items = [t.strip() for t in spec.split(",") if t.strip()]
   unknown = [t for t in items if t not in TASKS and t not in suite_config.SUITES]
   if unknown or not items:
-    raise ConfigError(f"--config.tasks={spec!r}: unknown task{'s' if len(unknown) > 1 else ''} "
+    raise errors.ConfigError(f"--config.tasks={spec!r}: unknown task{'s' if len(unknown) > 1 else ''} "
                       f"{', '.join(unknown) or '(none given)'}; name suites "
                       f"({', '.join(suite_config.SUITES)}) or tasks among {', '.join(TASKS)}.")
   tasks = [t for item in items for t in suite_config.SUITES.get(item, (item,))]
@@ -142,22 +140,22 @@ def grid(config, task: str) -> dict[str, tuple]:
     protocol = suite_config.PROTOCOLS[config.protocol]
     table, where = protocol.get(task, protocol.get("*")), f"protocol {config.protocol!r}"
     if table is None:
-      raise ConfigError(f"protocol {config.protocol!r} has no setting for task {task}: add one "
+      raise errors.ConfigError(f"protocol {config.protocol!r} has no setting for task {task}: add one "
                         "to PROTOCOLS in bert_jax/configs/suite.py, or use --config.protocol=grid.")
   else:
-    raise ConfigError(f"--config.protocol={config.protocol!r} is unknown: choose one of "
+    raise errors.ConfigError(f"--config.protocol={config.protocol!r} is unknown: choose one of "
                       f"{', '.join(suite_config.PROTOCOLS)} or grid (your --config.grid).")
   out = {}
   for field in ("learning_rate", "global_batch_size", "num_epochs"):
     values = table.get(field, ())
     values = tuple(values) if isinstance(values, (list, tuple)) else (values,)
     if not values:
-      raise ConfigError(f"{where}.{field} holds no values (task {task}): give at least one, "
+      raise errors.ConfigError(f"{where}.{field} holds no values (task {task}): give at least one, "
                         f"e.g. --config.grid.{field}=\"(2e-5,3e-5)\".")
     kind = float if field == "learning_rate" else int
     for v in values:
       if not isinstance(v, (int, float)) or v <= 0 or (kind is int and v != int(v)):
-        raise ConfigError(f"{where}.{field}={values}: every value must be a positive "
+        raise errors.ConfigError(f"{where}.{field}={values}: every value must be a positive "
                           f"{'number' if kind is float else 'integer'}.")
     out[field] = tuple(kind(v) for v in values)
   return out
@@ -170,11 +168,11 @@ def plan(config) -> list[Run]:
   if mnli_first:
     tasks = ("mnli",) + tuple(t for t in tasks if t != "mnli")
   if config.select not in ("best", "median"):
-    raise ConfigError(f"--config.select={config.select!r}: choose best (the best run on dev, "
+    raise errors.ConfigError(f"--config.select={config.select!r}: choose best (the best run on dev, "
                       "as the paper) or median (the best median over seeds).")
   for field in ("seeds", "small_task_seeds"):
     if config[field] < (1 if field == "seeds" else 0):
-      raise ConfigError(f"--config.{field}={config[field]}: it must be at least "
+      raise errors.ConfigError(f"--config.{field}={config[field]}: it must be at least "
                         f"{1 if field == 'seeds' else 0} (0 = seeds).")
   runs = []
   for task in tasks:
@@ -197,10 +195,10 @@ def _init_from_mnli(config, tasks) -> tuple[str, ...]:
     return ()
   bad = [t for t in names if t not in TASKS or t == "mnli"]
   if bad:
-    raise ConfigError(f"--config.init_from_mnli names {', '.join(bad)}: list fine-tuning tasks "
+    raise errors.ConfigError(f"--config.init_from_mnli names {', '.join(bad)}: list fine-tuning tasks "
                       "other than mnli, e.g. rte,mrpc,stsb.")
   if "mnli" not in tasks:
-    raise ConfigError("--config.init_from_mnli needs mnli among the suite's tasks (its chosen "
+    raise errors.ConfigError("--config.init_from_mnli needs mnli among the suite's tasks (its chosen "
                       "run's weights start the others).")
   return names
 
@@ -212,10 +210,10 @@ def task_dir(config, task: str) -> str:
   if config.task_dirs.get(task):
     return config.task_dirs[task]
   if not config.data_dir:
-    raise ConfigError(f"Task {task}: config.data_dir is not set: pass --config.data_dir=DIR (the "
+    raise errors.ConfigError(f"Task {task}: config.data_dir is not set: pass --config.data_dir=DIR (the "
                       f"directory holding {DIRECTORIES[task]}/ and the other tasks' directories), "
                       f"or --config.task_dirs.{task}=DIR.")
-  if config.data_dir.startswith("tfds") and task in GLUE_TASKS + ("ax",):
+  if config.data_dir.startswith("tfds") and task in suite_config.GLUE_TASKS + ("ax",):
     return config.data_dir
   return fileio.join(config.data_dir, DIRECTORIES[task])
 
@@ -280,12 +278,12 @@ def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
       finetune.check_config(c)
       inputs[task] = _read_task(config, task, c)
     except errors.UserError as e:
-      raise ConfigError(f"Task {task}: {e}") from None
+      raise errors.ConfigError(f"Task {task}: {e}") from None
     batch = max(grid(config, task)["global_batch_size"])
     if inputs[task].train_examples < batch:
       where = "--config.grid.global_batch_size" if config.protocol == "grid" else \
           f"protocol {config.protocol}"
-      raise ConfigError(f"Task {task}: {inputs[task].train_examples} training examples are fewer "
+      raise errors.ConfigError(f"Task {task}: {inputs[task].train_examples} training examples are fewer "
                         f"than one batch of {batch} ({where}): use smaller batches.")
   from_mnli = _init_from_mnli(config, tuple(inputs))
   for run in runs:
@@ -298,7 +296,7 @@ def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
                 if not (d.startswith("init_checkpoint:") and run.task in from_mnli)]
       if differ:
         fields = "; ".join(differ[:5])
-        raise ConfigError(f"{run.dir} finished with another config than this command's ({fields}); "
+        raise errors.ConfigError(f"{run.dir} finished with another config than this command's ({fields}); "
                           "nothing was changed. Rerun with the suite's own config (saved in each "
                           "run's result.json), or use another --workdir.")
   return inputs
@@ -307,7 +305,7 @@ def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
 def _read_task(config, task: str, c) -> TaskInputs:
   """Reads the task's files with the fine-tuning readers (a format error names file and
   line); returns the training-set size and the extra GLUE splits found."""
-  if task in GLUE_TASKS:
+  if task in suite_config.GLUE_TASKS:
     read = (lambda split: glue.read_tfds_glue(task, split, c.data_dir.partition(":")[2] or None))\
         if c.data_dir.startswith("tfds") else (lambda split: glue.read_glue(task, c.data_dir, split))
     train = read("train")
@@ -481,15 +479,15 @@ def device_groups(n: int) -> list[list | None]:
   """`n` disjoint groups of this host's devices, one run on each at a time ([None]: one run
   at a time on every device)."""
   if n < 1:
-    raise ConfigError(f"--config.parallel_runs={n}: at least 1 (runs at a time).")
+    raise errors.ConfigError(f"--config.parallel_runs={n}: at least 1 (runs at a time).")
   if n == 1:
     return [None]
   if jax.process_count() > 1:
-    raise ConfigError("--config.parallel_runs > 1 splits one host's devices into groups; with "
+    raise errors.ConfigError("--config.parallel_runs > 1 splits one host's devices into groups; with "
                       f"{jax.process_count()} processes every run spans all hosts: set it to 1.")
   devices = jax.local_devices()
   if len(devices) < n:
-    raise ConfigError(f"--config.parallel_runs={n}: this host has {len(devices)} devices; at "
+    raise errors.ConfigError(f"--config.parallel_runs={n}: this host has {len(devices)} devices; at "
                       "most one run per device.")
   size = len(devices) // n
   if len(devices) % n:
@@ -616,7 +614,7 @@ def _finalize(config, task: str, chosen: dict, inputs: TaskInputs, workdir: str)
   files = []
   sub = root / "submission"
   sub.mkdir(parents=True, exist_ok=True)
-  if task in GLUE_TASKS and (inputs.splits or task == "mnli"):
+  if task in suite_config.GLUE_TASKS and (inputs.splits or task == "mnli"):
     cfg, params, saved, labels = predict.load_finetuned(str(root / run_dir))
     tok = Tokenizer.from_path(saved["vocab_path"], saved.get("lowercase"))
     for split, examples in inputs.splits.items():
@@ -679,7 +677,7 @@ def build_report(config, runs: list[Run], results: dict, chosen: dict) -> dict[s
             "init_checkpoint": config.init_checkpoint, "seeds": config.seeds,
             "small_task_seeds": config.small_task_seeds, "tasks": tasks,
             "references": REFERENCES}
-  if any(t in GLUE_TASKS for t in tasks):
+  if any(t in suite_config.GLUE_TASKS for t in tasks):
     report["glue_score"] = glue_score(tasks)
   files = sorted(n for t in tasks if t in SUBMISSION_FILES for n in SUBMISSION_FILES[t].values())
   report["submission"] = {"expected": files}
@@ -766,8 +764,8 @@ def render_plot(report: dict) -> bytes | None:
   rows = _comparison(report)
   fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(rows) + 1.5), 3.6))
   x = np.arange(len(rows))
-  glue_rows = any(k in GLUE_TASKS for k, _ in rows)
-  other_rows = any(k not in GLUE_TASKS + ("mnli_mm", "glue_score") for k, _ in rows)
+  glue_rows = any(k in suite_config.GLUE_TASKS for k, _ in rows)
+  other_rows = any(k not in suite_config.GLUE_TASKS + ("mnli_mm", "glue_score") for k, _ in rows)
   split = "GLUE test, others dev" if glue_rows and other_rows else "test" if glue_rows else "dev"
   series = [("ours (dev)", [v for _, v in rows])] + [
       (f"{name} (paper, {split})", [REFERENCES[name].get(k) for k, _ in rows])

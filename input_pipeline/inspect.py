@@ -19,9 +19,10 @@ from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
+from input_pipeline import data_config
+from input_pipeline import documents
 from input_pipeline import errors
 from input_pipeline import fileio
-from input_pipeline import data_config
 from input_pipeline import prepare
 from input_pipeline import pretrain
 from input_pipeline import tokenizer as tokenizer_lib
@@ -98,7 +99,7 @@ def _flag_values() -> flags.FlagValues:
   flags.DEFINE_boolean("whole_word_masking", None, "Whole-word masking.", flag_values=fv)
   flags.DEFINE_boolean("lowercase", None, "Override the vocabulary's casing (default: as "
                        "the files beside it say).", flag_values=fv)
-  flags.DEFINE_enum("split", "train", list(pretrain.SPLITS), "Split.", flag_values=fv)
+  flags.DEFINE_enum("split", "train", list(documents.SPLITS), "Split.", flag_values=fv)
   flags.DEFINE_integer("seed", None, "Data seed (default: the config's `seed`, else 0).",
                        flag_values=fv)
   flags.DEFINE_integer("batch_size", None, "Examples per batch (default: the config's "
@@ -118,7 +119,7 @@ def data_config_from_flags(fv: flags.FlagValues):
     raise errors.UserError(f"--config={fv['config'].config_filename} has no `data` field: "
                            "give a pre-training config (configs/*_pretrain.py, "
                            "configs/default.py).")
-  cfg = config.data if config is not None else pretrain.default_data_config()
+  cfg = config.data if config is not None else data_config.default_data_config()
   if config is not None and config.get("synthetic_data", False):
     raise errors.UserError("The config sets synthetic_data=True: its run trains on random "
                            "batches, not on a corpus; there is nothing to inspect.")

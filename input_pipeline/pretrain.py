@@ -54,10 +54,6 @@ FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
 # data.packing: rows [R, L] of several examples; per-example NSP labels/weights [R, E].
 PACKED_FEATURES = FEATURES + ("position_ids", "packed_example_ids", "cls_positions",
                               "example_weights")
-SPLITS = documents.SPLITS
-load_documents = documents.load_documents
-eval_document_count = documents.eval_document_count
-default_data_config = data_config.default_data_config
 
 
 def predictions_per_row(cfg) -> int:
@@ -100,7 +96,7 @@ class BlockStream:
   def __init__(self, cfg, corpus: dict, tok: tokenizer_lib.Tokenizer, *, seed: int,
                process_index: int, split: str):
     self.cfg, self.corpus, self.tok = cfg, corpus, tok
-    self.seed, self.process_index, self.split_id = seed, process_index, SPLITS.index(split)
+    self.seed, self.process_index, self.split_id = seed, process_index, documents.SPLITS.index(split)
     self.num_pieces = len(corpus["piece_doc"])
     self.block_size = max(1, int(cfg.shuffle_block_docs))
     self.blocks_per_epoch = -(-self.num_pieces // self.block_size)

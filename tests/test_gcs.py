@@ -227,7 +227,7 @@ import numpy as np
 from input_pipeline import pretrain, store
 store._GAP = 0  # Copy exactly the ranges read (the default joins ranges 1 MiB apart).
 remote, local, vocab, host = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-cfg = pretrain.default_data_config()
+cfg = data_config.default_data_config()
 cfg.vocab_path, cfg.max_seq_length, cfg.max_predictions_per_seq = vocab, 64, 10
 equal = []
 for split in ("train", "eval"):

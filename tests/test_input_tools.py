@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from input_pipeline import data_config
 from input_pipeline import inspect as inspect_lib
 from input_pipeline import pretrain
 from input_pipeline import testing
@@ -34,7 +35,7 @@ def test_inspect_prints_and_saves(tagged, tmp_path, capsys):
   assert set(saved.files) == set(pretrain.FEATURES)
   assert saved["input_ids"].shape == (48, 64) and saved["masked_lm_weights"].shape == (48, 10)
   # The saved arrays are exactly the iterator's batches.
-  cfg = pretrain.default_data_config()
+  cfg = data_config.default_data_config()
   cfg.prepared_dir, cfg.max_seq_length, cfg.max_predictions_per_seq = tagged["prepared"], 64, 10
   it = pretrain.PretrainIterator(cfg, batch_size=16, seed=0)
   np.testing.assert_array_equal(saved["input_ids"][:16], next(it)["input_ids"])
@@ -44,10 +45,10 @@ def test_inspect_with_config_file(tagged, tmp_path, capsys):
   config = tmp_path / "config.py"
   config.write_text(
       "import ml_collections\n"
-      "from input_pipeline import pretrain\n"
+      "from input_pipeline import data_config\n"
       "def get_config():\n"
       "  c = ml_collections.ConfigDict()\n"
-      "  c.data = pretrain.default_data_config()\n"
+      "  c.data = data_config.default_data_config()\n"
       f"  c.data.prepared_dir = {tagged['prepared']!r}\n"
       "  c.data.max_seq_length = 32\n"
       "  c.data.max_predictions_per_seq = 5\n"

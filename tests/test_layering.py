@@ -5,8 +5,10 @@
 - no function-local import of a project module (only optional heavy dependencies such as
   torch or tensorflow may be imported inside a function);
 - loading a config file imports nothing that imports TensorFlow or JAX;
-- model <- heads/convert <- checkpointing <- trainer <- jobs <- main: lower layers never
-  import higher ones.
+- model <- heads/convert <- checkpointing <- objectives <- registry/trainer <- jobs <- suite <-
+  main: lower layers never import higher ones; input_pipeline imports nothing of bert_jax;
+- files are read through the path layer (no tf.io.gfile), and only the entry point takes the
+  workdir's lock.
 """
 import ast
 import pathlib
@@ -92,8 +94,8 @@ def test_configs_import_no_tensorflow_or_jax():
 def test_layers_import_downward_only():
   _, graph, _, _ = _graph()
   order = ["bert_jax.model", "bert_jax.heads", "bert_jax.convert", "bert_jax.checkpointing",
-           "bert_jax.objectives", "bert_jax.trainer", "bert_jax.train", "bert_jax.finetune",
-           "bert_jax.suite", "bert_jax.main"]
+           "bert_jax.objectives", "bert_jax.registry", "bert_jax.trainer", "bert_jax.train",
+           "bert_jax.finetune", "bert_jax.suite", "bert_jax.main"]
   for i, low in enumerate(order):
     above = set(order[i + 1:])
     assert not (_closure(graph, low) & above), (low, _closure(graph, low) & above)
@@ -102,3 +104,13 @@ def test_layers_import_downward_only():
     if name.startswith("input_pipeline."):
       used = {m for m in _closure(graph, name) if m.startswith("bert_jax.")}
       assert used <= {"input_pipeline.fileio", "input_pipeline.errors"}, (name, used)
+
+
+def test_paths_go_through_the_path_layer_and_the_lock_is_taken_once():
+  modules = _modules()
+  for name, path in modules.items():
+    text = path.read_text()
+    if name != "input_pipeline.fileio":  # the path layer (its docstring names its backend)
+      assert "tf.io.gfile" not in text and "gfile." not in text, name
+    if name not in ("bert_jax.main", "bert_jax.workdir_lock"):  # its docstring shows the use
+      assert "workdir_lock.hold(" not in text, name  # main.run holds it for every job

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from input_pipeline import documents
+from input_pipeline import data_config
 from input_pipeline import prepare
 from input_pipeline import pretrain
 from input_pipeline import records
@@ -106,7 +108,7 @@ def _write_first_format(prepared_dir, out):
 def test_first_format_is_refused_with_the_command_that_converts_it(tmp_path):
   corpus = testing.make_tagged_corpus(str(tmp_path / "c"), num_docs=9, num_shards=3)
   old = _write_first_format(corpus["prepared"], str(tmp_path / "old"))
-  cfg = pretrain.default_data_config()
+  cfg = data_config.default_data_config()
   cfg.prepared_dir, cfg.vocab_path = old, corpus["vocab"]
   with pytest.raises(store.FormatError, match=r"first format \(TFRecord files\).*python -m "
                      r"input_pipeline\.prepare --convert=.*old --output_dir=NEW_DIR"):
@@ -144,7 +146,7 @@ def test_prepared_arrays_are_memory_mapped_and_sized_to_the_vocabulary(books, tm
   out = str(tmp_path / "p")
   prepare.prepare_corpus(books["glob"], books["vocab"], out, num_shards=2, num_workers=1,
                          progress=False)
-  corpus = pretrain.load_documents(out, nsp=False)
+  corpus = documents.load_documents(out, nsp=False)
   assert _is_mapped(corpus["tokens"]) and corpus["tokens"].dtype == np.uint16
   assert _is_mapped(corpus["sent_start"]) and not _is_mapped(corpus["doc_first"])
   assert sorted(os.listdir(out)) == sorted([*store.FILES, prepare.SUMMARY_NAME])
@@ -154,7 +156,7 @@ def test_prepared_arrays_are_memory_mapped_and_sized_to_the_vocabulary(books, tm
   with open(tokens, "r+b") as f:
     f.truncate(os.path.getsize(tokens) - 2)
   with pytest.raises(ValueError, match=r"tokens\.npy is damaged or incomplete.*Run prepare"):
-    pretrain.load_documents(out, nsp=False)
+    documents.load_documents(out, nsp=False)
 
 
 def test_prepare_errors(books, tmp_path):
@@ -252,7 +254,7 @@ def test_original_bert_records(tmp_path):
     assert g["masked_lm_weights"].dtype == np.float32
     assert g["masked_lm_weights"].tolist() == [1.0, 1.0, 0.0, 0.0]
   # Through the iterator: shuffled, endless, restorable.
-  cfg = pretrain.default_data_config()
+  cfg = data_config.default_data_config()
   cfg.tfrecord_pattern = str(tmp_path / "*.tfrecord")
   cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.shuffle_buffer = 16, 4, 20
   it = pretrain.PretrainIterator(cfg, batch_size=7, seed=1)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from input_pipeline import documents
+from input_pipeline import data_config
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
 from input_pipeline import prepare
@@ -39,7 +41,7 @@ def real(tmp_path_factory):
 
 
 def _cfg(corpus: dict, **overrides):
-  cfg = pretrain.default_data_config()
+  cfg = data_config.default_data_config()
   cfg.prepared_dir = corpus["prepared"]
   cfg.vocab_path = corpus["vocab"]
   cfg.update(overrides)
@@ -163,7 +165,7 @@ def test_pieces_cut_at_sentences_within_documents():
 
 
 def test_instances_follow_bert_algorithm(tagged):
-  corpus = pretrain.load_documents(tagged["prepared"], eval_fraction=0.0, doc_piece_tokens=0)
+  corpus = documents.load_documents(tagged["prepared"], eval_fraction=0.0, doc_piece_tokens=0)
   tokens, sent_start = corpus["tokens"], corpus["sent_start"]
   token_doc = np.full(len(tokens), -1)  # The host document of each token of the corpus.
   for d, (first, stop) in enumerate(zip(corpus["doc_first"], corpus["doc_stop"])):
@@ -307,7 +309,7 @@ def test_whole_word_masking(tagged):
 
 
 def test_nsp_balance_and_short_sequences(real):
-  corpus = pretrain.load_documents(real["prepared"])
+  corpus = documents.load_documents(real["prepared"])
   inst = inst_lib.make_instances(corpus, np.arange(len(corpus["piece_doc"])), random.Random(1),
                                  max_seq_length=128, short_seq_prob=0.1, nsp=True)
   # The coin is fair where it is flipped; single-sentence chunks are NotNext (original).
@@ -403,28 +405,28 @@ def test_hosts_see_disjoint_documents(tagged):
   cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, nsp=False)
   seen, loaded = [], []
   for host in range(2):
-    corpus = pretrain.load_documents(tagged["prepared"], process_index=host, process_count=2,
+    corpus = documents.load_documents(tagged["prepared"], process_index=host, process_count=2,
                                      nsp=False)
     loaded.append(set(corpus["doc_ids"].tolist()))
     ex = _stack(_batches(cfg, 4, batch_size=32, process_index=host, process_count=2))
     docs = testing.token_document(_unmasked(ex), tagged["num_docs"], tagged["words_per_doc"])
     seen.append(set(docs[docs >= 0].tolist()))
   assert not loaded[0] & loaded[1] and not seen[0] & seen[1]
-  n_eval = pretrain.eval_document_count(tagged["num_docs"], 0.01, nsp=False)
+  n_eval = documents.eval_document_count(tagged["num_docs"], 0.01, nsp=False)
   assert loaded[0] | loaded[1] == set(range(n_eval, tagged["num_docs"]))
 
 
 def test_fewer_files_than_hosts(tmp_path):
   corpus = testing.make_tagged_corpus(str(tmp_path), num_docs=9, num_shards=1)
-  ids = [set(pretrain.load_documents(corpus["prepared"], process_index=h, process_count=3)
+  ids = [set(documents.load_documents(corpus["prepared"], process_index=h, process_count=3)
              ["doc_ids"].tolist()) for h in range(3)]
   assert sum(map(len, ids)) == 9 - 2 and not (ids[0] & ids[1] or ids[1] & ids[2] or ids[0] & ids[2])
 
 
 def test_eval_split_is_held_out(tagged):
   cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, eval_fraction=0.2)
-  train = pretrain.load_documents(tagged["prepared"], eval_fraction=0.2)
-  held = pretrain.load_documents(tagged["prepared"], eval_fraction=0.2, split="eval")
+  train = documents.load_documents(tagged["prepared"], eval_fraction=0.2)
+  held = documents.load_documents(tagged["prepared"], eval_fraction=0.2, split="eval")
   assert set(held["doc_ids"].tolist()) == {0, 1}  # round(0.2 * 12) = 2 documents.
   assert not set(train["doc_ids"].tolist()) & {0, 1}
   ex = _stack(_batches(cfg, 2, batch_size=16, split="eval"))

@@ -12,6 +12,7 @@ import pytest
 from bert_jax import model as model_lib
 from bert_jax import objectives
 from bert_jax import trainer
+from input_pipeline import data_config
 from input_pipeline import pretrain
 from input_pipeline import testing
 from tests import test_train_utils as tu
@@ -28,7 +29,7 @@ def tagged(tmp_path_factory):
 
 
 def _cfg(corpus, packing=True, **overrides):
-  cfg = pretrain.default_data_config()
+  cfg = data_config.default_data_config()
   cfg.prepared_dir, cfg.vocab_path = corpus["prepared"], corpus["vocab"]
   cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.max_examples_per_row = L, P, E
   cfg.shuffle_block_docs, cfg.packing = 8, packing
