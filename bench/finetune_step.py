@@ -15,7 +15,7 @@ biases and LayerNorm, clipping at 1.0).
   --steps (compilation excluded). Also with `--config.packing=True` (examples/s: the
   examples of those packed rows, counted with the job's own EpochIterator).
 - transformers: BertForSequenceClassification with the same initial encoder (exported
-  with bert_jax.convert.export_huggingface), torch.optim.AdamW(fused=True: transformers'
+  with bert_jax.formats.export_huggingface), torch.optim.AdamW(fused=True: transformers'
   default optimizer), the same schedule and clipping, dropout on, torch.set_num_threads(2),
   on the same batches (the job's tokenizer, features and EpochIterator), timed over the
   same steps, batch building and the loss read included.
@@ -66,9 +66,9 @@ def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int) -> dict[str,
   """finetune_throughput's MiniLM-sized checkpoint and CoLA vocabulary, grown to
   `vocab_size` entries ([unusedN] after CoLA's words; 0 = as built) with the exact GELU
   of all-MiniLM-L6-v2, plus the same weights as a HuggingFace directory for transformers."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats  # pylint: disable=g-import-not-at-top
   ckpt, vocab_dir = finetune_throughput.make_checkpoint(root, cola_dir)
-  cfg, params = convert.read_native(ckpt)
+  cfg, params = formats.read_native(ckpt)
   words = (pathlib.Path(vocab_dir) / "vocab.txt").read_text().splitlines()
   extra = max(vocab_size - len(words), 0)
   if extra:
@@ -80,8 +80,8 @@ def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int) -> dict[str,
         [emb, np.clip(rng.normal(0, 0.02, (extra, emb.shape[1])), -0.04, 0.04).astype(emb.dtype)])
     params["output_bias"] = np.concatenate([params["output_bias"], np.zeros(extra, np.float32)])
   cfg = cfg.replace(vocab_size=len(words) + extra, hidden_act="gelu")
-  convert.save_native(str(root / "minilm"), cfg, params)
-  convert.export_huggingface(str(root / "minilm_hf"), cfg, params)
+  formats.save_native(str(root / "minilm"), cfg, params)
+  formats.export_huggingface(str(root / "minilm_hf"), cfg, params)
   return {"ckpt": str(root / "minilm"), "vocab": vocab_dir, "hf": str(root / "minilm_hf")}
 
 

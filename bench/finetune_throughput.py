@@ -36,7 +36,7 @@ def make_checkpoint(root: pathlib.Path, cola_dir: str) -> tuple[str, str]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import convert, model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats, model as model_lib  # pylint: disable=g-import-not-at-top
   words = set()
   for name in ("in_domain_train.tsv", "in_domain_dev.tsv"):
     for line in open(os.path.join(cola_dir, name), encoding="utf-8"):
@@ -50,7 +50,7 @@ def make_checkpoint(root: pathlib.Path, cola_dir: str) -> tuple[str, str]:
                              intermediate_size=1536, max_position_embeddings=512)
   ids = jnp.ones((1, 8), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
-  convert.save_native(str(root / "ckpt"), cfg, params)
+  formats.save_native(str(root / "ckpt"), cfg, params)
   return str(root / "ckpt"), str(root)
 
 

@@ -42,7 +42,7 @@ def _build(root: str) -> tuple[str, str]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from bert_jax import convert, heads  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats, heads  # pylint: disable=g-import-not-at-top
   from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
   tokens += [f"w{i}" for i in range(4096 - len(tokens))]
@@ -51,13 +51,13 @@ def _build(root: str) -> tuple[str, str]:
   ids = jnp.ones((1, 4), jnp.int32)
   export = os.path.join(root, "export")
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))
-  convert.save_native(export, cfg, jax.tree.map(np.asarray, params["params"]))
+  formats.save_native(export, cfg, jax.tree.map(np.asarray, params["params"]))
   with open(os.path.join(export, "vocab.txt"), "w", encoding="utf-8") as f:
     f.write("\n".join(tokens) + "\n")
   work = os.path.join(root, "ft")
   clf = nn.unbox(heads.BertForSequenceClassification(cfg, num_labels=2).init(
       jax.random.key(1), ids, ids, ids))["params"]
-  convert.save_native(os.path.join(work, "best"), cfg, jax.tree.map(np.asarray, clf))
+  formats.save_native(os.path.join(work, "best"), cfg, jax.tree.map(np.asarray, clf))
   with open(os.path.join(work, "best", "config.json"), "w", encoding="utf-8") as f:
     json.dump({"labels": ["neg", "pos"], "task": {"task": "custom", "max_seq_length": 128,
                                                   "vocab_path": export}}, f)

@@ -18,23 +18,20 @@ import contextlib
 import errno
 import json
 import logging as logging_std
-import os
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from absl import logging
 from etils import epath
 import jax
-import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from bert_jax import convert
+from bert_jax import loader
 from input_pipeline import errors
 from input_pipeline import fileio
 
@@ -60,10 +57,9 @@ class InputsChangedError(errors.UserError, ValueError):
   """A resume whose data or initial weights differ from those the checkpoints were made from."""
 
 
-MODEL_CONFIG_KEY = convert.MODEL_CONFIG_KEY  # the model's BertConfig
 INPUTS_KEY = "bert_jax_inputs"  # what the run is made from (Trainer.inputs)
 SCHEDULE_KEY = "bert_jax_schedule_steps"  # the learning-rate schedule's length
-_SAVED_EXTRA = (MODEL_CONFIG_KEY, INPUTS_KEY, SCHEDULE_KEY)
+_SAVED_EXTRA = (loader.MODEL_CONFIG_KEY, INPUTS_KEY, SCHEDULE_KEY)
 
 
 class NoRestorableCheckpointError(errors.UserError, RuntimeError):
@@ -94,71 +90,6 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any],
   b = {k: v for k, v in _flatten(dict(now)).items() if keep(k)}
   return [f"{k}: saved {a.get(k)!r}, now {b.get(k)!r}" for k in sorted(set(a) | set(b))
           if a.get(k) != b.get(k) and k.split(".")[0] not in _SAVED_EXTRA]
-
-
-# ----------------------------------------------------------------------------
-# Layouts: the encoder's layers unrolled (`encoder/layer_i`) or scanned (`encoder/layers`,
-# one stacked array per weight), in the params and in every params-shaped optimizer moment.
-
-def _encoder_holder(node: Any) -> bool:
-  return isinstance(node, dict) and isinstance(node.get("encoder"), dict)
-
-
-def relayout(tree: Any, scanned: bool, stack: Callable, unstack: Callable) -> Any:
-  """`tree` (a TrainState, params, ...) with every encoder in the scanned or unrolled layout;
-  `stack(list of per-layer leaves)` and `unstack(leaf, i)` do the arrays (numpy, jnp or
-  ShapeDtypeStructs)."""
-  def fix(node):
-    if not _encoder_holder(node) or ("layers" in node["encoder"]) == scanned:
-      return node
-    enc = node["encoder"]
-    if scanned:
-      n = sum(k.startswith("layer_") for k in enc)
-      new = {"layers": jax.tree.map(lambda *xs: stack(list(xs)),
-                                    *[enc[f"layer_{i}"] for i in range(n)])}
-    else:
-      n = jax.tree.leaves(enc["layers"])[0].shape[0]
-      new = {f"layer_{i}": jax.tree.map(lambda x, i=i: unstack(x, i), enc["layers"])
-             for i in range(n)}
-    return {**node, "encoder": new}
-  return jax.tree.map(fix, tree, is_leaf=_encoder_holder)
-
-
-def _is_scanned(keys) -> bool:
-  return any(k[i:i + 2] == ("encoder", "layers") for k in keys for i in range(len(k) - 1))
-
-
-def _spec_sharding(a: jax.ShapeDtypeStruct, spec: tuple) -> Any:
-  if isinstance(a.sharding, NamedSharding):
-    return NamedSharding(a.sharding.mesh, PartitionSpec(*spec))
-  return a.sharding  # single device / replicated
-
-
-def _abstract_stack(xs: list) -> jax.ShapeDtypeStruct:
-  a = xs[0]
-  spec = tuple(a.sharding.spec) if isinstance(a.sharding, NamedSharding) else ()
-  return jax.ShapeDtypeStruct((len(xs),) + a.shape, a.dtype,
-                              sharding=_spec_sharding(a, (None,) + spec))
-
-
-def _abstract_unstack(a: jax.ShapeDtypeStruct, i: int) -> jax.ShapeDtypeStruct:
-  del i
-  spec = tuple(a.sharding.spec) if isinstance(a.sharding, NamedSharding) else ()
-  return jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=_spec_sharding(a, spec[1:]))
-
-
-def _param_shapes(params: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
-  return {tuple(str(getattr(k, "key", k)) for k in path): tuple(a.shape) for path, a in
-          jax.tree_util.tree_flatten_with_path(params)[0]}
-
-
-def _all_finite(state: Any) -> bool:
-  """Whether every float of the params and optimizer state is finite (one device pass)."""
-  leaves = [x for x in jax.tree.leaves((state.params, state.opt_state))
-            if jnp.issubdtype(x.dtype, jnp.floating)]
-  if not leaves:
-    return True
-  return bool(jax.jit(lambda ls: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in ls])))(leaves))
 
 
 class _DiskFullRecords(logging_std.Filter):
@@ -307,8 +238,8 @@ class Checkpointer:
         continue
       state = restored["state"]
       if target is not abstract_state:
-        state = self._convert_layout(state, abstract_state)
-      if not _all_finite(state):
+        state = loader.onto_layout_of(state, abstract_state)
+      if loader.nonfinite((state.params, state.opt_state)):
         errors_seen.append(self._skip_damaged(
             step, "is damaged: it holds NaN or infinite parameters or optimizer moments"))
         continue
@@ -352,27 +283,19 @@ class Checkpointer:
         f"was started with (saved in {path / 'config'}), or train in another --workdir (with "
         f"--config.init_checkpoint={self.directory.parent} to start from these weights).")
 
-  def _convert_layout(self, state: Any, abstract_state: Any) -> Any:
-    scanned = _is_scanned(_param_shapes(abstract_state.params))
-    logging.info("Converting the checkpoint's layers to the configured layout "
-                 "(model.scan_layers=%s).", scanned)
-    shardings = jax.tree.map(lambda a: a.sharding, abstract_state)
-    return jax.jit(lambda s: relayout(s, scanned, jnp.stack, lambda x, i: x[i]),
-                   out_shardings=shardings)(state)
-
   def _restore_target(self, step: int, abstract_state: Any,
                       config: ml_collections.ConfigDict | None) -> Any:
     """`abstract_state`, or it in the saved layout when only the layout differs (scan_layers);
     `ModelMismatchError` when the saved parameters' names or shapes (checkpoint metadata) do
     not fit the model. Unreadable metadata is left to the restore (which may find it damaged)."""
     try:
-      got = convert.saved_param_shapes(os.fspath(self.directory / str(step)))
+      got = loader.saved_param_shapes(self.directory / str(step))
     except Exception:  # pylint: disable=broad-except
       return abstract_state
     target = abstract_state
-    if _is_scanned(got) != _is_scanned(_param_shapes(abstract_state.params)):
-      target = relayout(abstract_state, _is_scanned(got), _abstract_stack, _abstract_unstack)
-    want = _param_shapes(target.params)
+    if loader.is_scanned(got) != loader.is_scanned(loader.flat(abstract_state.params)):
+      target = loader.abstract_layout(abstract_state, loader.is_scanned(got))
+    want = {k: tuple(a.shape) for k, a in loader.flat(target.params).items()}
     if got == want:
       return target
     diffs = [f"model lacks {'/'.join(k)}" for k in sorted(set(got) - set(want))]

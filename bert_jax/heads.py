@@ -1,7 +1,7 @@
 """Fine-tuning heads: a small new output layer on the (pre-trained) encoder.
 
-Every model holds the encoder under `bert` (so `convert.load_pretrained(...,
-target="encoder")` drops in) and its new layer under `classifier`.
+Every model holds the encoder under `bert` (so `loader.load_into(..., part="encoder")` drops
+a pre-trained one in) and its new layer under `classifier`.
 Axis legend as in model.py; C = classes (or choices).
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ with a fine-tuned one (the `workdir` of a fine-tuning run: its `best/` parameter
         --question="Who?" --context="..."
     python -m bert_jax.predict --checkpoint=FINETUNE_WORKDIR --vocab=vocab.txt --mode=tag --text="EU rejects it"
 
-For fill_mask / features, `--checkpoint` is anything `bert_jax.convert.load_pretrained` reads (a bert_jax
+For fill_mask / features, `--checkpoint` is anything `bert_jax.loader.read` reads (a bert_jax
 export, a HuggingFace directory, a Google TF checkpoint) or a bert_jax training
 workdir.
 """
@@ -29,11 +29,13 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from bert_jax import convert
+from bert_jax import formats
 from bert_jax import heads
+from bert_jax import loader
 from bert_jax import model as model_lib
+from bert_jax import tasks
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import features, glue, squad, tagging
@@ -48,13 +50,7 @@ class PredictError(errors.UserError, ValueError):
 
 def load_checkpoint(path: str, target: str = "pretraining"):
   """(BertConfig, unrolled params) for inference from any supported checkpoint."""
-  cfg, params, _ = convert.load_params(path, target=target)
-  return _unrolled(cfg, params)
-
-
-def _unrolled(cfg, params):
-  if convert._is_scanned(params):  # pylint: disable=protected-access
-    params = convert.unstack_layers(params, cfg.num_layers)
+  cfg, params = loader.read(path, target)
   return cfg.replace(scan_layers=False, remat="none"), params
 
 
@@ -114,7 +110,7 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
   """Per text, per [MASK]: the top_k (token, probability), computed `batch_size` texts at a
   time as `texts` is read (memory does not grow with the number of texts). A text whose
   every [MASK] lies beyond `max_len` tokens is a PredictError naming it."""
-  h = convert.heads(params)
+  h = formats.heads(params)
   if not h["mlm"]:
     raise PredictError("The checkpoint has no masked-LM head (cls.predictions.*): fill-mask needs a "
                        "BertForMaskedLM or BertForPreTraining checkpoint, not an encoder-only one.")
@@ -231,8 +227,6 @@ def _flags():
 
 
 MIN_SEQ_LENGTH = 3  # [CLS] one token [SEP]
-# The fine-tuning tasks (config.task of the run) each mode can read.
-MODE_TASKS = {"classify": ("glue", "custom"), "qa": ("squad",), "tag": ("conll",)}
 
 
 def _input_lines(path: str) -> Iterator[str]:
@@ -361,12 +355,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _check_mode(mode: str, task: dict, checkpoint: str) -> None:
   """A fine-tuned checkpoint answers only its own task's mode (a classifier's logits are
   no tags)."""
-  kind = task.get("task")
-  if kind in MODE_TASKS[mode]:
+  kind, served = task.get("task"), tasks.modes()
+  if kind in served[mode]:
     return
-  modes = [m for m, kinds in MODE_TASKS.items() if kind in kinds]
+  modes = [m for m, kinds in served.items() if kind in kinds]
   raise PredictError(
-      f"--mode={mode} needs a checkpoint fine-tuned for {' or '.join(MODE_TASKS[mode])}, but "
+      f"--mode={mode} needs a checkpoint fine-tuned for {' or '.join(served[mode])}, but "
       f"{checkpoint} was fine-tuned for task {kind!r}: "
       + (f"use --mode={modes[0]}." if modes else
          "predict has no mode for it; its dev predictions are in the workdir.")
@@ -377,20 +371,14 @@ def load_finetuned(workdir: str):
   """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
   best = fileio.path(workdir) / "best"
   if not fileio.path(workdir).exists():
-    raise convert.CheckpointNotFoundError(
+    raise formats.CheckpointNotFoundError(
         f"{workdir} does not exist: --checkpoint must be the workdir of a fine-tuning run.")
   if not (best / "config.json").exists():
-    raise convert.CheckpointNotFoundError(
+    raise formats.CheckpointNotFoundError(
         f"{best}/config.json not found: --checkpoint must be the workdir of a fine-tuning run (it "
         "keeps its best parameters in best/).")
   saved = json.loads((best / "config.json").read_text())
-  if (best / convert.NATIVE_CONFIG).exists():  # the export format
-    cfg, params = convert.read_native(str(best))
-    convert.check_finite(params, str(best))
-  else:  # best/ of older versions: Orbax params, the BertConfig in config.json
-    with ocp.StandardCheckpointer() as ckptr:
-      params = jax.tree.map(np.asarray, ckptr.restore(best / "params"))
-    cfg = model_lib.BertConfig.from_dict(saved["bert"])
+  cfg, params = loader.read(str(best), "all")
   return cfg.replace(scan_layers=False, remat="none"), params, saved["task"], saved.get("labels")
 
 
@@ -462,10 +450,7 @@ def tag(cfg, params, task, labels, tokenizer, text: str) -> list[tuple[str, str]
   feats = tagging.encode_conll([(words, [labels[0]] * len(words))], tokenizer, task["max_seq_length"], labels)
   logits = heads.BertForTokenClassification(cfg, num_labels=len(labels)).apply(
       {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"])
-  pred = np.argmax(np.asarray(logits)[0], -1)
-  tags = ["O"] * len(words)
-  for pos in np.nonzero(feats["word_index"][0] >= 0)[0]:
-    tags[feats["word_index"][0, pos]] = labels[pred[pos]]
+  tags, = tasks.decode_tags(np.asarray(logits), feats["word_index"], [len(words)], labels)
   return list(zip(words, tags))
 
 

@@ -39,7 +39,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpointing, finetune, predict
+from bert_jax import checkpointing, finetune, predict, tasks
 from bert_jax import trainer as trainer_lib
 from bert_jax.configs import conll as conll_config
 from bert_jax.configs import glue as glue_config
@@ -47,7 +47,7 @@ from bert_jax.configs import squad as squad_config
 from bert_jax.configs import suite as suite_config
 from bert_jax.configs import swag as swag_config
 from input_pipeline import errors, fileio
-from input_pipeline import glue, squad, tagging
+from input_pipeline import glue
 from input_pipeline.tokenizer import Tokenizer
 
 TASKS = suite_config.GLUE_TASKS + ("squad1", "squad2", "swag", "conll")
@@ -305,11 +305,9 @@ def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
 def _read_task(config, task: str, c) -> TaskInputs:
   """Reads the task's files with the fine-tuning readers (a format error names file and
   line); returns the training-set size and the extra GLUE splits found."""
+  train, _ = tasks.TASKS[c.task].read(c)  # the task's own reader, as fine-tuning reads it
   if task in suite_config.GLUE_TASKS:
-    read = (lambda split: glue.read_tfds_glue(task, split, c.data_dir.partition(":")[2] or None))\
-        if c.data_dir.startswith("tfds") else (lambda split: glue.read_glue(task, c.data_dir, split))
-    train = read("train")
-    read(c.eval_split)
+    read = lambda split: tasks.glue_split(c, split)
     found = {}
     wanted = ["dev_mismatched"] if task == "mnli" else []
     if config.submission:
@@ -327,14 +325,7 @@ def _read_task(config, task: str, c) -> TaskInputs:
       if ax is not None:
         found["ax"] = ax
     return TaskInputs(len(train), found)
-  if task in SQUAD_FILES:
-    squad.read_squad(c.eval_file)
-    return TaskInputs(len(squad.read_squad(c.train_file)))
-  if task == "conll":
-    tagging.read_conll(fileio.join(c.data_dir, c.eval_file))
-    return TaskInputs(len(tagging.read_conll(fileio.join(c.data_dir, c.train_file))))
-  tagging.read_swag(fileio.join(c.data_dir, c.eval_file))
-  return TaskInputs(len(tagging.read_swag(fileio.join(c.data_dir, c.train_file))))
+  return TaskInputs(len(train))
 
 
 def _read_ax(config) -> list | None:

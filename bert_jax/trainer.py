@@ -36,6 +36,7 @@ import optax
 
 from bert_jax import checkpointing
 from bert_jax import flops as flops_lib
+from bert_jax import loader
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import sharding
@@ -286,7 +287,7 @@ class Trainer:
 
   def saved_with_config(self) -> dict[str, Any]:
     """What each checkpoint records beside the run's config: the model, inputs and schedule."""
-    return {checkpointing.MODEL_CONFIG_KEY: self.model.config.to_dict(),
+    return {loader.MODEL_CONFIG_KEY: self.model.config.to_dict(),
             checkpointing.INPUTS_KEY: dict(self.inputs or {}),
             checkpointing.SCHEDULE_KEY: self.total_steps}
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import convert
+from bert_jax import formats
 from bert_jax import model as model_lib
 from tests.test_task_data import CONTEXT, make_vocab
 
@@ -126,5 +126,5 @@ def make_checkpoint(root: pathlib.Path, texts=()) -> tuple[str, str]:
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids,
                                                             ids))["params"]
-  convert.save_native(str(root / "ckpt"), cfg, params)
+  formats.save_native(str(root / "ckpt"), cfg, params)
   return str(root / "ckpt"), str(root / "vocab.txt")

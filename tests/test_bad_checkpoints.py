@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax import convert, predict, train, workdir_lock
+from bert_jax import convert, formats, predict, train, workdir_lock
 from input_pipeline import errors
 from tests import test_main_errors
 from tests import test_train_utils as tu
@@ -49,9 +49,9 @@ def test_nan_weights_of_a_huggingface_or_exported_checkpoint_are_refused(hub_dir
   err = _predict_error(capsys, d)
   assert f"{d} holds NaN or infinite weights in 1 tensors" in err and "layer_1" in err, err
   convert.main([f"--input={hub_dir}", f"--output={tmp_path / 'export'}"])
-  cfg, params = convert.read_native(str(tmp_path / "export"))
+  cfg, params = formats.read_native(str(tmp_path / "export"))
   params["bert"]["pooler"]["bias"][1] = np.inf
-  convert.save_native(str(tmp_path / "export"), cfg, params)
+  formats.save_native(str(tmp_path / "export"), cfg, params)
   err = _predict_error(capsys, tmp_path / "export")
   assert "holds NaN or infinite weights" in err and "pooler" in err, err
 

@@ -258,7 +258,7 @@ def test_scan_layers_change_on_resume_converts_the_layout(tmp_path, caplog):
   """Only the layout changed (model.scan_layers): the checkpoint is converted on load and
   training continues; nothing is called corrupt or moved, and the restored state is the
   saved one, bit for bit, in the other layout (params and Adam moments)."""
-  from bert_jax import checkpointing, convert  # pylint: disable=g-import-not-at-top
+  from bert_jax import checkpointing, loader  # pylint: disable=g-import-not-at-top
   config = tu.tiny_config(num_train_steps=2, checkpoint_every_steps=2, eval_steps=0)
   train.train_and_evaluate(config, str(tmp_path))
   saved = tu.load_checkpoint(tmp_path, 2)
@@ -268,7 +268,7 @@ def test_scan_layers_change_on_resume_converts_the_layout(tmp_path, caplog):
   ckpt.close()
   assert step == 2
   assert "layers" in restored.params["bert"]["encoder"]
-  unrolled = checkpointing.relayout(jax.device_get(restored), False, np.stack, lambda x, i: x[i])
+  unrolled = loader.relayout(jax.device_get(restored), False)
   index = lambda k: re.sub(r"\['(\d+)'\]", r"[\1]", k)  # tuple fields: '1' vs 1
   got = {index(k): v for k, v in tu.flat(flax.serialization.to_state_dict(unrolled)).items()}
   want = tu.flat(saved)
@@ -281,7 +281,7 @@ def test_scan_layers_change_on_resume_converts_the_layout(tmp_path, caplog):
                                    str(tmp_path))
   assert int(state.step) == 4 and "Converting the checkpoint's layers" in caplog.text
   assert not (tmp_path / "checkpoints_corrupt").exists()
-  assert convert.saved_param_shapes(str(tmp_path / "checkpoints" / "4"))
+  assert loader.saved_param_shapes(str(tmp_path / "checkpoints" / "4"))
   # And back, with the other layout knobs changed too (remat, compute dtype): the unrolled
   # config resumes the scanned checkpoint of step 4.
   state = train.train_and_evaluate(tu.tiny_config(num_train_steps=5, checkpoint_every_steps=2,

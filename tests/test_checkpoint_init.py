@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from bert_jax import convert
+from bert_jax import formats, loader
 from bert_jax import registry
 from bert_jax import train
 from tests import test_train_utils as tu
@@ -33,7 +33,7 @@ def hf_checkpoint(tmp_path_factory):
 def test_init_from_huggingface_checkpoint(tmp_path, hf_checkpoint):
   config = tu.tiny_config(init_checkpoint=hf_checkpoint, **FROZEN)
   state = train.train_and_evaluate(config, str(tmp_path))
-  _, expected = convert.load_pretrained(hf_checkpoint)
+  _, expected = loader.read(hf_checkpoint)
   got, want = tu.flat(state.params), tu.flat(expected)
   assert got.keys() == want.keys()
   for k in want:
@@ -73,7 +73,7 @@ def test_damaged_init_checkpoint_of_ours_is_refused(tmp_path):
   test_checkpoint._overwrite_middle(  # pylint: disable=protected-access
       test_checkpoint._largest_data_file(first / "checkpoints" / "3"), 0x7F)  # pylint: disable=protected-access
   config = tu.tiny_config(init_checkpoint=str(first), **FROZEN)
-  with pytest.raises(convert.CorruptCheckpointFileError, match="3 is damaged .*checksum differs"):
+  with pytest.raises(formats.CorruptCheckpointFileError, match="3 is damaged .*checksum differs"):
     train.train_and_evaluate(config, str(tmp_path / "second"))
 
 

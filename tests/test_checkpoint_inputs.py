@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bert_jax import convert, predict
+from bert_jax import convert, formats, loader, predict
 from bert_jax import model as model_lib
 from input_pipeline import errors
 from tests.test_task_data import make_vocab
@@ -20,8 +20,8 @@ def checkpoints(tmp_path_factory):
                              intermediate_size=32, max_position_embeddings=32)
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
-  convert.export_huggingface(str(tmp / "hf"), cfg, params)
-  convert.save_native(str(tmp / "ours"), cfg, params)
+  formats.export_huggingface(str(tmp / "hf"), cfg, params)
+  formats.save_native(str(tmp / "ours"), cfg, params)
   return tmp
 
 
@@ -30,7 +30,7 @@ def _truncate(path):
   path.write_bytes(data[:len(data) // 2])
 
 
-@pytest.mark.parametrize("fmt,name", [("hf", "model.safetensors"), ("ours", convert.NATIVE_PARAMS)])
+@pytest.mark.parametrize("fmt,name", [("hf", "model.safetensors"), ("ours", formats.NATIVE_PARAMS)])
 def test_truncated_safetensors_names_the_file(tmp_path, checkpoints, capsys, fmt, name):
   ckpt = tmp_path / fmt
   ckpt.mkdir()
@@ -39,7 +39,7 @@ def test_truncated_safetensors_names_the_file(tmp_path, checkpoints, capsys, fmt
   _truncate(ckpt / name)
   expected = f"{ckpt / name} is truncated or corrupt"
   with pytest.raises(errors.UserError, match=expected):
-    convert.load_params(str(ckpt), target="encoder")
+    loader.read(str(ckpt), "encoder")
   for main, args in ((convert.main, [f"--input={ckpt}", f"--output={tmp_path / 'out'}"]),
                      (predict.main, [f"--checkpoint={ckpt}", f"--vocab={checkpoints / 'vocab.txt'}",
                                      "--text=the [MASK] sat"])):
@@ -53,7 +53,7 @@ def test_truncated_safetensors_names_the_file(tmp_path, checkpoints, capsys, fmt
 def test_checkpoint_that_does_not_exist_says_so(tmp_path, checkpoints, capsys):
   missing = tmp_path / "no_such_model"
   with pytest.raises(errors.UserError, match=f"{missing} does not exist"):
-    convert.load_params(str(missing))
+    loader.read(str(missing))
   for main, args in ((convert.main, [f"--input={missing}", f"--output={tmp_path / 'out'}"]),
                      (predict.main, [f"--checkpoint={missing}", f"--vocab={checkpoints / 'vocab.txt'}",
                                      "--text=the [MASK] sat"]),
@@ -66,5 +66,5 @@ def test_checkpoint_that_does_not_exist_says_so(tmp_path, checkpoints, capsys):
   # A Google TF checkpoint is a prefix: bert_model.ckpt itself never exists, its .index does.
   (tmp_path / "bert_model.ckpt.index").write_text("")
   with pytest.raises(Exception) as e:
-    convert.load_params(str(tmp_path / "bert_model.ckpt"))
+    loader.read(str(tmp_path / "bert_model.ckpt"))
   assert "does not exist" not in str(e.value)

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 import jax.numpy as jnp  # noqa: E402
 
-from bert_jax import convert  # noqa: E402
+from bert_jax import convert, formats, loader  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
 from bert_jax import objectives  # noqa: E402
 
@@ -95,7 +95,7 @@ def test_huggingface_import_matches_transformers(tmp_path, shape, fmt):
   else:
     hf.config.save_pretrained(tmp_path)
     torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
-  cfg, params = convert.load_pretrained(str(tmp_path))
+  cfg, params = loader.read(str(tmp_path))
   assert cfg.hidden_act == ("gelu" if SHAPES[shape]["hidden_act"] == "gelu" else "gelu_tanh")
   b = _batch(SHAPES[shape])
   errors = _max_errors(_ours(cfg, params, b), _hf_outputs(hf, b))
@@ -106,20 +106,21 @@ def test_huggingface_import_matches_transformers(tmp_path, shape, fmt):
 def test_export_to_transformers_round_trips_exactly(tmp_path):
   hf = _hf_model("odd", seed=1)
   hf.save_pretrained(tmp_path / "hf")
-  cfg, params = convert.load_pretrained(str(tmp_path / "hf"))
-  convert.export_huggingface(str(tmp_path / "export"), cfg, params)
+  cfg, params = loader.read(str(tmp_path / "hf"))
+  formats.export_huggingface(str(tmp_path / "export"), cfg, params)
   reloaded = transformers.BertForPreTraining.from_pretrained(tmp_path / "export").eval()
   ref = hf.state_dict()
   for name, value in reloaded.state_dict().items():
     assert torch.equal(value, ref[name]), name
   # And back again: bit-identical parameters.
-  cfg2, params2 = convert.load_pretrained(str(tmp_path / "export"))
+  cfg2, params2 = loader.read(str(tmp_path / "export"))
   assert cfg2 == cfg
   _assert_trees_equal(params, params2)
   # Our native format too, also into a scanned model.
-  convert.save_native(str(tmp_path / "native"), cfg, params)
-  cfg3, params3 = convert.load_pretrained(str(tmp_path / "native"), scan_layers=True)
-  _assert_trees_equal(convert.stack_layers(params, cfg.num_layers), params3)
+  formats.save_native(str(tmp_path / "native"), cfg, params)
+  cfg3, params3 = loader.read(str(tmp_path / "native"))
+  params3 = loader.to_layout(params3, True)
+  _assert_trees_equal(loader.to_layout(params, True), params3)
 
 
 def _assert_trees_equal(a, b):
@@ -134,9 +135,9 @@ def test_encoder_only_checkpoint_without_prefix_or_heads(tmp_path):
   with open(tmp_path / "config.json") as f:
     assert json.load(f)["architectures"] == ["BertModel"]
   # The NSP head is optional; the masked-LM head is what target="pretraining" needs.
-  with pytest.raises(convert.CheckpointMismatchError, match=r"(?s)no masked-LM head \(cls.predictions.\*\).*target='encoder'"):
-    convert.load_pretrained(str(tmp_path))
-  cfg, params = convert.load_pretrained(str(tmp_path), target="encoder")
+  with pytest.raises(formats.CheckpointMismatchError, match=r"(?s)no masked-LM head \(cls.predictions.\*\).*target='encoder'"):
+    loader.read(str(tmp_path))
+  cfg, params = loader.read(str(tmp_path), part="encoder")
   b = _batch(SHAPES["tanh"])
   j = {k: jnp.asarray(v) for k, v in b.items()}
   seq, pooled = model_lib.BertModel(cfg).apply({"params": params}, j["input_ids"], j["segment_ids"], j["input_mask"])
@@ -149,41 +150,41 @@ def test_encoder_only_checkpoint_without_prefix_or_heads(tmp_path):
 
 def test_pretraining_checkpoint_loads_as_encoder(tmp_path):
   _hf_model("tanh").save_pretrained(tmp_path)
-  cfg, params = convert.load_pretrained(str(tmp_path), target="encoder")
+  cfg, params = loader.read(str(tmp_path), part="encoder")
   assert set(params) == {"embeddings", "encoder", "pooler"}
 
 
 def _state(shape="tanh"):
   hf = _hf_model(shape)
-  return {k: v.numpy() for k, v in hf.state_dict().items()}, convert.config_from_hf(SHAPES[shape])
+  return {k: v.numpy() for k, v in hf.state_dict().items()}, formats.config_from_hf(SHAPES[shape])
 
 
 def test_mismatches_are_reported_by_name():
   state, cfg = _state()
-  state = convert.canonical_names(state)
+  state = formats.canonical_names(state)
   broken = dict(state)
   del broken["encoder.layer.1.output.dense.weight"]
   broken["encoder.layer.7.extra.weight"] = np.zeros(3)
-  with pytest.raises(convert.CheckpointMismatchError) as e:
-    convert.canonical_to_params(broken, cfg)
+  with pytest.raises(formats.CheckpointMismatchError) as e:
+    formats.canonical_to_params(broken, cfg)
   assert "missing tensors (1): encoder.layer.1.output.dense.weight" in str(e.value)
   assert "unused tensors (1): encoder.layer.7.extra.weight" in str(e.value)
   wrong = dict(state)
   wrong["pooler.dense.weight"] = np.zeros((64, 65), np.float32)
-  with pytest.raises(convert.CheckpointMismatchError, match="pooler/kernel: got \\(65, 64\\), expected \\(64, 64\\)"):
-    convert.canonical_to_params(wrong, cfg)
+  with pytest.raises(formats.CheckpointMismatchError, match="pooler/kernel: got \\(65, 64\\), expected \\(64, 64\\)"):
+    formats.canonical_to_params(wrong, cfg)
   untied = dict(state)
   untied["cls.predictions.decoder.weight"] = state["embeddings.word_embeddings.weight"] + 1
-  with pytest.raises(convert.CheckpointMismatchError, match="ties the MLM output projection"):
-    convert.canonical_to_params(untied, cfg)
+  with pytest.raises(formats.CheckpointMismatchError, match="ties the MLM output projection"):
+    formats.canonical_to_params(untied, cfg)
   # A config that disagrees with the tensors (e.g. a wrong vocab size).
-  with pytest.raises(convert.CheckpointMismatchError, match="word_embeddings"):
-    convert.canonical_to_params(state, cfg.replace(vocab_size=100))
+  with pytest.raises(formats.CheckpointMismatchError, match="word_embeddings"):
+    formats.canonical_to_params(state, cfg.replace(vocab_size=100))
 
 
 def test_unknown_path_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match="not a checkpoint bert_jax can read"):
-    convert.load_pretrained(str(tmp_path))
+    loader.read(str(tmp_path))
 
 
 def _write_tf_checkpoint(path, state):
@@ -225,7 +226,7 @@ def _write_tf_checkpoint(path, state):
 def test_google_tf_checkpoint_import(tmp_path):
   hf = _hf_model("odd")
   state = {k: v.numpy() for k, v in hf.state_dict().items() if "position_ids" not in k and "token_type_ids" not in k}
-  canonical = convert.canonical_names(state)
+  canonical = formats.canonical_names(state)
   names = _write_tf_checkpoint(tmp_path / "bert_model.ckpt", canonical)
   for expected in ("bert/embeddings/word_embeddings", "bert/encoder/layer_0/attention/self/query/kernel",
                    "bert/encoder/layer_1/output/LayerNorm/gamma", "cls/predictions/transform/dense/kernel",
@@ -236,13 +237,13 @@ def test_google_tf_checkpoint_import(tmp_path):
   google_config.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, initializer_range=0.02)
   with open(tmp_path / "bert_config.json", "w") as f:
     json.dump(google_config, f)
-  cfg, params = convert.load_pretrained(str(tmp_path / "bert_model.ckpt"))
+  cfg, params = loader.read(str(tmp_path / "bert_model.ckpt"))
   # Google's code implements "gelu" with the tanh approximation.
   assert cfg.hidden_act == "gelu_tanh"
-  expected = convert.canonical_to_params(canonical, cfg)
+  expected = formats.canonical_to_params(canonical, cfg)
   _assert_trees_equal(params, expected)
   # The directory works as well as the prefix.
-  cfg2, params2 = convert.load_pretrained(str(tmp_path))
+  cfg2, params2 = loader.read(str(tmp_path))
   _assert_trees_equal(params2, expected)
 
 
@@ -260,7 +261,7 @@ def test_convert_cli(tmp_path, capsys):
   _hf_model("tanh").save_pretrained(tmp_path / "hf")
   _hub_vocab(tmp_path / "hf", 99)
   convert.main([f"--input={tmp_path / 'hf'}", f"--output={tmp_path / 'ours'}"])
-  assert os.path.exists(tmp_path / "ours" / convert.NATIVE_PARAMS)
+  assert os.path.exists(tmp_path / "ours" / formats.NATIVE_PARAMS)
   convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'back'}", "--to=huggingface"])
   assert "parameters" in capsys.readouterr().out
   transformers.BertForPreTraining.from_pretrained(tmp_path / "back")
@@ -311,7 +312,7 @@ def test_config_from_params_reads_every_size_from_the_shapes(scanned):
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
   if scanned:
-    params = convert.stack_layers(params, cfg.num_layers)
+    params = loader.to_layout(params, True)
   base = model_lib.BertConfig.from_preset("base", hidden_act="gelu")
-  assert convert.config_from_params(params, base) == cfg
-  assert convert.config_from_params(params["bert"], base) == cfg
+  assert loader.config_from_params(params, base) == cfg
+  assert loader.config_from_params(params["bert"], base) == cfg

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, finetune
+from bert_jax import finetune, formats, loader, tasks
 from bert_jax import model as model_lib
 from bert_jax.configs import classify_custom, conll, glue, squad, swag
 from input_pipeline import errors
@@ -28,7 +28,7 @@ def pretrained(tmp_path_factory):
                              intermediate_size=64, max_position_embeddings=128)
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
-  convert.save_native(str(tmp / "ckpt"), cfg, params)
+  formats.save_native(str(tmp / "ckpt"), cfg, params)
   return str(tmp / "ckpt"), str(tmp / "vocab.txt")
 
 
@@ -73,7 +73,7 @@ def test_glue_sst2_learns_and_writes_submission(tmp_path, pretrained):
   # best/ is in the export format, with the model's real BertConfig: also an init_checkpoint.
   best_dir = tmp_path / "work" / "best"
   assert (best_dir / "params.safetensors").is_file() and (best_dir / "bert_jax_config.json").is_file()
-  cfg, enc = convert.load_pretrained(str(best_dir), target="encoder")
+  cfg, enc = loader.read(str(best_dir), part="encoder")
   assert (cfg.hidden_size, cfg.num_layers) == (32, 2) and "pooler" in enc
 
 
@@ -181,7 +181,7 @@ def test_predict_reads_the_best_dir_of_older_versions(tmp_path, pretrained):
   config.json) still loads for predict."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from bert_jax import heads, predict  # pylint: disable=g-import-not-at-top
-  cfg, _ = convert.load_pretrained(pretrained[0], target="encoder")
+  cfg, _ = loader.read(pretrained[0], part="encoder")
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(heads.BertForSequenceClassification(cfg, num_labels=2).init(
       jax.random.key(0), ids, ids, ids))["params"]
@@ -266,7 +266,7 @@ def test_labels_are_logged_with_their_counts(tmp_path, pretrained, caplog):
   c = _custom(tmp_path, pretrained, rows)
   cfg, _, tok = finetune._load(c)  # pylint: disable=protected-access
   with caplog.at_level("INFO"):
-    task = finetune.classification_task(c, tok, cfg)
+    task = tasks.classification_task(c, tok, cfg)
   n_pos = sum(l == "pos" for _, l in rows)
   assert task.labels == ("neg", "pos")
   assert f"'neg': {24 - n_pos}, 'pos': {n_pos}" in caplog.text, caplog.text
@@ -299,11 +299,11 @@ def test_truncated_init_checkpoint_names_the_file(tmp_path, pretrained):
   ckpt.mkdir()
   for f in os.listdir(pretrained[0]):
     (ckpt / f).write_bytes((pathlib.Path(pretrained[0]) / f).read_bytes())
-  data = (ckpt / convert.NATIVE_PARAMS).read_bytes()
-  (ckpt / convert.NATIVE_PARAMS).write_bytes(data[:len(data) // 2])
+  data = (ckpt / formats.NATIVE_PARAMS).read_bytes()
+  (ckpt / formats.NATIVE_PARAMS).write_bytes(data[:len(data) // 2])
   c = _custom(tmp_path, pretrained, _labelled(16))
   c.init_checkpoint = str(ckpt)
-  with pytest.raises(errors.UserError, match=re.escape(str(ckpt / convert.NATIVE_PARAMS)) + ".*truncated or corrupt"):
+  with pytest.raises(errors.UserError, match=re.escape(str(ckpt / formats.NATIVE_PARAMS)) + ".*truncated or corrupt"):
     finetune.finetune(c, str(tmp_path / "work"))
 
 

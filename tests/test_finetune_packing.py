@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune, heads, objectives, sharding
+from bert_jax import finetune, heads, objectives, sharding, tasks
 from bert_jax import model as model_lib
 from bert_jax.configs import classify_custom, squad
 from input_pipeline import epochs, features, packing
+from input_pipeline.tokenizer import Tokenizer
 from tests.test_finetune import _sentiment, pretrained  # noqa: F401  (module fixture)
 
 CFG = model_lib.BertConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
@@ -117,7 +118,7 @@ def test_packed_finetuning_end_to_end(tmp_path, pretrained):
   # global_batch_size=2 counts rows of up to 4 examples: far fewer steps than 64 // 2 examples.
   metrics = json.loads((tmp_path / "work" / "metrics.json").read_text())
   steps = [e["step"] for e in metrics["epochs"]]
-  feats = finetune.classification_task(c, finetune.Tokenizer.from_path(pretrained[1]), CFG).train
+  feats = tasks.classification_task(c, Tokenizer.from_path(pretrained[1]), CFG).train
   rows = [len(epochs.pack_epoch(feats, np.random.default_rng([c.seed, e]).permutation(64), L, 4)
               ["input_ids"]) for e in range(5)]
   assert steps == list(np.cumsum([r // 2 for r in rows])), (steps, rows)

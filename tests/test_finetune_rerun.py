@@ -68,11 +68,11 @@ def test_rerun_with_other_data_or_weights_is_refused_and_keeps_everything(
   elif change == "eval_file":
     data[1] = _csv(tmp_path / "other.csv", 5)
   else:  # the same architecture, other weights: a copy of the run's own encoder, perturbed
-    from bert_jax import convert  # pylint: disable=g-import-not-at-top
-    cfg, params = convert.read_native(pretrained[0])
+    from bert_jax import formats  # pylint: disable=g-import-not-at-top
+    cfg, params = formats.read_native(pretrained[0])
     params["bert"]["embeddings"]["word_embeddings"]["embedding"] = (
         params["bert"]["embeddings"]["word_embeddings"]["embedding"] + 1e-3)
-    convert.save_native(str(tmp_path / "other_ckpt"), cfg, params)
+    formats.save_native(str(tmp_path / "other_ckpt"), cfg, params)
     overrides["init_checkpoint"] = str(tmp_path / "other_ckpt")
   config = _config(pretrained, data, **overrides)
   with pytest.raises(checkpointing.InputsChangedError) as e:

@@ -141,10 +141,10 @@ def test_a_finetuning_workdir_is_a_checkpoint_like_any_other(tmp_path, pretraine
   """A fine-tuning workdir's checkpoints carry the model's real BertConfig: predict
   --mode=features and init_checkpoint read its encoder with the right shapes (not those of
   a preset)."""
-  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader, predict  # pylint: disable=g-import-not-at-top
   c = _config(tmp_path, pretrained, num_epochs=1)
   finetune.finetune(c, str(tmp_path / "ft"))
-  cfg, params = finetune.load_encoder(str(tmp_path / "ft"))
+  cfg, params = loader.read(str(tmp_path / "ft"), "encoder")
   assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads) == (32, 2, 2)
   saved = tu.flat(tu.load_checkpoint(tmp_path / "ft")["params"]["bert"])
   loaded = tu.flat(params)
@@ -164,7 +164,7 @@ def test_a_finetuning_workdir_is_a_checkpoint_like_any_other(tmp_path, pretraine
 def test_scanned_layers_finetune_like_unrolled_ones(tmp_path, pretrained):  # noqa: F811
   """model.scan_layers (nn.scan over the encoder layers) fine-tunes the same model: the
   unrolled checkpoint is stacked on the way in, and best/ is written unrolled."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
   losses = {}
   for scan in (False, True):
     c = _config(tmp_path, pretrained, log_every_steps=4, num_epochs=1,
@@ -175,16 +175,16 @@ def test_scanned_layers_finetune_like_unrolled_ones(tmp_path, pretrained):  # no
   assert sorted(losses[True]) == sorted(losses[False]) == [4, 8, 12]
   np.testing.assert_allclose([losses[True][s] for s in (4, 8, 12)],
                              [losses[False][s] for s in (4, 8, 12)], rtol=1e-4)
-  cfg, enc = convert.load_pretrained(str(tmp_path / "scanTrue" / "best"), target="encoder")
+  cfg, enc = loader.read(str(tmp_path / "scanTrue" / "best"), part="encoder")
   assert not cfg.scan_layers and "layer_1" in enc["encoder"]
 
 
 def test_convert_cli_reads_a_workdir_of_ours(tmp_path, pretrained):  # noqa: F811
   """The one loader serves the convert CLI too: a fine-tuning workdir's encoder exports."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax import convert, loader  # pylint: disable=g-import-not-at-top
   finetune.finetune(_config(tmp_path, pretrained, num_epochs=1), str(tmp_path / "ft"))
   convert.main([f"--input={tmp_path / 'ft'}", f"--output={tmp_path / 'enc'}", "--target=encoder"])
-  cfg, enc = convert.load_pretrained(str(tmp_path / "enc"), target="encoder")
+  cfg, enc = loader.read(str(tmp_path / "enc"), part="encoder")
   assert (cfg.hidden_size, cfg.num_layers) == (32, 2)
   saved = tu.flat(tu.load_checkpoint(tmp_path / "ft")["params"]["bert"])
   got = tu.flat(enc)

@@ -224,7 +224,7 @@ def test_kill_9_and_sigterm_on_gs_resume_exactly(gcs, pretrained, tmp_path):  # 
 _HOST_COPY = r"""
 import json, os, sys
 import numpy as np
-from input_pipeline import pretrain, store
+from input_pipeline import data_config, pretrain, store
 store._GAP = 0  # Copy exactly the ranges read (the default joins ranges 1 MiB apart).
 remote, local, vocab, host = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 cfg = data_config.default_data_config()

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, heads, objectives
+from bert_jax import formats, heads, loader, objectives
 from bert_jax import model as model_lib
 
 CFG = model_lib.BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
@@ -36,8 +36,8 @@ def test_pretrained_encoder_drops_into_a_head(tmp_path):
   pt = model_lib.BertForPreTraining(CFG)
   ids, seg, mask = _inputs(2, 8)
   params = nn.unbox(pt.init(jax.random.key(1), ids, seg, mask, ids[:, :2]))["params"]
-  convert.save_native(str(tmp_path), CFG, params)
-  _, encoder = convert.load_pretrained(str(tmp_path), target="encoder")
+  formats.save_native(str(tmp_path), CFG, params)
+  _, encoder = loader.read(str(tmp_path), part="encoder")
   head = heads.BertForSequenceClassification(CFG, num_labels=2)
   fresh = nn.unbox(head.init(jax.random.key(2), ids, seg, mask))["params"]
   assert jax.tree_util.tree_structure(fresh["bert"]) == jax.tree_util.tree_structure(encoder)

@@ -5,8 +5,8 @@
 - no function-local import of a project module (only optional heavy dependencies such as
   torch or tensorflow may be imported inside a function);
 - loading a config file imports nothing that imports TensorFlow or JAX;
-- model <- heads/convert <- checkpointing <- objectives <- registry/trainer <- jobs <- suite <-
-  main: lower layers never import higher ones; input_pipeline imports nothing of bert_jax;
+- model <- heads <- formats <- loader <- checkpointing <- objectives <- registry <- trainer <-
+  convert (the CLI) <- jobs <- suite <- main: lower layers never import higher ones; input_pipeline imports nothing of bert_jax;
 - files are read through the path layer (no tf.io.gfile), and only the entry point takes the
   workdir's lock.
 """
@@ -93,9 +93,10 @@ def test_configs_import_no_tensorflow_or_jax():
 
 def test_layers_import_downward_only():
   _, graph, _, _ = _graph()
-  order = ["bert_jax.model", "bert_jax.heads", "bert_jax.convert", "bert_jax.checkpointing",
-           "bert_jax.objectives", "bert_jax.registry", "bert_jax.trainer", "bert_jax.train",
-           "bert_jax.finetune", "bert_jax.suite", "bert_jax.main"]
+  order = ["bert_jax.model", "bert_jax.heads", "bert_jax.formats", "bert_jax.loader",
+           "bert_jax.checkpointing", "bert_jax.objectives", "bert_jax.registry",
+           "bert_jax.tasks", "bert_jax.trainer", "bert_jax.convert", "bert_jax.train", "bert_jax.finetune",
+           "bert_jax.suite", "bert_jax.main"]
   for i, low in enumerate(order):
     above = set(order[i + 1:])
     assert not (_closure(graph, low) & above), (low, _closure(graph, low) & above)

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from bert_jax import convert  # noqa: E402
+from bert_jax import formats, loader  # noqa: E402
 from bert_jax import model as model_lib  # noqa: E402
 from bert_jax import predict, train  # noqa: E402
 from input_pipeline import testing  # noqa: E402
@@ -70,8 +70,8 @@ def _fill_mask_batch(tok, n_words=12):
 
 def test_fill_mask_logits_match_transformers(hub, caplog):
   caplog.set_level(logging.WARNING)
-  cfg, params = convert.load_pretrained(hub["dir"])
-  assert convert.heads(params) == {"mlm": True, "nsp": False, "pooler": False}
+  cfg, params = loader.read(hub["dir"])
+  assert formats.heads(params) == {"mlm": True, "nsp": False, "pooler": False}
   warned = [r.getMessage() for r in caplog.records if "cls.extra" in r.getMessage()]
   assert len(warned) == 1 and all(name in warned[0] for name in EXTRA), warned
   tok = tokenizer_lib.Tokenizer.from_path(hub["dir"])
@@ -104,11 +104,11 @@ def test_predict_fill_mask_cli_on_the_hub_directory(hub, capsys):
   assert ours_top == ref_tok.convert_ids_to_tokens([int(logits[pos].argmax())])[0]
   # An encoder-only checkpoint is refused for fill-mask with a message that says why (one
   # line, exit 2: CheckpointMismatchError is a UserError).
-  _, enc_params = convert.load_pretrained(hub["dir"], target="encoder")
+  _, enc_params = loader.read(hub["dir"], part="encoder")
   enc_dir = os.path.join(os.path.dirname(hub["dir"]), "encoder_only")
-  convert.save_native(enc_dir, convert.load_pretrained(hub["dir"])[0], enc_params)
-  with pytest.raises(convert.CheckpointMismatchError, match="no masked-LM head"):
-    convert.load_pretrained(enc_dir)
+  formats.save_native(enc_dir, loader.read(hub["dir"])[0], enc_params)
+  with pytest.raises(formats.CheckpointMismatchError, match="no masked-LM head"):
+    loader.read(enc_dir)
   with pytest.raises(SystemExit) as e:
     predict.main([f"--checkpoint={enc_dir}", f"--vocab={hub['dir']}", f"--text={text}"])
   err = capsys.readouterr().err
@@ -116,8 +116,8 @@ def test_predict_fill_mask_cli_on_the_hub_directory(hub, capsys):
 
 
 def test_export_round_trips_to_bert_for_masked_lm(hub, tmp_path):
-  cfg, params = convert.load_pretrained(hub["dir"])
-  convert.export_huggingface(str(tmp_path / "export"), cfg, params)
+  cfg, params = loader.read(hub["dir"])
+  formats.export_huggingface(str(tmp_path / "export"), cfg, params)
   assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == [
       "BertForMaskedLM"]
   reloaded, info = transformers.BertForMaskedLM.from_pretrained(
@@ -128,13 +128,13 @@ def test_export_round_trips_to_bert_for_masked_lm(hub, tmp_path):
   assert set(got) == set(ref)
   for name, value in got.items():
     assert torch.equal(value, ref[name]), name
-  cfg2, params2 = convert.load_pretrained(str(tmp_path / "export"))
+  cfg2, params2 = loader.read(str(tmp_path / "export"))
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, params2)
 
 
 def test_encoder_target_names_the_heads_it_leaves_out(hub, caplog):
   caplog.set_level(logging.WARNING)
-  _, params = convert.load_pretrained(hub["dir"], target="encoder")
+  _, params = loader.read(hub["dir"], part="encoder")
   assert set(params) == {"embeddings", "encoder"}  # BertForMaskedLM has no pooler
   warned = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
   assert len(warned) == 1
@@ -160,9 +160,9 @@ def test_init_from_mlm_checkpoint(hub, nsp, caplog):
   trainer = tu.pretraining_trainer(config, 326, devices=jax.devices()[:1])
   with trainer.activate():
     fresh = trainer.init().params
-    params = train.load_init_params(hub["dir"], trainer.model.config, trainer.abstract.params,
-                                    fresh)
-  _, expected = convert.load_pretrained(hub["dir"])
+    params = loader.load_into(hub["dir"], trainer.abstract.params, fresh,
+                              config=trainer.model.config)
+  _, expected = loader.read(hub["dir"])
   got = tu.flat(params)
   for key, value in tu.flat(expected).items():
     np.testing.assert_array_equal(got[key], value, err_msg=key)

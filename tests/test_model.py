@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert
+from bert_jax import loader
 from bert_jax import model as model_lib
 from bert_jax import objectives
 
@@ -116,7 +116,7 @@ def test_scan_and_remat_compute_the_same_function(remat):
   params = _init(base, batch)["params"]
   scanned_cfg = SMALL.replace(scan_layers=True, remat=remat)
   scanned = model_lib.BertForPreTraining(scanned_cfg)
-  stacked = convert.stack_layers(params, SMALL.num_layers)
+  stacked = loader.to_layout(params, True)
   assert jax.tree_util.tree_structure(stacked) == jax.tree_util.tree_structure(
       _init(scanned, batch)["params"])
   labels = dict(masked_lm_ids=batch["input_ids"][:, :4], masked_lm_weights=jnp.ones((3, 4)),
@@ -128,7 +128,7 @@ def test_scan_and_remat_compute_the_same_function(remat):
   l1, g1 = jax.value_and_grad(lambda p: loss(base, p))(params)
   l2, g2 = jax.value_and_grad(lambda p: loss(scanned, p))(stacked)
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
-  g2 = convert.unstack_layers(g2, SMALL.num_layers)
+  g2 = loader.to_layout(g2, False)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), g1, g2)
 
 

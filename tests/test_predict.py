@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, predict
+from bert_jax import formats, predict
 from bert_jax import model as model_lib
 from tests import test_train_utils as tu
 from tests.test_task_data import make_vocab
@@ -21,7 +21,7 @@ def _checkpoint(tmp_path, num_layers=3):
                              intermediate_size=32, max_position_embeddings=32)
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
-  convert.save_native(str(tmp_path / "ckpt"), cfg, params)
+  formats.save_native(str(tmp_path / "ckpt"), cfg, params)
   return tok, cfg, params
 
 

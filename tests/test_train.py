@@ -66,7 +66,7 @@ def test_train_step_learns_a_fixed_batch():
 
 def test_scanned_rematerialised_layers_train_like_unrolled_ones():
   """scan_layers + remat change memory and compile time, not the math."""
-  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
   config = tu.tiny_config(model__hidden_dropout_rate=0.0, model__attention_dropout_rate=0.0)
   batches = _batches(config, 2)
   unrolled, m1 = _run_steps(config, batches)
@@ -75,11 +75,11 @@ def test_scanned_rematerialised_layers_train_like_unrolled_ones():
   _, scanned = _setup(scanned_cfg)
   _, start = _setup(config)  # the unrolled initial params, stacked
   state = scanned.replace(params=jax.tree.map(
-      jnp.asarray, convert.stack_layers(jax.device_get(start.params), 2)))
+      jnp.asarray, loader.to_layout(jax.device_get(start.params), True)))
   state, m2 = _run_steps(scanned_cfg, batches, state=state)
   for m, ref in zip(m2, m1):
     np.testing.assert_allclose(m["loss"], ref["loss"], rtol=1e-5)
-  stacked = convert.stack_layers(jax.device_get(unrolled.params), 2)
+  stacked = loader.to_layout(jax.device_get(unrolled.params), True)
   for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(state.params)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
