@@ -6,7 +6,7 @@ Axis legend as in model.py; C = classes (or choices).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
@@ -37,13 +37,30 @@ class BertForSequenceClassification(nn.Module):
     return logits.astype(jnp.float32)  # [B, C] or [B, E, C]
 
 
+class BiLSTM(nn.Module):
+  """A bidirectional LSTM over [B, L, D] (padding after each row's `lengths`): [B, L, 2U]."""
+  units: int
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BLD, lengths_B):
+    lstm = lambda: nn.RNN(nn.OptimizedLSTMCell(self.units, param_dtype=self.param_dtype))
+    return nn.Bidirectional(lstm(), lstm())(x_BLD, seq_lengths=lengths_B)
+
+
 class BertForQuestionAnswering(nn.Module):
-  """Start/end span logits at every token: [B, L] each."""
+  """Start/end span logits at every token: [B, L] each. With `bilstm_units`, a randomly
+  initialised bidirectional LSTM (that many units each way) reads the encoder's output
+  before the span classifier (the paper's Table 5 "+ BiLSTM", for the left-to-right model)."""
   config: BertConfig
+  bilstm_units: int = 0
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
     seq_BLD, _ = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+    if self.bilstm_units:
+      seq_BLD = BiLSTM(self.bilstm_units, self.config.param_dtype, name="bilstm")(
+          seq_BLD, jnp.sum(input_mask, -1).astype(jnp.int32))
     logits_BL2 = dense(self.config, 2, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
     return logits_BL2[..., 0], logits_BL2[..., 1]
 

@@ -75,6 +75,10 @@ class BertConfig:
   # Dropout's random bits: "hash" (a counter hash keyed by threefry; masks ~7x cheaper
   # on CPU) or "threefry" (jax.random.bernoulli, as flax's nn.Dropout). See `Dropout`.
   dropout_rng: str = "hash"
+  # Each token attends only to itself and the tokens before it (a left-to-right encoder: the
+  # paper's "LTR & No NSP" ablation, left-only at fine-tuning too); the pooled output is
+  # then the last real token's, the one that sees the whole input.
+  causal: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
@@ -263,6 +267,11 @@ def packed_attention_bias(example_ids_BL: jax.Array, dtype) -> jax.Array:
   """Block-diagonal bias [B, 1, L, M]: a token sees only tokens of its own example."""
   same = example_ids_BL[:, None, :, None] == example_ids_BL[:, None, None, :]
   return jnp.where(same & (example_ids_BL[:, None, None, :] > 0), 0.0, NEG_INF).astype(dtype)
+
+
+def causal_bias(length: int, dtype) -> jax.Array:
+  """[1, 1, L, L]: 0 where a query may attend (its own and earlier positions), -inf after."""
+  return jnp.where(jnp.tril(jnp.ones((length, length), bool)), 0.0, NEG_INF).astype(dtype)[None, None]
 
 
 class Embeddings(nn.Module):
@@ -473,15 +482,27 @@ class BertModel(nn.Module):
       bias = attention_bias(input_mask, cfg.dtype)
     else:
       bias = packed_attention_bias(packed_example_ids, cfg.dtype)
+    last = None
+    if cfg.causal:
+      bias = jnp.minimum(bias, causal_bias(length, cfg.dtype))
+      if self.add_pooler and cls_positions is not None:
+        raise errors.ConfigError("A left-to-right model (causal) pools each input's last token; "
+                                 "packed fine-tuning pools [CLS]: set --config.packing=False.")
+      # The last real token sees the whole input: the pooled output is its.
+      last = jnp.maximum(jnp.sum(input_mask, -1).astype(jnp.int32) - 1, 0)[:, None]
     if self.pooled_only and self.add_pooler:
       cls_BE = jnp.zeros((batch, 1), jnp.int32) if cls_positions is None else cls_positions
+      cls_BE = cls_BE if last is None else last
       cls_BED = self.encoder(x_BLD, bias, deterministic, last_positions_BE=cls_BE)
       cls_BD = cls_BED[:, 0] if cls_positions is None else cls_BED
       return None, jnp.tanh(self.pooler(cls_BD))
     x_BLD = self.encoder(x_BLD, bias, deterministic)
     if not self.add_pooler:
       return x_BLD, None
-    cls_BD = x_BLD[:, 0] if cls_positions is None else gather_positions(x_BLD, cls_positions)
+    if last is not None:
+      cls_BD = gather_positions(x_BLD, last)[:, 0]
+    else:
+      cls_BD = x_BLD[:, 0] if cls_positions is None else gather_positions(x_BLD, cls_positions)
     pooled_BD = jnp.tanh(self.pooler(cls_BD))
     return x_BLD, pooled_BD
 
@@ -530,6 +551,21 @@ class BertForPreTraining(nn.Module):
       return {"mlm_logits": logits_BPV}
     nsp_logits_B2 = self.seq_relationship(pooled_BD).astype(jnp.float32)
     return {"mlm_logits": logits_BPV, "nsp_logits": nsp_logits_B2}
+
+
+class BertForCausalLM(BertForPreTraining):
+  """The left-to-right LM of the paper's ablation (Table 5, "LTR & No NSP"): a causal
+  encoder (`config.causal`) with the masked-LM head at every position, where position t
+  predicts token t+1 (objectives.ltr). Its parameters are BertForPreTraining(nsp=False)'s, so
+  its checkpoints fine-tune, convert and export like any masked-LM model's."""
+  nsp: bool = False
+
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+               position_ids=None, packed_example_ids=None, cls_positions=None
+               ) -> dict[str, jax.Array]:
+    every = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
+    return super().__call__(input_ids, segment_ids, input_mask, every, deterministic,
+                            position_ids, packed_example_ids, cls_positions)
 
 
 def count_params(params) -> int:

@@ -10,6 +10,7 @@ besides dropout. The trainer and its logging read whatever the objective returns
 new objective is one factory here plus its line in bert_jax/registry.py.
 
   pretraining()          masked LM, plus NSP when the model has the NSP head
+  ltr()                  a left-to-right LM (the paper's LTR ablation)
   supervised(sums_fn)    a fine-tuning head's sums (heads.*_sums): classification,
                          regression, span QA, tagging, multiple choice
 
@@ -47,9 +48,13 @@ class Objective:
   count: str = struct.field(pytree_node=False, default="")
   keyword_inputs: tuple[str, ...] = struct.field(pytree_node=False, default=features.PACKED)
   rng_streams: tuple[str, ...] = struct.field(pytree_node=False, default=())
+  # batch -> the batch its model reads (None: as it comes; ltr: the text restored).
+  model_batch: Any = struct.field(pytree_node=False, default=None)
 
   def apply(self, model, params, batch, **kwargs):
     """model.apply on the objective's inputs of `batch`."""
+    if self.model_batch is not None:
+      batch = self.model_batch(batch)
     return model.apply({"params": params}, *(batch[k] for k in self.inputs),
                        **{k: batch[k] for k in self.keyword_inputs if k in batch}, **kwargs)
 
@@ -144,6 +149,68 @@ def pretraining() -> Objective:
       eval_console=(("mlm_loss", "mlm_loss"), ("mlm_accuracy", "mlm_acc"),
                     ("nsp_loss", "nsp_loss"), ("nsp_accuracy", "nsp_acc")),
       count="num_examples")
+
+
+# ---------------------------------------------------- left-to-right LM ----
+
+def restore_text(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """`batch` with the text the pipeline masked: every masked position (weight > 0) holds its
+  original id again (masked_lm_ids), so a left-to-right LM reads the pre-training stream
+  as it is, without a pipeline of its own."""
+  ids_BL, pos_BP = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["masked_lm_positions"], jnp.int32)
+  now_BP = jnp.take_along_axis(ids_BL, pos_BP, axis=1)
+  orig_BP = jnp.where(batch["masked_lm_weights"] > 0, batch["masked_lm_ids"].astype(ids_BL.dtype),
+                      now_BP)
+  rows_B1 = jnp.arange(ids_BL.shape[0])[:, None]
+  return {**batch, "input_ids": ids_BL.at[rows_B1, pos_BP].set(orig_BP)}
+
+
+def _next_token_weights(batch) -> jax.Array:
+  """[B, L-1]: 1 where token t and t+1 are real and of one example (t predicts t+1)."""
+  mask_BL = batch["input_mask"].astype(jnp.float32)
+  w = mask_BL[:, 1:] * mask_BL[:, :-1]
+  if "packed_example_ids" in batch:
+    ex_BL = batch["packed_example_ids"]
+    w = w * (ex_BL[:, 1:] == ex_BL[:, :-1])
+  return w
+
+
+def ltr_sums(outputs, batch) -> dict[str, jax.Array]:
+  """Next-token cross-entropy sums over the real tokens (objectives.ltr)."""
+  batch = restore_text(batch)
+  logits_BLV = outputs["mlm_logits"][:, :-1]
+  targets_BL = batch["input_ids"][:, 1:].astype(jnp.int32)
+  w_BL = _next_token_weights(batch)
+  nll_BL = -jnp.take_along_axis(jax.nn.log_softmax(logits_BLV, -1), targets_BL[..., None],
+                                axis=-1)[..., 0]
+  ex_w = batch.get("example_weights", jnp.ones(batch["input_ids"].shape[:1]))
+  return {"lm_loss_sum": jnp.sum(nll_BL * w_BL),
+          "lm_correct_sum": jnp.sum((jnp.argmax(logits_BLV, -1) == targets_BL) * w_BL),
+          "lm_weight": jnp.sum(w_BL), "num_examples": jnp.sum(ex_w.astype(jnp.float32)),
+          "num_tokens": jnp.sum(batch["input_mask"].astype(jnp.float32))}
+
+
+def _summarize_ltr(sums: Mapping[str, float]) -> dict[str, float]:
+  w = max(sums["lm_weight"], 1e-8)
+  loss = sums["lm_loss_sum"] / w
+  return {"loss": loss, "lm_loss": loss, "lm_accuracy": sums["lm_correct_sum"] / w}
+
+
+def _ltr_flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
+  batch, length = shapes["input_ids"]  # the vocabulary projection at every position
+  return flops_lib.train_flops_per_step(model.config, batch, length, length, nsp=False)
+
+
+def ltr() -> Objective:
+  """A left-to-right LM (model.BertForCausalLM): every real token predicts the next one,
+  on the pre-training stream's text (the pipeline's masks undone: `restore_text`)."""
+  return Objective(
+      inputs=features.TEXT, sums=ltr_sums,
+      denominators=lambda b: {"lm": jnp.maximum(jnp.sum(_next_token_weights(b)), 1e-8)},
+      loss=lambda s, d: s["lm_loss_sum"] / d["lm"], summarize=_summarize_ltr,
+      flops=_ltr_flops, console=(("lm_accuracy", "lm_acc"),),
+      eval_console=(("lm_loss", "lm_loss"), ("lm_accuracy", "lm_acc")), count="num_examples",
+      model_batch=restore_text)
 
 
 # ------------------------------------------------------------ fine-tuning ----

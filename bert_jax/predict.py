@@ -436,7 +436,7 @@ def iter_classify(cfg, params, task, labels, tokenizer, texts: Iterable[str],
 def answer(cfg, params, task, tokenizer, question: str, context: str) -> str:
   ex = [squad.QAExample("q", question, context, (), -1)]
   feats = squad.convert_examples(ex, tokenizer, task["max_seq_length"], task["doc_stride"], task["max_query_length"])
-  start, end = heads.BertForQuestionAnswering(cfg).apply(
+  start, end = tasks.TASKS[task["task"]].head(cfg, task, None).apply(
       {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"])
   preds, _, _ = squad.decode_answers(ex, feats, np.asarray(start), np.asarray(end),
                                      max_answer_length=task["max_answer_length"],
@@ -448,7 +448,7 @@ def answer(cfg, params, task, tokenizer, question: str, context: str) -> str:
 def tag(cfg, params, task, labels, tokenizer, text: str) -> list[tuple[str, str]]:
   words = text.split()
   feats = tagging.encode_conll([(words, [labels[0]] * len(words))], tokenizer, task["max_seq_length"], labels)
-  logits = heads.BertForTokenClassification(cfg, num_labels=len(labels)).apply(
+  logits = tasks.TASKS[task["task"]].head(cfg, task, labels).apply(
       {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"])
   tags, = tasks.decode_tags(np.asarray(logits), feats["word_index"], [len(words)], labels)
   return list(zip(words, tags))

@@ -37,6 +37,8 @@ class Pretraining:
   # data config -> the per-row shape of each model input (what the init traces).
   inputs: Callable[[ml_collections.ConfigDict], dict[str, tuple[int, ...]]]
   about: str  # one line for --help and errors
+  # data config -> a ConfigError when the data cannot serve this objective
+  check: Callable[[ml_collections.ConfigDict], None] = lambda data_cfg: None
 
 
 def _mlm_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
@@ -45,11 +47,27 @@ def _mlm_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
           "masked_lm_positions": (pretrain_data.predictions_per_row(data_cfg),)}
 
 
+def _text_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
+  length = (data_cfg.max_seq_length,)
+  return {"input_ids": length, "segment_ids": length, "input_mask": length}
+
+
+def _no_nsp(data_cfg) -> None:
+  if data_cfg.nsp:
+    raise errors.ConfigError("--config.objective=ltr trains no next-sentence prediction (the "
+                             "paper's \"LTR & No NSP\"): set --config.data.nsp=False (single "
+                             "segments).")
+
+
 PRETRAINING: dict[str, Pretraining] = {
     "mlm": Pretraining(
         model=lambda cfg, data_cfg: model_lib.BertForPreTraining(cfg, nsp=data_cfg.nsp),
         objective=objectives.pretraining, inputs=_mlm_inputs,
         about="masked LM, with next-sentence prediction when data.nsp (BERT)"),
+    "ltr": Pretraining(
+        model=lambda cfg, data_cfg: model_lib.BertForCausalLM(cfg.replace(causal=True)),
+        objective=objectives.ltr, inputs=_text_inputs, check=_no_nsp,
+        about="left-to-right LM, left-only attention (the paper's LTR & No NSP ablation)"),
 }
 
 
@@ -75,6 +93,7 @@ def pretraining(config: ml_collections.ConfigDict, vocab_size: int | None = None
   config.model and `data_cfg` (default config.data)."""
   entry = _choose(PRETRAINING, config.get("objective", "mlm"), "objective")
   data_cfg = data_cfg if data_cfg is not None else config.data
+  entry.check(data_cfg)
   model = entry.model(model_config(config, vocab_size), data_cfg)
   sample = {k: np.ones((1,) + shape, np.int32) for k, shape in entry.inputs(data_cfg).items()}
   return model, entry.objective(), sample

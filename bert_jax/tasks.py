@@ -89,7 +89,7 @@ def classification_task(config, tok, cfg: BertConfig) -> TaskData:
   regression = labels is None
   if not regression:
     _log_labels(config, labels, train_ex)
-  model = heads.BertForSequenceClassification(cfg, num_labels=1 if regression else len(labels))
+  model = TASKS[config.task].head(cfg, config, labels)
   L = config.max_seq_length
   eval_feats = glue.encode_examples(eval_ex, tok, L, labels)
 
@@ -142,7 +142,7 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
         (out_dir / fname).write_text(json.dumps(obj, indent=1))
     return result, write
 
-  return TaskData(heads.BertForQuestionAnswering(cfg),
+  return TaskData(TASKS["squad"].head(cfg, config, None),
                   objectives.supervised(heads.span_sums, "example_weights"),
                   train_feats, eval_feats, evaluate, "f1")
 
@@ -166,7 +166,7 @@ def conll_task(config, tok, cfg: BertConfig) -> TaskData:
           for (words, gold), pred in zip(eval_s, pred_tags)))
     return result, write
 
-  return TaskData(heads.BertForTokenClassification(cfg, num_labels=len(labels)),
+  return TaskData(TASKS["conll"].head(cfg, config, labels),
                   objectives.supervised(heads.token_sums, "label_weights"),
                   tagging.encode_conll(train_s, tok, L, labels), eval_feats, evaluate, "f1",
                   labels=tuple(labels))
@@ -186,7 +186,7 @@ def swag_task(config, tok, cfg: BertConfig) -> TaskData:
           "id,pred\n" + "".join(f"{e['id']},{int(p)}\n" for e, p in zip(eval_ex, preds)))
     return result, write
 
-  return TaskData(heads.BertForMultipleChoice(cfg),
+  return TaskData(TASKS["swag"].head(cfg, config, None),
                   objectives.supervised(heads.classification_sums, "example_weights"),
                   tagging.encode_swag(train_ex, tok, L), eval_feats, evaluate, "accuracy")
 
@@ -226,6 +226,9 @@ class Task:
   """One fine-tuning task: see the module doc."""
   data: Callable[[ml_collections.ConfigDict, Any, BertConfig], TaskData]
   read: Callable[[ml_collections.ConfigDict], tuple[list, list]]  # (train, dev) examples
+  # (encoder config, task config, labels or None) -> the model: fine-tuning and predict build
+  # it here (the task config is a ConfigDict, or the dict a run saved in best/config.json).
+  head: Callable[[BertConfig, Mapping[str, Any], Any], nn.Module]
   fields: Mapping[str, str]  # config fields naming its input files -> what they hold
   files: Callable[[ml_collections.ConfigDict], dict[str, str]] = lambda config: {}
   packable: bool = False  # config.packing applies (several examples a row)
@@ -244,28 +247,38 @@ def _files_in(*fields: str, directory: bool = False):
 
 _IN_DATA_DIR = "the directory holding config.train_file and config.eval_file"
 
+
+def _classifier(cfg: BertConfig, config, labels) -> nn.Module:
+  """Softmax over the labels, or regression (one output) when the task has none (STS-B)."""
+  return heads.BertForSequenceClassification(cfg, num_labels=1 if labels is None else len(labels))
+
 TASKS: dict[str, Task] = {
-    "glue": Task(classification_task, _read_glue, {
+    "glue": Task(classification_task, _read_glue, _classifier, {
         "data_dir": "the task's directory as GLUE distributes it (train.tsv, dev.tsv), or "
                     "tfds[:DIR] for a locally prepared TFDS copy"},
         packable=True, mode="classify",
         predictions=lambda config: (glue.GLUE[config.glue_task].submission_name + ".tsv",)),
-    "custom": Task(classification_task, _read_custom, {
+    "custom": Task(classification_task, _read_custom, _classifier, {
         "train_file": "the labelled training file: CSV/TSV with a header, or JSONL",
         "eval_file": "the labelled dev file evaluated after every epoch: CSV/TSV with a "
                      "header, or JSONL"},
         files=_files_in("train_file", "eval_file"), packable=True, mode="classify",
         predictions=lambda config: ("predictions.tsv",)),
-    "squad": Task(squad_task, _read_squad, {
+    "squad": Task(squad_task, _read_squad,
+                  lambda cfg, config, labels: heads.BertForQuestionAnswering(
+                      cfg, bilstm_units=config.get("bilstm_units", 0)), {
         "train_file": "the training set, e.g. train-v1.1.json / train-v2.0.json",
         "eval_file": "the dev set, e.g. dev-v1.1.json / dev-v2.0.json"},
         files=_files_in("train_file", "eval_file"), mode="qa",
         predictions=lambda config: ("predictions.json",) + (
             ("null_odds.json",) if config.version_2_with_negative else ())),
-    "conll": Task(conll_task, _read_conll, {"data_dir": _IN_DATA_DIR + " (train.txt, valid.txt)"},
+    "conll": Task(conll_task, _read_conll, lambda cfg, config, labels:
+                  heads.BertForTokenClassification(cfg, num_labels=len(labels)),
+                  {"data_dir": _IN_DATA_DIR + " (train.txt, valid.txt)"},
                   files=_files_in("train_file", "eval_file", directory=True), mode="tag",
                   predictions=lambda config: ("predictions.txt",)),
-    "swag": Task(swag_task, _read_swag, {"data_dir": _IN_DATA_DIR + " (train.csv, val.csv)"},
+    "swag": Task(swag_task, _read_swag, lambda cfg, config, labels: heads.BertForMultipleChoice(cfg),
+                 {"data_dir": _IN_DATA_DIR + " (train.csv, val.csv)"},
                  files=_files_in("train_file", "eval_file", directory=True),
                  predictions=lambda config: ("predictions.csv",)),
 }

@@ -1,0 +1,103 @@
+"""The BERT paper's Table 5 (effect of the pre-training tasks) at tiny scale, through the
+main job and the fine-tuning suite:
+
+    python -m bench.ablations --workdir=/tmp/bench_ablations [--steps=900] [--no_record]
+
+Pre-trains configs/tiny_pretrain.py on the built-in corpus (its own vocabulary; same model,
+steps, batch and schedule for every row) as
+  - MLM + NSP  (BERT: --config.objective=mlm, data.nsp=True)
+  - MLM only   ("No NSP": data.nsp=False)
+  - LTR        ("LTR & No NSP": --config.objective=ltr, data.nsp=False; a left-to-right LM,
+               left-only attention at fine-tuning too)
+then fine-tunes each on CoLA (../shared/data/cola/raw: in_domain_train -> in_domain_dev)
+through `configs/suite.py:cola` with one grid for all rows (--lrs x 3 epochs, batch 32,
+--seeds seeds, the best run on dev reported as the paper does, the median beside it).
+Prints the table (held-out pre-training numbers and CoLA dev MCC) and appends it to
+bench/RESULTS.md unless --no_record. Skips when the CoLA data is absent.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+from bench import finetune_step  # machine(): lscpu's model and flags
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
+ROWS = {"MLM + NSP (BERT)": [],
+        "No NSP (MLM only)": ["--config.data.nsp=False"],
+        "LTR & No NSP": ["--config.objective=ltr", "--config.data.nsp=False"]}
+
+
+def _run(cmd: list[str], log: pathlib.Path) -> float:
+  t = time.perf_counter()
+  with log.open("w") as f:
+    subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, check=True)
+  return time.perf_counter() - t
+
+
+def _last_eval(log: pathlib.Path) -> str:
+  lines = [l for l in log.read_text().splitlines() if "eval at step" in l]
+  return lines[-1].split("eval at step", 1)[1].strip() if lines else "?"
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", default="/tmp/bench_ablations")
+  parser.add_argument("--steps", type=int, default=900)
+  parser.add_argument("--lrs", default="1e-4,3e-4,1e-3")
+  parser.add_argument("--seeds", type=int, default=2)
+  parser.add_argument("--no_record", action="store_true")
+  args = parser.parse_args(argv)
+  if not COLA.exists():
+    print(f"skipped: {COLA} is absent (CoLA 1.1's raw files)")
+    return
+  root = pathlib.Path(args.workdir)
+  root.mkdir(parents=True, exist_ok=True)
+  rows = []
+  for name, flags in ROWS.items():
+    slug = name.split(" (")[0].replace(" ", "_").replace("&", "and").lower()
+    pre = root / slug / "pretrain"
+    pre_s = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/tiny_pretrain.py",
+                  f"--workdir={pre}", f"--config.num_train_steps={args.steps}"] + flags,
+                 root / f"{slug}_pretrain.log")
+    suite = root / slug / "cola"
+    ft_s = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/suite.py:cola",
+                 f"--workdir={suite}", f"--config.init_checkpoint={pre}",
+                 f"--config.vocab_path={pre / 'vocab'}", f"--config.task_dirs.cola={COLA}",
+                 "--config.protocol=grid", f"--config.grid.learning_rate=({args.lrs},)",
+                 "--config.grid.global_batch_size=(32,)", "--config.grid.num_epochs=(3,)",
+                 f"--config.seeds={args.seeds}", "--config.max_seq_length=64",
+                 "--config.submission=False"], root / f"{slug}_cola.log")
+    report = json.loads((suite / "report.json").read_text())
+    cola = report["tasks"]["cola"]
+    rows.append((name, _last_eval(root / f"{slug}_pretrain.log"), cola, pre_s, ft_s))
+  lines = [f"## Table 5 at tiny scale: pre-training tasks ablation ({datetime.date.today()})", "",
+           f"Command: `python -m bench.ablations --workdir={args.workdir} --steps={args.steps} "
+           f"--lrs={args.lrs} --seeds={args.seeds}`; machine: {finetune_step.machine()}.",
+           f"Tiny BERT (configs/tiny_pretrain.py: 2 layers, hidden 128, L=64), {args.steps} steps "
+           "of batch 64 on the built-in corpus; CoLA dev MCC through the suite (lr "
+           f"{args.lrs} x 3 epochs, batch 32, L=64, {args.seeds} seeds; best run, median of "
+           "the chosen setting).", "",
+           "| pre-training | held-out eval at the last step | CoLA dev MCC (best) | median | "
+           "chosen lr | pre-train s | suite s |", "|---|---|---|---|---|---|---|"]
+  for name, ev, cola, pre_s, ft_s in rows:
+    median = (cola.get("spread") or {}).get("median")
+    lines.append(f"| {name} | {ev} | {cola['dev']['mcc']:.3g} | "
+                 f"{'-' if median is None else format(median, '.3g')} | "
+                 f"{(cola.get('hparams') or {}).get('learning_rate')} | {pre_s:.0f} | {ft_s:.0f} |")
+  text = "\n".join(lines) + "\n"
+  print(text)
+  if not args.no_record:
+    with RESULTS.open("a") as f:
+      f.write("\n" + text)
+
+
+if __name__ == "__main__":
+  main()
