@@ -44,7 +44,10 @@ def _run(cmd: list[str], log: pathlib.Path) -> float:
 
 def _last_eval(log: pathlib.Path) -> str:
   lines = [l for l in log.read_text().splitlines() if "eval at step" in l]
-  return lines[-1].split("eval at step", 1)[1].strip() if lines else "?"
+  if not lines:
+    return "?"
+  step, *scalars = lines[-1].split("eval at step", 1)[1].split("|")
+  return f"step {step.strip()}: " + ", ".join(x.strip() for x in scalars)
 
 
 def main(argv=None) -> None:
@@ -62,7 +65,8 @@ def main(argv=None) -> None:
   root.mkdir(parents=True, exist_ok=True)
   rows = []
   for name, flags in ROWS.items():
-    slug = name.split(" (")[0].replace(" ", "_").replace("&", "and").lower()
+    slug = {"MLM + NSP (BERT)": "mlm_nsp", "No NSP (MLM only)": "mlm_only",
+            "LTR & No NSP": "ltr"}[name]
     pre = root / slug / "pretrain"
     pre_s = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/tiny_pretrain.py",
                   f"--workdir={pre}", f"--config.num_train_steps={args.steps}"] + flags,

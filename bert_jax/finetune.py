@@ -224,9 +224,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
                               log_prefix=lambda step: f"epoch {epoch_of(step)} ")
   # The pre-trained encoder in place; the head stays new (and the pooler, for checkpoints
   # without one: BertForMaskedLM, BertModel(add_pooling_layer=False), as transformers does).
-  state, data_state = trainer.restore_or_init(lambda fresh: loader.load_into(
-      (cfg, enc_params), trainer.abstract.params, fresh.params, part="encoder",
-      name=config.init_checkpoint))
+  state, data_state = trainer.restore_or_init((cfg, enc_params), part="encoder",
+                                              name=config.init_checkpoint)
   if data_state is not None:
     batches.set_state(data_state)
   if int(jax.device_get(state.step)):

@@ -14,7 +14,6 @@ from absl import logging
 import jax
 import ml_collections
 
-from bert_jax import loader
 from bert_jax import metrics as metrics_lib
 from bert_jax import registry
 from bert_jax import trainer as trainer_lib
@@ -64,11 +63,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
                               eval_batch_size=config.eval_batch_size if do_eval else None)
   logging.info("Model %s (%s): %s; %d devices, mesh %s.", config.model.preset,
                config.get("objective", "mlm"), cfg, jax.device_count(), dict(trainer.mesh.shape))
-  init_params = None
-  if config.init_checkpoint:
-    init_params = lambda state: loader.load_into(config.init_checkpoint, trainer.abstract.params,
-                                                 state.params, config=cfg)
-  state, data_state = trainer.restore_or_init(init_params)
+  state, data_state = trainer.restore_or_init(config.init_checkpoint or None, model_config=cfg)
   if data_state is not None and (trainer.restored_config.get("data")
                                  != trainer_lib.json_config(config).get("data")):
     logging.info("The data config changed since step %d (e.g. phase 2): the input "

@@ -239,11 +239,13 @@ class Trainer:
   def writer(self):
     return self.metrics.writer
 
-  def restore_or_init(self, init_params: Callable[[TrainState], Any] | None = None
-                      ) -> tuple[TrainState, Any]:
+  def restore_or_init(self, init_from: str | tuple[Any, Any] | None = None, *,
+                      part: str = "pretraining", model_config: Any = None,
+                      name: str | None = None) -> tuple[TrainState, Any]:
     """(state, this process's data state or None): the newest restorable checkpoint of the
-    workdir (its saved config then in `self.restored_config`), else a fresh state whose
-    params `init_params(state)` may replace (e.g. from config.init_checkpoint)."""
+    workdir (its saved config then in `self.restored_config`), else a fresh state, with the
+    weights of `init_from` in place when given (a checkpoint path, or (config, host params)
+    that loader.read gave: loader.load_into with `part`, `model_config`, `name`)."""
     restored = self.checkpointer.restore(self.abstract, self.config) if self.checkpointer else None
     if restored is not None:
       step, state, data_state, self.restored_config = restored
@@ -252,8 +254,10 @@ class Trainer:
       return state, data_state
     with self.activate():
       state = self.init()
-    if init_params is not None:
-      state = state.replace(params=init_params(state))
+    if init_from is not None:
+      state = state.replace(params=loader.load_into(
+          init_from, self.abstract.params, state.params, part=part, config=model_config,
+          name=name))
     return state, None
 
   def _check_resume(self, step: int, saved_cfg: Mapping[str, Any]) -> None:
