@@ -22,7 +22,7 @@ import numpy as np
 from bert_jax import heads, objectives, scoring
 from bert_jax.model import BertConfig
 from input_pipeline import features, fileio
-from input_pipeline import glue, squad, tagging
+from input_pipeline import glue, squad, swag, tagging
 
 @dataclasses.dataclass
 class TaskData:
@@ -71,7 +71,7 @@ def _read_conll(config) -> tuple[list, list]:
 
 
 def _read_swag(config) -> tuple[list, list]:
-  return tuple(tagging.read_swag(fileio.join(config.data_dir, config[f]))
+  return tuple(swag.read_swag(fileio.join(config.data_dir, config[f]))
                for f in ("train_file", "eval_file"))
 
 
@@ -175,7 +175,7 @@ def conll_task(config, tok, cfg: BertConfig) -> TaskData:
 def swag_task(config, tok, cfg: BertConfig) -> TaskData:
   train_ex, eval_ex = _read_swag(config)
   L = config.max_seq_length
-  eval_feats = tagging.encode_swag(eval_ex, tok, L)
+  eval_feats = swag.encode_swag(eval_ex, tok, L)
 
   def evaluate(scores):
     preds = np.argmax(scores, -1)
@@ -188,7 +188,7 @@ def swag_task(config, tok, cfg: BertConfig) -> TaskData:
 
   return TaskData(TASKS["swag"].head(cfg, config, None),
                   objectives.supervised(heads.classification_sums, "example_weights"),
-                  tagging.encode_swag(train_ex, tok, L), eval_feats, evaluate, "accuracy")
+                  swag.encode_swag(train_ex, tok, L), eval_feats, evaluate, "accuracy")
 
 
 def _log_labels(config, labels: tuple, train_ex) -> None:

@@ -57,8 +57,8 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
                                max_replaced_fraction=build.max_replaced_fraction)
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str
-            ) -> tuple[ml_collections.ConfigDict, int | None]:
+def build_data(config: ml_collections.ConfigDict, workdir: str
+               ) -> tuple[ml_collections.ConfigDict, int | None]:
   """Resolves the data config's paths (relative ones live in the workdir), builds the
   vocabulary and prepared corpus when `config.build.corpus` says so and they are
   missing (process 0 builds, the others wait), and returns (data config, vocab size)."""

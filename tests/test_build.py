@@ -34,7 +34,7 @@ def test_build_logs_the_final_vocabulary_path(tmp_path, caplog):
   corpus_file.write_text(TEXT * 30, encoding="utf-8")
   workdir = tmp_path / "run"
   with caplog.at_level(py_logging.INFO):
-    data_cfg, vocab_size = build.prepare(_config(str(corpus_file)), str(workdir))
+    data_cfg, vocab_size = build.build_data(_config(str(corpus_file)), str(workdir))
   logged = [r.getMessage() for r in caplog.records]
   assert not [m for m in logged if ".tmp" in m or ".scratch" in m], logged
   assert f"Vocabulary ready: {workdir}/vocab." in logged, logged
@@ -52,13 +52,13 @@ def test_build_refuses_a_binary_corpus_file(tmp_path, caplog):
   binary.write_bytes(random.Random(0).randbytes(20_000))
   corpus = f"{good},{binary}"
   with pytest.raises(errors.UserError) as e:
-    build.prepare(_config(corpus), str(tmp_path / "run"))
+    build.build_data(_config(corpus), str(tmp_path / "run"))
   assert isinstance(e.value, text.TooManyReplacedBytesError)
   assert str(binary) in str(e.value)
   assert "--config.build.max_replaced_fraction" in str(e.value)
   caplog.clear()
   with caplog.at_level(py_logging.INFO):
-    build.prepare(_config(corpus, build__max_replaced_fraction=0.9), str(tmp_path / "run2"))
+    build.build_data(_config(corpus, build__max_replaced_fraction=0.9), str(tmp_path / "run2"))
   logged = "\n".join(r.getMessage() for r in caplog.records)
   found = re.search(r"Prepared corpus .*; ([\d,]+) of its [\d,]+ input bytes were not valid "
                     r"UTF-8", logged)

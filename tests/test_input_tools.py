@@ -99,7 +99,7 @@ def run_workdir(tmp_path_factory):
   config = tu.tiny_config(**{"synthetic_data": False, "build.corpus": str(corpus_file),
                              "build.vocab_size": 150, "build.num_shards": 2})
   workdir = root / "workdir"
-  build.prepare(config, str(workdir))
+  build.build_data(config, str(workdir))
   return workdir
 
 

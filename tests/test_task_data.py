@@ -7,7 +7,7 @@ import pytest
 
 from bert_jax import scoring
 from input_pipeline import errors
-from input_pipeline import glue, squad, tagging
+from input_pipeline import glue, squad, swag, tagging
 from input_pipeline.tokenizer import Tokenizer
 
 CONTEXT = ("The Normans were the people who in the 10th and 11th centuries gave their name to "
@@ -142,10 +142,10 @@ def test_swag_four_choices(tmp_path):
   (tmp_path / "val.csv").write_text(
       "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
       "v1,7,x,A man sits.,He,gold,eats.,runs away fast.,sleeps.,sings.,1\n")
-  ex = tagging.read_swag(str(tmp_path / "val.csv"))
+  ex = swag.read_swag(str(tmp_path / "val.csv"))
   assert ex[0]["label"] == 1 and ex[0]["endings"][1] == "runs away fast."
   tok = make_vocab(tmp_path, ["A man sits. He eats. runs away fast. sleeps. sings."])
-  f = tagging.encode_swag(ex, tok, 12)
+  f = swag.encode_swag(ex, tok, 12)
   assert f["input_ids"].shape == (1, 4, 12) and list(f["labels"]) == [1]
   assert tok.convert_ids_to_tokens(f["input_ids"][0, 1][f["input_mask"][0, 1] > 0]) == [
       "[CLS]", "a", "man", "sits", ".", "[SEP]", "he", "runs", "away", "fast", ".", "[SEP]"]
@@ -267,11 +267,11 @@ def test_task_files_without_rows_are_errors_naming_them(tmp_path):
   (tmp_path / "val.csv").write_text("video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,"
                                     "ending1,ending2,ending3,label\n")
   with pytest.raises(errors.UserError, match=re.escape(str(tmp_path / "val.csv")) + ".*no examples"):
-    tagging.read_swag(str(tmp_path / "val.csv"))
+    swag.read_swag(str(tmp_path / "val.csv"))
   with (tmp_path / "val.csv").open("a") as f:
     f.write("v1,7,x,A man sits.,He,gold,eats.,runs.,sleeps.,sings.,1\nv1,8,x,A man sits.,He,gold,eats.,runs.,sleeps.,sings.,7\n")
   with pytest.raises(errors.UserError, match=re.escape(f"{tmp_path / 'val.csv'}:3: label '7' is not a choice")):
-    tagging.read_swag(str(tmp_path / "val.csv"))
+    swag.read_swag(str(tmp_path / "val.csv"))
   (tmp_path / "valid.txt").write_text("-DOCSTART- -X- -X- O\n\n")
   with pytest.raises(errors.UserError, match=re.escape(str(tmp_path / "valid.txt")) + ".*no sentences"):
     tagging.read_conll(str(tmp_path / "valid.txt"))
@@ -332,4 +332,4 @@ def test_unreadable_task_files_name_the_file_and_line(tmp_path):
   (tmp_path / "s.csv").write_bytes(b'sent1,sent2,ending0,ending1,ending2,ending3,label\n'
                                    b'a,b,c,d,e,f,1\na\rx,b,c,d,e,f,1\n')
   with pytest.raises(glue.DataError, match=r"s\.csv:3: not a readable CSV row"):
-    tagging.read_swag(str(tmp_path / "s.csv"))
+    swag.read_swag(str(tmp_path / "s.csv"))
