@@ -227,6 +227,27 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...], rows: Rows | None = None) 
   return _fmix32(_fmix32(index ^ k[0]) + k[1])
 
 
+def dropout(x: jax.Array, rate: float, key: jax.Array, rng: str = "hash",
+            rows: Rows | None = None) -> jax.Array:
+  """Inverted dropout of x with `key`: `Dropout`'s maths as a function (for code that must
+  draw its key outside a transform, e.g. both branches of a lax.cond)."""
+  if rate == 0.0:
+    return x
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  keep_prob = 1.0 - rate
+  if rng == "threefry":
+    if rows is None:
+      keep = jax.random.bernoulli(key, keep_prob, x.shape)
+    else:
+      full = x.shape[:rows.axis] + (rows.length,) + x.shape[rows.axis + 1:]
+      keep = jnp.take_along_axis(jax.random.bernoulli(key, keep_prob, full),
+                                 _expand_rows(rows.positions, x.ndim, rows.axis), rows.axis)
+    return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))
+  keep = hash_bits(key, x.shape, rows) >= jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))
+  return jax.lax.select(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros_like(x))
+
+
 class Dropout(nn.Module):
   """Inverted dropout (drop with probability `rate`, scale the rest by 1/(1-rate)).
 
@@ -244,18 +265,7 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    key = self.make_rng("dropout")
-    keep_prob = 1.0 - self.rate
-    if self.rng == "threefry":
-      if rows is None:
-        keep = jax.random.bernoulli(key, keep_prob, x.shape)
-      else:
-        full = x.shape[:rows.axis] + (rows.length,) + x.shape[rows.axis + 1:]
-        keep = jnp.take_along_axis(jax.random.bernoulli(key, keep_prob, full),
-                                   _expand_rows(rows.positions, x.ndim, rows.axis), rows.axis)
-      return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))
-    keep = hash_bits(key, x.shape, rows) >= jnp.uint32(min(round(self.rate * 2 ** 32), 2 ** 32 - 1))
-    return jax.lax.select(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros_like(x))
+    return dropout(x, self.rate, self.make_rng("dropout"), self.rng, rows)
 
 
 def attention_bias(input_mask_BM: jax.Array, dtype) -> jax.Array:

@@ -1,0 +1,414 @@
+"""HuggingFace checkpoints of the modern encoders (model_type "modernbert": ModernBERT, Ettin,
+mmBERT; "eurobert": EuroBERT) <-> bert_jax parameter trees (bert_jax/modern.py), on the host.
+
+One table (`_rules`) maps transformers' names (the `model.` prefix stripped, PyTorch layout)
+onto our tree; a rule may cut one tensor into several of ours (ModernBERT's fused `Wqkv` and
+`Wi`). Every import is checked as formats.py checks BERT's: shapes match, every tensor is
+used or named. Our tree keeps the encoder under `bert` (with the prediction head: ModernBERT's
+`head.*`, EuroBERT's classifier `dense.*`, the part the loader calls the pooler), the masked-LM
+output at the top (`decoder_bias`, or EuroBERT's untied `lm_head`) and a fine-tuned task's
+`classifier` at the top.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Mapping
+
+from absl import logging
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import formats
+from bert_jax import modern
+from bert_jax.modern import GLOBAL, LOCAL, ModernConfig
+from input_pipeline import errors
+from input_pipeline import fileio
+
+Array = np.ndarray
+MODEL_TYPES = ("modernbert", "eurobert")
+# transformers' architecture per (family, what the tree holds).
+ARCHITECTURES = {
+    ("modernbert", "mlm"): "ModernBertForMaskedLM", ("modernbert", "encoder"): "ModernBertModel",
+    ("eurobert", "mlm"): "EuroBertForMaskedLM", ("eurobert", "encoder"): "EuroBertModel",
+}
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id",
+             "mask_token_id")
+HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size")
+
+
+def _t(x: Array) -> Array:
+  return np.ascontiguousarray(x.T)
+
+
+class _Rule:
+  """One transformers tensor <-> one or more of our leaves."""
+
+  def __init__(self, hf: str, paths: tuple, load: Callable, save: Callable, part: str):
+    self.hf, self.paths, self.load, self.save, self.part = hf, paths, load, save, part
+
+
+def _rules(cfg: ModernConfig, classifier: int = 0) -> list[_Rule]:
+  """Every tensor of a masked-LM model of `cfg` (and of a `classifier`-output task head)."""
+  D, H, G, K = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+  modern = cfg.family == "modernbert"
+  rules: list[_Rule] = []
+  part = "encoder"
+
+  def one(hf, path, load=lambda x: x, save=lambda x: x):
+    rules.append(_Rule(hf, (path,), lambda x: (load(x),), save, part))
+
+  def linear(hf, path, kernel_load=_t, kernel_save=_t, bias=False):
+    one(hf + ".weight", path + ("kernel",), kernel_load, kernel_save)
+    if bias:
+      one(hf + ".bias", path + ("bias",))
+
+  def norm(hf, path, bias=cfg.norm_bias and cfg.norm == "layernorm"):
+    one(hf + ".weight", path + ("scale",))
+    if bias:
+      one(hf + ".bias", path + ("bias",))
+
+  enc = ("bert",)
+  heads_in = lambda n: (lambda w: _t(w).reshape(D, n, K), lambda k: _t(k.reshape(D, n * K)))
+  out_in = (lambda w: _t(w).reshape(H, K, D), lambda k: _t(k.reshape(H * K, D)))
+  if modern:
+    one("embeddings.tok_embeddings.weight", enc + ("tok_embeddings", "embedding"))
+    norm("embeddings.norm", enc + ("embedding_norm",))
+  else:
+    one("embed_tokens.weight", enc + ("tok_embeddings", "embedding"))
+  for i in range(cfg.num_layers):
+    path = enc + ("encoder", f"layer_{i}")
+    att = path + ("attention",)
+    if modern:
+      hf = f"layers.{i}"
+      if i > 0 or cfg.first_attn_norm:
+        norm(f"{hf}.attn_norm", path + ("attn_norm",))
+      qkv = tuple(att + (n, "kernel") for n in ("query", "key", "value"))
+      rules.append(_Rule(
+          f"{hf}.attn.Wqkv.weight", qkv,
+          lambda w: tuple(_t(x).reshape(D, n, K) for x, n in
+                          zip(np.split(w, [H * K, (H + G) * K]), (H, G, G))),
+          lambda *ks: np.concatenate([_t(k.reshape(D, -1)) for k in ks]), part))
+      if cfg.attention_bias:
+        rules.append(_Rule(
+            f"{hf}.attn.Wqkv.bias", tuple(att + (n, "bias") for n in ("query", "key", "value")),
+            lambda b: tuple(x.reshape(n, K) for x, n in
+                            zip(np.split(b, [H * K, (H + G) * K]), (H, G, G))),
+            lambda *bs: np.concatenate([b.reshape(-1) for b in bs]), part))
+      linear(f"{hf}.attn.Wo", att + ("output",), *out_in, bias=cfg.attention_bias)
+      norm(f"{hf}.mlp_norm", path + ("mlp_norm",))
+      mlp = path + ("mlp",)
+      rules.append(_Rule(f"{hf}.mlp.Wi.weight", (mlp + ("gate", "kernel"), mlp + ("up", "kernel")),
+                         lambda w: tuple(_t(x) for x in np.split(w, 2)),
+                         lambda g, u: np.concatenate([_t(g), _t(u)]), part))
+      if cfg.mlp_bias:
+        rules.append(_Rule(f"{hf}.mlp.Wi.bias", (mlp + ("gate", "bias"), mlp + ("up", "bias")),
+                           lambda b: tuple(np.split(b, 2)), lambda g, u: np.concatenate([g, u]),
+                           part))
+      linear(f"{hf}.mlp.Wo", mlp + ("down",), bias=cfg.mlp_bias)
+    else:
+      hf = f"layers.{i}"
+      norm(f"{hf}.input_layernorm", path + ("attn_norm",))
+      for name, n in (("q", H), ("k", G), ("v", G)):
+        full = {"q": "query", "k": "key", "v": "value"}[name]
+        one(f"{hf}.self_attn.{name}_proj.weight", att + (full, "kernel"), *heads_in(n))
+        if cfg.attention_bias:
+          one(f"{hf}.self_attn.{name}_proj.bias", att + (full, "bias"),
+              lambda b, n=n: b.reshape(n, K), lambda b: b.reshape(-1))
+      linear(f"{hf}.self_attn.o_proj", att + ("output",), *out_in, bias=cfg.attention_bias)
+      norm(f"{hf}.post_attention_layernorm", path + ("mlp_norm",))
+      for name, ours in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+        linear(f"{hf}.mlp.{name}", path + ("mlp", ours), bias=cfg.mlp_bias)
+  norm("final_norm" if modern else "norm", enc + ("final_norm",))
+  part = "pooler"
+  head = "head.dense" if modern else "dense"
+  linear(head, enc + ("head", "dense"), bias=cfg.head_bias)
+  if cfg.head_norm:
+    norm("head.norm", enc + ("head", "norm"))
+  part = "mlm"
+  out = "decoder" if modern else "lm_head"
+  if cfg.tie_word_embeddings:
+    if cfg.decoder_bias:
+      one(f"{out}.bias", ("decoder_bias",))
+  else:
+    linear(out, ("lm_head",), bias=cfg.decoder_bias)
+  if classifier:
+    part = "classifier"
+    linear("classifier", ("classifier",), bias=True)
+  return rules
+
+
+# ----------------------------------------------------------------------------
+# Configs.
+
+def _theta(hf: Mapping[str, Any], kind: str | None, legacy: str, default: float) -> float:
+  """A rope theta from transformers' `rope_parameters` (per layer kind for ModernBERT) or
+  the older top-level names; only the default rope type is implemented."""
+  params = hf.get("rope_parameters") or {}
+  if kind is not None:
+    params = params.get(kind) or {}
+  rope_type = params.get("rope_type", (hf.get("rope_scaling") or {}).get("rope_type", "default"))
+  if rope_type != "default":
+    raise errors.ConfigError(f"rope_type {rope_type!r} is not implemented; bert_jax implements "
+                             "the default rotary embedding (set a new rope theta instead).")
+  return float(params.get("rope_theta", hf.get(legacy, default)))
+
+
+def config_from_hf(hf: Mapping[str, Any], **overrides) -> ModernConfig:
+  """transformers' config.json of a ModernBERT or EuroBERT model -> ModernConfig."""
+  model_type = hf.get("model_type")
+  if model_type == "modernbert":
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or [
+        GLOBAL if i % hf.get("global_attn_every_n_layers", 3) == 0 else LOCAL for i in range(n)]
+    every = next((e for e in range(1, n + 1) if all(
+        (t == GLOBAL) == (i % e == 0) for i, t in enumerate(types))), None)
+    if every is None:
+      raise errors.ConfigError(f"layer_types {types} is not a periodic pattern (global at every "
+                               "n-th layer from the first): bert_jax implements that pattern.")
+    cfg = ModernConfig.from_preset(
+        "modernbert-base", family="modernbert",
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=n,
+        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+        hidden_act=hf.get("hidden_activation", "gelu"), norm_eps=hf.get("norm_eps", 1e-5),
+        norm_bias=hf.get("norm_bias", False), attention_bias=hf.get("attention_bias", False),
+        mlp_bias=hf.get("mlp_bias", False), global_every=every,
+        local_window=hf.get("local_attention", 128),
+        rope_theta=_theta(hf, GLOBAL, "global_rope_theta", 160000.0),
+        local_rope_theta=_theta(hf, LOCAL, "local_rope_theta", 10000.0),
+        max_position_embeddings=hf.get("max_position_embeddings", 8192),
+        head_bias=hf.get("classifier_bias", False),
+        head_act=hf.get("classifier_activation", "gelu"),
+        tie_word_embeddings=hf.get("tie_word_embeddings", True),
+        decoder_bias=hf.get("decoder_bias", True),
+        classifier_pooling=hf.get("classifier_pooling", "cls"),
+        embedding_dropout_rate=hf.get("embedding_dropout", 0.0),
+        attention_dropout_rate=hf.get("attention_dropout", 0.0),
+        mlp_dropout_rate=hf.get("mlp_dropout", 0.0),
+        classifier_dropout_rate=hf.get("classifier_dropout", 0.0),
+        initializer_range=hf.get("initializer_range", 0.02),
+        initializer_cutoff_factor=hf.get("initializer_cutoff_factor") or 2.0)
+  elif model_type == "eurobert":
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    if head_dim * heads != hf["hidden_size"]:
+      raise errors.ConfigError(f"head_dim {head_dim} x {heads} heads != hidden_size "
+                               f"{hf['hidden_size']}: bert_jax's attention needs them equal.")
+    pooling = hf.get("classifier_pooling", "late")
+    cfg = ModernConfig.from_preset(
+        "eurobert-210m", family="eurobert",
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        intermediate_size=hf["intermediate_size"], hidden_act=hf.get("hidden_act", "silu"),
+        norm_eps=hf.get("rms_norm_eps", 1e-5), attention_bias=hf.get("attention_bias", False),
+        mlp_bias=hf.get("mlp_bias", False), decoder_bias=hf.get("mlp_bias", False),
+        rope_theta=_theta(hf, None, "rope_theta", 250000.0),
+        max_position_embeddings=hf.get("max_position_embeddings", 8192),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        classifier_pooling="cls" if pooling == "bos" else pooling,
+        attention_dropout_rate=hf.get("attention_dropout", 0.0),
+        initializer_range=hf.get("initializer_range", 0.02))
+  else:
+    raise errors.ConfigError(f"model_type {model_type!r} is not a modern encoder "
+                             f"({', '.join(MODEL_TYPES)}).")
+  ids = {k: hf[k] for k in TOKEN_IDS if isinstance(hf.get(k), int)}
+  return cfg.replace(**ids, **overrides)
+
+
+def config_to_hf(cfg: ModernConfig, architecture: str, num_labels: int = 0) -> dict[str, Any]:
+  """ModernConfig -> the config.json transformers reads for `architecture`."""
+  common = {"architectures": [architecture], "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.intermediate_size,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "attention_bias": cfg.attention_bias, "mlp_bias": cfg.mlp_bias,
+            "attention_dropout": cfg.attention_dropout_rate,
+            "initializer_range": cfg.initializer_range,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            **{k: getattr(cfg, k) for k in TOKEN_IDS if getattr(cfg, k) is not None}}
+  if num_labels:
+    common["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+    common["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+  if cfg.family == "modernbert":
+    return {**common, "model_type": "modernbert", "hidden_activation": cfg.hidden_act,
+            "norm_eps": cfg.norm_eps, "norm_bias": cfg.norm_bias,
+            "layer_types": list(cfg.layer_types), "local_attention": cfg.local_window,
+            "rope_parameters": {GLOBAL: {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                                LOCAL: {"rope_type": "default",
+                                        "rope_theta": cfg.local_rope_theta}},
+            "classifier_bias": cfg.head_bias, "classifier_activation": cfg.head_act,
+            "decoder_bias": cfg.decoder_bias, "classifier_pooling": cfg.classifier_pooling,
+            "embedding_dropout": cfg.embedding_dropout_rate, "mlp_dropout": cfg.mlp_dropout_rate,
+            "classifier_dropout": cfg.classifier_dropout_rate,
+            "initializer_cutoff_factor": cfg.initializer_cutoff_factor}
+  return {**common, "model_type": "eurobert", "num_key_value_heads": cfg.kv_heads,
+          "head_dim": cfg.head_dim, "hidden_act": cfg.hidden_act, "rms_norm_eps": cfg.norm_eps,
+          "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+          "classifier_pooling": "bos" if cfg.classifier_pooling == "cls" else cfg.classifier_pooling}
+
+
+# ----------------------------------------------------------------------------
+# State dicts <-> params.
+
+def _strip(state: Mapping[str, Array]) -> dict[str, Array]:
+  return {k.removeprefix("model."): np.asarray(v) for k, v in state.items()}
+
+
+def hf_to_params(state: Mapping[str, Array], cfg: ModernConfig, target: str = "pretraining",
+                 source: str = "checkpoint") -> dict:
+  """transformers state dict -> our tree (target "pretraining": masked-LM shaped, heads at
+  the top; "encoder": the `bert` subtree alone; "all": a fine-tuned `classifier` too). The
+  encoder must be complete; the prediction head, the masked-LM output and the classifier are
+  each loaded when present (whole)."""
+  state = _strip(state)
+  out = "decoder" if cfg.family == "modernbert" else "lm_head"
+  emb = ("embeddings.tok_embeddings.weight" if cfg.family == "modernbert"
+         else "embed_tokens.weight")
+  if cfg.tie_word_embeddings and f"{out}.weight" in state:
+    if not np.array_equal(state[f"{out}.weight"], state.get(emb)):
+      raise formats.CheckpointMismatchError(
+          f"{source}: {out}.weight differs from {emb} although config.json ties them "
+          "(tie_word_embeddings): fix the config or the checkpoint.")
+    del state[f"{out}.weight"]
+  classes = state["classifier.weight"].shape[0] if "classifier.weight" in state else 0
+  rules = _rules(cfg, classes if target == "all" else 0)
+  present = {r.part: [] for r in rules}
+  for r in rules:
+    present[r.part].append(r.hf in state)
+  loaded = {p: p == "encoder" or all(flags) for p, flags in present.items()}
+  params: dict = {}
+  missing, bad, used = [], [], set()
+  for r in rules:
+    if not loaded[r.part] and not any(present[r.part]):
+      continue
+    if r.hf not in state:
+      missing.append(r.hf)
+      continue
+    used.add(r.hf)
+    try:
+      values = r.load(np.asarray(state[r.hf], np.float32))
+    except ValueError:
+      bad.append(f"{r.hf}: {state[r.hf].shape}")
+      continue
+    for path, value in zip(r.paths, values):
+      if target == "encoder" and path[0] != "bert":
+        continue
+      formats._set(params, path[1:] if target == "encoder" else path, value)  # pylint: disable=protected-access
+  unused = sorted(k for k in state if k not in used)
+  structural = [k for k in unused if k.startswith(("embeddings.", "embed_tokens.", "layers.",
+                                                   "final_norm.", "norm."))]
+  if missing or bad or structural:
+    lines = [f"{source} does not match a {cfg.family} model of config {cfg.to_dict()}:"]
+    for label, items in (("missing tensors", missing), ("tensors of the wrong shape", bad),
+                         ("unused tensors", unused)):
+      if items:
+        lines.append(f"  {label} ({len(items)}): {', '.join(items[:30])}")
+    raise formats.CheckpointMismatchError("\n".join(lines))
+  if unused:
+    logging.warning("%s: %d tensors the %s model does not use are left out: %s", source,
+                    len(unused), target, ", ".join(unused))
+  _check_shapes(params, cfg, target)
+  return params
+
+
+def _check_shapes(params: dict, cfg: ModernConfig, target: str) -> None:
+  """Every leaf against the shape the model of `cfg` expects (a config.json whose sizes do
+  not match the weights is named here, tensor by tensor)."""
+  ids = jnp.zeros((1, 2), jnp.int32)
+  init = lambda m, *a: flax.traverse_util.flatten_dict(jax.eval_shape(
+      lambda: nn.unbox(m.init(jax.random.key(0), *a))["params"]))
+  want = init(modern.ModernModel(cfg), ids, ids, ids)  # the encoder with its pooled head
+  if target != "encoder":
+    want = {**init(modern.ModernForMaskedLM(cfg), ids, ids, ids, ids),
+            **{("bert",) + k: v for k, v in want.items()}}
+  got = flax.traverse_util.flatten_dict(params)
+  wrong = [f"{'/'.join(k)}: {tuple(v.shape)} vs {tuple(want[k].shape)}"
+           for k, v in got.items() if k in want and tuple(v.shape) != tuple(want[k].shape)]
+  if wrong:
+    raise formats.CheckpointMismatchError(
+        f"Tensors of the wrong shape for the {cfg.family} config:\n  " + "\n  ".join(wrong))
+
+
+def params_to_hf(params: dict, cfg: ModernConfig) -> dict[str, Array]:
+  """Our tree (any of the parts, unrolled) -> transformers' state dict of the model class
+  that holds them (keys with the `model.` prefix where the class has one)."""
+  params = formats._to_numpy(params)  # pylint: disable=protected-access
+  tree = params if "bert" in params else {"bert": params}
+  classes = tree["classifier"]["kernel"].shape[-1] if "classifier" in tree else 0
+  has = lambda path: _has(tree, path)
+  state = {}
+  for r in _rules(cfg, classes):
+    if not all(has(p) for p in r.paths):
+      continue
+    state[r.hf] = np.ascontiguousarray(r.save(*[np.asarray(formats._get(tree, p), np.float32)  # pylint: disable=protected-access
+                                                for p in r.paths]))
+  head_only = "bert" not in params or not (set(params) - {"bert"})
+  prefix = "" if head_only else "model."
+  out = {}
+  for k, v in state.items():
+    top = k.startswith(("head.", "decoder.", "lm_head.", "classifier.", "dense."))
+    out[k if top else prefix + k] = v
+  if cfg.tie_word_embeddings and not head_only and "decoder_bias" in tree:
+    name = "decoder.weight" if cfg.family == "modernbert" else "lm_head.weight"
+    emb = "embeddings.tok_embeddings.weight" if cfg.family == "modernbert" else "embed_tokens.weight"
+    out[name] = out["model." + emb]
+  return out
+
+
+def _has(tree, path) -> bool:
+  for key in path:
+    if not isinstance(tree, dict) or key not in tree:
+      return False
+    tree = tree[key]
+  return True
+
+
+# ----------------------------------------------------------------------------
+# Directories.
+
+def model_type(path: str) -> str | None:
+  """The model_type of a HuggingFace directory's config.json when it is a modern encoder."""
+  p = fileio.path(path) / "config.json"
+  if not p.exists():
+    return None
+  try:
+    t = json.loads(p.read_text()).get("model_type")
+  except (ValueError, AttributeError):
+    return None
+  return t if t in MODEL_TYPES else None
+
+
+def read_hf(path: str, target: str = "pretraining") -> tuple[ModernConfig, dict]:
+  """(config, unrolled params on the host) of a HuggingFace ModernBERT/EuroBERT directory."""
+  d = fileio.path(path)
+  hf = json.loads((d / "config.json").read_text())
+  missing = [k for k in HF_REQUIRED if not isinstance(hf.get(k), int)]
+  if missing:
+    raise formats.CorruptCheckpointFileError(
+        f"{d / 'config.json'} lacks {', '.join(missing)} (or not as an integer): fix the file.")
+  cfg = config_from_hf(hf)
+  state = formats.read_hf_state(path)
+  return cfg, hf_to_params(state, cfg, target, source=f"HuggingFace checkpoint {path}")
+
+
+def export_hf(path: str, cfg: ModernConfig, params: dict) -> None:
+  """model.safetensors + config.json that transformers loads with no missing or unexpected
+  keys (config.json last: a directory without it is not read as a checkpoint)."""
+  state = params_to_hf(params, cfg)
+  mlm = "decoder_bias" in params or "lm_head" in params
+  architecture = ARCHITECTURES[(cfg.family, "mlm" if mlm else "encoder")]
+  num_labels = 0
+  if "classifier" in params:
+    num_labels = params["classifier"]["kernel"].shape[-1]
+    architecture = architecture.replace("ForMaskedLM", "ForSequenceClassification").replace(
+        "Model", "ForSequenceClassification")
+  d = fileio.path(path)
+  d.mkdir(parents=True, exist_ok=True)
+  if cfg.tie_word_embeddings:  # safetensors stores a tied tensor once, as transformers does
+    state.pop("decoder.weight" if cfg.family == "modernbert" else "lm_head.weight", None)
+  formats._write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})  # pylint: disable=protected-access
+  (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture, num_labels), indent=2))

@@ -1,0 +1,211 @@
+"""The modern encoders (bert_jax/modern.py) against transformers in float32, on HuggingFace
+directories built here with random weights: ModernBERT (global + sliding-window layers) and
+EuroBERT (RMSNorm, SwiGLU, grouped-query attention)."""
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import modern
+from bert_jax import modern_formats
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+V, L = 96, 40
+
+
+def _hf_config(family: str, **kw):
+  if family == "modernbert":
+    return transformers.ModernBertConfig(**{**dict(
+        vocab_size=V, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        intermediate_size=96, local_attention=8, max_position_embeddings=128,
+        pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2,
+        global_attn_every_n_layers=3, attn_implementation="eager"), **kw})
+  return transformers.EuroBertConfig(**{**dict(
+      vocab_size=V, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+      num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128,
+      pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3,
+      attn_implementation="eager"), **kw})
+
+
+def _randomize(model, seed=0):
+  """Every weight random (norm scales around 1), so a mapping mistake cannot hide."""
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=g) * 0.1
+      p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
+  return model.eval()
+
+
+def _hf_dir(tmp_path, family, arch, seed=0, **kw):
+  cls = getattr(transformers, {"modernbert": "ModernBert", "eurobert": "EuroBert"}[family] + arch)
+  cfg = _hf_config(family, **kw)
+  torch.manual_seed(seed)
+  model = _randomize(cls(cfg), seed)
+  d = tmp_path / f"{family}-{arch}"
+  model.save_pretrained(d)
+  return str(d), model
+
+
+def _inputs(seed=0, batch=3, pad=(0, 7, 19)):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(4, V, (batch, L)).astype(np.int32)
+  ids[:, 0] = 1
+  mask = np.ones((batch, L), np.int32)
+  for b, p in enumerate(pad[:batch]):
+    if p:
+      mask[b, -p:] = 0
+      ids[b, -p:] = 0
+  return ids, mask
+
+
+def _torch(x):
+  return torch.tensor(np.asarray(x), dtype=torch.long)
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+@pytest.mark.parametrize("attention", ["banded", "dense"])
+def test_hidden_states_and_mlm_logits_match_transformers(tmp_path, family, attention):
+  path, hf = _hf_dir(tmp_path, family, "ForMaskedLM")
+  cfg, params = modern_formats.read_hf(path, "pretraining")
+  cfg = cfg.replace(attention=attention)
+  ids, mask = _inputs()
+  with torch.no_grad():
+    out = hf(input_ids=_torch(ids), attention_mask=_torch(mask), output_hidden_states=True)
+  want_h = out.hidden_states[-1].numpy()  # after the final norm
+  enc = modern.ModernModel(cfg, add_pooler=False)
+  got_h, _ = enc.apply({"params": params["bert"]}, ids, None, mask)
+  real = mask.astype(bool)
+  assert np.abs(np.asarray(got_h)[real] - want_h[real]).max() <= 1e-5
+  positions = np.broadcast_to(np.arange(L, dtype=np.int32), ids.shape)
+  got = modern.ModernForMaskedLM(cfg).apply({"params": params}, ids, None, mask, positions)
+  got_logits = np.asarray(got["mlm_logits"])[real]
+  want_logits = out.logits.numpy()[real]
+  assert np.abs(got_logits - want_logits).max() <= 1e-4
+  assert (got_logits.argmax(-1) == want_logits.argmax(-1)).all()
+
+
+def test_sliding_window_is_shorter_than_the_sequence():
+  # The test above means something only if the local layers really see less than L.
+  cfg = modern_formats.config_from_hf(_hf_config("modernbert").to_dict())
+  assert cfg.local_window // 2 < L and modern.LOCAL in cfg.layer_types
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_packed_rows_equal_each_example_alone(tmp_path, family):
+  path, hf = _hf_dir(tmp_path, family, "Model")
+  cfg, params = modern_formats.read_hf(path, "encoder")
+  rng = np.random.default_rng(1)
+  lengths = (15, 20)
+  examples = [np.concatenate([[1], rng.integers(4, V, n - 1)]).astype(np.int32) for n in lengths]
+  row = np.zeros((1, L), np.int32)
+  seg = np.zeros((1, L), np.int32)
+  pos = np.zeros((1, L), np.int32)
+  start = 0
+  for e, x in enumerate(examples):
+    row[0, start:start + len(x)] = x
+    seg[0, start:start + len(x)] = e + 1
+    pos[0, start:start + len(x)] = np.arange(len(x))
+    start += len(x)
+  got, _ = modern.ModernModel(cfg, add_pooler=False).apply(
+      {"params": params}, row, None, (seg > 0).astype(np.int32), position_ids=pos,
+      packed_example_ids=seg)
+  start = 0
+  for x in examples:
+    with torch.no_grad():
+      want = hf(input_ids=_torch(x[None])).last_hidden_state.numpy()[0]
+    assert np.abs(np.asarray(got)[0, start:start + len(x)] - want).max() <= 1e-5
+    start += len(x)
+
+
+@pytest.mark.parametrize("family,pooling", [("modernbert", "cls"), ("modernbert", "mean"),
+                                            ("eurobert", "bos"), ("eurobert", "mean"),
+                                            ("eurobert", "late")])
+def test_sequence_classification_logits_match(tmp_path, family, pooling):
+  path, hf = _hf_dir(tmp_path, family, "ForSequenceClassification", num_labels=3,
+                     classifier_pooling=pooling)
+  cfg, params = modern_formats.read_hf(path, "all")
+  ids, mask = _inputs(2)
+  with torch.no_grad():
+    want = hf(input_ids=_torch(ids), attention_mask=_torch(mask)).logits.numpy()
+  _, pooled = modern.ModernModel(cfg).apply({"params": params["bert"]}, ids, None, mask)
+  k = params["classifier"]
+  got = np.asarray(pooled) @ k["kernel"] + k["bias"]
+  assert np.abs(got - want).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_token_classification_logits_match(tmp_path, family):
+  path, hf = _hf_dir(tmp_path, family, "ForTokenClassification", num_labels=5)
+  cfg, params = modern_formats.read_hf(path, "all")
+  ids, mask = _inputs(3)
+  with torch.no_grad():
+    want = hf(input_ids=_torch(ids), attention_mask=_torch(mask)).logits.numpy()
+  enc = modern.ModernModel(cfg, add_pooler=False)
+  x = enc.apply({"params": params["bert"]}, ids, None, mask,
+                method=lambda m, *a: m.tokens(m(*a)[0]))
+  k = params["classifier"]
+  got = np.asarray(x) @ k["kernel"] + k["bias"]
+  real = mask.astype(bool)
+  assert np.abs(got[real] - want[real]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_export_round_trip_is_bit_exact_and_transformers_loads_it(tmp_path, family):
+  path, hf = _hf_dir(tmp_path, family, "ForMaskedLM")
+  cfg, params = modern_formats.read_hf(path, "pretraining")
+  out = tmp_path / "export"
+  modern_formats.export_hf(str(out), cfg, params)
+  cfg2, params2 = modern_formats.read_hf(str(out), "pretraining")
+  assert cfg2 == cfg
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), params, params2)
+  cls = type(hf)
+  back, info = cls.from_pretrained(out, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  for (n, a), (_, b) in zip(hf.state_dict().items(), back.state_dict().items()):
+    assert torch.equal(a, b), n
+
+
+def test_scanned_layers_equal_unrolled(tmp_path):
+  path, _ = _hf_dir(tmp_path, "modernbert", "Model")
+  cfg, params = modern_formats.read_hf(path, "encoder")
+  ids, mask = _inputs(4)
+  want, _ = modern.ModernModel(cfg, add_pooler=False).apply({"params": params}, ids, None, mask)
+  layers = [params["encoder"][f"layer_{i}"] for i in range(cfg.num_layers)]
+  # Layer 0 of ModernBERT has no attention norm: the scanned stack holds an unread one.
+  layers[0] = {"attn_norm": {"scale": np.ones(cfg.hidden_size, np.float32)}, **layers[0]}
+  scanned = {**params, "encoder": {"layers": jax.tree.map(lambda *x: np.stack(x), *layers)}}
+  got, _ = modern.ModernModel(cfg.replace(scan_layers=True), add_pooler=False).apply(
+      {"params": scanned}, ids, None, mask)
+  assert np.abs(np.asarray(got) - np.asarray(want))[mask.astype(bool)].max() <= 1e-5
+
+
+def test_banded_attention_is_exact_against_dense():
+  rng = np.random.default_rng(0)
+  b, l, h, g, k = 2, 37, 4, 2, 8
+  q = jnp.asarray(rng.normal(size=(b, l, h, k)), jnp.float32)
+  kk = jnp.asarray(rng.normal(size=(b, l, g, k)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(b, l, g, k)), jnp.float32)
+  seg = np.ones((b, l), np.int32)
+  seg[1, 20:] = 2
+  seg[1, 33:] = 0
+  for half in (1, 3, 5, 16, 64):
+    want = modern.dense_attention(q, kk, v, seg, half, jnp.float32)
+    got = modern.banded_attention(q, kk, v, seg, half, jnp.float32)
+    real = seg > 0
+    assert np.abs(np.asarray(got) - np.asarray(want))[real].max() <= 1e-6, half
+
+
+def test_config_json_round_trip():
+  for family in ("modernbert", "eurobert"):
+    hf = _hf_config(family).to_dict()
+    cfg = modern_formats.config_from_hf(hf)
+    again = modern_formats.config_from_hf(json.loads(json.dumps(
+        modern_formats.config_to_hf(cfg, "X"))))
+    assert again == cfg
