@@ -30,9 +30,8 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import formats, loader, tasks
+from bert_jax import formats, loader, modern, tasks
 from bert_jax import trainer as trainer_lib
-from bert_jax.model import BertConfig
 from input_pipeline import errors, fileio
 from input_pipeline.epochs import EpochIterator
 from input_pipeline.tokenizer import Tokenizer
@@ -109,19 +108,39 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
   return packed
 
 
-def _load(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any, Tokenizer]:
-  """(BertConfig, encoder params, tokenizer): the architecture is the checkpoint's;
+BERT_DROPOUT = {"hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1}  # the paper's
+MODERN_DROPOUT = ("embedding_dropout_rate", "attention_dropout_rate", "mlp_dropout_rate",
+                  "classifier_dropout_rate")
+
+
+def _dropout(enc_cfg: Any, model: ml_collections.ConfigDict) -> dict[str, float]:
+  """The fine-tuning dropout rates config.model sets for the checkpoint's family."""
+  given = {k: model.get(k) for k in (*BERT_DROPOUT, *MODERN_DROPOUT) if model.get(k) is not None}
+  allowed = MODERN_DROPOUT if isinstance(enc_cfg, modern.ModernConfig) else tuple(BERT_DROPOUT)
+  wrong = sorted(set(given) - set(allowed))
+  if wrong:
+    raise errors.ConfigError(
+        f"config.model sets {', '.join(wrong)}, which the checkpoint's model "
+        f"({getattr(enc_cfg, 'family', 'bert')}) does not have; its dropout rates are "
+        f"{', '.join(allowed)}.")
+  if isinstance(enc_cfg, modern.ModernConfig):
+    return given
+  return {**BERT_DROPOUT, **given}
+
+
+def _load(config: ml_collections.ConfigDict) -> tuple[Any, Any, Tokenizer]:
+  """(model config, encoder params, tokenizer): the architecture is the checkpoint's;
   dropout, dtype, remat and scan the config's."""
   enc_cfg, enc_params = loader.read(config.init_checkpoint, "encoder")
-  cfg = enc_cfg.replace(hidden_dropout_rate=config.model.hidden_dropout_rate,
-                        attention_dropout_rate=config.model.attention_dropout_rate,
-                        dtype=config.model.dtype, scan_layers=config.model.scan_layers,
-                        remat=config.model.remat)
+  cfg = enc_cfg.replace(dtype=config.model.dtype, scan_layers=config.model.scan_layers,
+                        remat=config.model.remat, **_dropout(enc_cfg, config.model))
   if config.max_seq_length > cfg.max_position_embeddings:
     raise errors.ConfigError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
                       f"{cfg.max_position_embeddings} positions: lower --config.max_seq_length.")
   tok = Tokenizer.from_path(config.vocab_path, config.get("lowercase"))
-  if tok.vocab_size != cfg.vocab_size:
+  # The modern encoders' embedding tables are padded (ModernBERT: 50368 rows, 50280 tokens).
+  if (tok.vocab_size > cfg.vocab_size if isinstance(cfg, modern.ModernConfig)
+      else tok.vocab_size != cfg.vocab_size):
     raise errors.ConfigError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
                       f"{cfg.vocab_size}: use the vocabulary the model was pre-trained with.")
   return cfg, enc_params, tok
@@ -175,7 +194,7 @@ class _DevEvaluation:
   metrics.json (history kept across reruns), and best/ + predictions on improvement."""
 
   def __init__(self, config, workdir: str, task: tasks.TaskData, trainer: trainer_lib.Trainer,
-               cfg: BertConfig, writer, epoch_ends: list[int], saved: dict):
+               cfg: Any, writer, epoch_ends: list[int], saved: dict):
     self.config, self.out_dir, self.task, self.trainer = config, fileio.path(workdir), task, trainer
     self.cfg, self.writer, self.epoch_ends = cfg, writer, epoch_ends
     self.best, self.history = saved.get("best", {}), saved.get("epochs", [])
@@ -268,7 +287,7 @@ def _read_metrics(path) -> dict:
   return saved
 
 
-def _save_params(path, params, cfg: BertConfig, config, labels) -> None:
+def _save_params(path, params, cfg: Any, config, labels) -> None:
   """The best parameters (head included) in the export format (formats.save_native:
   params.safetensors + bert_jax_config.json with the model's real BertConfig, so best/ is
   also an init_checkpoint), plus config.json: the labels and the task config for predict.

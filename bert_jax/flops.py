@@ -18,6 +18,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from bert_jax import modern
 from bert_jax.model import BertConfig
 
 # Dense bf16 peak FLOP/s per device (chip; per GPU), from the vendors' data sheets.
@@ -42,6 +43,8 @@ PEAK_BF16_FLOPS = {
 def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int,
                                nsp: bool = True) -> int:
   """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence."""
+  if isinstance(cfg, modern.ModernConfig):
+    return modern_forward_flops_per_sequence(cfg, seq_len, num_predictions)
   L, D, F, V, P = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, num_predictions
   per_layer = (2 * L * D * 3 * D  # q, k, v projections
                + 2 * L * L * D  # scores q.k over all L x L pairs (all heads)
@@ -51,6 +54,32 @@ def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: i
   mlm = 2 * P * D * D + 2 * P * D * V  # transform + tied vocabulary projection at P positions
   pooler_nsp = (2 * D * D + 2 * D * 2) if nsp else 0  # pooler + classifier
   return cfg.num_layers * per_layer + mlm + pooler_nsp
+
+
+def attention_flops(cfg: modern.ModernConfig, seq_len: int, executed: bool = False) -> int:
+  """Score and weighted-sum FLOPs of all the layers of a modern encoder over one sequence:
+  global layers every L x L pair, local layers their band (2 * (window // 2) + 1 keys per
+  query; `executed`: the 3 blocks of at least window // 2 keys that the banded
+  implementation computes, modern.banded_attention)."""
+  L, D = seq_len, cfg.num_heads * cfg.head_dim
+  half = cfg.local_window // 2
+  block = min(half, L)
+  band = 3 * block * -(-L // block) / L if executed else min(L, 2 * half + 1)
+  keys = [L if cfg.is_global(i) else band for i in range(cfg.num_layers)]
+  return int(sum(4 * L * k * D for k in keys))
+
+
+def modern_forward_flops_per_sequence(cfg: modern.ModernConfig, seq_len: int,
+                                      num_predictions: int) -> int:
+  """The same for a modern encoder (bert_jax/modern.py): grouped q/k/v, gated MLP (three
+  matmuls), local layers over their band, the prediction head and vocabulary projection at
+  the P gathered positions."""
+  L, D, F, V, P = (seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
+                   num_predictions)
+  qkv = 2 * L * D * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
+  per_layer = qkv + 2 * L * cfg.num_heads * cfg.head_dim * D + 2 * L * D * F * 3
+  head = 2 * P * D * D if cfg.head_tokens else 0
+  return cfg.num_layers * per_layer + attention_flops(cfg, L) + head + 2 * P * D * V
 
 
 def train_flops_per_step(cfg: BertConfig, batch_size: int, seq_len: int,

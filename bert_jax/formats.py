@@ -28,6 +28,7 @@ import safetensors
 import safetensors.numpy
 
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax.model import BertConfig
 from input_pipeline import errors
 from input_pipeline import fileio
@@ -129,7 +130,8 @@ def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Cal
 def heads(params: Params) -> dict[str, bool]:
   """Which optional parts a parameter tree holds: {"pooler", "mlm", "nsp"} -> bool."""
   encoder = params.get("bert", params)
-  return {"pooler": "pooler" in encoder, "mlm": "transform" in params,
+  return {"pooler": "pooler" in encoder or "head" in encoder,  # the modern encoders' head
+          "mlm": bool({"transform", "decoder_bias", "lm_head"} & set(params)),
           "nsp": "seq_relationship" in params}
 
 
@@ -436,7 +438,13 @@ def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = 
   (+ pooler) of any; "all" an export's tree as saved (a fine-tuned head included)."""
   d = fileio.path(path)
   if (d / NATIVE_CONFIG).exists():
-    return read_native(path) if target == "all" else load_native(path, target, require_mlm)
+    if target == "all":
+      return read_native(path)
+    cfg, params = read_native(path)
+    if isinstance(cfg, modern.ModernConfig):  # its tree as saved, without a task's head
+      return cfg, params["bert"] if target == "encoder" else {
+          k: v for k, v in params.items() if k != "classifier"}
+    return load_native(path, target, require_mlm)
   if (d / "config.json").exists():
     cfg = config_from_hf(read_config_json(d / "config.json"))
     state = read_hf_state(path)
@@ -482,11 +490,19 @@ def save_native(path: str, cfg: BertConfig, params: Params) -> None:
   (d / NATIVE_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
-def read_native(path: str) -> tuple[BertConfig, Params]:
-  """(BertConfig, the saved parameter tree as it is: any heads, e.g. a fine-tuned classifier)
+def config_from_dict(d: Mapping[str, Any]) -> Any:
+  """A model config saved as a dict (an export's, a run's) -> its family's config class:
+  BertConfig, or modern.ModernConfig when it names a modern family."""
+  if d.get("family", "bert") in modern.FAMILY_DEFAULTS:
+    return modern.ModernConfig.from_dict(d)
+  return BertConfig.from_dict(d)
+
+
+def read_native(path: str) -> tuple[Any, Params]:
+  """(config, the saved parameter tree as it is: any heads, e.g. a fine-tuned classifier)
   of a bert_jax export."""
   d = fileio.path(path)
-  cfg = BertConfig.from_dict(json.loads((d / NATIVE_CONFIG).read_text()))
+  cfg = config_from_dict(json.loads((d / NATIVE_CONFIG).read_text()))
   params: Params = {}
   for key, value in _read_safetensors(d / NATIVE_PARAMS).items():
     _set(params, tuple(key.split("/")), value)

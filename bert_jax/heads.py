@@ -1,7 +1,9 @@
 """Fine-tuning heads: a small new output layer on the (pre-trained) encoder.
 
 Every model holds the encoder under `bert` (so `loader.load_into(..., part="encoder")` drops
-a pre-trained one in) and its new layer under `classifier`.
+a pre-trained one in) and its new layer under `classifier`. The encoder is the config's
+family's (`encoder`): BERT's, or the modern encoders' (bert_jax/modern.py), whose pooled
+output and token features (`tokens`) are their own heads' (ModernBERT's prediction head).
 Axis legend as in model.py; C = classes (or choices).
 """
 from __future__ import annotations
@@ -12,7 +14,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import modern
 from bert_jax.model import BertConfig, BertModel, dense
+
+
+def encoder(cfg: Any, **kwargs) -> nn.Module:
+  """The encoder module of the config's family (named `bert` in every model tree)."""
+  cls = modern.ModernModel if isinstance(cfg, modern.ModernConfig) else BertModel
+  return cls(cfg, name="bert", **kwargs)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -29,7 +38,7 @@ class BertForSequenceClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
                position_ids=None, packed_example_ids=None, cls_positions=None):
-    _, pooled = BertModel(self.config, pooled_only=True, name="bert")(
+    _, pooled = encoder(self.config, pooled_only=True)(
         input_ids, segment_ids, input_mask, deterministic, position_ids=position_ids,
         packed_example_ids=packed_example_ids, cls_positions=cls_positions)  # [B, D] or [B, E, D]
     pooled = nn.Dropout(self.config.hidden_dropout_rate)(pooled, deterministic=deterministic)
@@ -57,7 +66,8 @@ class BertForQuestionAnswering(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
-    seq_BLD, _ = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+    bert = encoder(self.config)
+    seq_BLD = bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0])
     if self.bilstm_units:
       seq_BLD = BiLSTM(self.bilstm_units, self.config.param_dtype, name="bilstm")(
           seq_BLD, jnp.sum(input_mask, -1).astype(jnp.int32))
@@ -72,7 +82,8 @@ class BertForTokenClassification(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
-    seq_BLD, _ = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask, deterministic)
+    bert = encoder(self.config)
+    seq_BLD = bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0])
     seq_BLD = nn.Dropout(self.config.hidden_dropout_rate)(seq_BLD, deterministic=deterministic)
     return dense(self.config, self.num_labels, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
 
@@ -85,7 +96,7 @@ class BertForMultipleChoice(nn.Module):
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
     batch, choices, length = input_ids.shape
     flat = lambda x: x.reshape(batch * choices, length)
-    _, pooled_ND = BertModel(self.config, pooled_only=True, name="bert")(
+    _, pooled_ND = encoder(self.config, pooled_only=True)(
         flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
     pooled_ND = nn.Dropout(self.config.hidden_dropout_rate)(pooled_ND, deterministic=deterministic)
     scores_N1 = dense(self.config, 1, ("embed", None), "classifier")(pooled_ND)

@@ -40,6 +40,8 @@ import orbax.checkpoint as ocp
 
 from bert_jax import formats
 from bert_jax import model as model_lib
+from bert_jax import modern
+from bert_jax import modern_formats
 from bert_jax.model import BertConfig
 from input_pipeline import fileio
 
@@ -50,6 +52,14 @@ MODEL_CONFIG_KEY = "bert_model"  # the model's BertConfig, in each checkpoint's 
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                        "intermediate_size", "max_position_embeddings", "type_vocab_size",
                        "hidden_act", "layer_norm_eps")
+# The same for the modern encoders (bert_jax/modern.py); max_position_embeddings may differ
+# (a context-extension phase raises it).
+MODERN_ARCHITECTURE_FIELDS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads",
+                              "num_kv_heads", "intermediate_size", "hidden_act", "norm",
+                              "norm_eps", "norm_bias", "attention_bias", "mlp_bias",
+                              "embedding_norm", "first_attn_norm", "global_every",
+                              "local_window", "head_norm", "head_bias", "head_act",
+                              "head_tokens", "tie_word_embeddings", "decoder_bias")
 
 
 # ----------------------------------------------------------------------------
@@ -242,7 +252,7 @@ def _saved_model_config(step_dir: epath.Path, params: Any) -> BertConfig:
   parameters, the rest from the run's config."""
   saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
   if MODEL_CONFIG_KEY in saved:
-    return BertConfig.from_dict(saved[MODEL_CONFIG_KEY].to_dict())
+    return formats.config_from_dict(saved[MODEL_CONFIG_KEY].to_dict())
   fields = {k: v for k, v in (saved.get("model") or {}).items()
             if k in {f.name for f in dataclasses.fields(BertConfig)} | {"preset"}}
   params = to_layout(params, False)
@@ -314,6 +324,8 @@ def read(path: str, part: str = "pretraining", *, require_mlm: bool = True
       params = jax.tree.map(np.asarray, ckptr.restore(fileio.path(path) / "params"))
     saved = json.loads((fileio.path(path) / "config.json").read_text())
     cfg = BertConfig.from_dict(saved["bert"])
+  elif modern_formats.model_type(path):
+    cfg, params = modern_formats.read_hf(path, part)
   else:
     cfg, params = formats.read_foreign(path, part, require_mlm=require_mlm)
   bad = nonfinite(params)
@@ -331,11 +343,12 @@ def read(path: str, part: str = "pretraining", *, require_mlm: bool = True
 def _part(keys: Keys, encoder_only: bool) -> str:
   """Which part of the model a parameter belongs to: keys of a BertForPreTraining-shaped
   tree (the encoder under `bert`), or of the encoder alone."""
+  poolers = ("pooler", "head")  # BERT's pooler; the modern encoders' prediction head
   if encoder_only:
-    return "pooler" if keys[0] == "pooler" else "encoder"
+    return "pooler" if keys[0] in poolers else "encoder"
   if keys[0] == "bert":
-    return "pooler" if keys[1] == "pooler" else "encoder"
-  if keys[0] in ("transform", "transform_LayerNorm", "output_bias"):
+    return "pooler" if keys[1] in poolers else "encoder"
+  if keys[0] in ("transform", "transform_LayerNorm", "output_bias", "decoder_bias", "lm_head"):
     return "masked-LM head"
   return "NSP head" if keys[0] == "seq_relationship" else "task head"
 
@@ -410,8 +423,15 @@ def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_
     else:
       cfg, host = source
     if config is not None:
+      if type(cfg) is not type(config):  # pylint: disable=unidiomatic-typecheck
+        family = lambda c: getattr(c, "family", "bert")
+        raise formats.CheckpointMismatchError(
+            f"init_checkpoint {path} is a {family(cfg)} model and config.model a "
+            f"{family(config)} one: set --config.model.family={family(cfg)} (and its sizes).")
+      fields = (MODERN_ARCHITECTURE_FIELDS if isinstance(cfg, modern.ModernConfig)
+                else ARCHITECTURE_FIELDS)
       differ = [f"{f}: checkpoint {getattr(cfg, f)!r} vs config {getattr(config, f)!r}"
-                for f in ARCHITECTURE_FIELDS if getattr(cfg, f) != getattr(config, f)]
+                for f in fields if getattr(cfg, f) != getattr(config, f)]
       if differ:
         raise formats.CheckpointMismatchError(
             f"init_checkpoint {path} was trained with another architecture; set config.model "

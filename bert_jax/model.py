@@ -516,6 +516,10 @@ class BertModel(nn.Module):
     pooled_BD = jnp.tanh(self.pooler(cls_BD))
     return x_BLD, pooled_BD
 
+  def tokens(self, x_BLD):
+    """What a token-level head reads from the sequence output: the output itself."""
+    return x_BLD
+
   def attend_vocab(self, x_BPD):
     """Logits against the (tied) word-embedding matrix."""
     return self.embeddings.word_embeddings.attend(x_BPD)

@@ -214,6 +214,12 @@ def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
   unset (a preset's own vocabulary size is kept only when no vocabulary is given)."""
   overrides = {k: v for k, v in fields.items()
                if k not in ("preset", "family") and v is not None}
+  unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(ModernConfig)})
+  if unknown:
+    raise errors.ConfigError(
+        f"config.model sets {', '.join(unknown)}, which a {family} model does not have (BERT's "
+        f"fields?); a {family} config.model takes: "
+        f"{', '.join(f.name for f in dataclasses.fields(ModernConfig))}.")
   preset = fields.get("preset") or f"{family}-tiny"
   if preset not in PRESETS:
     raise errors.ConfigError(f"config.model.preset={preset!r} is not a {family} preset; "
@@ -412,9 +418,10 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-  """Pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x)). Unrolled, `layer` is its
-  index (static); scanned, a traced index (every layer then holds an attention norm, which
-  ModernBERT's first layer leaves unread)."""
+  """Pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x)). `layer` is its index: a
+  Python int unrolled, traced under scan (the layer's kind is then a traced flag). Every
+  layer holds an attention norm, so that the layers stack for scan in either layout;
+  ModernBERT's first layer leaves its own unread (transformers has none there)."""
   config: ModernConfig
 
   @nn.compact
@@ -422,12 +429,13 @@ class Layer(nn.Module):
     cfg = self.config
     x_BLD = nn.with_logical_constraint(
         x_BLD, ("activation_batch", "activation_length", "activation_embed"))
+    h_BLD = _norm(cfg, "attn_norm")(x_BLD)
     if isinstance(layer, int):
       is_global = cfg.is_global(layer)
-      h_BLD = x_BLD if layer == 0 and not cfg.first_attn_norm else _norm(cfg, "attn_norm")(x_BLD)
+      if layer == 0 and not cfg.first_attn_norm:
+        h_BLD = x_BLD
     else:
       is_global = layer % cfg.global_every == 0
-      h_BLD = _norm(cfg, "attn_norm")(x_BLD)
       if not cfg.first_attn_norm:
         h_BLD = jnp.where(layer == 0, x_BLD, h_BLD)
     x_BLD = x_BLD + Attention(cfg, name="attention")(h_BLD, segment_ids_BL, positions_BL,

@@ -311,6 +311,11 @@ def hf_to_params(state: Mapping[str, Array], cfg: ModernConfig, target: str = "p
   if unused:
     logging.warning("%s: %d tensors the %s model does not use are left out: %s", source,
                     len(unused), target, ", ".join(unused))
+  if not cfg.first_attn_norm:  # the unread attention norm of layer 0 (see modern.Layer)
+    layer0 = (params if target == "encoder" else params["bert"])["encoder"]["layer_0"]
+    layer0["attn_norm"] = {"scale": np.ones(cfg.hidden_size, np.float32)}
+    if cfg.norm_bias and cfg.norm == "layernorm":
+      layer0["attn_norm"]["bias"] = np.zeros(cfg.hidden_size, np.float32)
   _check_shapes(params, cfg, target)
   return params
 

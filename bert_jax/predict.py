@@ -35,6 +35,8 @@ from bert_jax import formats
 from bert_jax import heads
 from bert_jax import loader
 from bert_jax import model as model_lib
+from bert_jax import modern
+from bert_jax import registry
 from bert_jax import tasks
 from input_pipeline import errors
 from input_pipeline import fileio
@@ -90,7 +92,7 @@ def chunks(items: Iterable, size: int) -> Iterator[list]:
 
 @functools.lru_cache(maxsize=8)
 def _mlm_logits_fn(cfg, nsp: bool):
-  module = model_lib.BertForPreTraining(cfg, nsp=nsp)
+  module = registry.masked_lm(cfg, nsp=nsp)
   return jax.jit(lambda prm, a, b, c: jax.nn.softmax(
       module.apply({"params": prm}, a, jnp.zeros_like(a), b, c)["mlm_logits"], -1))
 
@@ -170,16 +172,20 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
           for r in tokenizer.encode_batch(list(texts))]
   ids, mask = _pad(rows, max_len)
   encoder_params = params["bert"] if "bert" in params else params
-  if pooled and "pooler" not in encoder_params:
+  has_pooler = bool({"pooler", "head"} & set(encoder_params))
+  if pooled and not has_pooler:
     raise PredictError("The checkpoint has no pooler (e.g. a BertForMaskedLM checkpoint): "
                        "--pooled is not available; take a layer's [CLS] vector instead.")
-  module = model_lib.BertModel(cfg, add_pooler="pooler" in encoder_params)
+  modern_family = isinstance(cfg, modern.ModernConfig)
+  module = (modern.ModernModel if modern_family else model_lib.BertModel)(
+      cfg, add_pooler=has_pooler)
+  layer_cls = modern.Layer if modern_family else model_lib.EncoderLayer
 
   @jax.jit
   def run(a, b):
     (seq, pool), state = module.apply(
         {"params": encoder_params}, a, jnp.zeros_like(a), b, capture_intermediates=
-        lambda mdl, _: isinstance(mdl, model_lib.EncoderLayer))
+        lambda mdl, _: isinstance(mdl, layer_cls))
     hidden = [state["intermediates"]["encoder"][f"layer_{i}"]["__call__"][0] for i in range(cfg.num_layers)]
     return (pool if pooled else None), jnp.stack([hidden[l] for l in layers], axis=2)
 

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import model as model_lib
+from bert_jax import modern
 from bert_jax import objectives
 from input_pipeline import errors
 from input_pipeline import pretrain as pretrain_data
@@ -26,7 +27,18 @@ from input_pipeline import pretrain as pretrain_data
 # config.model.family -> (config.model fields, the vocabulary's size) -> the model's config.
 FAMILIES: dict[str, Callable[[Mapping[str, Any], int | None], Any]] = {
     "bert": model_lib.config_from_fields,
+    # ModernBERT's architecture (ModernBERT, Ettin, mmBERT) and EuroBERT's: bert_jax/modern.py.
+    "modernbert": modern.config_from_fields,
+    "eurobert": lambda fields, vocab_size: modern.config_from_fields(fields, vocab_size,
+                                                                     family="eurobert"),
 }
+
+
+def masked_lm(cfg: Any, nsp: bool) -> nn.Module:
+  """The masked-LM model of the config's family (BERT's with NSP when `nsp`)."""
+  if isinstance(cfg, modern.ModernConfig):
+    return modern.ModernForMaskedLM(cfg, nsp=nsp)
+  return model_lib.BertForPreTraining(cfg, nsp=nsp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +64,14 @@ def _text_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
   return {"input_ids": length, "segment_ids": length, "input_mask": length}
 
 
+def _ltr_model(cfg: Any, data_cfg) -> nn.Module:
+  del data_cfg
+  if not isinstance(cfg, model_lib.BertConfig):
+    raise errors.ConfigError("--config.objective=ltr is the paper's BERT ablation: it needs "
+                             "--config.model.family=bert.")
+  return model_lib.BertForCausalLM(cfg.replace(causal=True))
+
+
 def _no_nsp(data_cfg) -> None:
   if data_cfg.nsp:
     raise errors.ConfigError("--config.objective=ltr trains no next-sentence prediction (the "
@@ -61,11 +81,11 @@ def _no_nsp(data_cfg) -> None:
 
 PRETRAINING: dict[str, Pretraining] = {
     "mlm": Pretraining(
-        model=lambda cfg, data_cfg: model_lib.BertForPreTraining(cfg, nsp=data_cfg.nsp),
+        model=lambda cfg, data_cfg: masked_lm(cfg, data_cfg.nsp),
         objective=objectives.pretraining, inputs=_mlm_inputs,
         about="masked LM, with next-sentence prediction when data.nsp (BERT)"),
     "ltr": Pretraining(
-        model=lambda cfg, data_cfg: model_lib.BertForCausalLM(cfg.replace(causal=True)),
+        model=_ltr_model,
         objective=objectives.ltr, inputs=_text_inputs, check=_no_nsp,
         about="left-to-right LM, left-only attention (the paper's LTR & No NSP ablation)"),
 }

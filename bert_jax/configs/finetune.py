@@ -26,8 +26,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   c.model = ml_collections.ConfigDict()
   c.model.dtype = "float32"  # compute dtype
-  c.model.hidden_dropout_rate = 0.1
-  c.model.attention_dropout_rate = 0.1
+  # Dropout. BERT: hidden and attention (None: the paper's 0.1). ModernBERT/EuroBERT (the
+  # checkpoint's family decides): embedding, attention, mlp and classifier (None: the
+  # checkpoint's config.json, 0 in the published models); hidden_dropout_rate is BERT's.
+  c.model.hidden_dropout_rate = ml_collections.config_dict.placeholder(float)
+  c.model.attention_dropout_rate = ml_collections.config_dict.placeholder(float)
+  c.model.embedding_dropout_rate = ml_collections.config_dict.placeholder(float)
+  c.model.mlp_dropout_rate = ml_collections.config_dict.placeholder(float)
+  c.model.classifier_dropout_rate = ml_collections.config_dict.placeholder(float)
   c.model.remat = "none"  # none | full | dots: recompute layer activations (BERT-large, long L)
   c.model.scan_layers = False  # nn.scan over layers: compile time flat in depth
 

@@ -1,0 +1,74 @@
+r"""python -m bert_jax.main --config=configs/modern_pretrain.py:modernbert-tiny --workdir=/tmp/mb
+
+Pre-trains (or, with --config.init_checkpoint, continues pre-training) a modern encoder:
+ModernBERT's architecture (presets modernbert-*, ettin-*, mmbert-*) or EuroBERT's
+(eurobert-*), bert_jax/modern.py. The argument is a preset of modern.PRESETS (default
+modernbert-tiny: 3 layers, hidden 128, 16-token sliding windows). Masked LM only (no NSP),
+packed rows (attention within each example). Without init_checkpoint or data paths it
+trains on the built-in corpus with its own WordPiece vocabulary, like tiny_pretrain.py.
+"""
+import ml_collections
+from ml_collections import config_dict
+
+from bert_jax.configs import default
+
+
+def model_config(preset: str) -> ml_collections.ConfigDict:
+  """config.model of a modern family: a preset plus overrides (None keeps the preset's)."""
+  m = ml_collections.ConfigDict()
+  m.family = "eurobert" if preset.startswith("eurobert") else "modernbert"
+  m.preset = preset
+  for name in ("vocab_size", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+               "intermediate_size", "local_window", "global_every"):
+    setattr(m, name, config_dict.placeholder(int))
+  for name in ("rope_theta", "local_rope_theta"):
+    setattr(m, name, config_dict.placeholder(float))
+  m.max_position_embeddings = config_dict.placeholder(int)
+  m.embedding_dropout_rate = 0.0
+  m.attention_dropout_rate = 0.0
+  m.mlp_dropout_rate = 0.0
+  m.dtype = "bfloat16"
+  m.param_dtype = "float32"
+  m.remat = "none"
+  m.scan_layers = False
+  m.attention = "banded"  # sliding-window layers: banded (the band only) | dense
+  m.attention_impl = config_dict.placeholder(str)
+  m.dropout_rng = "hash"
+  return m
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  preset = arg or "modernbert-tiny"
+  c = default.get_config()
+  c.model = model_config(preset)
+  c.data.nsp = False
+  c.data.packing = True
+  c.data.max_examples_per_row = 8
+  tiny = preset.endswith("-tiny")
+  if tiny:  # the built-in corpus on a CPU in minutes, as configs/tiny_pretrain.py
+    c.model.dtype = "float32"
+    c.build.corpus = "default"
+    c.build.vocab_size = 4096
+    c.build.num_shards = 4
+    c.data.vocab_path = "vocab"
+    c.data.prepared_dir = "prepared"
+    c.data.max_seq_length = 128
+    c.data.max_predictions_per_seq = 20
+    c.data.eval_fraction = 0.2
+    c.global_batch_size = 32
+    c.num_train_steps = 600
+    c.opt.learning_rate = 1e-3
+    c.opt.bias_correction = True
+    c.schedule.warmup_steps = 60
+    c.schedule.decay_steps = 0
+    c.checkpoint_every_steps = 200
+    c.keep_checkpoints = 2
+    c.keep_checkpoint_period = 0
+    c.log_every_steps = 50
+    c.eval_every_steps = 200
+    c.eval_steps = 4
+    c.eval_batch_size = 64
+  else:
+    c.data.max_seq_length = 1024
+    c.data.max_predictions_per_seq = 160
+  return c
