@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Iterable
+from typing import Any, Iterable
 
 from absl import flags
 from absl import logging
@@ -22,7 +22,8 @@ import numpy as np
 
 from bert_jax import formats
 from bert_jax import loader
-from bert_jax.model import BertConfig
+from bert_jax import modern
+from bert_jax import modern_formats
 from input_pipeline import data_config
 from input_pipeline import errors
 from input_pipeline import fileio
@@ -78,10 +79,11 @@ def _json_or_empty(path) -> dict:
     return {}
 
 
-def vocabulary_of(vocab: str, cfg: BertConfig) -> tokenizer_lib.Tokenizer:
-  """The Tokenizer of `vocab`; one of another size than the model is refused."""
+def vocabulary_of(vocab: str, cfg: Any) -> tokenizer_lib.Tokenizer:
+  """The Tokenizer of `vocab`; one of another size than the model is refused (the modern
+  encoders' embedding tables may be padded past their tokenizer: larger is fine there)."""
   tok = tokenizer_lib.Tokenizer.from_path(vocab)
-  if tok.vocab_size != cfg.vocab_size:
+  if not formats.vocabulary_fits(cfg, tok.vocab_size):
     raise formats.CheckpointMismatchError(
         f"The vocabulary {tok.path} has {tok.vocab_size} entries but the model "
         f"{cfg.vocab_size}: pass --vocab= the vocabulary the model was trained with.")
@@ -94,8 +96,8 @@ def export_vocabulary(tok: tokenizer_lib.Tokenizer, out: str) -> str:
   special_tokens_map.json beside it), so that AutoTokenizer.from_pretrained(out) and our
   Tokenizer read the same. Returns the vocabulary file's name."""
   src, dst = fileio.path(tok.path), fileio.path(out)
-  name = (tokenizer_lib.WORDPIECE_FILE if tok.kind == "wordpiece"
-          else tokenizer_lib.SENTENCEPIECE_FILE)
+  name = {"wordpiece": tokenizer_lib.WORDPIECE_FILE, "hf": tokenizer_lib.HF_TOKENIZER_FILE
+          }.get(tok.kind, tokenizer_lib.SENTENCEPIECE_FILE)
   (dst / name).write_bytes(src.read_bytes())
   for extra in TOKENIZER_FILES:
     if (src.parent / extra).exists():
@@ -140,7 +142,13 @@ def main(argv: Iterable[str] | None = None) -> None:
                       "--vocab.", e)
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
-  if args.to == "huggingface":
+  if args.to == "huggingface" and isinstance(cfg, modern.ModernConfig):
+    if tok is not None:  # config.json names the special ids the model was trained with
+      ids = dict(pad_token_id=tok.pad_id, cls_token_id=tok.cls_id, sep_token_id=tok.sep_id,
+                 bos_token_id=tok.cls_id, eos_token_id=tok.sep_id, mask_token_id=tok.mask_id)
+      cfg = cfg.replace(**{k: v for k, v in ids.items() if getattr(cfg, k) is None})
+    modern_formats.export_hf(args.output, cfg, params)
+  elif args.to == "huggingface":
     formats.export_huggingface(args.output, cfg, params)
   else:
     formats.save_native(args.output, cfg, params)

@@ -138,9 +138,7 @@ def _load(config: ml_collections.ConfigDict) -> tuple[Any, Any, Tokenizer]:
     raise errors.ConfigError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
                       f"{cfg.max_position_embeddings} positions: lower --config.max_seq_length.")
   tok = Tokenizer.from_path(config.vocab_path, config.get("lowercase"))
-  # The modern encoders' embedding tables are padded (ModernBERT: 50368 rows, 50280 tokens).
-  if (tok.vocab_size > cfg.vocab_size if isinstance(cfg, modern.ModernConfig)
-      else tok.vocab_size != cfg.vocab_size):
+  if not formats.vocabulary_fits(cfg, tok.vocab_size):
     raise errors.ConfigError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "
                       f"{cfg.vocab_size}: use the vocabulary the model was pre-trained with.")
   return cfg, enc_params, tok

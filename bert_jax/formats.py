@@ -498,6 +498,15 @@ def config_from_dict(d: Mapping[str, Any]) -> Any:
   return BertConfig.from_dict(d)
 
 
+def vocabulary_fits(cfg: Any, size: int) -> bool:
+  """Whether a vocabulary of `size` entries serves the model: BERT's table has exactly one
+  row per entry; the modern encoders' tables are padded (ModernBERT: 50368 rows, 50280
+  tokens), so a vocabulary up to the table's size fits."""
+  if isinstance(cfg, modern.ModernConfig):
+    return size <= cfg.vocab_size
+  return size == cfg.vocab_size
+
+
 def read_native(path: str) -> tuple[Any, Params]:
   """(config, the saved parameter tree as it is: any heads, e.g. a fine-tuned classifier)
   of a bert_jax export."""

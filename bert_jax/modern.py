@@ -38,24 +38,34 @@ NORMS = ("layernorm", "rmsnorm")
 POOLINGS = ("cls", "mean", "late")  # "late": EuroBERT's mean of per-token head outputs
 ATTENTIONS = ("banded", "dense")
 
-# Published sizes (layers, hidden, heads, intermediate; the rest from the family's defaults).
+# Published sizes (vocabulary, layers, hidden, heads, intermediate; the rest from the family's
+# defaults). A published preset keeps its (padded) vocabulary size, so that its checkpoint
+# loads with its own tokenizer; the tiny ones take the vocabulary's.
 PRESETS: dict[str, dict[str, Any]] = {
-    "modernbert-base": dict(num_layers=22, hidden_size=768, num_heads=12, intermediate_size=1152),
-    "modernbert-large": dict(num_layers=28, hidden_size=1024, num_heads=16, intermediate_size=2624),
+    "modernbert-base": dict(vocab_size=50368, num_layers=22, hidden_size=768, num_heads=12,
+                            intermediate_size=1152),
+    "modernbert-large": dict(vocab_size=50368, num_layers=28, hidden_size=1024, num_heads=16,
+                             intermediate_size=2624),
     # Ettin encoders (ModernBERT architecture, 2025).
-    "ettin-17m": dict(num_layers=7, hidden_size=256, num_heads=4, intermediate_size=384),
-    "ettin-32m": dict(num_layers=10, hidden_size=384, num_heads=6, intermediate_size=576),
-    "ettin-68m": dict(num_layers=19, hidden_size=512, num_heads=8, intermediate_size=768),
-    "ettin-150m": dict(num_layers=22, hidden_size=768, num_heads=12, intermediate_size=1152),
-    "ettin-400m": dict(num_layers=28, hidden_size=1024, num_heads=16, intermediate_size=2624),
-    "ettin-1b": dict(num_layers=28, hidden_size=1792, num_heads=28, intermediate_size=3840),
+    "ettin-17m": dict(vocab_size=50368, num_layers=7, hidden_size=256, num_heads=4,
+                      intermediate_size=384),
+    "ettin-32m": dict(vocab_size=50368, num_layers=10, hidden_size=384, num_heads=6,
+                      intermediate_size=576),
+    "ettin-68m": dict(vocab_size=50368, num_layers=19, hidden_size=512, num_heads=8,
+                      intermediate_size=768),
+    "ettin-150m": dict(vocab_size=50368, num_layers=22, hidden_size=768, num_heads=12,
+                       intermediate_size=1152),
+    "ettin-400m": dict(vocab_size=50368, num_layers=28, hidden_size=1024, num_heads=16,
+                       intermediate_size=2624),
+    "ettin-1b": dict(vocab_size=50368, num_layers=28, hidden_size=1792, num_heads=28,
+                     intermediate_size=3840),
     # mmBERT (ModernBERT architecture, Gemma 2 vocabulary).
-    "mmbert-small": dict(num_layers=22, hidden_size=384, num_heads=6, intermediate_size=1152,
-                         vocab_size=256000),
-    "mmbert-base": dict(num_layers=22, hidden_size=768, num_heads=12, intermediate_size=1152,
-                        vocab_size=256000),
-    "eurobert-210m": dict(family="eurobert", num_layers=12, hidden_size=768, num_heads=12,
-                          intermediate_size=3072),
+    "mmbert-small": dict(vocab_size=256000, num_layers=22, hidden_size=384, num_heads=6,
+                         intermediate_size=1152),
+    "mmbert-base": dict(vocab_size=256000, num_layers=22, hidden_size=768, num_heads=12,
+                        intermediate_size=1152),
+    "eurobert-210m": dict(family="eurobert", vocab_size=128256, num_layers=12, hidden_size=768,
+                          num_heads=12, intermediate_size=3072),
     # Tiny shapes of each family for tests and the built-in corpus.
     "modernbert-tiny": dict(num_layers=3, hidden_size=128, num_heads=2, intermediate_size=192,
                             local_window=16, max_position_embeddings=512),
@@ -225,7 +235,7 @@ def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
     raise errors.ConfigError(f"config.model.preset={preset!r} is not a {family} preset; "
                              f"choose one of {sorted(PRESETS)}.")
   if "vocab_size" not in overrides and vocab_size is not None:
-    overrides["vocab_size"] = vocab_size
+    overrides["vocab_size"] = max(vocab_size, PRESETS[preset].get("vocab_size", 0))
   elif vocab_size is not None and overrides["vocab_size"] < vocab_size:
     raise errors.ConfigError(f"config.model.vocab_size={overrides['vocab_size']} is smaller "
                              f"than the vocabulary ({vocab_size} entries).")

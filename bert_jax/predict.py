@@ -461,7 +461,7 @@ def tag(cfg, params, task, labels, tokenizer, text: str) -> list[tuple[str, str]
 
 
 def _check_vocab(cfg, tokenizer) -> None:
-  if tokenizer.vocab_size != cfg.vocab_size:
+  if not formats.vocabulary_fits(cfg, tokenizer.vocab_size):
     raise PredictError(f"The vocabulary has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: "
                        "pass the vocab the checkpoint was trained with.")
 

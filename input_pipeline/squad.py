@@ -50,9 +50,10 @@ def read_squad(path: str) -> list[QAExample]:
 
 def _encode_with_offsets(tokenizer, texts: list[str]):
   backend = getattr(tokenizer, "_backend", None)
-  if tokenizer.kind != "wordpiece" or backend is None:
+  if tokenizer.kind not in ("wordpiece", "hf") or backend is None:
     raise NotImplementedError("Span QA needs character offsets, implemented for WordPiece "
-                              "vocabularies; SentencePiece QA is not supported yet.")
+                              "vocabularies and tokenizer.json tokenizers; SentencePiece QA is "
+                              "not supported yet.")
   encodings = backend.encode_batch(texts, add_special_tokens=False)
   return [(e.ids, e.offsets) for e in encodings]
 

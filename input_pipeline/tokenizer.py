@@ -1,4 +1,5 @@
-"""BERT tokenization: WordPiece (Rust `tokenizers`) or SentencePiece, behind one small class.
+"""BERT tokenization: WordPiece (Rust `tokenizers`), SentencePiece, or a HuggingFace
+`tokenizer.json` (the BPE of ModernBERT, EuroBERT, ...), behind one small class.
 
 WordPiece is BERT's basic tokenizer (clean control characters, split on whitespace and
 punctuation, spaces around CJK characters, lower-case and strip accents when uncased)
@@ -7,6 +8,13 @@ for words over 100 characters. It is token-for-token identical to
 `transformers.BertTokenizer` (fast) and to the original Python implementation, for text
 that does not spell out special tokens: "[MASK]" written in the text is tokenized as
 "[", "mask", "]" (as google-research/bert does), never as the [MASK] token.
+
+A `tokenizer.json` (kind "hf", read when a directory holds no vocab.txt or .model) is the
+model's own tokenizer, through the same Rust library transformers' fast tokenizers run: its
+normalizer, pre-tokenizer and added tokens as saved (special tokens written in the text, such
+as "[MASK]", are matched as those tokens, as AutoTokenizer does); the ids of [CLS] / [SEP]
+come from its post-processor's pair template, which must be BERT's layout
+(`cls A sep B sep`, one token each).
 
 This module imports no TensorFlow (the prepare workers use it), except to read gs:// paths.
 """
@@ -25,7 +33,9 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONFIG_NAME = "tokenizer_config.json"
 WORDPIECE_FILE = "vocab.txt"
 SENTENCEPIECE_FILE = "spm.model"
+HF_TOKENIZER_FILE = "tokenizer.json"
 _WORD_START = "\u2581"  # SentencePiece's word-start marker "▁".
+_BYTE_SPACE = "\u0120"  # byte-level BPE's word-start marker "Ġ" (a space byte).
 
 
 def read_bytes(path: str) -> bytes:
@@ -43,17 +53,20 @@ class VocabularyNotFoundError(errors.UserError, FileNotFoundError):
 def resolve_vocab_path(path: str) -> tuple[str, str]:
   """A vocab path (a vocab.txt, a .model, or a directory holding one) -> (kind, file)."""
   path = os.fspath(path)
-  for name, kind in ((WORDPIECE_FILE, "wordpiece"), (SENTENCEPIECE_FILE, "sentencepiece")):
+  for name, kind in ((WORDPIECE_FILE, "wordpiece"), (SENTENCEPIECE_FILE, "sentencepiece"),
+                     (HF_TOKENIZER_FILE, "hf")):
     candidate = path.rstrip("/") + "/" + name
     if _exists(candidate):
       return kind, candidate
   if path.endswith(".model") and _exists(path):
     return "sentencepiece", path
+  if path.endswith(".json") and _exists(path):
+    return "hf", path
   if _exists(path) and not epath.Path(path).is_dir():
     return "wordpiece", path
   raise VocabularyNotFoundError(
       f"No vocabulary at {path!r}: expected a WordPiece vocab.txt, a SentencePiece .model, "
-      "or a directory holding one. Train one with `python -m input_pipeline.vocab "
+      "a HuggingFace tokenizer.json, or a directory holding one. Train one with `python -m input_pipeline.vocab "
       "--input=... --output=DIR --vocab_size=N`.")
 
 
@@ -162,22 +175,32 @@ class Tokenizer:
   """
 
   def __init__(self, kind: str, path: str, lowercase: bool, tokens: list[str], backend,
-               sha256: str, normalization: Normalization | None = None):
+               sha256: str, normalization: Normalization | None = None,
+               special: dict[str, int] | None = None, specials: frozenset = frozenset()):
+    """`special`: the ids of pad, unk, cls, sep and mask (default: BERT's five tokens by
+    name); `specials`: every other token never masked or drawn (a tokenizer.json's)."""
     self.kind, self.path, self.lowercase = kind, path, lowercase
     self.normalization = normalization or Normalization(lowercase)
     self.tokens, self._backend, self.sha256 = tokens, backend, sha256
     self._ids = {t: i for i, t in enumerate(tokens)}
-    missing = [t for t in SPECIAL_TOKENS if t not in self._ids]
-    if missing:
-      raise _missing_special_error(path, missing)
+    if special is None:
+      missing = [t for t in SPECIAL_TOKENS if t not in self._ids]
+      if missing:
+        raise _missing_special_error(path, missing)
+      special = dict(zip(("pad", "unk", "cls", "sep", "mask"),
+                         (self._ids[t] for t in SPECIAL_TOKENS)))
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        self._ids[t] for t in SPECIAL_TOKENS)
+        special[k] for k in ("pad", "unk", "cls", "sep", "mask"))
+    self.mask_text = tokens[self.mask_id]  # how a mask is written in predict's input
     self.vocab_size = len(tokens)
+    named = {tokens[i] for i in special.values()} | set(specials)
     self.is_special = np.array(
-        [t in SPECIAL_TOKENS or (t.startswith("[unused") and t.endswith("]"))
+        [t in SPECIAL_TOKENS or t in named or (t.startswith("[unused") and t.endswith("]"))
          for t in tokens], dtype=bool)
     if kind == "wordpiece":
       cont = [t.startswith("##") for t in tokens]
+    elif kind == "hf" and any(t.startswith(_BYTE_SPACE) for t in tokens):  # byte-level BPE
+      cont = [bool(t) and not t.startswith(_BYTE_SPACE) for t in tokens]
     else:
       cont = [bool(t) and not t.startswith(_WORD_START) for t in tokens]
     self.is_continuation = np.array(cont, dtype=bool) & ~self.is_special
@@ -210,6 +233,8 @@ class Tokenizer:
       norm = wordpiece_normalization(vocab_file, tokens, lowercase)
       _log_once(vocab_file, norm)
       backend = _wordpiece_backend(tokens, norm, vocab_file)
+    elif kind == "hf":
+      return _hf_tokenizer(vocab_file, data, sha256)
     else:
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (only SentencePiece vocabularies)
       if lowercase is None:
@@ -224,7 +249,7 @@ class Tokenizer:
     return self.encode_batch([text])[0]
 
   def encode_batch(self, texts: list[str]) -> list[list[int]]:
-    if self.kind == "wordpiece":
+    if self.kind in ("wordpiece", "hf"):
       return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
     if self.lowercase:
       texts = [t.lower() for t in texts]
@@ -238,7 +263,7 @@ class Tokenizer:
 
   def decode(self, ids) -> str:
     ids = [int(i) for i in ids]
-    if self.kind == "wordpiece":
+    if self.kind in ("wordpiece", "hf"):
       return self._backend.decode(ids, skip_special_tokens=False)
     return self._backend.decode(ids)
 
@@ -280,6 +305,49 @@ def _wordpiece_backend(tokens: list[str], norm: Normalization, vocab_file: str):
   backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   backend.decoder = decoders.WordPiece(prefix="##")
   return backend
+
+
+def _hf_tokenizer(vocab_file: str, data: bytes, sha256: str) -> Tokenizer:
+  """A HuggingFace tokenizer.json: the special ids from its pair template (BERT's layout:
+  cls A sep B sep), pad / unk / mask from tokenizer_config.json beside it (or the added
+  tokens' names)."""
+  from tokenizers import Tokenizer as RustTokenizer  # pylint: disable=g-import-not-at-top  (the Rust backend)
+  try:
+    backend = RustTokenizer.from_str(data.decode("utf-8"))
+  except Exception as e:  # pylint: disable=broad-except  (the library's own parse errors)
+    raise VocabularyError(f"{vocab_file} is not a tokenizer.json the tokenizers library reads "
+                          f"({str(e).splitlines()[0][:200]}): use the model's own file.") from None
+  n = backend.get_vocab_size(with_added_tokens=True)
+  tokens = [backend.id_to_token(i) or f"[unused_id_{i}]" for i in range(n)]
+  added = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+  config = _read_json_beside(vocab_file, CONFIG_NAME)
+  named = lambda key: (config.get(key) or {}).get("content") if isinstance(
+      config.get(key), dict) else config.get(key)
+  ids = {t: i for i, t in enumerate(tokens)}
+  pair = backend.encode("a", "b", add_special_tokens=True)
+  layout = [("A" if s == 0 else "B") if s is not None else tokens[i]
+            for i, s in zip(pair.ids, pair.sequence_ids)]
+  compact = [x for j, x in enumerate(layout) if x not in "AB" or j == 0 or layout[j - 1] != x]
+  if len(compact) != 5 or compact[1] != "A" or compact[3] != "B" or compact[2] != compact[4]:
+    raise VocabularyError(
+        f"{vocab_file}: its post-processor encodes a pair as {' '.join(compact)}; bert_jax "
+        "builds inputs as cls A sep B sep (one special token each, as BERT and ModernBERT). "
+        "Use a tokenizer.json with that template.")
+  cls_tok, sep_tok = compact[0], compact[2]
+  mask_tok = named("mask_token") or next((t for t in ("[MASK]", "<mask>", "<|mask|>")
+                                          if t in ids), None)
+  pad_tok = named("pad_token") or next((t for t in ("[PAD]", "<pad>") if t in ids), sep_tok)
+  unk_tok = named("unk_token") or next((t for t in ("[UNK]", "<unk>") if t in ids), pad_tok)
+  missing = [k for k, t in (("mask_token", mask_tok), ("pad_token", pad_tok),
+                            ("unk_token", unk_tok)) if t not in ids]
+  if missing:
+    raise VocabularyError(f"{vocab_file}: no {', '.join(missing)} (tokenizer_config.json beside "
+                          "it names them): masked-LM pre-training and fill-mask need a mask "
+                          "token.")
+  special = {"pad": ids[pad_tok], "unk": ids[unk_tok], "cls": ids[cls_tok], "sep": ids[sep_tok],
+             "mask": ids[mask_tok]}
+  return Tokenizer("hf", vocab_file, False, tokens, backend, sha256,
+                   Normalization(False, reason="tokenizer.json"), special, frozenset(added))
 
 
 def write_tokenizer_config(directory: str, kind: str, lowercase: bool) -> None:
