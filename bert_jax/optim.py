@@ -17,8 +17,9 @@ import numpy as np
 import optax
 
 # As google-research/bert optimization.py: exclude_from_weight_decay, searched
-# anywhere in the parameter's full name.
-NO_DECAY_PATTERNS = ("LayerNorm", "layer_norm", "bias")
+# anywhere in the parameter's full name; the last two are the modern encoders' norms
+# (attn_norm, final_norm, head/norm, ...: bert_jax/modern.py), as ModernBERT excludes them.
+NO_DECAY_PATTERNS = ("LayerNorm", "layer_norm", "bias", r"_norm/", r"(^|/)norm/")
 
 
 def _linear(init, end, steps):
@@ -70,7 +71,7 @@ def _path_name(path) -> str:
 
 
 def weight_decay_mask(params: Any) -> Any:
-  """True where weight decay applies: not on LayerNorm parameters or any bias."""
+  """True where weight decay applies: not on norm parameters or any bias."""
   def decays(path, _):
     name = _path_name(path)
     return not any(re.search(p, name) for p in NO_DECAY_PATTERNS)

@@ -13,7 +13,6 @@ import pytest
 from bert_jax import convert, finetune, loader, modern, predict, train
 from bert_jax.configs import conll, glue, modern_pretrain, squad, swag
 from tests import test_finetune as ft
-from tests.test_modern import _randomize
 from tests.test_modern_tokenizer import make_bpe_dir
 from tests.test_task_data import CONTEXT, _squad_file
 
