@@ -132,20 +132,27 @@ def _files(directory: epath.Path) -> list[epath.Path]:
   for p in directory.iterdir():
     if p.is_dir():
       out.extend(_files(p))
-    elif p.name != MANIFEST:
+    elif not p.name.startswith(MANIFEST):  # the manifest and a cut-short write of it
       out.append(p)
   return sorted(out, key=os.fspath)
 
 
 def write_manifest(directory: str | os.PathLike) -> None:
   """`directory/MANIFEST.json`: the size and CRC-32 of every file under it (written last,
-  once the directory is complete; reading the files back costs one pass over them)."""
+  once the directory is complete; reading the files back costs one pass over them).
+
+  Written whole or not at all: to MANIFEST.json.tmp, then renamed (atomic on a local disk;
+  on GCS the renamed object appears only once complete, as every object does), so a
+  process killed while writing leaves the step unverified, never with a partial manifest
+  that would read as damage."""
   directory = path(directory)
   files = {}
   for p in _files(directory):
     size, crc = _crc32(p)
     files[os.fspath(p.relative_to(directory))] = {"size": size, "crc32": crc}
-  (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+  tmp = directory / (MANIFEST + ".tmp")
+  tmp.write_text(json.dumps({"files": files}, indent=1))
+  tmp.rename(directory / MANIFEST)
 
 
 def verify_manifest(directory: str | os.PathLike) -> list[str] | None:

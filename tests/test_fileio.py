@@ -81,3 +81,24 @@ def test_glob_matches_as_the_pattern_is_spelt(tmp_path, monkeypatch):
   assert fileio.glob("*/x?.txt") == ["a/x1.txt", "a/x2.txt", "b/x3.txt"]
   assert fileio.glob(f"{tmp_path}/b/*") == [f"{tmp_path}/b/sub", f"{tmp_path}/b/x3.txt"]
   assert fileio.glob("a/y.txt") == ["a/y.txt"] and fileio.glob("a/none*") == []
+
+
+def test_a_manifest_write_cut_short_leaves_no_manifest(tmp_path, monkeypatch):
+  """A process killed while writing a checkpoint's MANIFEST.json must not leave a partial
+  one: the next run would call the checkpoint damaged and (being the only one) refuse to
+  resume. Cut short, the step is unverified (no manifest), as before the write began."""
+  (tmp_path / "state").mkdir()
+  (tmp_path / "state" / "a.bin").write_bytes(b"x" * 1000)
+  real = fileio.epath.Path.write_text
+
+  def dies_halfway(self, text, *args, **kwargs):
+    real(self, text[:len(text) // 2], *args, **kwargs)
+    raise KeyboardInterrupt("killed")
+
+  monkeypatch.setattr(fileio.epath.Path, "write_text", dies_halfway)
+  with pytest.raises(KeyboardInterrupt):
+    fileio.write_manifest(tmp_path)
+  monkeypatch.undo()
+  assert fileio.verify_manifest(tmp_path) is None
+  fileio.write_manifest(tmp_path)  # a later complete write is read back intact
+  assert fileio.verify_manifest(tmp_path) == []
