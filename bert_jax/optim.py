@@ -1,9 +1,11 @@
-"""Optimizers of the BERT recipes: AdamW (Devlin et al. 2018) and LAMB (You et al. 2019).
+"""Optimizers of the BERT recipes: AdamW (Devlin et al. 2018), LAMB (You et al. 2019) and
+StableAdamW (AdamW with Adafactor-style update clipping, Wortsman et al. 2023; ModernBERT's).
 
-Both: global-norm clipping, then the optimizer with decoupled weight decay that
-skips LayerNorm parameters and biases, then a linear warmup + linear decay
-learning rate. Master weights and optimizer moments stay float32 whatever the
-compute dtype of the model.
+All: global-norm clipping, then the optimizer with decoupled weight decay that skips norm
+parameters and biases, then the learning rate: linear warmup + linear decay (BERT), or
+warmup-stable-decay (`schedule.kind="wsd"`: warmup, a constant stretch, and a decay whose
+start is a config field, so the decay can start from any checkpoint of a run). Master
+weights and optimizer moments stay float32 whatever the compute dtype of the model.
 """
 from __future__ import annotations
 
@@ -33,16 +35,33 @@ def _linear(init, end, steps):
   return schedule
 
 
-def learning_rate_schedule(lr, warmup_steps, decay_steps, end_lr=0.0) -> optax.Schedule:
-  """Linear warmup from 0 to `lr` over `warmup_steps`, then linear decay to `end_lr`
-  at `decay_steps` (the schedule's total length, which may exceed one run's steps).
+DECAY_SHAPES = ("linear", "1-sqrt")
 
-  Every argument may be a traced scalar: the train step takes them as inputs
+
+def learning_rate_schedule(lr, warmup_steps, decay_steps, end_lr=0.0, decay_start=None,
+                           shape: str = "linear") -> optax.Schedule:
+  """Linear warmup from 0 to `lr` over `warmup_steps`, constant `lr` until `decay_start`
+  (default: right after the warmup, BERT's schedule), then decay to `end_lr` at
+  `decay_steps` (the schedule's end, which may exceed one run's steps): linear, or
+  "1-sqrt" (lr scaled by 1 - sqrt(fraction of the decay done), WSD's usual cooldown).
+
+  Every argument but `shape` may be a traced scalar: the train step takes them as inputs
   (`schedule_hparams`), so that runs differing only in them (a sweep's learning rates
   and epochs) share one compiled program."""
+  if shape not in DECAY_SHAPES:
+    raise ValueError(f"schedule.decay_shape={shape!r} unknown; choose one of {DECAY_SHAPES}.")
+  start = warmup_steps if decay_start is None else decay_start
   warmup = _linear(0.0, lr, jnp.maximum(warmup_steps, 1))
-  decay = _linear(lr, end_lr, jnp.maximum(decay_steps - warmup_steps, 1))
-  return lambda step: jnp.where(step < warmup_steps, warmup(step), decay(step - warmup_steps))
+  length = jnp.maximum(decay_steps - start, 1)
+  if shape == "linear":
+    decay = _linear(lr, end_lr, length)
+  else:
+    decay = lambda count: end_lr + (lr - end_lr) * (
+        1 - jnp.sqrt(jnp.clip(count, 0, length) / jnp.asarray(length, jnp.float32)))
+  if decay_start is None:  # BERT's: exactly the arithmetic of the releases before WSD
+    return lambda step: jnp.where(step < warmup_steps, warmup(step), decay(step - start))
+  return lambda step: jnp.where(step < warmup_steps, warmup(step),
+                                jnp.where(step < start, lr, decay(step - start)))
 
 
 def schedule_hparams(config: ml_collections.ConfigDict,
@@ -56,14 +75,28 @@ def schedule_hparams(config: ml_collections.ConfigDict,
     warmup, decay = int(s.warmup_fraction * total), total
   else:
     warmup, decay = s.warmup_steps, s.decay_steps or total
-  return {"lr": np.float32(config.opt.learning_rate), "warmup_steps": np.int32(warmup),
-          "decay_steps": np.int32(decay), "end_lr": np.float32(s.end_learning_rate)}
+  out = {"lr": np.float32(config.opt.learning_rate), "warmup_steps": np.int32(warmup),
+         "decay_steps": np.int32(decay), "end_lr": np.float32(s.end_learning_rate)}
+  if s.get("kind", "linear") == "wsd":
+    # decay_steps is the cooldown's length here; it ends at the total (or decay_start +
+    # decay_steps when decay_start is set: the stable stretch then ends there).
+    length = s.decay_steps
+    start = s.get("decay_start") or total - length
+    out.update(decay_start=np.int32(start), decay_steps=np.int32(start + length))
+  elif s.get("kind", "linear") != "linear":
+    raise ValueError(f"config.schedule.kind={s.kind!r} unknown; use 'linear' or 'wsd'.")
+  return out
+
+
+def schedule_shape(config: ml_collections.ConfigDict) -> str:
+  return config.schedule.get("decay_shape", "linear")
 
 
 def schedule_from_config(config: ml_collections.ConfigDict,
                          total_steps: int | None = None) -> optax.Schedule:
   """The learning-rate schedule of `config` over `total_steps` (schedule_hparams)."""
-  return learning_rate_schedule(**schedule_hparams(config, total_steps))
+  return learning_rate_schedule(**schedule_hparams(config, total_steps),
+                                shape=schedule_shape(config))
 
 
 def _path_name(path) -> str:
@@ -119,10 +152,17 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int | None = 
   possibly traced)."""
   opt = config.opt
   schedule = learning_rate_schedule(**(hparams if hparams is not None else
-                                       schedule_hparams(config, total_steps)))
+                                       schedule_hparams(config, total_steps)),
+                                    shape=schedule_shape(config))
   clip = optax.clip_by_global_norm(opt.grad_clip_norm) if opt.grad_clip_norm else optax.identity()
   if opt.name == "adamw":
     direction = [scale_by_adam(opt.b1, opt.b2, opt.eps, opt.bias_correction),
+                 optax.add_decayed_weights(opt.weight_decay, mask=weight_decay_mask)]
+  elif opt.name == "stableadamw":
+    # AdamW whose update is clipped per tensor to RMS <= 1 (Adafactor's update clipping),
+    # the learning rate of a tensor with a sudden gradient spike thereby cut.
+    direction = [scale_by_adam(opt.b1, opt.b2, opt.eps, opt.bias_correction),
+                 optax.clip_by_block_rms(1.0),
                  optax.add_decayed_weights(opt.weight_decay, mask=weight_decay_mask)]
   elif opt.name == "lamb":
     # Layer-wise trust ratio ||w|| / ||update|| on Adam's direction (with weight decay).
@@ -130,7 +170,8 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int | None = 
                  optax.add_decayed_weights(opt.weight_decay, mask=weight_decay_mask),
                  optax.scale_by_trust_ratio()]
   else:
-    raise ValueError(f"config.opt.name={opt.name!r} unknown; use 'adamw' or 'lamb'.")
+    raise ValueError(f"config.opt.name={opt.name!r} unknown; use 'adamw', 'stableadamw' or "
+                     "'lamb'.")
   return optax.chain(clip, *direction, optax.scale_by_learning_rate(schedule))
 
 

@@ -45,6 +45,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "the one or raise the other.")
 
 
+def _data_changed(saved: dict, now: dict) -> bool:
+  """Whether the data config differs from the one a checkpoint saved; a field the saved one
+  lacks (a field added since) counts as its default."""
+  defaults = data_config.default_data_config().to_dict()
+  return set(saved) - set(now) != set() or any(
+      saved.get(k, defaults.get(k)) != v for k, v in now.items())
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   """Pre-trains in `workdir` to config.num_train_steps (resuming from its checkpoints),
   evaluating on held-out data. main.run dispatches by config.task to this, the fine-tuning
@@ -64,8 +72,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   logging.info("Model %s (%s): %s; %d devices, mesh %s.", config.model.preset,
                config.get("objective", "mlm"), cfg, jax.device_count(), dict(trainer.mesh.shape))
   state, data_state = trainer.restore_or_init(config.init_checkpoint or None, model_config=cfg)
-  if data_state is not None and (trainer.restored_config.get("data")
-                                 != trainer_lib.json_config(config).get("data")):
+  if data_state is not None and _data_changed(trainer.restored_config.get("data") or {},
+                                             trainer_lib.json_config(config).get("data") or {}):
     logging.info("The data config changed since step %d (e.g. phase 2): the input "
                  "iterator starts afresh.", int(jax.device_get(state.step)))
     data_state = None

@@ -147,6 +147,17 @@ def check_config(config: ml_collections.ConfigDict) -> None:
       raise _bad(f"schedule.{k}", sched[k], "must be 0 or more steps.")
   if "warmup_fraction" in sched and not 0 <= sched.warmup_fraction <= 1:
     raise _bad("schedule.warmup_fraction", sched.warmup_fraction, "must be in [0, 1].")
+  if get(sched, "kind", "linear") not in ("linear", "wsd"):
+    raise _bad("schedule.kind", sched.kind, "linear (BERT: warmup, then linear decay) or wsd "
+               "(warmup, stable, decay).")
+  if get(sched, "decay_shape", "linear") not in optim.DECAY_SHAPES:
+    raise _bad("schedule.decay_shape", sched.decay_shape, f"one of {optim.DECAY_SHAPES}.")
+  if get(sched, "decay_start") is not None and (get(sched, "kind") != "wsd"
+                                                 or sched.decay_start < 0):
+    raise _bad("schedule.decay_start", sched.decay_start, "the step where a wsd schedule's "
+               "decay begins (0 or more, with schedule.kind=wsd); None: its last decay_steps.")
+  if opt.name not in ("adamw", "stableadamw", "lamb"):
+    raise _bad("opt.name", opt.name, "adamw (BERT), stableadamw (ModernBERT) or lamb.")
   for k, what in (("checkpoint_every_steps", "steps between checkpoints"),
                   ("log_every_steps", "steps between progress lines"),
                   ("keep_checkpoint_period", "keeps every step divisible by it")):

@@ -35,6 +35,11 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.max_seq_length = 128          # L: tokens per example, [CLS] and [SEP]s included.
   c.max_predictions_per_seq = 20  # P: masked positions per example (76 at L=512).
   c.masked_lm_prob = 0.15         # Share of non-special tokens chosen for prediction.
+  # A masking-rate schedule: from masked_lm_prob to masked_lm_prob_final (None = constant)
+  # linearly over each host's first masked_lm_prob_blocks blocks of shuffle_block_docs.
+  c.masked_lm_prob_final = ml_collections.config_dict.placeholder(float)
+  c.masked_lm_prob_blocks = 0
+  c.eval_masked_lm_prob = ml_collections.config_dict.placeholder(float)  # None: as training.
   c.short_seq_prob = 0.1          # Share of pairs with a random shorter target length.
   c.nsp = True                    # Next-sentence pairs; False: single segments.
   c.whole_word_masking = False    # Choose all pieces of a word together.
@@ -66,6 +71,12 @@ def check(data_cfg: ml_collections.ConfigDict) -> None:
               f"[CLS], [SEP]{' x2' if data_cfg.nsp else ''} and "
               f"{'one token of each NSP segment' if data_cfg.nsp else 'two tokens of text'} "
               "(BERT: 128, then 512).")
+  for name in ("masked_lm_prob_final", "eval_masked_lm_prob"):
+    value = data_cfg.get(name)
+    if value is not None and not 0 < value <= 1:
+      raise bad(name, "a share of tokens masked must be in (0, 1], e.g. 0.15.")
+  if (data_cfg.get("masked_lm_prob_blocks") or 0) < 0:
+    raise bad("masked_lm_prob_blocks", "blocks over which the masking rate moves: 0 or more.")
   if not 0 < data_cfg.masked_lm_prob <= 1:
     raise bad("masked_lm_prob", "the share of tokens masked for the masked-LM objective must "
               "be in (0, 1] (BERT: 0.15); 0 would pre-train with no masked-LM objective.")

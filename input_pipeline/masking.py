@@ -37,7 +37,7 @@ def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id
   is_continuation_t = tf.constant(is_continuation, tf.bool)
   random_ids = tf.constant(np.flatnonzero(~is_special), tf.int32)
 
-  def mask_batch(ids, seed):
+  def mask_batch(ids, seed, masked_lm_prob):
     n, length = tf.shape(ids)[0], ids.shape[1]
     k = min(num_preds + 1, length)  # The budget (<= P) never needs more of the order.
     seeds = tf.random.experimental.stateless_split(seed, 4)
@@ -93,12 +93,15 @@ def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id
             "masked_lm_ids": labels, "masked_lm_weights": tf.cast(weights, tf.float32)}
 
   def mask_tokens(features: dict) -> dict:
+    """`features` may carry its own "masked_lm_prob" (a masking-rate schedule's value for
+    this block); else the rate given above."""
     ids = tf.convert_to_tensor(features["input_ids"])
     single = ids.shape.rank == 1
-    out = mask_batch(ids[None] if single else ids, features["mask_seed"])
+    rate = features.get("masked_lm_prob", masked_lm_prob)
+    out = mask_batch(ids[None] if single else ids, features["mask_seed"], rate)
     if single:
       out = {k: v[0] for k, v in out.items()}
-    result = {k: v for k, v in features.items() if k != "mask_seed"}
+    result = {k: v for k, v in features.items() if k not in ("mask_seed", "masked_lm_prob")}
     result.update(out)
     return result
 

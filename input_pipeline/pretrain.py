@@ -105,7 +105,8 @@ class BlockStream:
         max_predictions_per_seq=cfg.max_predictions_per_seq,
         masked_lm_prob=cfg.masked_lm_prob, whole_word_masking=cfg.whole_word_masking)
     spec = {"input_ids": tf.TensorSpec([None, cfg.max_seq_length], tf.int32),
-            "mask_seed": tf.TensorSpec([2], tf.int64)}
+            "mask_seed": tf.TensorSpec([2], tf.int64),
+            "masked_lm_prob": tf.TensorSpec([], tf.float64)}
     self._mask_block = tf.function(mask_fn, input_signature=[spec])  # Traced once.
     self._perm = (None, None)
 
@@ -134,10 +135,25 @@ class BlockStream:
     feats["mask_seed"] = np.array([mask_key >> 32, mask_key & 0xFFFFFFFF], np.int64)
     return feats
 
+  def masking_rate(self, epoch: int, block: int) -> float:
+    """The share of tokens masked in a block: data.masked_lm_prob, or on the held-out split
+    data.eval_masked_lm_prob when set (ModernBERT trains at 30%, evaluates at 15%); with
+    data.masked_lm_prob_final, it moves linearly from the one to the other over this host's
+    first data.masked_lm_prob_blocks blocks (a pure function of the block: resumable)."""
+    cfg = self.cfg
+    if self.split_id != 0 and cfg.get("eval_masked_lm_prob") is not None:
+      return float(cfg.eval_masked_lm_prob)
+    final, blocks = cfg.get("masked_lm_prob_final"), cfg.get("masked_lm_prob_blocks") or 0
+    if final is None or blocks <= 0:
+      return float(cfg.masked_lm_prob)
+    done = min((epoch * self.blocks_per_epoch + block) / blocks, 1.0)
+    return float(cfg.masked_lm_prob + (final - cfg.masked_lm_prob) * done)
+
   def masked_block(self, epoch: int, block: int) -> dict:
     feats = self.block(epoch, block)
     masked = self._mask_block({"input_ids": feats["input_ids"],
-                               "mask_seed": feats.pop("mask_seed")})
+                               "mask_seed": feats.pop("mask_seed"),
+                               "masked_lm_prob": np.float64(self.masking_rate(epoch, block))})
     feats.update({k: v.numpy() for k, v in masked.items()})
     return feats
 

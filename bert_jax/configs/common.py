@@ -19,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Optimizer (bert_jax/optim.py).
   c.opt = ml_collections.ConfigDict()
-  c.opt.name = "adamw"  # adamw (BERT) | lamb (You et al. 2019)
+  c.opt.name = "adamw"  # adamw (BERT) | stableadamw (update-clipped, ModernBERT) | lamb
   c.opt.learning_rate = 1e-4  # peak, after warmup
   c.opt.b1 = 0.9
   c.opt.b2 = 0.999

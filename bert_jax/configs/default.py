@@ -60,6 +60,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.num_train_steps = 900_000  # the run stops here (phase 1 = 90% of the schedule)
   c.schedule.warmup_steps = 10_000
   c.schedule.decay_steps = 1_000_000  # the schedule's length (both phases); 0 = num_train_steps
+  # kind "wsd" (warmup-stable-decay): decay_steps is the decay's length, starting at
+  # decay_start (None: the last decay_steps of num_train_steps); rerun a workdir with a new
+  # decay_start / num_train_steps to start the decay from any checkpoint.
+  c.schedule.kind = "linear"  # linear (BERT) | wsd
+  c.schedule.decay_shape = "linear"  # linear | 1-sqrt
+  c.schedule.decay_start = config_dict.placeholder(int)
 
   # Held-out evaluation.
   c.eval_every_steps = 10_000  # 0 = only at the end

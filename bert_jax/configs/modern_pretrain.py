@@ -6,6 +6,13 @@ ModernBERT's architecture (presets modernbert-*, ettin-*, mmbert-*) or EuroBERT'
 modernbert-tiny: 3 layers, hidden 128, 16-token sliding windows). Masked LM only (no NSP),
 packed rows (attention within each example). Without init_checkpoint or data paths it
 trains on the built-in corpus with its own WordPiece vocabulary, like tiny_pretrain.py.
+
+ModernBERT's recipe: 30% masking (held-out evaluation at 15%), StableAdamW, a
+warmup-stable-decay schedule with a 1-sqrt decay over its last schedule.decay_steps (rerun
+the workdir with --config.schedule.decay_start=STEP and a larger num_train_steps to cool
+down from any checkpoint). A context-extension phase reruns the workdir with a longer
+data.max_seq_length and a new model.rope_theta (and max_position_embeddings): the weights
+carry over, the input iterator starts afresh for the new data config.
 """
 import ml_collections
 from ml_collections import config_dict
@@ -44,6 +51,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.nsp = False
   c.data.packing = True
   c.data.max_examples_per_row = 8
+  c.data.masked_lm_prob = 0.3
+  c.data.eval_masked_lm_prob = 0.15
+  c.opt.name = "stableadamw"
+  c.opt.b1, c.opt.b2, c.opt.eps = 0.9, 0.98, 1e-6
+  c.opt.weight_decay = 1e-5
+  c.opt.bias_correction = True
+  c.schedule.kind = "wsd"
+  c.schedule.decay_shape = "1-sqrt"
   tiny = preset.endswith("-tiny")
   if tiny:  # the built-in corpus on a CPU in minutes, as configs/tiny_pretrain.py
     c.model.dtype = "float32"
@@ -53,14 +68,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.vocab_path = "vocab"
     c.data.prepared_dir = "prepared"
     c.data.max_seq_length = 128
-    c.data.max_predictions_per_seq = 20
+    c.data.max_predictions_per_seq = 40  # 30% of 128
     c.data.eval_fraction = 0.2
     c.global_batch_size = 32
     c.num_train_steps = 600
     c.opt.learning_rate = 1e-3
-    c.opt.bias_correction = True
     c.schedule.warmup_steps = 60
-    c.schedule.decay_steps = 0
+    c.schedule.decay_steps = 120  # the cooldown: the last 120 steps
     c.checkpoint_every_steps = 200
     c.keep_checkpoints = 2
     c.keep_checkpoint_period = 0
@@ -68,7 +82,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every_steps = 200
     c.eval_steps = 4
     c.eval_batch_size = 64
-  else:
+  else:  # ModernBERT's first phase: 1024 tokens, lr 8e-4
     c.data.max_seq_length = 1024
-    c.data.max_predictions_per_seq = 160
+    c.data.max_predictions_per_seq = 320  # 30% of 1024
+    c.opt.learning_rate = 8e-4
+    c.schedule.warmup_steps = 3000
+    c.schedule.decay_steps = 50_000
   return c
