@@ -36,7 +36,7 @@ ACTIVATIONS = {"gelu": model_lib.ACTIVATIONS["gelu"], "gelu_tanh": model_lib.ACT
                "silu": jax.nn.silu, "relu": jax.nn.relu}
 NORMS = ("layernorm", "rmsnorm")
 POOLINGS = ("cls", "mean", "late")  # "late": EuroBERT's mean of per-token head outputs
-ATTENTIONS = ("banded", "dense")
+ATTENTIONS = ("banded", "dense", "splash")
 
 # Published sizes (vocabulary, layers, hidden, heads, intermediate; the rest from the family's
 # defaults). A published preset keeps its (padded) vocabulary size, so that its checkpoint
@@ -125,7 +125,10 @@ class ModernConfig:
   param_dtype: Any = "float32"
   remat: str = "none"
   scan_layers: bool = False
-  attention: str = "banded"  # local layers: "banded" (only the band) | "dense" (masked L x L)
+  # "banded": XLA, local layers over their band only; "dense": XLA, masked L x L everywhere
+  # (the reference); "splash": the Pallas splash-attention kernel (TPU; interpreted
+  # elsewhere, for tests) with segment ids, local layers as its local mask.
+  attention: str = "banded"
   attention_impl: str | None = None  # global layers: jax.nn.dot_product_attention's
   dropout_rng: str = "hash"
   causal: bool = False  # not used by these families; present for the jobs' checks
@@ -369,6 +372,44 @@ def dense_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype, 
   return _attend(q_BLHK, k_BLGK, v_BLGK, allowed, dtype, dropout)
 
 
+SPLASH_BLOCK = 512  # splash's query/key block (the sequence is padded to a multiple)
+BATCH_AXES = ("data", "fsdp")  # mesh axes the rows are split over (bert_jax/sharding.py)
+
+
+def splash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype):
+  """The Pallas splash-attention kernel (jax.experimental.pallas.ops.tpu): blocks outside a
+  local layer's band are skipped by its static mask, packed examples kept apart by segment
+  ids. Compiled for TPU; interpreted on other backends (slow: for tests). Grouped keys and
+  values are repeated to the query heads; the sequence is padded to whole blocks with
+  segment 0, which no real token reads."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk  # pylint: disable=g-import-not-at-top  (Pallas: only this path)
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm  # pylint: disable=g-import-not-at-top
+  batch, length, h, k = q_BLHK.shape
+  block = min(SPLASH_BLOCK, -(-length // 128) * 128)
+  padded = -(-length // block) * block
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, padded - length)] + [(0, 0)] * (x.ndim - 2))
+  heads = lambda x: jnp.repeat(x, h // x.shape[2], axis=2).transpose(0, 2, 1, 3)  # [B, H, L, K]
+  q = heads(pad(q_BLHK * jnp.asarray(1.0 / math.sqrt(k), q_BLHK.dtype)))
+  kk, v = heads(pad(k_BLGK)), heads(pad(v_BLGK))
+  seg = pad(segment_ids_BL.astype(jnp.int32))
+  shape = (padded, padded)
+  one = (sm.FullMask(shape) if half_window is None
+         else sm.LocalMask(shape, window_size=(half_window, half_window), offset=0))
+  sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                        block_q_dq=block, block_kv_dq=block)
+  kernel = sk.make_splash_mha(sm.MultiHeadMask([one] * h), head_shards=1, q_seq_shards=1,
+                              block_sizes=sizes, interpret=jax.default_backend() != "tpu")
+  run = jax.vmap(lambda q1, k1, v1, s1: kernel(q1, k1, v1, segment_ids=sk.SegmentIds(s1, s1)))
+  mesh = jax.sharding.get_abstract_mesh()
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+  if axes and batch % math.prod(mesh.shape[a] for a in axes) == 0:
+    # A kernel runs on each device's rows (the partitioner cannot split a kernel call).
+    spec = jax.sharding.PartitionSpec(axes)
+    run = jax.shard_map(run, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False)
+  return run(q, kk, v, seg).transpose(0, 2, 1, 3)[:, :length].astype(dtype)
+
+
 class Attention(nn.Module):
   """Multi-head (grouped-query) self-attention with rotary positions; global or local."""
   config: ModernConfig
@@ -390,13 +431,16 @@ class Attention(nn.Module):
     def attend(glob: bool):
       theta = cfg.rope_theta if glob else cfg.local_rope_theta
       q, kk = rope(q_BLHK, positions_BL, theta), rope(k_BLGK, positions_BL, theta)
+      if cfg.attention == "splash" and drop is None:
+        return splash_attention(q, kk, v_BLGK, segment_ids_BL,
+                                None if glob else cfg.local_window // 2, cfg.dtype)
       if glob:
         if drop is None:
           mask = _allowed(segment_ids_BL, segment_ids_BL, None, None, None)[:, None]
           return jax.nn.dot_product_attention(q, kk, v_BLGK, mask=mask,
                                               implementation=cfg.attention_impl)
         return dense_attention(q, kk, v_BLGK, segment_ids_BL, None, cfg.dtype, drop)
-      fn = banded_attention if cfg.attention == "banded" else dense_attention
+      fn = dense_attention if cfg.attention == "dense" else banded_attention
       return fn(q, kk, v_BLGK, segment_ids_BL, cfg.local_window // 2, cfg.dtype, drop)
 
     if isinstance(is_global, bool):
