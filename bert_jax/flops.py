@@ -59,13 +59,16 @@ def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: i
 def attention_flops(cfg: modern.ModernConfig, seq_len: int, executed: bool = False) -> int:
   """Score and weighted-sum FLOPs of all the layers of a modern encoder over one sequence:
   global layers every L x L pair, local layers their band (2 * (window // 2) + 1 keys per
-  query; `executed`: the 3 blocks of at least window // 2 keys that the banded
-  implementation computes, modern.banded_attention)."""
+  query). `executed`: what the banded implementation computes (modern.banded_attention's 3
+  blocks of at least window // 2 keys; over packed rows, global layers the budgeted share
+  of block pairs, modern.packed_global_attention, when the batch fits it)."""
   L, D = seq_len, cfg.num_heads * cfg.head_dim
   half = cfg.local_window // 2
   block = min(half, L)
-  band = 3 * block * -(-L // block) / L if executed else min(L, 2 * half + 1)
-  keys = [L if cfg.is_global(i) else band for i in range(cfg.num_layers)]
+  # Executed: each of the n padded blocks' queries reads 3 blocks of keys.
+  band = 3 * block * (-(-L // block) * block) / L if executed else min(L, 2 * half + 1)
+  budget = cfg.global_block_budget if executed and 0 < cfg.global_block_budget < 1 else 1.0
+  keys = [L * budget if cfg.is_global(i) else band for i in range(cfg.num_layers)]
   return int(sum(4 * L * k * D for k in keys))
 
 

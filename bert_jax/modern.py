@@ -130,6 +130,11 @@ class ModernConfig:
   # elsewhere, for tests) with segment ids, local layers as its local mask.
   attention: str = "banded"
   attention_impl: str | None = None  # global layers: jax.nn.dot_product_attention's
+  # Global layers over packed rows (banded attention): compute only the blocks of
+  # `global_block` tokens that share an example, within a static budget of this share of
+  # all block pairs (a batch needing more runs dense); 0 = always dense.
+  global_block_budget: float = 0.0
+  global_block: int = 128
   dropout_rng: str = "hash"
   causal: bool = False  # not used by these families; present for the jobs' checks
   # The tokenizer's special ids, kept for the config.json of an export (None: unknown).
@@ -364,6 +369,72 @@ def banded_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype,
   return ctx.reshape((batch, n * w) + ctx.shape[3:])[:, :length]
 
 
+def _segment_range(seg_BNW):
+  """[B, N, W] segment ids -> the lowest and highest example id (> 0) in each block; an
+  all-padding block gets an empty range (lo > hi)."""
+  big = jnp.iinfo(jnp.int32).max
+  lo = jnp.min(jnp.where(seg_BNW > 0, seg_BNW, big), -1)
+  hi = jnp.max(jnp.where(seg_BNW > 0, seg_BNW, 0), -1)
+  return lo, hi
+
+
+def block_pairs_needed(segment_ids_BL, block: int) -> jax.Array:
+  """[B, N, N]: which query/key block pairs share an example. Examples are contiguous, so a
+  block holds a contiguous range of example ids; two blocks interact when ranges overlap."""
+  length = segment_ids_BL.shape[1]
+  w = min(block, length)
+  lo, hi = _segment_range(_blocks(segment_ids_BL, -(-length // w), w))
+  return (jnp.maximum(lo[:, :, None], lo[:, None, :])
+          <= jnp.minimum(hi[:, :, None], hi[:, None, :]))
+
+
+def block_pair_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, need_BNN, pairs: int,
+                         block: int, dtype):
+  """Attention computed over the first `pairs` needed block pairs only (gathered; unused
+  slots masked), the softmax over each query's pairs in float32 through segment max / sum.
+  Exact when the pairs cover every needed one (packed_global_attention checks)."""
+  batch, length = segment_ids_BL.shape
+  w = min(block, length)
+  n = -(-length // w)
+  seg_BNW = _blocks(segment_ids_BL, n, w)
+  b, i, j = jnp.nonzero(need_BNN, size=pairs, fill_value=0)
+  valid = jnp.arange(pairs) < jnp.sum(need_BNN)
+  q_PWHK = _blocks(q_BLHK, n, w)[b, i]
+  k_PWGK, v_PWGK = _blocks(k_BLGK, n, w)[b, j], _blocks(v_BLGK, n, w)[b, j]
+  sq, sk = seg_BNW[b, i], seg_BNW[b, j]
+  allowed = (sq[:, :, None] == sk[:, None, :]) & (sk[:, None, :] > 0) & valid[:, None, None]
+  h, g = q_PWHK.shape[-2], k_PWGK.shape[-2]
+  q = q_PWHK.reshape(q_PWHK.shape[:-2] + (g, h // g, q_PWHK.shape[-1]))
+  scores = jnp.einsum("PLGRK,PMGK->PGRLM", q, k_PWGK).astype(jnp.float32)
+  scores = jnp.where(allowed[:, None, None], scores / math.sqrt(q.shape[-1]), model_lib.NEG_INF)
+  group = b * n + i  # the query block of each pair
+  top = jax.ops.segment_max(scores.max(-1), group, num_segments=batch * n)
+  e = jnp.where(allowed[:, None, None], jnp.exp(scores - top[group][..., None]), 0.0)
+  denom = jax.ops.segment_sum(e.sum(-1), group, num_segments=batch * n)  # [BN, G, R, L]
+  numer = jax.ops.segment_sum(jnp.einsum("PGRLM,PMGK->PGRLK", e.astype(dtype), v_PWGK)
+                              .astype(jnp.float32), group, num_segments=batch * n)
+  ctx = numer / jnp.maximum(denom, 1e-30)[..., None]  # padding queries: 0
+  ctx = ctx.reshape(batch, n, g, h // g, w, -1).transpose(0, 1, 4, 2, 3, 5)
+  return ctx.reshape(batch, n * w, h, -1)[:, :length].astype(dtype)
+
+
+def packed_global_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, dtype, block: int,
+                            budget: float):
+  """Global attention over packed rows computing only the block pairs that share an
+  example (block_pairs_needed), gathered into a static budget of `budget` x all B x N x N
+  pairs; a batch that needs more takes the dense path (lax.cond: exact either way, one
+  branch executed). Executed score FLOPs: `budget` of dense when the batch fits."""
+  batch, length = segment_ids_BL.shape
+  n = -(-length // min(block, length))
+  pairs = max(1, int(math.ceil(budget * batch * n * n)))
+  dense = lambda: dense_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, None, dtype)
+  if pairs >= batch * n * n:
+    return dense()
+  need_BNN = block_pairs_needed(segment_ids_BL, block)
+  return jax.lax.cond(jnp.sum(need_BNN) <= pairs, lambda: block_pair_attention(
+      q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, need_BNN, pairs, block, dtype), dense)
+
+
 def dense_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype, dropout=None):
   """The reference: every L x L score, masked (to the band when `half_window`)."""
   pos_BL = jnp.broadcast_to(jnp.arange(segment_ids_BL.shape[1], dtype=jnp.int32),
@@ -415,7 +486,8 @@ class Attention(nn.Module):
   config: ModernConfig
 
   @nn.compact
-  def __call__(self, x_BLD, segment_ids_BL, positions_BL, is_global, deterministic):
+  def __call__(self, x_BLD, segment_ids_BL, positions_BL, is_global, deterministic,
+               packed: bool = False):
     cfg = self.config
     h, g, k = cfg.num_heads, cfg.kv_heads, cfg.head_dim
     proj = lambda heads, name: _Linear(cfg, (heads, k), ("embed", "heads", "kv"),
@@ -434,6 +506,10 @@ class Attention(nn.Module):
       if cfg.attention == "splash" and drop is None:
         return splash_attention(q, kk, v_BLGK, segment_ids_BL,
                                 None if glob else cfg.local_window // 2, cfg.dtype)
+      if glob and packed and drop is None and cfg.attention == "banded" and (
+          cfg.global_block_budget > 0):
+        return packed_global_attention(q, kk, v_BLGK, segment_ids_BL, cfg.dtype,
+                                       cfg.global_block, cfg.global_block_budget)
       if glob:
         if drop is None:
           mask = _allowed(segment_ids_BL, segment_ids_BL, None, None, None)[:, None]
@@ -479,7 +555,8 @@ class Layer(nn.Module):
   config: ModernConfig
 
   @nn.compact
-  def __call__(self, x_BLD, segment_ids_BL, positions_BL, layer, deterministic: bool):
+  def __call__(self, x_BLD, segment_ids_BL, positions_BL, layer, deterministic: bool,
+               packed: bool = False):
     cfg = self.config
     x_BLD = nn.with_logical_constraint(
         x_BLD, ("activation_batch", "activation_length", "activation_embed"))
@@ -493,15 +570,17 @@ class Layer(nn.Module):
       if not cfg.first_attn_norm:
         h_BLD = jnp.where(layer == 0, x_BLD, h_BLD)
     x_BLD = x_BLD + Attention(cfg, name="attention")(h_BLD, segment_ids_BL, positions_BL,
-                                                      is_global, deterministic)
+                                                      is_global, deterministic, packed)
     return x_BLD + MLP(cfg, name="mlp")(_norm(cfg, "mlp_norm")(x_BLD), deterministic)
 
 
 class _ScannedLayer(Layer):
   """Layer with the (carry, layer index) -> (carry, None) signature nn.scan wants."""
 
-  def __call__(self, x_BLD, segment_ids_BL, positions_BL, deterministic: bool, layer):
-    return super().__call__(x_BLD, segment_ids_BL, positions_BL, layer, deterministic), None
+  def __call__(self, x_BLD, segment_ids_BL, positions_BL, deterministic: bool, packed: bool,
+               layer):
+    return super().__call__(x_BLD, segment_ids_BL, positions_BL, layer, deterministic,
+                            packed), None
 
 
 class Encoder(nn.Module):
@@ -510,25 +589,27 @@ class Encoder(nn.Module):
   config: ModernConfig
 
   @nn.compact
-  def __call__(self, x_BLD, segment_ids_BL, positions_BL, deterministic: bool):
+  def __call__(self, x_BLD, segment_ids_BL, positions_BL, deterministic: bool,
+               packed: bool = False):
     cfg = self.config
     policy = model_lib.REMAT_POLICIES[cfg.remat]
     if cfg.scan_layers:
       layer = _ScannedLayer
       if cfg.remat != "none":
-        layer = nn.remat(layer, policy=policy, prevent_cse=False, static_argnums=(4,))
+        layer = nn.remat(layer, policy=policy, prevent_cse=False, static_argnums=(4, 5))
       scanned = nn.scan(layer, variable_axes={"params": 0},
                         split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
                         length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       x_BLD, _ = scanned(cfg, name="layers")(x_BLD, segment_ids_BL, positions_BL, deterministic,
-                                             jnp.arange(cfg.num_layers))
+                                             packed, jnp.arange(cfg.num_layers))
       return x_BLD
     layer = Layer
     if cfg.remat != "none":
-      layer = nn.remat(layer, policy=policy, static_argnums=(4, 5))
+      layer = nn.remat(layer, policy=policy, static_argnums=(4, 5, 6))
     for i in range(cfg.num_layers):
-      x_BLD = layer(cfg, name=f"layer_{i}")(x_BLD, segment_ids_BL, positions_BL, i, deterministic)
+      x_BLD = layer(cfg, name=f"layer_{i}")(x_BLD, segment_ids_BL, positions_BL, i, deterministic,
+                                            packed)
     return x_BLD
 
 
@@ -593,7 +674,8 @@ class ModernModel(nn.Module):
     if cfg.embedding_norm:
       x_BLD = self.embedding_norm(x_BLD)
     x_BLD = self.embedding_dropout(x_BLD, deterministic=deterministic)
-    x_BLD = self.encoder(x_BLD, segments_BL, position_ids, deterministic)
+    x_BLD = self.encoder(x_BLD, segments_BL, position_ids, deterministic,
+                         packed_example_ids is not None)
     x_BLD = self.final_norm(x_BLD)
     if not self.add_pooler:
       return x_BLD, None

@@ -98,9 +98,11 @@ def test_sliding_window_is_shorter_than_the_sequence():
 
 
 @pytest.mark.parametrize("family", ["modernbert", "eurobert"])
-def test_packed_rows_equal_each_example_alone(tmp_path, family):
+@pytest.mark.parametrize("budget", [0.0, 0.8])  # global layers dense / 19 of 25 block pairs
+def test_packed_rows_equal_each_example_alone(tmp_path, family, budget):
   path, hf = _hf_dir(tmp_path, family, "Model")
   cfg, params = modern_formats.read_hf(path, "encoder")
+  cfg = cfg.replace(global_block_budget=budget, global_block=8)
   rng = np.random.default_rng(1)
   lengths = (15, 20)
   examples = [np.concatenate([[1], rng.integers(4, V, n - 1)]).astype(np.int32) for n in lengths]
@@ -289,3 +291,30 @@ def test_splash_attention_is_exact_and_trains_the_same():
     assert abs(float(got) - float(want)) <= 1e-4 * abs(float(want))
     for a, c in zip(got_g, want_g):
       assert np.abs(np.asarray(a) - np.asarray(c)).max() <= 1e-4, half
+
+
+def test_packed_global_attention_is_exact_within_its_budget_and_falls_back():
+  rng = np.random.default_rng(2)
+  b, l, h, g, k = 2, 96, 4, 2, 8
+  q = jnp.asarray(rng.normal(size=(b, l, h, k)), jnp.float32)
+  kk = jnp.asarray(rng.normal(size=(b, l, g, k)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(b, l, g, k)), jnp.float32)
+  seg = np.zeros((b, l), np.int32)
+  for row, lengths in enumerate(((10, 20, 7, 30), (50, 40))):
+    start = 0
+    for e, n in enumerate(lengths):
+      seg[row, start:start + n] = e + 1
+      start += n
+  real = seg > 0
+  want = np.asarray(modern.dense_attention(q, kk, v, seg, None, jnp.float32))
+  for budget in (0.5, 0.05):  # 0.05: fewer pairs than needed -> the dense path
+    fn = jax.jit(lambda *a: modern.packed_global_attention(*a, seg, jnp.float32, 16, budget))
+    got = np.asarray(fn(q, kk, v))
+    assert np.abs(got - want)[real].max() <= 1e-5, budget
+  loss = lambda f, *a: jnp.sum(jnp.where(real[..., None, None], f(*a), 0.0) ** 2)
+  g1 = jax.grad(lambda *a: loss(lambda *x: modern.packed_global_attention(
+      *x, seg, jnp.float32, 16, 0.5), *a), (0, 1, 2))(q, kk, v)
+  g2 = jax.grad(lambda *a: loss(lambda *x: modern.dense_attention(
+      *x, seg, None, jnp.float32), *a), (0, 1, 2))(q, kk, v)
+  for a, c in zip(g1, g2):
+    assert np.abs(np.asarray(a) - np.asarray(c)).max() <= 1e-4

@@ -38,7 +38,11 @@ def model_config(preset: str) -> ml_collections.ConfigDict:
   m.param_dtype = "float32"
   m.remat = "none"
   m.scan_layers = False
-  m.attention = "banded"  # sliding-window layers: banded (the band only) | dense
+  m.attention = "banded"  # banded (local layers: the band only) | dense | splash (TPU kernel)
+  # Global layers over packed rows: only the block pairs sharing an example, within this
+  # share of all pairs (a batch needing more runs dense); 0 = dense.
+  m.global_block_budget = 0.0
+  m.global_block = 128
   m.attention_impl = config_dict.placeholder(str)
   m.dropout_rng = "hash"
   return m
@@ -83,6 +87,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_steps = 4
     c.eval_batch_size = 64
   else:  # ModernBERT's first phase: 1024 tokens, lr 8e-4
+    c.model.global_block_budget = 0.5
     c.data.max_seq_length = 1024
     c.data.max_predictions_per_seq = 320  # 30% of 1024
     c.opt.learning_rate = 8e-4
