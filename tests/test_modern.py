@@ -318,3 +318,41 @@ def test_packed_global_attention_is_exact_within_its_budget_and_falls_back():
       *x, seg, None, jnp.float32), *a), (0, 1, 2))(q, kk, v)
   for a, c in zip(g1, g2):
     assert np.abs(np.asarray(a) - np.asarray(c)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["modernbert"])  # EuroBERT ships no QA / multiple-choice heads
+def test_question_answering_and_multiple_choice_logits_match(tmp_path, family):
+  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  path, hf = _hf_dir(tmp_path, family, "ForQuestionAnswering", num_labels=2)
+  cfg, params = modern_formats.read_hf(path, "all")
+  ids, mask = _inputs(6)
+  with torch.no_grad():
+    out = hf(input_ids=_torch(ids), attention_mask=_torch(mask))
+  start, end = heads.BertForQuestionAnswering(cfg).apply({"params": params}, ids, None, mask)
+  real = mask.astype(bool)
+  for got, want in ((start, out.start_logits), (end, out.end_logits)):
+    assert np.abs(np.asarray(got)[real] - want.numpy()[real]).max() <= 1e-4
+  path, hf = _hf_dir(tmp_path, family, "ForMultipleChoice", seed=1)
+  cfg, params = modern_formats.read_hf(path, "all")
+  ids, mask = _inputs(7, batch=3)
+  choices = lambda x: np.stack([x, np.roll(x, 1, 0)], 1)  # [B, 2, L]
+  with torch.no_grad():
+    want = hf(input_ids=_torch(choices(ids)), attention_mask=_torch(choices(mask))).logits
+  got = heads.BertForMultipleChoice(cfg).apply({"params": params}, choices(ids),
+                                               choices(np.zeros_like(ids)), choices(mask))
+  assert np.abs(np.asarray(got) - want.numpy()).max() <= 1e-4
+
+
+def test_bfloat16_compute_stays_close_to_float32(tmp_path):
+  path, _ = _hf_dir(tmp_path, "modernbert", "ForMaskedLM")
+  cfg, params = modern_formats.read_hf(path, "pretraining")
+  ids, mask = _inputs(8)
+  pos = np.broadcast_to(np.arange(L, dtype=np.int32), ids.shape)
+  f32 = modern.ModernForMaskedLM(cfg).apply({"params": params}, ids, None, mask, pos)
+  bf16 = modern.ModernForMaskedLM(cfg.replace(dtype="bfloat16")).apply(
+      {"params": params}, ids, None, mask, pos)
+  a, b = np.asarray(f32["mlm_logits"]), np.asarray(bf16["mlm_logits"])
+  real = mask.astype(bool)
+  assert bf16["mlm_logits"].dtype == jnp.float32
+  assert np.abs(a - b)[real].max() <= 0.1 * np.abs(a)[real].max()
+  assert (a[real].argmax(-1) == b[real].argmax(-1)).mean() >= 0.9

@@ -175,3 +175,21 @@ def test_fill_mask_with_the_models_tokenizer(hub):
     logits = model(**enc).logits[0]
   where = int((enc["input_ids"][0] == ref.mask_token_id).nonzero()[0, 0])
   assert ref.convert_ids_to_tokens(int(logits[where].argmax())) == out[0][0][0][0]
+
+
+@pytest.mark.slow
+def test_the_suite_runs_on_a_modern_encoder(tmp_path, hub):
+  from bert_jax import main  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  suite_data.make_glue(tmp_path / "data")
+  _, path = hub
+  c = suite_config.get_config("cola,sst2,stsb")
+  c.init_checkpoint = c.vocab_path = path
+  c.data_dir, c.protocol, c.seeds = str(tmp_path / "data"), "grid", 1
+  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = (1e-3,), (8,), (1,)
+  c.eval_batch_size, c.max_seq_length, c.log_every_steps, c.submission = 8, 32, 0, False
+  report = main.run(c, str(tmp_path / "suite"))
+  text = (tmp_path / "suite" / "report.md").read_text()
+  assert all(t in text for t in ("CoLA", "SST-2", "STS-B")), text
+  assert report is not None
