@@ -52,8 +52,28 @@ REMAT_POLICIES = {
 DROPOUT_RNGS = ("hash", "threefry")
 
 
+class ModelConfig:
+  """What every family's frozen config dataclass shares: variants by `.replace(...)`, and a
+  dict form (dtypes as strings) that checkpoints record and `from_dict` reads back."""
+
+  def replace(self, **changes):
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    d = dataclasses.asdict(self)
+    d["dtype"], d["param_dtype"] = str(self.dtype), str(self.param_dtype)
+    return d
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]):
+    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+      raise errors.ConfigError(f"Unknown {cls.__name__} fields {sorted(unknown)}.")
+    return cls(**d)
+
+
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(ModelConfig):
   """Everything that defines the network. Variants come from `.replace(...)`."""
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -107,24 +127,9 @@ class BertConfig:
     sizes["intermediate_size"] = 4 * sizes["hidden_size"]
     return cls(**{**sizes, **overrides})
 
-  def replace(self, **changes) -> "BertConfig":
-    return dataclasses.replace(self, **changes)
-
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
-
-  def to_dict(self) -> dict[str, Any]:
-    d = dataclasses.asdict(self)
-    d["dtype"], d["param_dtype"] = str(self.dtype), str(self.param_dtype)
-    return d
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "BertConfig":
-    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-      raise errors.ConfigError(f"Unknown BertConfig fields {sorted(unknown)}.")
-    return cls(**d)
 
 
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> BertConfig:

@@ -84,7 +84,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernConfig:
+class ModernConfig(model_lib.ModelConfig):
   """Everything that defines a ModernBERT- or EuroBERT-architecture network."""
   family: str = "modernbert"  # "modernbert" (ModernBERT, Ettin, mmBERT) | "eurobert"
   vocab_size: int = 50368
@@ -185,9 +185,6 @@ class ModernConfig:
     family = overrides.get("family", sizes.pop("family", "modernbert"))
     return cls(**{**FAMILY_DEFAULTS[family], **sizes, **overrides, "family": family})
 
-  def replace(self, **changes) -> "ModernConfig":
-    return dataclasses.replace(self, **changes)
-
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
@@ -211,18 +208,6 @@ class ModernConfig:
   @property
   def layer_types(self) -> tuple[str, ...]:
     return tuple(GLOBAL if self.is_global(i) else LOCAL for i in range(self.num_layers))
-
-  def to_dict(self) -> dict[str, Any]:
-    d = dataclasses.asdict(self)
-    d["dtype"], d["param_dtype"] = str(self.dtype), str(self.param_dtype)
-    return d
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]) -> "ModernConfig":
-    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-      raise errors.ConfigError(f"Unknown ModernConfig fields {sorted(unknown)}.")
-    return cls(**d)
 
 
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
