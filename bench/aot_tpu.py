@@ -3,25 +3,32 @@
     bash: pip install --no-deps --target /tmp/libtpu_site "libtpu==0.0.42.*"   # what jax[tpu]==0.10.2 pins
     python -m bench.aot_tpu                    # BERT-large L=128 on v4-32, v5e-16, v5p-32
     python -m bench.aot_tpu --smoke            # BERT-tiny on v5e 2x2 (seconds)
+    python -m bench.aot_tpu --preset=modernbert-base --seq_len=8192 --per_device_batch=4 \
+        --slices=v5e-16 --meshes=fsdp=-1 --remat=full --set=model.attention=splash
 
 `jax.experimental.topologies.get_topology_desc` asks libtpu's PJRT plugin for
-compile-only devices of a described slice; the step (the trainer's
-the train step of `trainer.build` (its shardings), via
-bench.compile_time.abstract_step) is lowered from abstract inputs over a mesh of
-those devices and compiled by the real TPU compiler. Reports compile seconds and
-the compiled step's per-device memory (`memory_analysis()`). Each target runs in a
-subprocess with libtpu on PYTHONPATH (kept out of the main environment) and
-JAX_PLATFORMS=cpu (nothing tries to open a TPU). If libtpu is missing or the
-topology cannot be made, the row says why. Appends to bench/RESULTS.md unless
---no_record (or --smoke).
+compile-only devices of a described slice; the step (the train step of
+`trainer.build` (its shardings), via bench.compile_time.abstract_step) is lowered
+from abstract inputs over a mesh of those devices and compiled by the real TPU
+compiler. Reports compile seconds and the compiled step's per-device memory
+(`memory_analysis()`). Each target runs in a subprocess with libtpu on PYTHONPATH
+(kept out of the main environment) and JAX_PLATFORMS=cpu (nothing tries to open a
+TPU). If libtpu is missing or the topology cannot be made, the row says why.
+Appends to bench/RESULTS.md unless --no_record (or --smoke).
+
+A modern preset (modernbert-*, ettin-*, mmbert-*, eurobert-*; or --family=modernbert
+with --preset=base) compiles configs/modern_pretrain.py's step: packed rows, masked LM
+only, the preset's vocabulary. --set FIELD=VALUE overrides a config field (repeatable).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +53,11 @@ SLICES = {
 }
 
 
+def num_devices(slice_name: str) -> int:
+  """JAX devices of a slice: its topology's chips (v4/v5p in megacore mode)."""
+  return math.prod(int(d) for d in SLICES[slice_name][0].split(":")[1].split("x"))
+
+
 def topology_devices(slice_name: str):
   """Compile-only TPU devices of a slice (needs libtpu importable)."""
   from jax.experimental import topologies
@@ -63,7 +75,9 @@ def _child(spec: dict) -> None:
   n = len(devices)
   config = compile_time.make_config(spec["preset"], spec["L"], spec["per_device_batch"] * n,
                                     spec["dtype"], scan=spec["scan"], remat=spec["remat"],
-                                    vocab=spec.get("vocab", 30522), mesh_shape=spec["mesh"])
+                                    vocab=spec.get("vocab", 30522), mesh_shape=spec["mesh"],
+                                    family=spec.get("family", "bert"),
+                                    overrides=spec.get("overrides"))
   res = compile_time.lower_and_compile(config, devices)
   res.update(devices=n, device_kind=devices[0].device_kind, topology_s=topo_s,
              global_batch=config.global_batch_size, jax=jax.__version__)
@@ -100,33 +114,53 @@ def run_one(spec: dict, libtpu_dir: str, timeout: float) -> dict:
       return dict(spec, wall_s=wall, **json.loads(line[len("RESULT "):]))
   errs = [l for l in (proc.stderr + proc.stdout).splitlines()
           if l.strip() and not l.startswith(("W0000", "WARNING", "I0000"))]
-  return dict(spec, error=" | ".join(errs[-3:]) or f"exit {proc.returncode}")
+  # The exception's own line when there is one (the TPU compiler's out-of-memory report
+  # follows it with pages of allocations), else the last lines.
+  raised = [l for l in errs if re.match(r"[\w.]+(Error|Exception): ", l)]
+  return dict(spec, error=" | ".join(raised[-1:] or errs[-3:]) or f"exit {proc.returncode}")
 
 
 def format_table(rows: list[dict]) -> str:
   lines = ["| slice | devices | preset | L | dtype | mesh (data,fsdp,tensor) | per-device batch | "
-           "global batch | remat | compile s | args GiB/dev | temp GiB/dev | peak GiB/dev |",
-           "|" + "---|" * 13]
+           "global batch | remat | compile s | args GiB/dev | temp GiB/dev | peak GiB/dev | "
+           "compiler peak GiB/dev |", "|" + "---|" * 14]
   for r in rows:
+    n = r.get("devices") or (num_devices(r["slice"]) if r["slice"] in SLICES else None)
     sizes = [int(r["mesh"].get(a, 1)) for a in ("data", "fsdp", "tensor")]
-    if -1 in sizes and "devices" in r:  # resolve "the rest"
-      sizes[sizes.index(-1)] = r["devices"] // -math.prod(sizes)
+    if -1 in sizes and n:  # resolve "the rest"
+      sizes[sizes.index(-1)] = n // -math.prod(sizes)
     mesh = ",".join(map(str, sizes))
-    head = (f"| {r['slice']} | {r.get('devices', '?')} | {r['preset']} | {r['L']} | {r['dtype']} "
-            f"| {mesh} | {r['per_device_batch']} | {r.get('global_batch', '?')} | {r['remat']} |")
+    batch = r.get("global_batch") or (r["per_device_batch"] * n if n else "?")
+    preset = " ".join([r["preset"]] + [f"{k}={v}" for k, v in r.get("overrides", {}).items()])
+    head = (f"| {r['slice']} | {n or '?'} | {preset} | {r['L']} | {r['dtype']} "
+            f"| {mesh} | {r['per_device_batch']} | {batch} | {r['remat']} |")
     if "error" in r:
-      lines.append(f"{head} failed: {r['error']} | | | |")
+      lines.append(f"{head} failed: {r['error']} | | | | |")
     else:
       lines.append(f"{head} {r['lower_s'] + r['compile_s']:.1f} | {r['args_gib']:.2f} | "
-                   f"{r['temp_gib']:.2f} | {r['peak_gib']:.2f} |")
+                   f"{r['temp_gib']:.2f} | {r['peak_gib']:.2f} | "
+                   f"{r.get('compiler_peak_gib', float('nan')):.2f} |")
   return "\n".join(lines)
+
+
+def _value(text: str):
+  """A --set value: a Python literal (0.5, True, 'x') or else the string itself."""
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def main(argv=None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--slices", default="v4-32,v5e-16,v5p-32")
+  parser.add_argument("--family", default="bert",
+                      help="bert | modernbert | eurobert: --family=modernbert --preset=base "
+                           "is modernbert-base; a preset with a dash names its family")
   parser.add_argument("--preset", default="large")
+  parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                      help="a config override, e.g. model.attention=splash (repeatable)")
   parser.add_argument("--seq_len", type=int, default=128)
   parser.add_argument("--per_device_batch", type=int, default=32)
   parser.add_argument("--dtype", default="bfloat16")
@@ -145,14 +179,25 @@ def main(argv=None) -> list[dict]:
   if args.smoke:
     args.slices, args.preset, args.seq_len, args.per_device_batch = "v5e-4", "tiny", 32, 2
     args.meshes = "fsdp=-1"
+  family, preset = args.family, args.preset
+  if "-" in preset:  # modernbert-base, ettin-150m, eurobert-210m, ...
+    from bert_jax.configs import modern_pretrain
+    family = modern_pretrain.model_config(preset).family
+  elif family != "bert":
+    preset = f"{family}-{preset}"
+  overrides = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.set)}
   meshes = [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in m.split(","))
             for m in args.meshes.split(";")]
   rows = []
   for slice_name in args.slices.split(","):
     for mesh in meshes:
-      spec = dict(slice=slice_name, preset=args.preset, L=args.seq_len, dtype=args.dtype,
+      spec = dict(slice=slice_name, preset=preset, L=args.seq_len, dtype=args.dtype,
                   mesh=mesh, per_device_batch=args.per_device_batch, remat=args.remat, scan=True,
                   vocab=512 if args.smoke else 30522)
+      if family != "bert":  # the preset's (padded) vocabulary
+        spec.update(family=family, vocab=None)
+      if overrides:
+        spec["overrides"] = overrides
       rows.append(run_one(spec, args.libtpu_dir, args.timeout))
       print(format_table(rows[-1:]).splitlines()[-1], flush=True)
   table = format_table(rows)
@@ -161,6 +206,15 @@ def main(argv=None) -> list[dict]:
   print(table)
   if not args.no_record and not args.smoke:
     cmd = "python -m bench.aot_tpu " + " ".join(argv if argv is not None else sys.argv[1:])
+    data = ""
+    if family != "bert":
+      from bench import compile_time
+      from input_pipeline import pretrain as pretrain_data
+      cfg = compile_time.make_config(preset, args.seq_len, 1, args.dtype, vocab=None,
+                                     family=family, overrides=overrides).data
+      data = (f" The {family} step is configs/modern_pretrain.py's: packed rows of up to "
+              f"{cfg.max_examples_per_row} examples, {pretrain_data.predictions_per_row(cfg)} "
+              f"masked-LM predictions a row, no NSP.")
     with open(RESULTS, "a") as f:
       f.write(f"\n## TPU ahead-of-time compile, no TPU attached ({datetime.date.today()})\n\n"
               f"Command: `{cmd}`  \nMachine: 2-core CPU host (shared), jax 0.10.2, libtpu "
@@ -168,7 +222,8 @@ def main(argv=None) -> list[dict]:
               f"`jax.experimental.topologies.get_topology_desc` (v4/v5p in megacore mode: one "
               f"device per chip); scan_layers=True. Memory is the TPU compiler's "
               f"`memory_analysis()` per device; peak = arguments + temporaries + non-aliased "
-              f"outputs (the state is donated).\n\n{table}\n")
+              f"outputs (the state is donated); compiler peak = its `peak_memory_in_bytes`, "
+              f"the live maximum it checks against HBM.{data}\n\n{table}\n")
   return rows
 
 

@@ -31,21 +31,35 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_config(preset: str, seq_len: int, batch: int, dtype: str, *, scan: bool = True,
-                remat: str = "none", vocab: int = 30522, mesh_shape: dict | None = None):
-  """configs/default.py with the benchmark's sizes."""
-  from bert_jax.configs import default
-  config = default.get_config()
-  config.model.preset = preset
-  config.model.vocab_size = vocab
+                remat: str = "none", vocab: int | None = 30522, mesh_shape: dict | None = None,
+                family: str = "bert", overrides: dict | None = None):
+  """configs/default.py with the benchmark's sizes; for the modern families (modernbert,
+  eurobert) configs/modern_pretrain.py (packed rows, masked LM only, its share of masked
+  tokens). vocab None: the preset's. overrides: {"model.attention": "splash", ...}, last."""
+  if family == "bert":
+    from bert_jax.configs import default
+    config = default.get_config()
+    config.model.preset = preset
+  else:
+    from bert_jax.configs import modern_pretrain
+    config = modern_pretrain.get_config(preset)
+  if vocab is not None:
+    config.model.vocab_size = vocab
   config.model.dtype = dtype
   config.model.scan_layers = scan
   config.model.remat = remat
+  if family == "bert":
+    predictions = PREDICTIONS.get(seq_len, max(1, seq_len * 15 // 100))
+  else:  # the config's share of a row (ModernBERT masks 30%)
+    predictions = -(-config.data.max_predictions_per_seq * seq_len // config.data.max_seq_length)
   config.data.max_seq_length = seq_len
-  config.data.max_predictions_per_seq = PREDICTIONS.get(seq_len, max(1, seq_len * 15 // 100))
+  config.data.max_predictions_per_seq = predictions
   config.global_batch_size = batch
   if mesh_shape:  # axes left out are 1
     for axis in ("data", "fsdp", "tensor"):
       config.mesh_shape[axis] = int(mesh_shape.get(axis, 1))
+  if overrides:
+    config.update_from_flattened_dict(overrides)
   return config
 
 
@@ -58,18 +72,26 @@ def abstract_step(config, devices: Sequence[Any] | None = None):
   import jax
   import jax.numpy as jnp
   from bert_jax import registry, trainer as trainer_lib
+  from input_pipeline import pretrain as pretrain_data
   model, objective, sample = registry.pretraining(config)
   cfg = model.config
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None, devices=devices)
   mesh, rules, abstract = trainer.mesh, trainer.rules, trainer.abstract
   batch_sh, repl = trainer.batch_sharding, trainer.replicated
   B, L = config.global_batch_size, config.data.max_seq_length
-  P = config.data.max_predictions_per_seq
-  sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh)
-  batch = dict(input_ids=sds((B, L), jnp.int32), segment_ids=sds((B, L), jnp.int32),
-               input_mask=sds((B, L), jnp.int32), masked_lm_positions=sds((B, P), jnp.int32),
-               masked_lm_ids=sds((B, P), jnp.int32), masked_lm_weights=sds((B, P), jnp.float32),
-               next_sentence_labels=sds((B,), jnp.int32))
+  packed = config.data.get("packing", False)
+  E = (config.data.max_examples_per_row,) if packed else ()  # per-example features: [B, E] packed
+  sds = lambda shape, dtype: jax.ShapeDtypeStruct((B,) + shape, dtype, sharding=batch_sh)
+  # The pipeline's batch: the model's inputs as the registry's sample row, the masked-LM
+  # targets shaped as its positions (P a row, + E packed), NSP labels per example.
+  batch = {k: sds(v.shape[1:], jnp.int32) for k, v in sample.items()}
+  P = batch["masked_lm_positions"].shape[1:]
+  batch.update(masked_lm_ids=sds(P, jnp.int32), masked_lm_weights=sds(P, jnp.float32),
+               next_sentence_labels=sds(E, jnp.int32))
+  if packed:  # input_pipeline/packing.py: the rows' examples, passed by keyword (features.PACKED)
+    batch.update(position_ids=sds((L,), jnp.int32), packed_example_ids=sds((L,), jnp.int32),
+                 cls_positions=sds(E, jnp.int32), example_weights=sds(E, jnp.float32))
+  assert set(batch) == set(pretrain_data.features(config.data)), sorted(batch)
   key = jax.eval_shape(lambda: jax.random.key(0))
   rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=repl)
   return trainer.train_step, (abstract, batch, rng), mesh, rules, cfg
@@ -84,6 +106,9 @@ def memory_stats(compiled) -> dict[str, float]:
              code_gib=get("generated_code_size_in_bytes"))
   # Donated state aliases its output buffers: peak ~ args + temps + outputs not aliased.
   out["peak_gib"] = out["args_gib"] + out["temp_gib"] + max(out["out_gib"] - out["alias_gib"], 0.0)
+  # The compiler's own peak of live buffers, where it reports one (the TPU compiler's is
+  # what it checks against HBM; its temp size may be larger).
+  out["compiler_peak_gib"] = get("peak_memory_in_bytes")
   return out
 
 

@@ -5,6 +5,7 @@ ahead-of-time compile need things outside this environment (a venv made by
 bench/setup_flax_peer.sh; libtpu in /tmp/libtpu_site): without them the rows must
 say so instead of failing.
 """
+import os
 import re
 
 import pytest
@@ -60,6 +61,40 @@ def test_aot_tpu_smoke(capsys):
   else:
     assert rows[0]["devices"] == 4 and cells[5] == "1,4,1"
     assert float(cells[9]) > 0 and float(cells[12]) > 0
+
+
+@pytest.mark.slow  # libtpu takes a lock: not beside test_aot_tpu_smoke on another worker
+def test_aot_tpu_smoke_modern(capsys):
+  libtpu_dir = os.environ.get("LIBTPU_DIR", aot_tpu.DEFAULT_LIBTPU)
+  if not os.path.exists(os.path.join(libtpu_dir, "libtpu", "libtpu.so")):
+    pytest.skip(f"libtpu not in {libtpu_dir} (the BERT smoke test covers the row saying so)")
+  rows = aot_tpu.main(["--smoke", "--no_record", "--family=modernbert"])
+  out = capsys.readouterr().out
+  assert "error" not in rows[0], rows[0]
+  cells = _row(out, "| v5e-4 |")
+  assert cells[1:3] == ["4", "modernbert-tiny"] and cells[5] == "1,4,1"
+  assert float(cells[9]) > 0 and float(cells[12]) > 0
+
+
+def test_abstract_step_batch_is_the_packed_pipelines(tmp_path):
+  """The batch a modern family's step is compiled for (packed rows, no NSP) has the keys,
+  shapes and dtypes of the batches input_pipeline/pretrain.py makes for its config."""
+  from input_pipeline import pretrain, testing  # pylint: disable=g-import-not-at-top
+  config = compile_time.make_config("modernbert-tiny", 64, 4, "float32", vocab=None,
+                                    family="modernbert")
+  config.data.max_predictions_per_seq, config.data.max_examples_per_row = 10, 4
+  _, (_, batch, _), *_ = compile_time.abstract_step(config)
+  corpus = testing.make_tagged_corpus(str(tmp_path), num_docs=30, sentences_per_doc=(1, 4),
+                                      sentence_words=(3, 12))
+  config.data.prepared_dir, config.data.vocab_path = corpus["prepared"], corpus["vocab"]
+  it = pretrain.PretrainIterator(config.data, batch_size=4, seed=0)
+  try:
+    real = next(it)
+  finally:
+    it.close()
+  assert ({k: (v.shape, v.dtype) for k, v in batch.items()}
+          == {k: (v.shape, v.dtype) for k, v in real.items()})
+  assert batch["masked_lm_ids"].shape == (4, 14) and batch["example_weights"].shape == (4, 4)
 
 
 @pytest.mark.slow

@@ -1,0 +1,658 @@
+"""ModernBERT pre-training step: bert_jax (packed rows) vs transformers (PyTorch), useful tokens/s.
+
+    python -m bench.modern_step                   # ModernBERT-base shape, L=1024, fp32, 1 row a step
+    python -m bench.modern_step --layers=11       # half the depth (same 4/11 = 8/22 global share)
+    python -m bench.modern_step --smoke           # tiny model, seconds (what the test runs)
+
+Memory: at 22 layers and one 1024-token row the bert_jax process peaks near 8 GB and the
+PyTorch one near 4 GB (XLA's temp buffers grow with rows x layers); on a shared 24 GB host
+that is why the default is one row. Both processes ask to be the OOM killer's first choice.
+
+The workload: documents whose lengths are log-normal (median --median_len tokens, sigma
+--sigma of the log, at least --min_len, truncated at L), each one example `[CLS] body [SEP]`
+of random ids, 30% of its body masked as input_pipeline/masking.py does (n = floor(0.3 m + u),
+80/10/10 [MASK]/random/kept). The examples are packed into rows of L by
+input_pipeline/packing.py (greedy, 16 open rows, at most 8 examples and P + E = 328
+predictions a row, as configs/modern_pretrain.py); a step is --rows consecutive rows, and
+both sides train on exactly the examples of those rows (the same useful tokens a step).
+
+  bert_jax      configs/modern_pretrain.py:modernbert-base (float32; --layers may cut the
+                depth), registry.pretraining + trainer.build: the trainer's jitted train_step
+                (forward, backward, StableAdamW with global-norm clipping) on the packed rows
+                (attention within each example; local layers banded).
+  transformers  ModernBertForMaskedLM of the same config (modern_formats.config_to_hf, with
+                sparse_prediction: the head and decoder only at masked tokens, as ours),
+                SDPA attention, torch.optim.AdamW (fused when available) after global-norm
+                clipping, torch.set_num_threads = our core count. Several correct ways to
+                feed it the step's examples are timed first (--torch_modes) and the fastest
+                is raced:
+                  packed_mask  the same packed rows with position_ids restarting per example
+                               and a dict of 4D boolean masks (block-diagonal; AND the +-64
+                               band for the sliding layers): transformers' bidirectional
+                               masks do not split packed rows from position_ids by
+                               themselves, so attention_mask=None would leak across examples
+                  padded       all the step's examples in one batch padded to the longest
+                               (not a default candidate: several times the tokens and memory)
+                  bucketed     examples sorted by length into micro-batches of <= L padded
+                               tokens (gradients accumulated into one optimizer step)
+                  per_example  each example alone (no padding, attention_mask None)
+                Losses of all modes on the same weights are checked to agree first.
+                (flex_attention would skip masked blocks but has no CPU backward.)
+
+Each side runs in its own process (no thread pools competing); the driver alternates
+rounds (bert_jax, transformers, bert_jax, ...; --steps_per_round steps each, after
+warm-up) and reports each round's median step time as useful (non-padding) tokens/s, the
+ratio of each pair and the medians. With --parity (default) transformers starts from our
+initial weights (modern_formats.params_to_hf) and both losses of the first batch must agree.
+
+MFU is against the run's measured float32 matmul peak (bench.train_step.matmul_peak, the
+best of the probes run between rounds). Two FLOP counts: the trainer's (objective.flops:
+every row position as a token, global layers over the whole row, all 328 prediction slots;
+includes padding and cross-example work that the masks discard) and useful work (the sum
+over examples of flops.modern_forward_flops_per_sequence at each example's length and
+predictions, x3). Also prints the attention FLOPs of ModernBERT-base at --attn_len
+(default 8192): executed by the banded local layers + dense global layers vs all layers
+dense. Appends to bench/RESULTS.md unless --no_record or --smoke.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+import time
+import traceback
+
+import numpy as np
+
+RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+CLS, SEP, MASK, FIRST_ID = 1, 2, 4, 5
+TORCH_MODES = ("packed_mask", "padded", "bucketed", "per_example")
+
+
+# ----------------------------------------------------------------------------
+# The workload (numpy only; the driver builds it once and sends it to both sides).
+
+def _config(opts: dict):
+  """configs/modern_pretrain.py set to the benchmarked model and data shape."""
+  from bert_jax.configs import modern_pretrain
+  config = modern_pretrain.get_config(opts["preset"])
+  config.model.dtype = "float32"
+  for name in ("num_layers", "hidden_size", "num_heads", "intermediate_size", "local_window",
+               "vocab_size", "max_position_embeddings", "global_block_budget"):
+    if opts.get(name) is not None:
+      setattr(config.model, name, opts[name])
+  config.data.max_seq_length = opts["seq_len"]
+  config.data.max_predictions_per_seq = opts["preds"]
+  config.data.max_examples_per_row = opts["examples_per_row"]
+  config.data.masked_lm_prob = opts["mask_prob"]
+  config.global_batch_size = opts["rows"]
+  return config
+
+
+def model_config(opts: dict):
+  """The ModernConfig the trainer builds (registry.model_config, without importing the
+  input pipeline's TensorFlow here)."""
+  from bert_jax import modern
+  return modern.config_from_fields(dict(_config(opts).model), None)
+
+
+def make_steps(opts: dict, vocab: int) -> tuple[list[dict], dict]:
+  """--batches distinct steps of --rows packed rows each, with their examples."""
+  from input_pipeline import packing
+  L, rows, n_steps = opts["seq_len"], opts["rows"], opts["batches"]
+  P, E = opts["preds"], opts["examples_per_row"]
+  P_row = P + E
+  rng = np.random.default_rng(opts["seed"])
+  open_rows = 16
+  need = n_steps * rows + open_rows  # the last open rows may still be filling: unused
+  lengths = np.zeros(0, np.int64)
+  while True:  # enough documents for `need` rows
+    more = np.exp(rng.normal(math.log(opts["median_len"]), opts["sigma"], 64))
+    lengths = np.concatenate([lengths, np.clip(np.round(more), opts["min_len"], L).astype(np.int64)])
+    if lengths.sum() > 1.2 * need * L:
+      break
+  n = len(lengths)
+  ids = np.zeros((n, L), np.int32)
+  mask = np.zeros((n, L), np.int32)
+  pos = np.zeros((n, P), np.int32)
+  lm_ids = np.zeros((n, P), np.int32)
+  lm_w = np.zeros((n, P), np.float32)
+  for i, m in enumerate(lengths):
+    body = rng.integers(FIRST_ID, vocab, m - 2)
+    ids[i, :m] = np.concatenate([[CLS], body, [SEP]])
+    mask[i, :m] = 1
+    k = min(int(math.floor(opts["mask_prob"] * (m - 2) + rng.random())), P)
+    chosen = np.sort(rng.choice(np.arange(1, m - 1), k, replace=False))
+    pos[i, :k], lm_ids[i, :k], lm_w[i, :k] = chosen, ids[i, chosen], 1.0
+    r = rng.random(k)
+    ids[i, chosen[r < 0.8]] = MASK
+    swap = chosen[(r >= 0.8) & (r < 0.9)]
+    ids[i, swap] = rng.integers(FIRST_ID, vocab, len(swap))
+  feats = dict(input_ids=ids, input_mask=mask, segment_ids=np.zeros_like(ids),
+               masked_lm_positions=pos, masked_lm_ids=lm_ids, masked_lm_weights=lm_w,
+               next_sentence_labels=np.zeros(n, np.int32))
+  row_of, *_ , num_rows = packing.assign_rows(
+      lengths, (lm_w > 0).sum(-1), max_seq_length=L, max_examples_per_row=E,
+      max_predictions_per_row=P_row, open_rows=open_rows)
+  assert num_rows >= need, (num_rows, need)
+  packed = packing.pack_examples(feats, L, E, P_row, open_rows=open_rows)
+  steps = []
+  for s in range(n_steps):
+    lo, hi = s * rows, (s + 1) * rows
+    batch = {k: v[lo:hi] for k, v in packed.items()}
+    members = np.flatnonzero((row_of >= lo) & (row_of < hi))
+    examples = []
+    for i in members:
+      m, k = int(lengths[i]), int((lm_w[i] > 0).sum())
+      examples.append(dict(input_ids=ids[i, :m], masked_lm_positions=pos[i, :k],
+                           masked_lm_ids=lm_ids[i, :k]))
+    tokens = int(batch["input_mask"].sum())
+    assert tokens == sum(len(e["input_ids"]) for e in examples)
+    steps.append(dict(batch=batch, examples=examples, tokens=tokens,
+                      predictions=int(batch["masked_lm_weights"].sum())))
+  stats = dict(documents=n, mean_len=float(lengths.mean()),
+               p90_len=float(np.percentile(lengths, 90)),
+               capped=float((lengths == L).mean()))
+  return steps, stats
+
+
+# ----------------------------------------------------------------------------
+# The two sides (each in its own process).
+
+class Ours:
+  """bert_jax: the trainer's jitted train step on the packed rows."""
+
+  def __init__(self, opts: dict, steps: list[dict]):
+    import jax
+    from bert_jax import registry, trainer as trainer_lib
+    from bench import train_step as train_bench
+    self.jax, self.opts = jax, opts
+    self.peak_fn = lambda: train_bench.matmul_peak(opts["peak_n"])
+    self.peaks = [self.peak_fn()]
+    config = _config(opts)
+    model, objective, sample = registry.pretraining(config)
+    self.cfg = model.config
+    self.trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
+                                     devices=jax.devices()[:1])
+    with self.trainer.activate():
+      self.state = self.trainer.init()
+      self.batches = [self.trainer.to_global(s["batch"]) for s in steps]
+      self.rng = jax.random.key(0)
+      t = time.perf_counter()
+      self.step_fn = self.trainer.train_step.lower(self.state, self.batches[0], self.rng).compile()
+      compile_s = time.perf_counter() - t
+      shapes = {k: tuple(v.shape) for k, v in steps[0]["batch"].items()}
+      self.info = dict(compile_s=compile_s, xla_flops=self._xla_flops(),
+                       counted_flops=float(objective.flops(model, shapes)),
+                       params=self.trainer.num_params(), jax=jax.__version__,
+                       device=jax.devices()[0].device_kind)
+
+  def _xla_flops(self) -> float:
+    from bert_jax import flops as flops_lib
+    try:
+      return flops_lib.xla_flops(self.step_fn.fn)
+    except Exception:  # pylint: disable=broad-except
+      return float("nan")
+
+  def initial_loss(self, index: int) -> float:
+    with self.trainer.activate():
+      sums = self.trainer.eval_step(self.state.params, self.batches[index], self.rng)
+    return float(sums["mlm_loss_sum"]) / float(sums["mlm_weight"])
+
+  def export(self, path: str) -> str:
+    """Our initial weights as transformers' state dict (an .npz at `path`)."""
+    from bert_jax import modern_formats
+    state = modern_formats.params_to_hf(self.jax.device_get(self.state.params), self.cfg)
+    np.savez(path, **state)
+    return path
+
+  def run(self, index: int, n: int) -> dict:
+    times = []
+    with self.trainer.activate():
+      for _ in range(n):
+        t = time.perf_counter()
+        self.state, metrics = self.step_fn(self.state, self.batches[index], self.rng)
+        self.jax.block_until_ready((self.state, metrics))
+        times.append(time.perf_counter() - t)
+    return dict(times=times, loss=float(metrics["loss"]))
+
+  def peak(self) -> float:
+    self.peaks.append(self.peak_fn())
+    return max(self.peaks)
+
+
+class Theirs:
+  """transformers' ModernBertForMaskedLM + torch.optim.AdamW, fed the step's examples in
+  one of TORCH_MODES."""
+
+  def __init__(self, opts: dict, steps: list[dict]):
+    import torch
+    import transformers
+    from bert_jax import modern_formats
+    self.torch, self.opts = torch, opts
+    torch.set_num_threads(opts["threads"])
+    torch.manual_seed(0)
+    cfg = model_config(opts)
+    self.half = cfg.local_window // 2
+    hf = modern_formats.config_to_hf(cfg, "ModernBertForMaskedLM")
+    hf.pop("architectures", None)
+    hf.update(pad_token_id=0, cls_token_id=CLS, bos_token_id=CLS, sep_token_id=SEP,
+              eos_token_id=SEP, mask_token_id=MASK)
+    hf_cfg = transformers.ModernBertConfig(**hf, sparse_prediction=True,
+                                           attn_implementation="sdpa")
+    self.model = transformers.ModernBertForMaskedLM(hf_cfg).train()
+    try:
+      self.opt = torch.optim.AdamW(self.model.parameters(), lr=opts["lr"], betas=(0.9, 0.98),
+                                   eps=1e-6, weight_decay=1e-5, fused=True)
+      self.fused = True
+    except (RuntimeError, TypeError, ValueError):
+      self.opt = torch.optim.AdamW(self.model.parameters(), lr=opts["lr"], betas=(0.9, 0.98),
+                                   eps=1e-6, weight_decay=1e-5)
+      self.fused = False
+    self.L = opts["seq_len"]
+    self.steps = steps
+    self.inputs = {}  # (mode, index) -> list of (model kwargs, weight of its loss)
+    self.info = dict(torch=torch.__version__, transformers=transformers.__version__,
+                     threads=torch.get_num_threads(), fused_adamw=self.fused,
+                     attn=self.model.config._attn_implementation)  # pylint: disable=protected-access
+
+  def load(self, path: str) -> None:
+    state = {k: self.torch.from_numpy(v) for k, v in np.load(path).items()}
+    missing, unexpected = self.model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k == "decoder.weight" for k in missing), (missing, unexpected)
+    # Fresh optimizer moments for the new weights.
+    self.opt.state.clear()
+
+  # --- the modes ---
+
+  def _packed_mask(self, step: dict) -> list:
+    torch, b = self.torch, step["batch"]
+    seg = torch.from_numpy(b["packed_example_ids"]).long()
+    pos = torch.from_numpy(b["position_ids"]).long()
+    # Padding (segment 0) attends to padding only: never read by real tokens, no empty rows.
+    same = seg[:, :, None] == seg[:, None, :]
+    band = (pos[:, :, None] - pos[:, None, :]).abs() <= self.half
+    labels = torch.full(seg.shape, -100, dtype=torch.long)
+    w = b["masked_lm_weights"] > 0
+    r, c = np.nonzero(w)
+    labels[r, b["masked_lm_positions"][r, c]] = torch.from_numpy(b["masked_lm_ids"][r, c]).long()
+    kwargs = dict(input_ids=torch.from_numpy(b["input_ids"]).long(), position_ids=pos,
+                  labels=labels, attention_mask={"full_attention": same[:, None],
+                                                 "sliding_attention": (same & band)[:, None]})
+    return [(kwargs, 1.0)]
+
+  def _grouped(self, step: dict, budget: float) -> list:
+    """Examples sorted by length, in micro-batches of at most `budget` padded tokens (a
+    lone example always fits), each padded to its longest; loss weights make the summed
+    gradients those of the step's mean loss."""
+    torch, exs = self.torch, step["examples"]
+    order = sorted(range(len(exs)), key=lambda i: -len(exs[i]["input_ids"]))
+    groups, cur = [], []
+    for i in order:
+      if cur and (len(cur) + 1) * len(exs[cur[0]]["input_ids"]) > budget:
+        groups.append(cur)
+        cur = []
+      cur.append(i)
+    groups.append(cur)
+    total = step["predictions"]
+    out = []
+    for g in groups:
+      longest = len(exs[g[0]]["input_ids"])
+      ids = torch.zeros((len(g), longest), dtype=torch.long)
+      mask = torch.zeros((len(g), longest), dtype=torch.long)
+      labels = torch.full((len(g), longest), -100, dtype=torch.long)
+      for j, i in enumerate(g):
+        e = exs[i]
+        m = len(e["input_ids"])
+        ids[j, :m] = torch.from_numpy(e["input_ids"]).long()
+        mask[j, :m] = 1
+        labels[j, e["masked_lm_positions"]] = torch.from_numpy(e["masked_lm_ids"]).long()
+      kwargs = dict(input_ids=ids, labels=labels)
+      if len(g) > 1 and bool((mask == 0).any()):
+        kwargs["attention_mask"] = mask
+      out.append((kwargs, float((labels != -100).sum()) / total))
+    return out
+
+  def _inputs(self, mode: str, index: int) -> list:
+    key = (mode, index)
+    if key not in self.inputs:
+      step = self.steps[index]
+      if mode == "packed_mask":
+        self.inputs[key] = self._packed_mask(step)
+      else:
+        budget = {"padded": float("inf"), "bucketed": self.L, "per_example": 0}[mode]
+        self.inputs[key] = self._grouped(step, budget)
+    return self.inputs[key]
+
+  def describe(self, mode: str, index: int) -> dict:
+    parts = self._inputs(mode, index)
+    return dict(calls=len(parts), padded_tokens=int(sum(k["input_ids"].numel() for k, _ in parts)))
+
+  def initial_loss(self, mode: str, index: int) -> float:
+    with self.torch.no_grad():
+      return float(sum(w * self.model(**k).loss for k, w in self._inputs(mode, index)))
+
+  def run(self, mode: str, index: int, n: int) -> dict:
+    torch = self.torch
+    parts = self._inputs(mode, index)
+    times = []
+    for _ in range(n):
+      t = time.perf_counter()
+      total = 0.0
+      for kwargs, w in parts:
+        loss = self.model(**kwargs).loss * w
+        loss.backward()
+        total += float(loss.detach())
+      torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+      self.opt.step()
+      self.opt.zero_grad(set_to_none=True)
+      times.append(time.perf_counter() - t)
+    return dict(times=times, loss=total)
+
+
+def _serve(conn, side: str, opts: dict, steps: list[dict]) -> None:
+  try:  # on a shared machine, should memory run out, this process goes first
+    with open("/proc/self/oom_score_adj", "w") as f:
+      f.write("1000")
+  except OSError:
+    pass
+  try:
+    impl = (Ours if side == "bert_jax" else Theirs)(opts, steps)
+    conn.send(("ok", impl.info))
+    while True:
+      name, args = conn.recv()
+      if name == "stop":
+        break
+      conn.send(("ok", getattr(impl, name)(*args)))
+  except BaseException:  # pylint: disable=broad-except
+    conn.send(("error", traceback.format_exc()))
+  finally:
+    conn.close()
+
+
+class Remote:
+  """One side in a process of its own, called by method name."""
+
+  def __init__(self, side: str, opts: dict, steps: list[dict]):
+    ctx = multiprocessing.get_context("spawn")
+    self.conn, child = ctx.Pipe()
+    self.proc = ctx.Process(target=_serve, args=(child, side, opts, steps), daemon=True)
+    self.proc.start()
+    child.close()
+    self.info = self._get()
+
+  def _get(self):
+    status, value = self.conn.recv()
+    if status == "error":
+      raise RuntimeError(value)
+    return value
+
+  def __call__(self, name: str, *args):
+    self.conn.send((name, args))
+    return self._get()
+
+  def close(self) -> None:
+    try:
+      self.conn.send(("stop", ()))
+    except OSError:
+      pass
+    self.proc.join(timeout=60)
+
+
+# ----------------------------------------------------------------------------
+# FLOPs.
+
+def global_path(cfg, batch: dict) -> tuple[float, bool]:
+  """Share of the global layers' block pairs that the step's packed rows need
+  (modern.block_pairs_needed in numpy) and whether modern.packed_global_attention's budget
+  holds them (else its dense fallback runs)."""
+  seg = np.asarray(batch["packed_example_ids"])
+  rows, length = seg.shape
+  w = min(cfg.global_block, length)
+  n = -(-length // w)
+  blocks = np.pad(seg, [(0, 0), (0, n * w - length)]).reshape(rows, n, w)
+  lo = np.where(blocks > 0, blocks, np.iinfo(np.int32).max).min(-1)
+  hi = np.where(blocks > 0, blocks, 0).max(-1)
+  need = (np.maximum(lo[:, :, None], lo[:, None, :]) <= np.minimum(hi[:, :, None], hi[:, None, :])).sum()
+  budget = cfg.global_block_budget
+  pairs = max(1, int(math.ceil(budget * rows * n * n)))
+  fits = 0 < budget and pairs < rows * n * n and need <= pairs
+  return float(need) / (rows * n * n), bool(fits)
+
+
+def useful_flops(cfg, step: dict) -> float:
+  """Forward + backward matmul FLOPs of the step's examples, each at its own length."""
+  from bert_jax import flops as flops_lib
+  return float(sum(3 * flops_lib.modern_forward_flops_per_sequence(
+      cfg, len(e["input_ids"]), len(e["masked_lm_positions"])) for e in step["examples"]))
+
+
+def attention_at(length: int, budget: float) -> dict:
+  """ModernBERT-base's attention FLOPs over one sequence of `length`: executed by ours
+  (banded local layers, dense global layers), the exact band, every layer dense, and
+  executed with the global layers' block-pair `budget` (when a packed batch fits it)."""
+  from bert_jax import flops as flops_lib
+  from bert_jax import modern
+  cfg = modern.ModernConfig.from_preset("modernbert-base")  # global_block_budget 0: dense
+  executed = flops_lib.attention_flops(cfg, length, executed=True)
+  band = flops_lib.attention_flops(cfg, length, executed=False)
+  dense = flops_lib.attention_flops(cfg.replace(global_every=1), length)
+  budgeted = flops_lib.attention_flops(cfg.replace(global_block_budget=budget), length,
+                                       executed=True)
+  return dict(L=length, layers=cfg.num_layers, globals=sum(map(cfg.is_global, range(cfg.num_layers))),
+              executed=executed, band=band, dense=dense, budget=budget, budgeted=budgeted)
+
+
+# ----------------------------------------------------------------------------
+
+def machine() -> str:
+  try:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    lines = {l.split(":", 1)[0].strip(): l.split(":", 1)[1].strip()
+             for l in out.splitlines() if ":" in l}
+    return f"{lines.get('Model name', platform.processor())}; flags: {lines.get('Flags', '?')}"
+  except (OSError, subprocess.CalledProcessError):
+    return platform.processor() or platform.machine()
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--preset", default="modernbert-base")
+  parser.add_argument("--layers", type=int, default=None, help="num_layers (default: preset's)")
+  parser.add_argument("--seq_len", type=int, default=1024)
+  parser.add_argument("--rows", type=int, default=1, help="packed rows a step")
+  parser.add_argument("--preds", type=int, default=320, help="max_predictions_per_seq")
+  parser.add_argument("--examples_per_row", type=int, default=8)
+  parser.add_argument("--mask_prob", type=float, default=0.3)
+  parser.add_argument("--median_len", type=float, default=300)
+  parser.add_argument("--sigma", type=float, default=1.0, help="of the log length")
+  parser.add_argument("--min_len", type=int, default=16)
+  parser.add_argument("--batches", type=int, default=3, help="distinct steps, cycled")
+  parser.add_argument("--pairs", type=int, default=8, help="measured (ours, theirs) rounds")
+  parser.add_argument("--steps_per_round", type=int, default=1)
+  parser.add_argument("--warmup", type=int, default=1, help="steps of each side (each torch mode) first")
+  parser.add_argument("--torch_modes", default="packed_mask,bucketed,per_example",
+                      help=f"candidates among {TORCH_MODES} (padded: all examples padded to the "
+                      "longest, several times the tokens and memory of the others)")
+  parser.add_argument("--select_steps", type=int, default=2,
+                      help="timed steps of each torch mode (round-robin) before the race")
+  parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+  parser.add_argument("--peak_n", type=int, default=2048)
+  parser.add_argument("--attn_len", type=int, default=8192)
+  parser.add_argument("--global_block_budget", type=float, default=None,
+                      help="bert_jax's model.global_block_budget (default: the config's)")
+  parser.add_argument("--lr", type=float, default=8e-4)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--parity", action=argparse.BooleanOptionalAction, default=True,
+                      help="transformers starts from our weights; first-batch losses must agree")
+  parser.add_argument("--smoke", action="store_true", help="tiny model, seconds")
+  parser.add_argument("--no_record", action="store_true")
+  parser.add_argument("--section_to", default="", help="also write the RESULTS.md section here")
+  args = parser.parse_args(argv)
+  opts = dict(preset=args.preset, num_layers=args.layers, seq_len=args.seq_len, rows=args.rows,
+              preds=args.preds, examples_per_row=args.examples_per_row, mask_prob=args.mask_prob,
+              median_len=args.median_len, sigma=args.sigma, min_len=args.min_len,
+              batches=args.batches, seed=args.seed, threads=args.threads, peak_n=args.peak_n,
+              lr=args.lr, global_block_budget=args.global_block_budget)
+  if args.smoke:
+    opts.update(preset="modernbert-tiny", num_layers=4, vocab_size=512, seq_len=128, preds=40,
+                median_len=40, min_len=8, batches=2, peak_n=256)
+    args.pairs, args.steps_per_round, args.select_steps = 2, 1, 1
+  modes = [m for m in args.torch_modes.split(",") if m]
+  unknown = set(modes) - set(TORCH_MODES)
+  if unknown:
+    parser.error(f"--torch_modes: unknown {sorted(unknown)}; choose from {TORCH_MODES}")
+  cfg = model_config(opts)
+  steps, stats = make_steps(opts, cfg.vocab_size)
+  tokens = [s["tokens"] for s in steps]
+  examples = [len(s["examples"]) for s in steps]
+  fill = sum(tokens) / (len(steps) * opts["rows"] * opts["seq_len"])
+  paths = [global_path(cfg, s["batch"]) for s in steps]
+
+  ours = Remote("bert_jax", opts, steps)
+  theirs = Remote("transformers", opts, steps)
+  try:
+    notes = []
+    if args.parity:
+      path = os.path.join("/tmp", f"bench_modern_step_{os.getpid()}.npz")
+      try:
+        theirs("load", ours("export", path))
+      finally:
+        if os.path.exists(path):
+          os.remove(path)
+      want = ours("initial_loss", 0)
+    else:
+      want = None
+    losses = {m: theirs("initial_loss", m, 0) for m in modes}
+    ref = losses[modes[0]]
+    for m, l in losses.items():  # every mode computes the same function
+      assert abs(l - ref) <= 1e-4 * max(1.0, abs(ref)), (m, losses)
+    if want is not None:
+      assert abs(ref - want) <= 1e-3 * max(1.0, abs(want)), ("bert_jax vs transformers", want, ref)
+      notes.append(f"first-batch loss at the same weights: bert_jax {want:.5f}, transformers "
+                   + ", ".join(f"{m} {l:.5f}" for m, l in losses.items()))
+
+    # Warm-up, then choose transformers' fastest mode.
+    ours("run", 0, args.warmup)
+    for m in modes:
+      theirs("run", m, 0, args.warmup)
+    picks = {m: [] for m in modes}
+    for _ in range(args.select_steps):  # round-robin, as the race
+      for m in modes:
+        picks[m] += theirs("run", m, 0, 1)["times"]
+    select = {m: dict(step_s=statistics.median(t), **theirs("describe", m, 0))
+              for m, t in picks.items()}
+    mode = min(select, key=lambda m: select[m]["step_s"])
+
+    rounds = []
+    for r in range(args.pairs):
+      index = r % len(steps)
+      a = ours("run", index, args.steps_per_round)
+      b = theirs("run", mode, index, args.steps_per_round)
+      peak = ours("peak")
+      ta, tb = statistics.median(a["times"]), statistics.median(b["times"])
+      rounds.append(dict(pair=r + 1, batch=index, tokens=tokens[index], ours_s=ta, theirs_s=tb,
+                         ours_tok_s=tokens[index] / ta, theirs_tok_s=tokens[index] / tb,
+                         ratio=tb / ta, ours_loss=a["loss"], theirs_loss=b["loss"]))
+      print(f"pair {r + 1}: batch {index}, {tokens[index]} useful tokens; bert_jax "
+            f"{1e3 * ta:.0f} ms ({tokens[index] / ta:.0f} tok/s), transformers[{mode}] "
+            f"{1e3 * tb:.0f} ms ({tokens[index] / tb:.0f} tok/s), ratio {tb / ta:.2f}x", flush=True)
+  finally:
+    info_ours, info_theirs = ours.info, theirs.info
+    ours.close()
+    theirs.close()
+
+  med = lambda k: statistics.median(r[k] for r in rounds)
+  step_flops_counted = info_ours["counted_flops"]
+  useful = [useful_flops(cfg, s) for s in steps]
+  # MFU from each round: the round's FLOPs over its median step time.
+  mfu_counted = statistics.median(step_flops_counted / r["ours_s"] / peak for r in rounds)
+  mfu_useful = statistics.median(useful[r["batch"]] / r["ours_s"] / peak for r in rounds)
+  mfu_theirs = statistics.median(useful[r["batch"]] / r["theirs_s"] / peak for r in rounds)
+  attn = attention_at(args.attn_len, cfg.global_block_budget)
+  result = dict(rounds=rounds, mode=mode, select=select, ours_tok_s=med("ours_tok_s"),
+                theirs_tok_s=med("theirs_tok_s"), ratio=med("ratio"), peak=peak,
+                mfu_counted=mfu_counted, mfu_useful=mfu_useful, mfu_theirs=mfu_theirs,
+                attention=attn, info_ours=info_ours, info_theirs=info_theirs, fill=fill,
+                tokens=tokens, examples=examples, stats=stats, notes=notes,
+                counted_flops=step_flops_counted, useful_flops=useful)
+
+  layers = cfg.num_layers
+  setup = (f"{opts['preset']} shape ({layers} layers{' (cut from the preset: both sides)' if args.layers else ''}, "
+           f"hidden {cfg.hidden_size}, {cfg.num_heads} heads, intermediate {cfg.intermediate_size}, "
+           f"local window {cfg.local_window}, global every {cfg.global_every}, vocab {cfg.vocab_size}), "
+           f"float32, L={opts['seq_len']}, {opts['rows']} packed rows a step (<= {opts['examples_per_row']} "
+           f"examples, <= {opts['preds'] + opts['examples_per_row']} predictions a row), masking "
+           f"{opts['mask_prob']:.0%}. Documents: log-normal lengths, median {opts['median_len']:g}, "
+           f"sigma {opts['sigma']:g} (of ln length), >= {opts['min_len']}, truncated at {opts['seq_len']} "
+           f"(sample: mean {stats['mean_len']:.0f}, p90 {stats['p90_len']:.0f}, "
+           f"{stats['capped']:.0%} truncated). {len(steps)} distinct steps cycled: useful tokens "
+           f"{tokens}, examples {examples}, row fill {fill:.3f}. {args.pairs} alternating pairs x "
+           f"{args.steps_per_round} steps after warm-up; {opts['threads']} threads each side, "
+           f"each side in its own process. bert_jax's global layers: config budget "
+           f"{cfg.global_block_budget:g} of the {cfg.global_block}-token block pairs; the steps need "
+           + ", ".join(f"{f:.2f}" for f, _ in paths) + " of them -> "
+           + ", ".join("block pairs" if ok else "dense fallback" for _, ok in paths) + ".")
+  lines = [f"Setup: {setup}", "",
+           f"transformers {info_theirs['transformers']} / torch {info_theirs['torch']}: "
+           f"ModernBertForMaskedLM, attn_implementation={info_theirs['attn']}, sparse_prediction, "
+           f"AdamW (fused={info_theirs['fused_adamw']}) + clip_grad_norm_(1.0). Ways of feeding it "
+           f"the step (median of {args.select_steps} round-robin steps each, batch 0): "
+           + "; ".join(f"{m} {1e3 * v['step_s']:.0f} ms ({v['calls']} call(s), "
+                       f"{v['padded_tokens']} tokens incl. padding)" for m, v in select.items())
+           + f" -> raced: **{mode}**.", ""]
+  lines += [f"{n}." for n in notes]
+  if notes:
+    lines.append("")
+  lines += ["| pair | batch | useful tokens | bert_jax step ms | bert_jax tok/s | transformers step ms "
+            "| transformers tok/s | bert_jax / transformers |", "|---|---|---|---|---|---|---|---|"]
+  for r in rounds:
+    lines.append(f"| {r['pair']} | {r['batch']} | {r['tokens']} | {1e3 * r['ours_s']:.0f} | "
+                 f"{r['ours_tok_s']:.0f} | {1e3 * r['theirs_s']:.0f} | {r['theirs_tok_s']:.0f} | "
+                 f"{r['ratio']:.2f}x |")
+  lines.append(f"| **median** | | | {1e3 * med('ours_s'):.0f} | **{result['ours_tok_s']:.0f}** | "
+               f"{1e3 * med('theirs_s'):.0f} | **{result['theirs_tok_s']:.0f}** | **{result['ratio']:.2f}x** |")
+  lines += ["",
+            f"Matmul peak (float32, {opts['peak_n']}^2 through JAX, best of {args.pairs + 1} probes "
+            f"in this run): {peak / 1e9:.1f} GFLOP/s. bert_jax MFU: {100 * mfu_counted:.1f}% counting "
+            f"the trainer's FLOPs ({step_flops_counted / 1e9:.0f} GFLOP/step: whole rows incl. "
+            f"padding, global attention across the packed examples, all prediction slots; XLA "
+            f"cost analysis {info_ours['xla_flops'] / 1e9:.0f} GFLOP), {100 * mfu_useful:.1f}% "
+            f"counting useful work only (each example at its own length: "
+            f"{', '.join(f'{u / 1e9:.0f}' for u in useful)} GFLOP/step); transformers at the same "
+            f"useful FLOPs: {100 * mfu_theirs:.1f}%. bert_jax compile {info_ours['compile_s']:.0f} s, "
+            f"{info_ours['params'] / 1e6:.1f}M parameters.",
+            "",
+            f"Attention FLOPs of modernbert-base ({attn['layers']} layers, {attn['globals']} global) "
+            f"over one sequence of L={attn['L']}: executed by bert_jax (local layers banded, 3 "
+            f"blocks of 64 keys per query block; global dense) {attn['executed'] / 1e12:.2f} TFLOP "
+            f"vs every layer dense {attn['dense'] / 1e12:.2f} TFLOP: **{attn['dense'] / attn['executed']:.2f}x** "
+            f"fewer (the exact band, 129 keys a query, would be {attn['band'] / 1e12:.2f} TFLOP, "
+            f"{attn['dense'] / attn['band']:.2f}x; with global layers over packed rows at the "
+            f"config's block-pair budget {attn['budget']:g}, when a batch fits it: "
+            f"{attn['budgeted'] / 1e12:.2f} TFLOP, {attn['dense'] / attn['budgeted']:.2f}x)."]
+  text = "\n".join(lines)
+  print(text)
+  result["text"] = text
+  cmd = "python -m bench.modern_step " + " ".join(argv if argv is not None else os.sys.argv[1:])
+  section = (f"\n## ModernBERT pre-training step vs transformers ({time.strftime('%Y-%m-%d')})\n\n"
+             f"Command: `{cmd.strip()}`  \nMachine: {machine()}; {os.cpu_count()} cores (shared), "
+             f"load average at the end {os.getloadavg()[0]:.1f}; jax {info_ours['jax']} "
+             f"({info_ours['device']}).\n\n{text}\n")
+  result["section"] = section
+  if args.section_to:
+    with open(args.section_to, "w") as f:
+      f.write(section)
+  if not (args.smoke or args.no_record):
+    with open(RESULTS, "a") as f:  # append only: other runs may be appending too
+      f.write(section)
+  return result
+
+
+if __name__ == "__main__":
+  main()
