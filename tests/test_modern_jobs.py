@@ -102,7 +102,7 @@ def _sst2(tmp_path, n_train=96):
   return data
 
 
-@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("packing", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_finetune_classification_learns_and_predicts(tmp_path, hub, packing, capsys):
   family, _ = hub
   c = glue.get_config("sst2")
