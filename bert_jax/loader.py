@@ -374,6 +374,24 @@ def _check_fits(path: str, want: dict[Keys, tuple], got: dict[Keys, tuple],
   return sorted({part(k) for k in missing}), sorted({part(k) for k in unused})
 
 
+def _check_architecture(path: str, cfg: Any, config: Any) -> None:
+  """Fails unless a checkpoint of another format (config `cfg`) has the configured model's
+  family and architecture (dropout and the like may differ)."""
+  if type(cfg) is not type(config):  # pylint: disable=unidiomatic-typecheck
+    family = lambda c: getattr(c, "family", "bert")
+    raise formats.CheckpointMismatchError(
+        f"init_checkpoint {path} is a {family(cfg)} model and config.model a "
+        f"{family(config)} one: set --config.model.family={family(cfg)} (and its sizes).")
+  fields = (MODERN_ARCHITECTURE_FIELDS if isinstance(cfg, modern.ModernConfig)
+            else ARCHITECTURE_FIELDS)
+  differ = [f"{f}: checkpoint {getattr(cfg, f)!r} vs config {getattr(config, f)!r}"
+            for f in fields if getattr(cfg, f) != getattr(config, f)]
+  if differ:
+    raise formats.CheckpointMismatchError(
+        f"init_checkpoint {path} was trained with another architecture; set config.model "
+        "to match it:\n  " + "\n  ".join(differ))
+
+
 def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_params: Any,
               *, part: str = "pretraining", config: BertConfig | None = None,
               name: str | None = None) -> Any:
@@ -423,19 +441,7 @@ def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_
     else:
       cfg, host = source
     if config is not None:
-      if type(cfg) is not type(config):  # pylint: disable=unidiomatic-typecheck
-        family = lambda c: getattr(c, "family", "bert")
-        raise formats.CheckpointMismatchError(
-            f"init_checkpoint {path} is a {family(cfg)} model and config.model a "
-            f"{family(config)} one: set --config.model.family={family(cfg)} (and its sizes).")
-      fields = (MODERN_ARCHITECTURE_FIELDS if isinstance(cfg, modern.ModernConfig)
-                else ARCHITECTURE_FIELDS)
-      differ = [f"{f}: checkpoint {getattr(cfg, f)!r} vs config {getattr(config, f)!r}"
-                for f in fields if getattr(cfg, f) != getattr(config, f)]
-      if differ:
-        raise formats.CheckpointMismatchError(
-            f"init_checkpoint {path} was trained with another architecture; set config.model "
-            "to match it:\n  " + "\n  ".join(differ))
+      _check_architecture(path, cfg, config)
     host = flat(to_layout(host, is_scanned(want)))
     fresh, extra = _check_fits(path, want_shapes, {k: np.shape(x) for k, x in host.items()},
                                encoder_only, config)
