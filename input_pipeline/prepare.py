@@ -4,7 +4,11 @@ r"""Tokenizes a corpus once into memory-mappable arrays of token ids.
       --output_dir=/tmp/prepared [--num_shards=16 --num_workers=8]
   python -m input_pipeline.prepare --convert=OLD_DIR --output_dir=NEW_DIR
 
---input: file globs, "default" (built-in corpus) or "tfds:NAME" (see corpus.py). The
+--input: file globs, "default" (built-in corpus) or "tfds:NAME" (see corpus.py). Files are
+plain text (.txt, also .gz / .zst), JSON Lines (.jsonl / .json, also .gz / .zst), Parquet or
+Arrow, and a HuggingFace `datasets` directory (save_to_disk) is read whole: each record's
+--text_field is a document (sources.py); --max_bad_records skips a few records without
+text (counted in the log and summary.json). The
 output holds tokenized sentences per document (store.py: token ids, sentence and document
 offsets, documents dealt round-robin to --num_shards shards, the unit a host reads), no
 pairing or masking: one
@@ -205,7 +209,8 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
                    num_workers: int | None = None, fmt: str = "auto",
                    text_field: str = "text", tfds_data_dir: str | None = None,
                    progress: bool = True,
-                   max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION) -> dict:
+                   max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION,
+                   max_bad_records: int = 0) -> dict:
   """Tokenizes `input_spec` into `output_dir` (see module doc); returns the summary.
 
   SIGTERM (while this runs in the main thread) ends the process with status 143 and a
@@ -216,7 +221,8 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
       return _prepare(input_spec, vocab_path, output_dir, lowercase=lowercase,
                       num_shards=num_shards, num_workers=num_workers, fmt=fmt,
                       text_field=text_field, tfds_data_dir=tfds_data_dir, progress=progress,
-                      max_replaced_fraction=max_replaced_fraction)
+                      max_replaced_fraction=max_replaced_fraction,
+                      max_bad_records=max_bad_records)
     except _Terminated:
       print(f"prepare: stopped by SIGTERM: {output_dir} is incomplete (it has no "
             f"{SUMMARY_NAME}); run the same command again to prepare it.",
@@ -226,10 +232,12 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
 
 def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bool | None,
              num_shards: int, num_workers: int | None, fmt: str, text_field: str,
-             tfds_data_dir: str | None, progress: bool, max_replaced_fraction: float
-             ) -> dict:
+             tfds_data_dir: str | None, progress: bool, max_replaced_fraction: float,
+             max_bad_records: int = 0) -> dict:
   if num_shards < 1:
     raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
+  if max_bad_records < 0:
+    raise ValueError(f"max_bad_records must be >= 0, got {max_bad_records}.")
   num_workers = num_workers or os.cpu_count() or 1
   tok = tokenizer_lib.Tokenizer.from_path(vocab_path, lowercase)  # Fails early if bad.
   fileio.path(output_dir).mkdir(parents=True, exist_ok=True)
@@ -239,7 +247,8 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
   read_stats = corpus.new_stats()
   docs = corpus.iter_documents(input_spec, fmt=fmt, text_field=text_field,
                                tfds_data_dir=tfds_data_dir, stats=read_stats,
-                               max_replaced_fraction=max_replaced_fraction)
+                               max_replaced_fraction=max_replaced_fraction,
+                               max_bad_records=max_bad_records)
   first = next(docs, None)  # Bad globs and empty corpora fail here, before any work.
   if first is None:
     raise ValueError(f"Corpus {input_spec!r} is empty: {read_stats['files']} files, "
@@ -271,7 +280,8 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
       "format_version": store.FORMAT_VERSION, "input": input_spec, "format": fmt,
       "text_field": text_field, "input_files": read_stats["files"],
       "input_bytes": read_stats["bytes"], "replaced_bytes": read_stats["replaced_bytes"],
-      "raw_documents": read_stats["raw_documents"], "num_shards": num_shards,
+      "raw_documents": read_stats["raw_documents"], "bad_records": read_stats["bad_records"],
+      "num_shards": num_shards,
       "files": list(store.FILES), "token_dtype": writer.dtype.name,
       "shard_documents": shard_docs,
       "vocab": {"path": tok.path, "sha256": tok.sha256, "kind": tok.kind,
@@ -380,7 +390,12 @@ def _flag_values() -> flags.FlagValues:
                        flag_values=fv)
   flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
                     "Text file format (see input_pipeline/text.py).", flag_values=fv)
-  flags.DEFINE_string("text_field", "text", "TFDS feature holding the text.", flag_values=fv)
+  flags.DEFINE_string("text_field", "text", "The field (JSON), column (Parquet, Arrow) or "
+                      "TFDS feature holding a document's text.", flag_values=fv)
+  flags.DEFINE_integer("max_bad_records", 0, "Skip up to this many records without usable "
+                       "text in record files (not JSON, no --text_field, not a string), "
+                       "counted in the log and summary.json; one more is an error.",
+                       flag_values=fv)
   flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
   flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
                      "Refuse a corpus file when more than this share of its bytes is not "
@@ -401,7 +416,8 @@ def main(argv: list[str]) -> dict:
                            num_shards=fv.num_shards, num_workers=fv.num_workers,
                            fmt=fv.format, text_field=fv.text_field,
                            tfds_data_dir=fv.tfds_data_dir,
-                           max_replaced_fraction=fv.max_replaced_fraction)
+                           max_replaced_fraction=fv.max_replaced_fraction,
+                           max_bad_records=fv.max_bad_records)
   print(f"Prepared {fv.output_dir}:\n{format_summary(summary)}")
   return summary
 

@@ -23,7 +23,7 @@ file, or another encoding) is refused with an error naming it.
 import codecs
 import itertools
 import re
-from typing import Iterator
+from typing import Callable, Iterator
 
 from absl import logging
 
@@ -47,13 +47,20 @@ _END = re.compile(r"\*\*\*\s*END OF")
 # --------------------------------------------------------------------------- files
 
 
-def expand_patterns(patterns: str) -> list[str]:
-  """Comma-separated globs -> sorted unique file list; every glob must match something."""
+def expand_patterns(patterns: str,
+                    expand_dir: Callable[[str], list[str]] | None = None) -> list[str]:
+  """Comma-separated globs -> sorted unique file list; every glob must match something.
+  A matched directory counts as the files `expand_dir` gives for it (none by default)."""
   files = []
   for pattern in (p.strip() for p in patterns.split(",")):
     if not pattern:
       continue
-    matched = [m for m in fileio.glob(pattern) if not fileio.path(m).is_dir()]
+    matched = []
+    for m in fileio.glob(pattern):
+      if not fileio.path(m).is_dir():
+        matched.append(m)
+      elif expand_dir is not None:
+        matched.extend(expand_dir(m))
     if not matched:
       raise FileNotFoundError(
           f"Input pattern {pattern!r} matches no files. Check the path (globs such as "
@@ -122,7 +129,7 @@ def read_lines(path: str, stats: dict,
     refused = False
 
   try:
-    with fileio.path(path).open("rb") as f:
+    with fileio.open_read(path) as f:  # .gz / .zst decompressed
       while True:
         chunk = f.read(_READ_CHUNK_BYTES)
         if not chunk:

@@ -57,7 +57,8 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
                 kind: str = "wordpiece", lowercase: bool = True, fmt: str = "auto",
                 text_field: str = "text", tfds_data_dir: str | None = None,
                 max_chars: int | None = None, min_frequency: int = 2,
-                max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION) -> str:
+                max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION,
+                max_bad_records: int = 0) -> str:
   """Trains a vocabulary on (up to max_chars characters of) a corpus; returns its path.
 
   The same corpus and settings give a byte-identical vocabulary, whatever the number of
@@ -72,7 +73,8 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
   texts = corpus.iter_texts(input_spec, sentences=kind == "sentencepiece",
                             max_chars=max_chars, fmt=fmt, text_field=text_field,
                             tfds_data_dir=tfds_data_dir, stats=stats,
-                            max_replaced_fraction=max_replaced_fraction)
+                            max_replaced_fraction=max_replaced_fraction,
+                            max_bad_records=max_bad_records)
   start = time.time()
   # The trainers read a local text file (one text per line) in native code, rather than
   # pulling a Python iterator from their own threads. Also: they cannot write to gs://.
@@ -254,7 +256,10 @@ def _flag_values() -> flags.FlagValues:
                        flag_values=fv)
   flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
                     "Text file format (see input_pipeline/text.py).", flag_values=fv)
-  flags.DEFINE_string("text_field", "text", "TFDS feature holding the text.", flag_values=fv)
+  flags.DEFINE_string("text_field", "text", "The field (JSON), column (Parquet, Arrow) or "
+                      "TFDS feature holding a document's text.", flag_values=fv)
+  flags.DEFINE_integer("max_bad_records", 0, "Skip up to this many records without usable "
+                       "text in record files; one more is an error.", flag_values=fv)
   flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
   flags.DEFINE_integer("max_chars", None, "Train on at most this much text.", flag_values=fv)
   flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
@@ -270,7 +275,8 @@ def main(argv: list[str]) -> str:
   path = train_vocab(fv.input, fv.output, vocab_size=fv.vocab_size, kind=fv.kind,
                      lowercase=fv.lowercase, fmt=fv.format, text_field=fv.text_field,
                      tfds_data_dir=fv.tfds_data_dir, max_chars=fv.max_chars,
-                     max_replaced_fraction=fv.max_replaced_fraction)
+                     max_replaced_fraction=fv.max_replaced_fraction,
+                     max_bad_records=fv.max_bad_records)
   print(f"Wrote {path}")
   return path
 

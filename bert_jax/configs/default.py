@@ -55,6 +55,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.build.max_chars = config_dict.placeholder(int)  # train the vocab on at most this text
   c.build.num_shards = 16  # prepared TFRecord files (>= the number of hosts)
   c.build.max_replaced_fraction = 0.01  # refuse a corpus file with more non-UTF-8 bytes
+  c.build.text_field = "text"  # JSON field / Parquet or Arrow column / TFDS feature of the text
+  c.build.max_bad_records = 0  # records without usable text to skip (counted) before failing
   c.synthetic_data = False  # random batches of the same shapes (benchmarks, tests)
 
   c.num_train_steps = 900_000  # the run stops here (phase 1 = 90% of the schedule)
