@@ -30,6 +30,7 @@ last record read whole.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -227,13 +228,43 @@ def _arrow_documents(path: str, f: Any, records: _Records) -> Iterator[dict]:
   yield from _column_documents((b.select([index]) for b in batches), records)
 
 
+class _RandomAccess(io.RawIOBase):
+  """A seekable binary file as pyarrow wants one: tf.io.gfile's GFile (gs:// through the
+  path layer) has no `closed` attribute, which pyarrow reads before every call."""
+
+  def __init__(self, f: Any):
+    super().__init__()
+    self._f = f
+
+  def readable(self) -> bool:
+    return True
+
+  def seekable(self) -> bool:
+    return True
+
+  def readinto(self, buffer) -> int:
+    data = self._f.read(len(buffer))
+    buffer[:len(data)] = data
+    return len(data)
+
+  def read(self, size: int = -1) -> bytes:
+    return self._f.read(size)
+
+  def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+    self._f.seek(offset, whence)
+    return self._f.tell()
+
+  def tell(self) -> int:
+    return self._f.tell()
+
+
 def _container_documents(path: str, kind: str, records: _Records) -> Iterator[dict]:
   if fileio.compression(path):
     raise errors.UserError(f"{path}: compressed {kind.capitalize()} files are not read "
                            "(their format compresses inside): decompress it first.")
   with fileio.path(path).open("rb") as f:
     read = _parquet_documents if kind == "parquet" else _arrow_documents
-    yield from read(path, f, records)
+    yield from read(path, _RandomAccess(f), records)
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:
