@@ -229,8 +229,8 @@ def _arrow_documents(path: str, f: Any, records: _Records) -> Iterator[dict]:
 
 
 class _RandomAccess(io.RawIOBase):
-  """A seekable binary file as pyarrow wants one: tf.io.gfile's GFile (gs:// through the
-  path layer) has no `closed` attribute, which pyarrow reads before every call."""
+  """A seekable binary file as pyarrow wants one: the path layer's gs:// file object
+  (TensorFlow's GFile) has no `closed` attribute, which pyarrow reads before every call."""
 
   def __init__(self, f: Any):
     super().__init__()
