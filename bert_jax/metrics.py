@@ -81,6 +81,9 @@ class TrainMetrics:
     self.timer_step: int | None = None
     self.timer_time = 0.0
     self.last_good_step: int | None = None
+    # Host-side scalars reported with each log line (e.g. a data mixture's shares, as
+    # {"data_share/NAME": share}); written under train/, shown as "shares NAME 0.60 ...".
+    self.host_scalars: Callable[[], dict[str, float]] | None = None
 
   def start_timer(self, step: int) -> None:
     """Throughput counts steps after `step` (excluding compilation)."""
@@ -132,10 +135,14 @@ class TrainMetrics:
         scalars["padding_fraction"] = 1.0 - sums["num_tokens"] / len(values) / self.tokens_per_step
       scalars["mfu"] = self.peak.mfu(steps_per_s * self.flops_per_step)
       eta = (self.total_steps - step) / steps_per_s
+    host = self.host_scalars() if self.host_scalars else {}
+    scalars.update(host)
     self.writer.write_scalars(step, {f"train/{k}": v for k, v in scalars.items()})
-    speed = ""
+    shares = " ".join(f"{k.split('/', 1)[-1]} {v:.3f}" for k, v in host.items()
+                      if k.startswith("data_share/"))
+    speed = f" | shares {shares}" if shares else ""
     if "tokens_per_sec" in scalars:
-      speed = f" | {scalars['tokens_per_sec']:,.0f} tok/s"
+      speed += f" | {scalars['tokens_per_sec']:,.0f} tok/s"
       if "real_tokens_per_sec" in scalars:
         speed += f" ({scalars['real_tokens_per_sec']:,.0f} non-padding)"
       speed += f" | MFU {100 * scalars['mfu']:.2f}%"

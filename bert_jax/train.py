@@ -86,6 +86,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
                                            vocab_size=cfg.vocab_size, seed=config.seed, **hosts)
   if data_state is not None:
     train_iter.set_state(data_state)
+  elif data_cfg.get("mixture") and int(jax.device_get(state.step)):
+    # A fresh mixture mid-run (e.g. a new phase): its temperature schedule counts steps.
+    train_iter.set_state({"batches": int(jax.device_get(state.step))})
+  if data_cfg.get("mixture"):
+    trainer.metrics.host_scalars = lambda: {f"data_share/{name}": share
+                                            for name, share in train_iter.shares().items()}
   eval_iter, eval_batches = None, []
   if do_eval:
     eval_iter = pretrain_data.make_iterator(config, data_cfg, split="eval",

@@ -11,6 +11,7 @@ import ml_collections
 
 from input_pipeline import fileio
 from input_pipeline import data_config
+from input_pipeline import mixture as mixture_lib
 from input_pipeline import prepare as prepare_lib
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline import vocab as vocab_lib
@@ -71,6 +72,13 @@ def build_data(config: ml_collections.ConfigDict, workdir: str
     if jax.process_index() == 0:
       _build(config, data_cfg)
     multihost_utils.sync_global_devices("bert_jax_data_built")
+  if data_cfg.get("mixture"):
+    first = mixture_lib.parse_mixture(data_cfg.mixture)[0][0]
+    summary = prepare_lib.load_summary(first)
+    logging.info("Mixture of prepared corpora %s (temperature %s); vocabulary %s (%d entries).",
+                 data_cfg.mixture, data_cfg.get("mixture_temperature") or "1",
+                 summary["vocab"]["path"], summary["vocab"]["vocab_size"])
+    return data_cfg, int(summary["vocab"]["vocab_size"])
   if data_cfg.prepared_dir:
     summary = prepare_lib.load_summary(data_cfg.prepared_dir)
     logging.info("Prepared corpus %s: %s documents, %s tokens, vocabulary %s (%d entries); "

@@ -3,6 +3,7 @@ loading a config file imports nothing heavy (input_pipeline/pretrain.py reads it
 import ml_collections
 
 from input_pipeline import errors
+from input_pipeline import mixture
 
 # The data config's paths that a run takes inside its workdir when they are relative.
 WORKDIR_PATHS = ("prepared_dir", "vocab_path")
@@ -29,6 +30,10 @@ def default_data_config() -> ml_collections.ConfigDict:
   """The data config (`config.data` of a training config)."""
   c = ml_collections.ConfigDict()
   c.prepared_dir = ""             # Output of `python -m input_pipeline.prepare`.
+  # Or several prepared corpora mixed: "DIR[:WEIGHT],..." (no weight: its token count), and
+  # a sampling temperature "T0[,K1:T1,...]" from step K on (input_pipeline/mixture.py).
+  c.mixture = ""
+  c.mixture_temperature = ""
   c.tfrecord_pattern = ""         # Or: original BERT TFRecords (globs), used when set.
   c.vocab_path = ""               # Vocab file/dir; "" = the one recorded by prepare.
   c.lowercase = ml_collections.config_dict.placeholder(bool)  # None: as the vocab says.
@@ -87,5 +92,11 @@ def check(data_cfg: ml_collections.ConfigDict) -> None:
     raise bad("short_seq_prob", "a probability, in [0, 1] (BERT: 0.1).")
   if not 0 <= data_cfg.eval_fraction < 1:
     raise bad("eval_fraction", "the share of documents held out, in [0, 1).")
+  if data_cfg.get("mixture"):
+    mixture.parse_mixture(data_cfg.mixture)
+    mixture.parse_temperature(data_cfg.get("mixture_temperature") or "")
+    if data_cfg.prepared_dir or data_cfg.tfrecord_pattern:
+      raise bad("mixture", "a mixture names its prepared corpora itself: leave "
+                "data.prepared_dir and data.tfrecord_pattern empty.")
   if data_cfg.get("packing", False) and data_cfg.max_examples_per_row < 1:
     raise bad("max_examples_per_row", "examples per packed row: 1 or more.")

@@ -23,11 +23,13 @@ from input_pipeline import data_config
 from input_pipeline import documents
 from input_pipeline import errors
 from input_pipeline import fileio
+from input_pipeline import mixture as mixture_lib
 from input_pipeline import prepare
 from input_pipeline import pretrain
 from input_pipeline import tokenizer as tokenizer_lib
 
-_OVERRIDES = ("prepared_dir", "tfrecord_pattern", "vocab_path", "max_seq_length",
+_OVERRIDES = ("prepared_dir", "mixture", "mixture_temperature", "tfrecord_pattern",
+              "vocab_path", "max_seq_length",
               "max_predictions_per_seq", "masked_lm_prob", "nsp", "whole_word_masking",
               "lowercase")
 
@@ -88,6 +90,10 @@ def _flag_values() -> flags.FlagValues:
                       "data paths (vocab_path, prepared_dir) are taken inside it, as the "
                       "job takes them.", flag_values=fv)
   flags.DEFINE_string("prepared_dir", None, "Prepared corpus directory.", flag_values=fv)
+  flags.DEFINE_string("mixture", None, "Or several prepared corpora: 'DIR[:WEIGHT],...' "
+                      "(input_pipeline/mixture.py).", flag_values=fv)
+  flags.DEFINE_string("mixture_temperature", None, "The mixture's temperature schedule, "
+                      "'T0[,K1:T1,...]'.", flag_values=fv)
   flags.DEFINE_string("tfrecord_pattern", None, "Or original BERT TFRecords.",
                       flag_values=fv)
   flags.DEFINE_string("vocab", None, "Vocabulary (default: the prepared one).",
@@ -145,6 +151,8 @@ def _summary(cfg, fv: flags.FlagValues) -> dict | None:
   """The prepared corpus's summary, with an error that says how to build it."""
   if cfg.tfrecord_pattern:
     return None
+  if cfg.get("mixture"):  # the first corpus's: the mixture's vocabulary
+    return prepare.load_summary(mixture_lib.parse_mixture(cfg.mixture)[0][0])
   if not cfg.prepared_dir:
     raise errors.UserError("No data: pass --prepared_dir (or --tfrecord_pattern), or a "
                            "training config and its --workdir.")
@@ -163,7 +171,15 @@ def describe(cfg, tok: tokenizer_lib.Tokenizer, summary: dict | None, *, split: 
              seed: int, batch_size: int) -> str:
   """What the model is fed: the data, the vocabulary, L and P and the masking."""
   lines = []
-  if summary is not None:
+  if cfg.get("mixture"):
+    entries = mixture_lib.parse_mixture(cfg.mixture)
+    lines.append(f"Mixture of {len(entries)} prepared corpora (temperature "
+                 f"{cfg.get('mixture_temperature') or '1'}):")
+    for path, weight in entries:
+      s = prepare.load_summary(path)
+      lines.append(f"  {path}: weight {weight if weight is not None else 'its tokens'}, "
+                   f"{s['documents']:,} documents, {s['tokens']:,} tokens.")
+  elif summary is not None:
     lines.append(f"Prepared corpus {cfg.prepared_dir}: {summary['documents']:,} documents, "
                  f"{summary['tokens']:,} tokens in {summary['num_shards']} shards (from "
                  f"{summary['input']!r}).")
@@ -204,6 +220,8 @@ def main(argv: list[str]) -> dict:
   for i in range(min(fv.print_examples, len(stacked["input_ids"]))):
     print(f"Example {i}:\n{format_example({k: v[i] for k, v in stacked.items()}, tok)}\n")
   stats = batch_statistics(stacked, tok)
+  stats.update({f"mixture_share/{name}": share for name, share in it.shares().items()})
+  it.close()
   print("Statistics:")
   for k, v in stats.items():
     print(f"  {k:>30}: {v:.4f}" if isinstance(v, float) else f"  {k:>30}: {v}")

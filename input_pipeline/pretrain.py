@@ -42,6 +42,7 @@ from input_pipeline import data_config
 from input_pipeline import documents
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
+from input_pipeline import mixture as mixture_lib
 from input_pipeline import packing as packing_lib
 from input_pipeline import prepare
 from input_pipeline import records
@@ -254,8 +255,12 @@ def make_stream(data_cfg, *, seed: int, process_index: int = 0, process_count: i
                        "raw text.")
     return RecordStream(data_cfg, seed=seed, process_index=process_index,
                         process_count=process_count, split=split)
+  if data_cfg.get("mixture"):
+    return _mixture_stream(data_cfg, seed=seed, process_index=process_index,
+                           process_count=process_count, split=split)
   if not data_cfg.prepared_dir:
-    raise ValueError("Set data_cfg.prepared_dir (from input_pipeline.prepare) or "
+    raise ValueError("Set data_cfg.prepared_dir (from input_pipeline.prepare), "
+                     "data_cfg.mixture (several prepared corpora) or "
                      "data_cfg.tfrecord_pattern (original BERT TFRecords).")
   summary = prepare.load_summary(data_cfg.prepared_dir)
   tok = vocabulary_for(data_cfg, summary)
@@ -265,6 +270,35 @@ def make_stream(data_cfg, *, seed: int, process_index: int = 0, process_count: i
       doc_piece_tokens=data_cfg.doc_piece_tokens)
   return BlockStream(data_cfg, corpus, tok, seed=seed, process_index=process_index,
                      split=split)
+
+
+def _mixture_stream(data_cfg, *, seed: int, process_index: int, process_count: int,
+                    split: str) -> mixture_lib.MixtureStream:
+  """data.mixture: one BlockStream per prepared corpus (each with its own seed), mixed."""
+  entries = mixture_lib.parse_mixture(data_cfg.mixture)
+  streams, weights, tok = [], [], None
+  for i, (path, weight) in enumerate(entries):
+    summary = prepare.load_summary(path)
+    cfg = ml_collections.ConfigDict(dict(data_cfg.to_dict(), prepared_dir=path))
+    this = vocabulary_for(cfg, summary)
+    if tok is not None and this.sha256 != tok.sha256:
+      raise ValueError(f"data.mixture: {path} was prepared with the vocabulary "
+                       f"{summary['vocab']['path']}, {entries[0][0]} with another: the corpora "
+                       "of a mixture must share one vocabulary (prepare them with the same one).")
+    tok = this
+    corpus = documents.load_documents(
+        path, split=split, eval_fraction=data_cfg.eval_fraction, nsp=data_cfg.nsp,
+        process_index=process_index, process_count=process_count,
+        doc_piece_tokens=data_cfg.doc_piece_tokens)
+    streams.append(BlockStream(data_cfg, corpus, tok, seed=_key(seed, 7919, i),
+                               process_index=process_index, split=split))
+    weights.append(weight if weight is not None else float(summary["tokens"]))
+  names = [path.rstrip("/").rsplit("/", 1)[-1] or path for path, _ in entries]
+  if len(set(names)) != len(names):
+    names = [path for path, _ in entries]
+  schedule = mixture_lib.parse_temperature(data_cfg.get("mixture_temperature") or "")
+  mix = mixture_lib.Mixture(weights, schedule, _key(seed, 7919, process_index))
+  return mixture_lib.MixtureStream(streams, names, mix, features(data_cfg))
 
 
 def _initial_state() -> dict:
@@ -338,7 +372,8 @@ class PretrainIterator:
                       "process_count": process_count, "split": split}
     self._stream = make_stream(data_cfg, seed=seed, process_index=process_index,
                                process_count=process_count, split=split)
-    self._state = _initial_state()
+    self._mixture = isinstance(self._stream, mixture_lib.MixtureStream)
+    self._state = self._stream.initial_state() if self._mixture else _initial_state()
 
   def __iter__(self):
     return self
@@ -364,7 +399,16 @@ class PretrainIterator:
           "depends on them; to start this setup at an epoch's beginning anyway, pass "
           "{'epoch': e, 'block': 0, 'offset': 0} without the other keys.")
     self.close()
-    self._state = {k: int(state[k]) for k in _initial_state()}
+    if self._mixture:
+      if "streams" not in state:  # a step to start a fresh mixture at: {"batches": k}
+        state = dict(self._stream.initial_state(), batches=int(state.get("batches", 0)))
+      self._state = self._stream.parse_state(state)
+    else:
+      self._state = {k: int(state[k]) for k in _initial_state()}
+
+  def shares(self) -> dict[str, float]:
+    """With data.mixture: the share of the rows so far taken from each corpus; else {}."""
+    return self._stream.shares(self._state) if self._mixture else {}
 
   def close(self) -> None:
     """Stops the background thread (a later next() restarts it where it stopped)."""
