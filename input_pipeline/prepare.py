@@ -91,30 +91,25 @@ def _exit_with_parent() -> None:
 def tokenize_documents(docs: list[dict], tok: tokenizer_lib.Tokenizer | None = None) -> dict:
   """Raw documents -> their token ids as flat arrays, and counts; empty documents dropped.
 
-  Returns {"tokens": [T] int64, "sentence_lengths": [S], "document_sentences": [D] (the
-  sentences of each kept document), "documents", "sentences", "tokens_count",
-  "unk_tokens", "empty_documents"}.
+  Returns {"tokens": [T] (the store's token dtype: small to send between processes),
+  "sentence_lengths": [S] int64, "document_sentences": [D] int64 (the sentences of each
+  kept document), "sentences", "tokens_count", "unk_tokens", "empty_documents"}. Sentences
+  without tokens are dropped, then documents without sentences.
   """
   tok = tok or _worker_tokenizer
   per_doc = [sentences_lib.document_sentences(d) for d in docs]
-  flat = [s for sents in per_doc for s in sents]
-  ids = tok.encode_batch(flat) if flat else []
-  kept, doc_sentences, empty = [], [], 0
-  pos = 0
-  for sents in per_doc:
-    doc = [s for s in ids[pos:pos + len(sents)] if s]
-    pos += len(sents)
-    if not doc:
-      empty += 1
-      continue
-    kept.extend(doc)
-    doc_sentences.append(len(doc))
-  lengths = np.array([len(s) for s in kept], np.int64)
-  tokens = np.fromiter((t for s in kept for t in s), np.int64, int(lengths.sum()))
+  counts = np.fromiter(map(len, per_doc), np.int64, len(per_doc))
+  tokens, lengths = tok.encode_flat(list(itertools.chain.from_iterable(per_doc)))
+  tokens = tokens.astype(store.token_dtype(tok.vocab_size))
+  kept = lengths > 0
+  sentence_doc = np.repeat(np.arange(len(per_doc)), counts)
+  doc_sentences = np.bincount(sentence_doc[kept], minlength=len(per_doc)).astype(np.int64)
+  lengths = lengths[kept].astype(np.int64)
   return {"tokens": tokens, "sentence_lengths": lengths,
-          "document_sentences": np.array(doc_sentences, np.int64),
-          "sentences": len(kept), "tokens_count": len(tokens),
-          "unk_tokens": int(np.count_nonzero(tokens == tok.unk_id)), "empty_documents": empty}
+          "document_sentences": doc_sentences[doc_sentences > 0],
+          "sentences": len(lengths), "tokens_count": len(tokens),
+          "unk_tokens": int(np.count_nonzero(tokens == tok.unk_id)),
+          "empty_documents": int(np.count_nonzero(doc_sentences == 0))}
 
 
 # ------------------------------------------------------------------------- main process

@@ -18,10 +18,13 @@ come from its post-processor's pair template, which must be BERT's layout
 
 This module imports no TensorFlow (the prepare workers use it), except to read gs:// paths.
 """
+import array
 import dataclasses
 import hashlib
 import json
+import itertools
 import os
+import re
 
 from absl import logging
 from etils import epath
@@ -204,6 +207,7 @@ class Tokenizer:
     else:
       cont = [bool(t) and not t.startswith(_WORD_START) for t in tokens]
     self.is_continuation = np.array(cont, dtype=bool) & ~self.is_special
+    self._chunks = None  # from_path sets it for WordPiece: see encode_flat.
 
   @classmethod
   def from_path(cls, path: str, lowercase: bool | None = None) -> "Tokenizer":
@@ -233,6 +237,9 @@ class Tokenizer:
       norm = wordpiece_normalization(vocab_file, tokens, lowercase)
       _log_once(vocab_file, norm)
       backend = _wordpiece_backend(tokens, norm, vocab_file)
+      tok = cls(kind, vocab_file, norm.lowercase, tokens, backend, sha256, norm)
+      tok._chunks = _ChunkTable(tok._ids, tok.unk_id, norm.lowercase, backend)  # pylint: disable=protected-access
+      return tok
     elif kind == "hf":
       return _hf_tokenizer(vocab_file, data, sha256)
     else:
@@ -254,6 +261,23 @@ class Tokenizer:
     if self.lowercase:
       texts = [t.lower() for t in texts]
     return self._backend.encode(list(texts), out_type=int)
+
+  def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids of all texts concatenated [T] int32, token count of each text [N] int64):
+    the ids of `encode_batch(texts)`, flattened.
+
+    A WordPiece vocabulary loaded by `from_path` encodes through a table of the
+    space-separated chunks already seen (`_ChunkTable`: the same ids, several times faster
+    on prose, where most words repeat); other kinds call `encode_batch`.
+    """
+    if not texts:
+      return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    if self._chunks is None:
+      ids = self.encode_batch(list(texts))
+      lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+      return (np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum())),
+              lengths)
+    return self._chunks.encode_flat(texts)
 
   def convert_ids_to_tokens(self, ids) -> list[str]:
     return [self.tokens[int(i)] for i in ids]
@@ -287,6 +311,123 @@ def _check_unique(tokens: list[str], vocab_file: str) -> None:
         f"{vocab_file} lists {len(dups)} tokens twice ({'; '.join(dups[:5])}"
         f"{'; ...' if len(dups) > 5 else ''}): each token must be on one line. Use the "
         "vocabulary the model was trained with, or build one with python -m input_pipeline.vocab.")
+
+
+# Characters that BERT's normalizer leaves as they are (not control, whitespace or CJK; no
+# decomposition, no case, no combining class) and its pre-tokenizer always isolates as one
+# token (Unicode punctuation): the ASCII ones and the common typographic ones.
+_ISOLATED = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00ab\u00bb\u00a1\u00bf"
+_PIECES = re.compile(f"[{re.escape(_ISOLATED)}]|[^{re.escape(_ISOLATED)}]+")
+# Rows of a table beyond this are dropped (the table restarts) between calls: memory stays
+# bounded (~100 MB) on a corpus of any vocabulary of words.
+_CHUNK_TABLE_ROWS = 1 << 20
+
+
+class _ChunkRows(dict):
+  """chunk -> its row in the table; a chunk not yet seen is added to the table."""
+  __slots__ = ("add",)
+
+  def __missing__(self, chunk: str) -> int:
+    return self.add(chunk)
+
+
+class _ChunkTable:
+  """WordPiece ids of texts through a table of their space-separated chunks.
+
+  Exact because BERT's tokenization is local around an ASCII space: the normalizer works
+  character by character (cleaning, CJK spacing, lower-casing; NFD only reorders runs of
+  combining marks, which a space, a starter, ends), and the pre-tokenizer always splits
+  there and drops the space. So the ids of a text are the ids of its chunks,
+  `text.split(" ")`, each encoded alone, concatenated; likewise around the characters of
+  `_ISOLATED`, which are their own token. A chunk seen before costs one dict lookup. A new
+  chunk of ASCII letters and digits runs WordPiece here (lower-cased as the vocabulary
+  says: ASCII has no accents to strip); other new chunks are cut at `_ISOLATED` characters
+  into pieces, each looked up or, when new, encoded by the Rust tokenizer itself (accents,
+  other scripts, control characters, other whitespace: whatever it does).
+  """
+
+  def __init__(self, vocab: dict, unk_id: int, lowercase: bool, backend,
+               max_rows: int = _CHUNK_TABLE_ROWS, max_chars_per_word: int = 100):
+    self.vocab, self.unk_id, self.lowercase, self.backend = vocab, unk_id, lowercase, backend
+    self.max_rows, self.max_chars_per_word = max_rows, max_chars_per_word
+    # WordPiece's lookups: "##" + piece in the vocabulary, as piece -> id; no piece longer
+    # than the longest entry can match.
+    self.continuations = {t[2:]: i for t, i in vocab.items() if t.startswith("##")}
+    self.max_len = max(map(len, vocab), default=0)
+    self.max_continuation_len = max(map(len, self.continuations), default=0)
+    self._reset()
+
+  def _reset(self) -> None:
+    # Row r's ids are flat[starts[r]:starts[r] + lens[r]]; row 0 is the texts' separator.
+    self.flat, self.starts, self.lens = array.array("i"), array.array("i"), array.array("i")
+    self.rows = _ChunkRows()
+    self.rows.add = self._add
+    self._append("\n", ())
+
+  def _append(self, chunk: str, ids) -> int:
+    row = len(self.starts)
+    self.starts.append(len(self.flat))
+    self.lens.append(len(ids))
+    self.flat.extend(ids)
+    self.rows[chunk] = row
+    return row
+
+  def _wordpiece(self, word: str) -> list[int]:
+    """Greedy longest-match-first WordPiece of one pre-token (as the Rust model: [UNK]
+    for a word over max_chars_per_word characters or with no match at some position)."""
+    n = len(word)
+    if n > self.max_chars_per_word:
+      return [self.unk_id]
+    i = self.vocab.get(word)
+    if i is not None:
+      return [i]  # Most words.
+    table, longest, out, start = self.vocab, self.max_len, [], 0
+    while start < n:
+      end = min(n, start + longest)
+      while end > start:
+        i = table.get(word[start:end])
+        if i is not None:
+          break
+        end -= 1
+      else:
+        return [self.unk_id]
+      out.append(i)
+      start = end
+      table, longest = self.continuations, self.max_continuation_len
+    return out
+
+  def _add(self, chunk: str) -> int:
+    if chunk.isascii() and chunk.isalnum():
+      return self._append(chunk, self._wordpiece(chunk.lower() if self.lowercase else chunk))
+    pieces = _PIECES.findall(chunk)
+    if len(pieces) == 1:  # One character of _ISOLATED, or a piece without them.
+      return self._append(chunk, self.backend.encode(chunk, add_special_tokens=False).ids)
+    ids, rows, flat, starts, lens = [], self.rows, self.flat, self.starts, self.lens
+    for piece in pieces:  # none for "" (two spaces in a row)
+      row = rows[piece]
+      start = starts[row]
+      ids += flat[start:start + lens[row]]
+    return self._append(chunk, ids)
+
+  def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """See Tokenizer.encode_flat."""
+    if len(self.starts) > self.max_rows:
+      self._reset()
+    joined = " \n ".join(texts)
+    if joined.count("\n") != len(texts) - 1:
+      # BERT's normalizer turns "\n" into a space first, so this changes no ids.
+      joined = " \n ".join(t.replace("\n", " ") for t in texts)
+    chunks = joined.split(" ")
+    rows = np.fromiter(map(self.rows.__getitem__, chunks), np.int64, len(chunks))
+    flat = np.frombuffer(self.flat, np.int32)
+    starts = np.frombuffer(self.starts, np.int32)[rows]
+    lens = np.frombuffer(self.lens, np.int32)[rows].astype(np.int64)
+    ends = np.cumsum(lens)
+    total = int(ends[-1])
+    tokens = flat[np.repeat(starts - (ends - lens), lens) + np.arange(total)]
+    del flat  # The table's arrays grow again on the next call.
+    text_ends = np.append(ends[rows == 0], total)
+    return tokens, np.diff(text_ends, prepend=0)
 
 
 def _wordpiece_backend(tokens: list[str], norm: Normalization, vocab_file: str):
