@@ -18,7 +18,6 @@ come from its post-processor's pair template, which must be BERT's layout
 
 This module imports no TensorFlow (the prepare workers use it), except to read gs:// paths.
 """
-import array
 import dataclasses
 import hashlib
 import json
@@ -358,29 +357,25 @@ class _ChunkTable:
     self._reset()
 
   def _reset(self) -> None:
-    # Row r's ids are flat[starts[r]:starts[r] + lens[r]]; row 0 is the texts' separator.
-    self.flat, self.starts, self.lens = array.array("i"), array.array("i"), array.array("i")
-    self.rows = _ChunkRows()
+    # Row r's ids are ids[r] (a tuple); the arrays flat[starts[r]:starts[r] + lens[r]] hold
+    # the same for the first `synced` rows (_sync brings them up to date; their capacity
+    # doubles as needed). Row 0 is the texts' separator.
+    self.ids = [()]
+    self.rows = _ChunkRows({"\n": 0})
     self.rows.add = self._add
-    self._append("\n", ())
+    self.flat, self.flat_used = np.zeros(1 << 16, np.int32), 0
+    self.starts, self.lens = np.zeros(1 << 16, np.int64), np.zeros(1 << 16, np.int64)
+    self.synced = 1
 
-  def _append(self, chunk: str, ids) -> int:
-    row = len(self.starts)
-    self.starts.append(len(self.flat))
-    self.lens.append(len(ids))
-    self.flat.extend(ids)
-    self.rows[chunk] = row
-    return row
-
-  def _wordpiece(self, word: str) -> list[int]:
+  def _wordpiece(self, word: str) -> tuple:
     """Greedy longest-match-first WordPiece of one pre-token (as the Rust model: [UNK]
     for a word over max_chars_per_word characters or with no match at some position)."""
     n = len(word)
     if n > self.max_chars_per_word:
-      return [self.unk_id]
+      return (self.unk_id,)
     i = self.vocab.get(word)
     if i is not None:
-      return [i]  # Most words.
+      return (i,)  # Most words.
     table, longest, out, start = self.vocab, self.max_len, [], 0
     while start < n:
       end = min(n, start + longest)
@@ -390,28 +385,51 @@ class _ChunkTable:
           break
         end -= 1
       else:
-        return [self.unk_id]
+        return (self.unk_id,)
       out.append(i)
       start = end
       table, longest = self.continuations, self.max_continuation_len
-    return out
+    return tuple(out)
 
   def _add(self, chunk: str) -> int:
+    """Adds a chunk not seen yet (see the class doc); returns its row."""
     if chunk.isascii() and chunk.isalnum():
-      return self._append(chunk, self._wordpiece(chunk.lower() if self.lowercase else chunk))
-    pieces = _PIECES.findall(chunk)
-    if len(pieces) == 1:  # One character of _ISOLATED, or a piece without them.
-      return self._append(chunk, self.backend.encode(chunk, add_special_tokens=False).ids)
-    ids, rows, flat, starts, lens = [], self.rows, self.flat, self.starts, self.lens
-    for piece in pieces:  # none for "" (two spaces in a row)
-      row = rows[piece]
-      start = starts[row]
-      ids += flat[start:start + lens[row]]
-    return self._append(chunk, ids)
+      ids = self._wordpiece(chunk.lower() if self.lowercase else chunk)
+    else:
+      pieces = _PIECES.findall(chunk)
+      if len(pieces) == 1:  # One character of _ISOLATED, or a piece without them.
+        ids = tuple(self.backend.encode(chunk, add_special_tokens=False).ids)
+      else:
+        ids, rows, table = (), self.rows, self.ids
+        for piece in pieces:  # none for "" (two spaces in a row)
+          ids += table[rows[piece]]
+    row = len(self.ids)
+    self.ids.append(ids)
+    self.rows[chunk] = row
+    return row
+
+  def _sync(self) -> None:
+    """Copies the rows added since the last call into the arrays."""
+    done, rows = self.synced, len(self.ids)
+    if done == rows:
+      return
+    new = self.ids[done:]
+    lens = np.fromiter(map(len, new), np.int64, len(new))
+    flat = np.fromiter(itertools.chain.from_iterable(new), np.int32, int(lens.sum()))
+    used = self.flat_used + len(flat)
+    if rows > len(self.lens):
+      grow = lambda a: np.concatenate([a, np.zeros(max(len(a), rows), a.dtype)])
+      self.starts, self.lens = grow(self.starts), grow(self.lens)
+    if used > len(self.flat):
+      self.flat = np.concatenate([self.flat, np.zeros(max(len(self.flat), used), np.int32)])
+    self.starts[done:rows] = self.flat_used + np.cumsum(lens) - lens
+    self.lens[done:rows] = lens
+    self.flat[self.flat_used:used] = flat
+    self.flat_used, self.synced = used, rows
 
   def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """See Tokenizer.encode_flat."""
-    if len(self.starts) > self.max_rows:
+    if len(self.ids) > self.max_rows:
       self._reset()
     joined = " \n ".join(texts)
     if joined.count("\n") != len(texts) - 1:
@@ -419,13 +437,11 @@ class _ChunkTable:
       joined = " \n ".join(t.replace("\n", " ") for t in texts)
     chunks = joined.split(" ")
     rows = np.fromiter(map(self.rows.__getitem__, chunks), np.int64, len(chunks))
-    flat = np.frombuffer(self.flat, np.int32)
-    starts = np.frombuffer(self.starts, np.int32)[rows]
-    lens = np.frombuffer(self.lens, np.int32)[rows].astype(np.int64)
+    self._sync()
+    lens = self.lens[rows]
     ends = np.cumsum(lens)
     total = int(ends[-1])
-    tokens = flat[np.repeat(starts - (ends - lens), lens) + np.arange(total)]
-    del flat  # The table's arrays grow again on the next call.
+    tokens = self.flat[np.repeat(self.starts[rows] - (ends - lens), lens) + np.arange(total)]
     text_ends = np.append(ends[rows == 0], total)
     return tokens, np.diff(text_ends, prepend=0)
 
