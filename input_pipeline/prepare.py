@@ -367,7 +367,7 @@ def format_summary(summary: dict) -> str:
   return "\n".join(f"  {k:>16}: {summary[k]:,}" for k in keys)
 
 
-def _flag_values() -> flags.FlagValues:
+def flag_values() -> flags.FlagValues:
   # Private FlagValues, so that importing prepare_corpus adds no global flags.
   fv = flags.FlagValues()
   flags.DEFINE_string("input", None, "Corpus: file globs, 'default' or 'tfds:NAME'.",
@@ -399,7 +399,7 @@ def _flag_values() -> flags.FlagValues:
 
 
 def main(argv: list[str]) -> dict:
-  fv = _flag_values()
+  fv = flag_values()
   errors.parse_flags(fv, argv, __doc__)
   if fv.convert:
     errors.require_flags(fv, "output_dir")

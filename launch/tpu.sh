@@ -17,6 +17,10 @@ Actions
   setup    copy (or clone) the project onto every worker and pip-install it
   train    start training on every worker (same command, in the background;
            --multihost added on pod slices: jax.distributed.initialize() on every host)
+  prepare  tokenize a corpus on every worker at once (input_pipeline.prepare_hosts: worker
+           i prepares its share of the input files, worker 0 merges; the prepare flags go
+           after --, e.g. -- --input='gs://b/c4/*.json.gz' --vocab=gs://b/vocab
+           --output_dir=gs://b/prepared/c4); the same output as one machine's prepare
   logs     tail the training log of one worker (--worker=N, default 0)
   copy     copy results: worker logs (default), a gs:// path, or a worker path
   stop     SIGTERM the training on every worker (it checkpoints and exits 0)
@@ -431,6 +435,29 @@ do_train() {
   run "${SSH[@]}"
 }
 
+# The command worker $1 runs to prepare its share of a corpus.
+prepare_remote_cmd() {
+  local line="cd ~/$REMOTE_DIR && ~/$VENV_DIR/bin/python -m input_pipeline.prepare_hosts" a
+  for a in ${PASS[@]+"${PASS[@]}"}; do line+=" $(q "$a")"; done
+  line+=" --num_hosts=$HOSTS --host_index=$1"
+  printf '%s' "$line"
+}
+
+do_prepare() {
+  local a out="" w pids=() failed=0
+  for a in ${PASS[@]+"${PASS[@]}"}; do [[ $a == --output_dir=* ]] && out=${a#*=}; done
+  [[ -n $out ]] || die "prepare needs prepare's flags after --: -- --input=... --vocab=... --output_dir=gs://..."
+  (( HOSTS == 1 )) || [[ $out == gs://* ]] || \
+    die "--output_dir=$out: the $HOSTS workers of a pod slice share their output through gs://"
+  for (( w = 0; w < HOSTS; w++ )); do  # every worker at once; worker 0 merges at the end
+    ssh_cmd "$w" "$(prepare_remote_cmd "$w")"
+    if (( DRY_RUN )); then run "${SSH[@]}"; else run "${SSH[@]}" & pids+=($!); fi
+  done
+  for w in ${pids[@]+"${pids[@]}"}; do wait "$w" || failed=1; done
+  (( failed )) && die "prepare failed on a worker (its output is above); run the same command again: finished shares are kept"
+  note "prepared into $out on $HOSTS worker(s)"
+}
+
 do_logs() {
   local tail_cmd="tail -n $LINES"
   (( FOLLOW )) && tail_cmd+=" -F"
@@ -734,8 +761,8 @@ main() {
   (( $# > 0 )) || { usage >&2; exit 2; }
   case $1 in
     -h | --help | help) usage; exit 0 ;;
-    create | setup | train | logs | copy | stop | status | delete) ACTION=$1 ;;
-    *) die "unknown action '$1' (create|setup|train|logs|copy|stop|status|delete; see --help)" ;;
+    create | setup | train | prepare | logs | copy | stop | status | delete) ACTION=$1 ;;
+    *) die "unknown action '$1' (create|setup|train|prepare|logs|copy|stop|status|delete; see --help)" ;;
   esac
   shift
   parse_flags "$@"
@@ -754,6 +781,7 @@ main() {
     train)
       check_train_flags
       if (( RESTART )); then train_resilient; else do_train; fi ;;
+    prepare) do_prepare ;;
     logs) do_logs ;;
     copy) do_copy ;;
     stop) do_stop ;;

@@ -694,3 +694,28 @@ def test_worker_copies_each_segment_of_the_log_to_the_bucket(tmp_path):
   local = (run_dir / "train.log").read_text()
   assert "first segment line" in local and "second run" in local
   assert f"log copied to gs://b/run/logs/worker_3/{seg2.name}" in local
+
+
+def test_prepare_runs_a_share_on_every_worker(tpu):
+  """`prepare`: input_pipeline.prepare_hosts on each worker with its index (worker 0 merges);
+  a pod slice's output must be on gs://."""
+  args = ["--", "--input=gs://b/c4/*.json.gz", "--vocab=gs://b/vocab",
+          "--output_dir=gs://b/prepared/c4", "--num_shards=64"]
+  out = tpu("prepare", *base("bert-pod", "v4-32"), *args).stdout
+  cmds = gcloud(out)
+  assert [flag(c, "worker") for c in cmds] == ["0", "1", "2", "3"]
+  for w, cmd in enumerate(cmds):
+    assert cmd[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "bert-pod"]
+    remote = shlex.split(flag(cmd, "command").split("&&", 1)[1])
+    assert remote == ["~/bert_jax_venv/bin/python", "-m", "input_pipeline.prepare_hosts",
+                      *args[1:], "--num_hosts=4", f"--host_index={w}"]
+  assert "prepared into gs://b/prepared/c4 on 4 worker(s)" in out
+  bad = tpu("prepare", *base("bert-pod", "v4-32"), "--", "--input=x", "--output_dir=/tmp/p",
+            check=False)
+  assert bad.returncode == 2 and "share their output through gs://" in bad.stderr
+  one = tpu("prepare", *base("bert-v4-8", "v4-8"), "--", "--input=x", "--vocab=v",
+            "--output_dir=/tmp/p").stdout
+  [cmd] = gcloud(one)
+  assert flag(cmd, "command").endswith("--num_hosts=1 --host_index=0")
+  missing = tpu("prepare", *base("bert-v4-8", "v4-8"), check=False)
+  assert missing.returncode == 2 and "prepare needs prepare's flags after --" in missing.stderr
