@@ -210,3 +210,45 @@ def test_inspect_shows_the_mixture_and_its_shares(corpora, capsys):
   shares = [stats[f"mixture_share/{n}"] for n in ("en", "de", "code")]
   np.testing.assert_allclose(shares, [0.5, 0.3, 0.2], atol=0.01)
   assert "mixture_share/en" in out
+
+
+@pytest.mark.slow
+def test_sigkill_mid_mixture_then_rerun_is_bit_identical(corpora, tmp_path):
+  """The main job on a mixture with a temperature change, killed -9 while a checkpoint is
+  written, then rerun: the same parameters and data state as a run never interrupted."""
+  import json  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  spec = ",".join(f"{p}:{w}" for p, w in zip(corpora["paths"], (0.5, 0.3, 0.2)))
+  overrides = {"build.corpus": "", "data.prepared_dir": "", "data.mixture": spec,
+               "data.mixture_temperature": "1,3:0.3", "model.vocab_size": None,
+               "data.vocab_path": corpora["whole"]["vocab"], "data.nsp": True,
+               "data.max_seq_length": 32, "data.max_predictions_per_seq": 5,
+               "data.shuffle_block_docs": 4, "data.eval_fraction": 0.1,
+               "model.max_position_embeddings": 32, "global_batch_size": 12,
+               "num_train_steps": 8, "log_every_steps": 2, "checkpoint_every_steps": 2,
+               "keep_checkpoints": 20, "eval_every_steps": 0, "eval_steps": 0,
+               "synthetic_data": False}
+  args = lambda workdir: tu.main_args(str(workdir), **overrides)
+  straight, broken = tmp_path / "straight", tmp_path / "broken"
+  tu.run(args(straight))
+  ckpt_dir = broken / "checkpoints"
+  proc = subprocess.Popen(args(broken), cwd=tu.REPO, env=tu.env(), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  try:
+    tu.wait_for(lambda: ckpt_dir.is_dir() and any(p.name.startswith("4")
+                                                  for p in ckpt_dir.iterdir()), 180, "4", proc)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  assert 8 not in tu.checkpoint_steps(broken)
+  tu.run(args(broken))
+  fa, fb = tu.flat(tu.load_checkpoint(straight, 8)), tu.flat(tu.load_checkpoint(broken, 8))
+  assert fa.keys() == fb.keys()
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+  state = lambda w: json.loads((w / "checkpoints" / "8" / "data" / "metadata").read_text())
+  assert state(straight) == state(broken)
+  (host,) = state(straight)["states"]
+  assert host["batches"] == 8 and sum(host["rows"]) == 8 * 12
