@@ -284,18 +284,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _book(root, megabytes: int = 20) -> str:
   """One book-sized document (free text: the whole file is one document, one task for one
-  worker) that keeps a prepare worker busy for seconds."""
+  worker) that keeps a prepare worker busy for seconds: its words are almost all distinct
+  (a tagged word with a random tail), so no tokenizer cache makes them cheap."""
   rng = np.random.default_rng(0)
-  words = testing.tagged_words(50, 20)
-  lines = []
-  for k in range(4000):  # About 1 MB, repeated.
-    lines.append(" ".join(words[i] for i in rng.integers(0, len(words), 20)) + " and")
-    lines.append(" ".join(words[i] for i in rng.integers(0, len(words), 20)) + ". then")
-    if k % 10 == 9:
-      lines.append("")
-  block = ("\n".join(lines) + "\n\n").encode("utf-8")
+  words = np.array(testing.tagged_words(50, 20))
+  lines = round(megabytes * 1e6 / 200)  # ~200 bytes a line
+  tails = rng.integers(0, 26, (lines, 20, 3)).astype(np.uint8) + ord("a")
+  tails = tails.reshape(-1).view("S3").astype(str).reshape(lines, 20)
+  text = np.char.add(words[rng.integers(0, len(words), (lines, 20))], tails)
+  out = []
+  for k, row in enumerate(text):
+    out.append(" ".join(row[:10]) + " and " + " ".join(row[10:]) + (". then" if k % 2 else ""))
+    if k % 20 == 19:
+      out.append("")
   path = root / "book.txt"
-  path.write_bytes(block * max(1, round(megabytes * 1e6 / len(block))))
+  path.write_text("\n".join(out) + "\n", encoding="utf-8")
   return str(path)
 
 
