@@ -41,19 +41,24 @@ PEAK_BF16_FLOPS = {
 
 
 def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int,
-                               nsp: bool = True) -> int:
-  """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence."""
+                               nsp: bool = True, last_rows: int | None = None) -> int:
+  """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence. `last_rows`:
+  the last layer computes only that many rows (model.BertModel's `rows_at`: the heads'
+  positions), its keys and values still at every position."""
   if isinstance(cfg, modern.ModernConfig):
     return modern_forward_flops_per_sequence(cfg, seq_len, num_predictions)
   L, D, F, V, P = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, num_predictions
-  per_layer = (2 * L * D * 3 * D  # q, k, v projections
-               + 2 * L * L * D  # scores q.k over all L x L pairs (all heads)
-               + 2 * L * L * D  # probabilities x values
-               + 2 * L * D * D  # attention output projection
-               + 2 * L * D * F * 2)  # feed-forward in and out
+
+  def layer(rows: int) -> int:
+    return (2 * L * D * 2 * D + 2 * rows * D * D  # k, v projections at L; q at the rows
+            + 2 * rows * L * D  # scores q.k of the rows' queries over all L keys (all heads)
+            + 2 * rows * L * D  # probabilities x values
+            + 2 * rows * D * D  # attention output projection
+            + 2 * rows * D * F * 2)  # feed-forward in and out
+  last = layer(L if last_rows is None else min(last_rows, L))
   mlm = 2 * P * D * D + 2 * P * D * V  # transform + tied vocabulary projection at P positions
   pooler_nsp = (2 * D * D + 2 * D * 2) if nsp else 0  # pooler + classifier
-  return cfg.num_layers * per_layer + mlm + pooler_nsp
+  return (cfg.num_layers - 1) * layer(L) + last + mlm + pooler_nsp
 
 
 def attention_flops(cfg: modern.ModernConfig, seq_len: int, executed: bool = False) -> int:
@@ -86,9 +91,11 @@ def modern_forward_flops_per_sequence(cfg: modern.ModernConfig, seq_len: int,
 
 
 def train_flops_per_step(cfg: BertConfig, batch_size: int, seq_len: int,
-                         num_predictions: int, nsp: bool = True) -> int:
+                         num_predictions: int, nsp: bool = True,
+                         last_rows: int | None = None) -> int:
   """Forward + backward (2x forward: grads w.r.t. activations and weights)."""
-  return 3 * batch_size * forward_flops_per_sequence(cfg, seq_len, num_predictions, nsp)
+  return 3 * batch_size * forward_flops_per_sequence(cfg, seq_len, num_predictions, nsp,
+                                                     last_rows)
 
 
 def _cache_path() -> pathlib.Path:

@@ -474,11 +474,17 @@ class BertModel(nn.Module):
       self.pooler = dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
 
   def __call__(self, input_ids, segment_ids=None, input_mask=None, deterministic: bool = True,
-               position_ids=None, packed_example_ids=None, cls_positions=None):
+               position_ids=None, packed_example_ids=None, cls_positions=None,
+               rows_at=None):
     """Packed rows (several examples in one row) pass `packed_example_ids` [B, L]
     (1, 2, ... per example, 0 = padding: attention stays inside an example),
     `position_ids` restarting at each example, and `cls_positions` [B, E]; the
-    pooled output is then [B, E, D], one per example's [CLS]."""
+    pooled output is then [B, E, D], one per example's [CLS].
+
+    `rows_at` [B, K]: the sequence output only at these positions ([B, K, D], as
+    gather_positions of the full output), the last layer computing no other rows than
+    them and the pooler's [CLS] (keys and values still from every position; unrolled
+    layers only, scan_layers computes every row): what pre-training's heads read."""
     cfg = self.config
     batch, length = input_ids.shape
     if length > cfg.max_position_embeddings:
@@ -505,12 +511,18 @@ class BertModel(nn.Module):
                                  "packed fine-tuning pools [CLS]: set --config.packing=False.")
       # The last real token sees the whole input: the pooled output is its.
       last = jnp.maximum(jnp.sum(input_mask, -1).astype(jnp.int32) - 1, 0)[:, None]
-    if self.pooled_only and self.add_pooler:
+    if (self.pooled_only or rows_at is not None) and self.add_pooler:
       cls_BE = jnp.zeros((batch, 1), jnp.int32) if cls_positions is None else cls_positions
       cls_BE = cls_BE if last is None else last
-      cls_BED = self.encoder(x_BLD, bias, deterministic, last_positions_BE=cls_BE)
-      cls_BD = cls_BED[:, 0] if cls_positions is None else cls_BED
-      return None, jnp.tanh(self.pooler(cls_BD))
+      e = cls_BE.shape[1]
+      wanted_BK = cls_BE if rows_at is None else jnp.concatenate(
+          [cls_BE, rows_at.astype(jnp.int32)], axis=1)
+      out_BKD = self.encoder(x_BLD, bias, deterministic, last_positions_BE=wanted_BK)
+      cls_BD = out_BKD[:, 0] if cls_positions is None or last is not None else out_BKD[:, :e]
+      return (None if rows_at is None else out_BKD[:, e:]), jnp.tanh(self.pooler(cls_BD))
+    if rows_at is not None:
+      return self.encoder(x_BLD, bias, deterministic,
+                          last_positions_BE=rows_at.astype(jnp.int32)), None
     x_BLD = self.encoder(x_BLD, bias, deterministic)
     if not self.add_pooler:
       return x_BLD, None
@@ -543,6 +555,9 @@ class BertForPreTraining(nn.Module):
   """
   config: BertConfig
   nsp: bool = True
+  # The last layer only at the rows the heads read (masked positions, [CLS]) when they are
+  # fewer than the sequence: the same outputs and gradients (tests/test_model.py).
+  head_rows: bool = True
 
   def setup(self):
     cfg = self.config
@@ -558,11 +573,13 @@ class BertForPreTraining(nn.Module):
                deterministic: bool = True, position_ids=None, packed_example_ids=None,
                cls_positions=None) -> dict[str, jax.Array]:
     cfg = self.config
+    rows = self.head_rows and masked_lm_positions.shape[1] < input_ids.shape[1]
     seq_BLD, pooled_BD = self.bert(input_ids, segment_ids, input_mask, deterministic,
                                    position_ids=position_ids, packed_example_ids=packed_example_ids,
-                                   cls_positions=cls_positions)
+                                   cls_positions=cls_positions,
+                                   rows_at=masked_lm_positions if rows else None)
     # Only the P masked positions reach the vocabulary projection (P << L).
-    h_BPD = gather_positions(seq_BLD, masked_lm_positions)
+    h_BPD = seq_BLD if rows else gather_positions(seq_BLD, masked_lm_positions)
     h_BPD = self.transform_LayerNorm(ACTIVATIONS[cfg.hidden_act](self.transform(h_BPD)))
     logits_BPV = self.bert.attend_vocab(h_BPD).astype(jnp.float32)
     logits_BPV = logits_BPV + jnp.asarray(self.output_bias, jnp.float32)

@@ -134,8 +134,12 @@ def summarize_pretraining(sums: Mapping[str, float]) -> dict[str, float]:
 
 def _pretraining_flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
   batch, length = shapes["input_ids"]
-  return flops_lib.train_flops_per_step(model.config, batch, length,
-                                        shapes["masked_lm_positions"][-1], nsp=model.nsp)
+  preds = shapes["masked_lm_positions"][-1]
+  last_rows = None  # the last layer at every row, unless only the heads' rows are computed
+  if getattr(model, "head_rows", False) and preds < length and not model.config.scan_layers:
+    last_rows = preds + (shapes.get("cls_positions", (1,))[-1] if model.nsp else 0)
+  return flops_lib.train_flops_per_step(model.config, batch, length, preds, nsp=model.nsp,
+                                        last_rows=last_rows)
 
 
 def pretraining() -> Objective:

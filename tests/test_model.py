@@ -206,6 +206,58 @@ def test_pooled_only_on_packed_rows(deterministic):
   np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+@pytest.mark.parametrize("nsp,dropout_rng,remat,deterministic", [
+    (True, "hash", "none", False), (False, "hash", "none", True),
+    (True, "threefry", "full", False)])
+def test_pretraining_heads_read_the_last_layer_at_their_rows_only(nsp, dropout_rng, remat,
+                                                                    deterministic):
+  """BertForPreTraining computes the last layer only at the masked positions and [CLS]
+  (head_rows, the default): the same MLM and NSP logits, dropout masks and gradients as
+  the full last layer (head_rows=False), padding slots (position 0) included."""
+  cfg = SMALL.replace(dropout_rng=dropout_rng, remat=remat, hidden_dropout_rate=0.3,
+                      attention_dropout_rate=0.3)
+  batch = _batch(5, batch=3, length=12, preds=4)
+  batch["masked_lm_positions"] = batch["masked_lm_positions"].at[1, 3].set(0)  # a padding slot
+  args = [batch[k] for k in ("input_ids", "segment_ids", "input_mask", "masked_lm_positions")]
+  fast = model_lib.BertForPreTraining(cfg, nsp=nsp)
+  full = model_lib.BertForPreTraining(cfg, nsp=nsp, head_rows=False)
+  params = _init(full, batch)["params"]
+  run = lambda m, p: m.apply({"params": p}, *args, deterministic,
+                             rngs={"dropout": jax.random.key(11)})
+  want, got = run(full, params), run(fast, params)
+  assert want.keys() == got.keys() == ({"mlm_logits", "nsp_logits"} if nsp else {"mlm_logits"})
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], atol=2e-5, err_msg=k)
+  loss = lambda m: lambda p: sum(jnp.sum(jnp.sin(v)) for v in run(m, p).values())
+  g_full, g_fast = jax.grad(loss(full))(params), jax.grad(loss(fast))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), g_fast, g_full)
+  if remat == "none" and nsp:  # it does less work: fewer FLOPs in the compiled forward
+    cost = lambda m: jax.jit(lambda p: run(m, p)).lower(params).compile().cost_analysis()["flops"]
+    assert cost(fast) < cost(full)
+
+
+def test_pretraining_head_rows_on_packed_rows():
+  """Packed rows: each example's [CLS] and the masked positions of the row, as the full
+  last layer gives them."""
+  ids = jnp.asarray(np.random.default_rng(0).integers(5, 97, (2, 12)), jnp.int32)
+  example_ids = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3, [1] * 7 + [2] * 3 + [3] * 2], jnp.int32)
+  positions = jnp.asarray([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 0], list(range(7)) + [0, 1, 2, 0, 1]],
+                          jnp.int32)
+  kw = dict(position_ids=positions, packed_example_ids=example_ids,
+            cls_positions=jnp.asarray([[0, 5, 0], [0, 7, 10]], jnp.int32))
+  masked = jnp.asarray([[2, 6, 7, 0], [3, 8, 11, 1]], jnp.int32)
+  cfg = SMALL.replace(hidden_dropout_rate=0.3, attention_dropout_rate=0.3)
+  fast = model_lib.BertForPreTraining(cfg)
+  full = model_lib.BertForPreTraining(cfg, head_rows=False)
+  v = nn.unbox(full.init(jax.random.key(0), ids, jnp.zeros_like(ids), example_ids > 0, masked))
+  rngs = {"dropout": jax.random.key(3)}
+  want = full.apply(v, ids, jnp.zeros_like(ids), example_ids > 0, masked, False, rngs=rngs, **kw)
+  got = fast.apply(v, ids, jnp.zeros_like(ids), example_ids > 0, masked, False, rngs=rngs, **kw)
+  assert got["nsp_logits"].shape == (2, 3, 2)
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], atol=2e-5, err_msg=k)
+
+
 def test_hash_bits_of_rows_are_the_rows_of_the_full_draw():
   key = jax.random.key(5)
   full = np.asarray(model_lib.hash_bits(key, (3, 7, 5)))

@@ -169,7 +169,13 @@ def test_analytic_flops_match_xla_cost_analysis():
   with trainer.activate():
     compiled = trainer.train_step.lower(state, batch, jax.random.key(0)).compile()
   xla = flops_lib.xla_flops(compiled)
-  analytic = flops_lib.train_flops_per_step(registry.model_config(config), 8, 128, 20)
+  # The last layer runs at the 20 masked positions and [CLS] only (model.BertForPreTraining's
+  # head_rows): what the objective counts, and XLA executes.
+  analytic = flops_lib.train_flops_per_step(registry.model_config(config), 8, 128, 20,
+                                            last_rows=21)
+  shapes = {k: tuple(v.shape) for k, v in batch.items()}
+  assert trainer.objective.flops(trainer.model, shapes) == analytic
+  assert analytic < flops_lib.train_flops_per_step(registry.model_config(config), 8, 128, 20)
   assert 0.9 < analytic / xla < 1.1, (analytic, xla)
 
 
