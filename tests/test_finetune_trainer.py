@@ -116,6 +116,7 @@ def test_sigterm_mid_epoch_then_rerun_is_bit_identical(tmp_path, pretrained):  #
   assert (straight / "SST-2.tsv").read_text() == (broken / "SST-2.tsv").read_text()
 
 
+@pytest.mark.slow  # ~60 s: two processes (CI runs the slow tier)
 def test_two_processes_finetune_like_one(tmp_path, pretrained):  # noqa: F811
   """Two 1-device processes, each feeding its 4 rows of every global batch of 8, train
   exactly as one process with 2 devices; dev predictions and metrics are written once."""

@@ -353,6 +353,7 @@ def _markdown_without_times(text):
   return re.sub(r"\| (\d+h\d+m|\d+m\d+s|\d+s|-) \|", "| T |", text)
 
 
+@pytest.mark.slow  # ~110 s: the default suite keeps to its time (CI runs the slow tier)
 def test_kill_9_at_three_points_then_rerun_gives_the_identical_report(inputs, tmp_path):
   c = _config(inputs, tasks="cola,mnli", epochs=2, seeds=1)
   reference = tmp_path / "reference"
