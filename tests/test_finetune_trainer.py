@@ -84,6 +84,7 @@ def test_progress_lines_tensorboard_and_grad_accumulation(tmp_path, pretrained, 
     np.testing.assert_allclose(pb[k], pa[k], rtol=2e-3, atol=2e-5, err_msg=k)
 
 
+@pytest.mark.slow  # ~50 s (CI runs the slow tier)
 def test_sigterm_mid_epoch_then_rerun_is_bit_identical(tmp_path, pretrained):  # noqa: F811
   """Killed with SIGTERM in the middle of an epoch (dropout on): the run saves and exits 0;
   rerunning the same command ends with the parameters and metrics of an uninterrupted run."""

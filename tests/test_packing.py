@@ -3,6 +3,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bert_jax import model as model_lib
 from bert_jax import objectives
@@ -31,6 +32,7 @@ def _unpacked(n=5, length=24, preds=4, seed=0):
   return b
 
 
+@pytest.mark.slow  # ~55 s (CI runs the slow tier; test_pretrain_packing's step test is in the default suite)
 def test_packing_matches_unpacked_loss_and_gradients():
   b = _unpacked()
   packed = pack_examples(b, max_seq_length=48, max_examples_per_row=4, max_predictions_per_row=12)
