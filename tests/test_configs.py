@@ -94,6 +94,7 @@ def test_vocab_size_must_cover_the_vocabulary():
 # named in the job's code): the mode that reads it.
 MODE_ONLY = {
     "data.shuffle_buffer": "data.tfrecord_pattern set (original BERT TFRecords)",
+    "data.mixture_temperature": "data.mixture set (several prepared corpora)",
     "data.max_examples_per_row": "data.packing=True",
     "data.max_predictions_per_row": "data.packing=True",
     "max_examples_per_row": "packing=True (glue)",
