@@ -44,7 +44,7 @@ def _loss_fn(model, objective, batch):
   return loss
 
 
-@pytest.mark.parametrize("num_labels", [3, 1])
+@pytest.mark.parametrize("num_labels", [pytest.param(3, marks=pytest.mark.slow), 1])  # 3: ~40 s
 def test_packed_loss_and_gradients_equal_unpacked(num_labels):
   f = _examples(num_labels=num_labels)
   packed = epochs.pack_epoch(f, np.arange(len(f["input_ids"])), L, max_examples_per_row=4)

@@ -48,6 +48,7 @@ def run_two_processes(args, log_dir, timeout=300) -> None:
   assert codes == [0, 0], [(log_dir / f"log{i}.txt").read_text()[-3000:] for i in range(2)]
 
 
+@pytest.mark.slow  # ~45 s: two processes (CI runs the slow tier)
 def test_two_processes_match_one_process(tmp_path):
   overrides = dict(num_train_steps=4, checkpoint_every_steps=4)
   single = tmp_path / "single"
