@@ -51,94 +51,108 @@ class _Rule:
     self.hf, self.paths, self.load, self.save, self.part = hf, paths, load, save, part
 
 
+class _Rules:
+  """Builds a model's name table: `one`, `linear` and `norm` add rules for the current
+  `part` (the loader's unit of a checkpoint: encoder, pooler, mlm, classifier)."""
+
+  def __init__(self, cfg: ModernConfig):
+    self.cfg, self.rules, self.part = cfg, [], "encoder"
+    D, n, K = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    self.heads_in = lambda h: (lambda w: _t(w).reshape(D, h, K),
+                               lambda k: _t(k.reshape(D, h * K)))
+    self.out_in = (lambda w: _t(w).reshape(n, K, D), lambda k: _t(k.reshape(n * K, D)))
+
+  def add(self, hf, paths, load, save):
+    self.rules.append(_Rule(hf, paths, load, save, self.part))
+
+  def one(self, hf, path, load=lambda x: x, save=lambda x: x):
+    self.add(hf, (path,), lambda x: (load(x),), save)
+
+  def linear(self, hf, path, kernel_load=_t, kernel_save=_t, bias=False):
+    self.one(hf + ".weight", path + ("kernel",), kernel_load, kernel_save)
+    if bias:
+      self.one(hf + ".bias", path + ("bias",))
+
+  def norm(self, hf, path):
+    self.one(hf + ".weight", path + ("scale",))
+    if self.cfg.norm_bias and self.cfg.norm == "layernorm":
+      self.one(hf + ".bias", path + ("bias",))
+
+
+def _modernbert_layer(b: _Rules, i: int, path: tuple) -> None:
+  """ModernBERT's layer i: fused Wqkv and Wi split into our query/key/value, gate/up."""
+  cfg = b.cfg
+  H, G, K = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+  D = cfg.hidden_size
+  hf, att, mlp = f"layers.{i}", path + ("attention",), path + ("mlp",)
+  if i > 0 or cfg.first_attn_norm:
+    b.norm(f"{hf}.attn_norm", path + ("attn_norm",))
+  cuts = [H * K, (H + G) * K]
+  b.add(f"{hf}.attn.Wqkv.weight", tuple(att + (n, "kernel") for n in ("query", "key", "value")),
+        lambda w: tuple(_t(x).reshape(D, n, K) for x, n in zip(np.split(w, cuts), (H, G, G))),
+        lambda *ks: np.concatenate([_t(k.reshape(D, -1)) for k in ks]))
+  if cfg.attention_bias:
+    b.add(f"{hf}.attn.Wqkv.bias", tuple(att + (n, "bias") for n in ("query", "key", "value")),
+          lambda v: tuple(x.reshape(n, K) for x, n in zip(np.split(v, cuts), (H, G, G))),
+          lambda *bs: np.concatenate([x.reshape(-1) for x in bs]))
+  b.linear(f"{hf}.attn.Wo", att + ("output",), *b.out_in, bias=cfg.attention_bias)
+  b.norm(f"{hf}.mlp_norm", path + ("mlp_norm",))
+  b.add(f"{hf}.mlp.Wi.weight", (mlp + ("gate", "kernel"), mlp + ("up", "kernel")),
+        lambda w: tuple(_t(x) for x in np.split(w, 2)),
+        lambda g, u: np.concatenate([_t(g), _t(u)]))
+  if cfg.mlp_bias:
+    b.add(f"{hf}.mlp.Wi.bias", (mlp + ("gate", "bias"), mlp + ("up", "bias")),
+          lambda v: tuple(np.split(v, 2)), lambda g, u: np.concatenate([g, u]))
+  b.linear(f"{hf}.mlp.Wo", mlp + ("down",), bias=cfg.mlp_bias)
+
+
+def _eurobert_layer(b: _Rules, i: int, path: tuple) -> None:
+  """EuroBERT's (Llama-style) layer i: separate q/k/v/o and gate/up/down projections."""
+  cfg = b.cfg
+  K = cfg.head_dim
+  hf, att = f"layers.{i}", path + ("attention",)
+  b.norm(f"{hf}.input_layernorm", path + ("attn_norm",))
+  for name, full, n in (("q", "query", cfg.num_heads), ("k", "key", cfg.kv_heads),
+                        ("v", "value", cfg.kv_heads)):
+    b.one(f"{hf}.self_attn.{name}_proj.weight", att + (full, "kernel"), *b.heads_in(n))
+    if cfg.attention_bias:
+      b.one(f"{hf}.self_attn.{name}_proj.bias", att + (full, "bias"),
+            lambda v, n=n: v.reshape(n, K), lambda v: v.reshape(-1))
+  b.linear(f"{hf}.self_attn.o_proj", att + ("output",), *b.out_in, bias=cfg.attention_bias)
+  b.norm(f"{hf}.post_attention_layernorm", path + ("mlp_norm",))
+  for name, ours in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+    b.linear(f"{hf}.mlp.{name}", path + ("mlp", ours), bias=cfg.mlp_bias)
+
+
 def _rules(cfg: ModernConfig, classifier: int = 0) -> list[_Rule]:
   """Every tensor of a masked-LM model of `cfg` (and of a `classifier`-output task head)."""
-  D, H, G, K = cfg.hidden_size, cfg.num_heads, cfg.kv_heads, cfg.head_dim
   modern = cfg.family == "modernbert"
-  rules: list[_Rule] = []
-  part = "encoder"
-
-  def one(hf, path, load=lambda x: x, save=lambda x: x):
-    rules.append(_Rule(hf, (path,), lambda x: (load(x),), save, part))
-
-  def linear(hf, path, kernel_load=_t, kernel_save=_t, bias=False):
-    one(hf + ".weight", path + ("kernel",), kernel_load, kernel_save)
-    if bias:
-      one(hf + ".bias", path + ("bias",))
-
-  def norm(hf, path, bias=cfg.norm_bias and cfg.norm == "layernorm"):
-    one(hf + ".weight", path + ("scale",))
-    if bias:
-      one(hf + ".bias", path + ("bias",))
-
+  b = _Rules(cfg)
   enc = ("bert",)
-  heads_in = lambda n: (lambda w: _t(w).reshape(D, n, K), lambda k: _t(k.reshape(D, n * K)))
-  out_in = (lambda w: _t(w).reshape(H, K, D), lambda k: _t(k.reshape(H * K, D)))
   if modern:
-    one("embeddings.tok_embeddings.weight", enc + ("tok_embeddings", "embedding"))
-    norm("embeddings.norm", enc + ("embedding_norm",))
+    b.one("embeddings.tok_embeddings.weight", enc + ("tok_embeddings", "embedding"))
+    b.norm("embeddings.norm", enc + ("embedding_norm",))
   else:
-    one("embed_tokens.weight", enc + ("tok_embeddings", "embedding"))
+    b.one("embed_tokens.weight", enc + ("tok_embeddings", "embedding"))
+  layer = _modernbert_layer if modern else _eurobert_layer
   for i in range(cfg.num_layers):
-    path = enc + ("encoder", f"layer_{i}")
-    att = path + ("attention",)
-    if modern:
-      hf = f"layers.{i}"
-      if i > 0 or cfg.first_attn_norm:
-        norm(f"{hf}.attn_norm", path + ("attn_norm",))
-      qkv = tuple(att + (n, "kernel") for n in ("query", "key", "value"))
-      rules.append(_Rule(
-          f"{hf}.attn.Wqkv.weight", qkv,
-          lambda w: tuple(_t(x).reshape(D, n, K) for x, n in
-                          zip(np.split(w, [H * K, (H + G) * K]), (H, G, G))),
-          lambda *ks: np.concatenate([_t(k.reshape(D, -1)) for k in ks]), part))
-      if cfg.attention_bias:
-        rules.append(_Rule(
-            f"{hf}.attn.Wqkv.bias", tuple(att + (n, "bias") for n in ("query", "key", "value")),
-            lambda b: tuple(x.reshape(n, K) for x, n in
-                            zip(np.split(b, [H * K, (H + G) * K]), (H, G, G))),
-            lambda *bs: np.concatenate([b.reshape(-1) for b in bs]), part))
-      linear(f"{hf}.attn.Wo", att + ("output",), *out_in, bias=cfg.attention_bias)
-      norm(f"{hf}.mlp_norm", path + ("mlp_norm",))
-      mlp = path + ("mlp",)
-      rules.append(_Rule(f"{hf}.mlp.Wi.weight", (mlp + ("gate", "kernel"), mlp + ("up", "kernel")),
-                         lambda w: tuple(_t(x) for x in np.split(w, 2)),
-                         lambda g, u: np.concatenate([_t(g), _t(u)]), part))
-      if cfg.mlp_bias:
-        rules.append(_Rule(f"{hf}.mlp.Wi.bias", (mlp + ("gate", "bias"), mlp + ("up", "bias")),
-                           lambda b: tuple(np.split(b, 2)), lambda g, u: np.concatenate([g, u]),
-                           part))
-      linear(f"{hf}.mlp.Wo", mlp + ("down",), bias=cfg.mlp_bias)
-    else:
-      hf = f"layers.{i}"
-      norm(f"{hf}.input_layernorm", path + ("attn_norm",))
-      for name, n in (("q", H), ("k", G), ("v", G)):
-        full = {"q": "query", "k": "key", "v": "value"}[name]
-        one(f"{hf}.self_attn.{name}_proj.weight", att + (full, "kernel"), *heads_in(n))
-        if cfg.attention_bias:
-          one(f"{hf}.self_attn.{name}_proj.bias", att + (full, "bias"),
-              lambda b, n=n: b.reshape(n, K), lambda b: b.reshape(-1))
-      linear(f"{hf}.self_attn.o_proj", att + ("output",), *out_in, bias=cfg.attention_bias)
-      norm(f"{hf}.post_attention_layernorm", path + ("mlp_norm",))
-      for name, ours in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
-        linear(f"{hf}.mlp.{name}", path + ("mlp", ours), bias=cfg.mlp_bias)
-  norm("final_norm" if modern else "norm", enc + ("final_norm",))
-  part = "pooler"
-  head = "head.dense" if modern else "dense"
-  linear(head, enc + ("head", "dense"), bias=cfg.head_bias)
+    layer(b, i, enc + ("encoder", f"layer_{i}"))
+  b.norm("final_norm" if modern else "norm", enc + ("final_norm",))
+  b.part = "pooler"
+  b.linear("head.dense" if modern else "dense", enc + ("head", "dense"), bias=cfg.head_bias)
   if cfg.head_norm:
-    norm("head.norm", enc + ("head", "norm"))
-  part = "mlm"
+    b.norm("head.norm", enc + ("head", "norm"))
+  b.part = "mlm"
   out = "decoder" if modern else "lm_head"
   if cfg.tie_word_embeddings:
     if cfg.decoder_bias:
-      one(f"{out}.bias", ("decoder_bias",))
+      b.one(f"{out}.bias", ("decoder_bias",))
   else:
-    linear(out, ("lm_head",), bias=cfg.decoder_bias)
+    b.linear(out, ("lm_head",), bias=cfg.decoder_bias)
   if classifier:
-    part = "classifier"
-    linear("classifier", ("classifier",), bias=True)
-  return rules
+    b.part = "classifier"
+    b.linear("classifier", ("classifier",), bias=True)
+  return b.rules
 
 
 # ----------------------------------------------------------------------------

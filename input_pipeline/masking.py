@@ -25,6 +25,21 @@ import numpy as np
 import tensorflow as tf
 
 
+def _priorities(ids, seed, candidate, is_continuation_t=None):
+  """Random priorities of the tokens; the chosen tokens are the highest ones. Full-range
+  int32: ties between two words (which would merge them) are rare (~3e-5 per length-512
+  row). With `is_continuation_t` (whole-word masking) a word starts at every token that is
+  not a continuation piece; specials are words of their own, so a word never spans a
+  [SEP]. Its pieces share a priority."""
+  priority = tf.random.stateless_uniform(tf.shape(ids), seed, dtype=tf.int32,
+                                         minval=None, maxval=None)
+  if is_continuation_t is None:
+    return priority
+  starts = ~tf.gather(is_continuation_t, ids) | ~candidate
+  word = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1
+  return tf.gather(priority, word, batch_dims=1)
+
+
 def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id: int,
                  max_predictions_per_seq: int, masked_lm_prob: float,
                  whole_word_masking: bool) -> Callable[[dict], dict]:
@@ -42,16 +57,8 @@ def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id
     k = min(num_preds + 1, length)  # The budget (<= P) never needs more of the order.
     seeds = tf.random.experimental.stateless_split(seed, 4)
     candidate = ~tf.gather(is_special_t, ids)
-    # Random priorities; the chosen tokens are the highest ones. Full-range int32: ties
-    # between two words (which would merge them) are rare (~3e-5 per length-512 row).
-    priority = tf.random.stateless_uniform(tf.shape(ids), seeds[0], dtype=tf.int32,
-                                           minval=None, maxval=None)
-    if whole_word_masking:
-      # A word starts at every token that is not a continuation piece; specials are
-      # words of their own, so a word never spans a [SEP]. Its pieces share a priority.
-      starts = ~tf.gather(is_continuation_t, ids) | ~candidate
-      word = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1
-      priority = tf.gather(priority, word, batch_dims=1)
+    priority = _priorities(ids, seeds[0], candidate,
+                           is_continuation_t if whole_word_masking else None)
     lowest = tf.constant(np.iinfo(np.int32).min, tf.int32)
     priority = tf.where(candidate, priority, lowest)
     # top_k breaks ties by lower index: a word's pieces come out together, in order.
