@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from bench import aot_tpu, compile_time, flax_peer, precision
+from bench import aot_tpu, compile_time, flax_peer, keras_peer, precision
 
 
 def _row(out: str, prefix: str) -> list[str]:
@@ -50,6 +50,33 @@ def test_flax_peer_smoke(capsys):
   flax = _row(out, "| transformers-flax")
   assert flax[1].startswith("unavailable:") or float(flax[1]) > 0
 
+
+
+@pytest.mark.slow  # two processes, each compiling a model (~1 min)
+def test_keras_peer_step_smoke(capsys):
+  res = keras_peer.main(["step", "--smoke", "--no_record"])
+  out = capsys.readouterr().out
+  ours = _row(out, "| bert_jax |")
+  assert float(ours[1]) > 0 and ours[7].endswith("(median 1.00x)")
+  assert 0 < float(ours[3].rstrip("%")) <= 100  # MFU against a peak raised to any achieved rate
+  assert float(ours[4]) > 0 and "XLA" in ours[5] and float(ours[6]) > 0
+  keras = _row(out, "| KerasHub |")  # without bench/setup_keras_peer.sh's venv: said so
+  assert keras[1].startswith("unavailable:") or (float(keras[1]) > 0 and float(keras[6]) > 0)
+  assert res["flop"] > 0 and res["peak"] > 0
+
+
+@pytest.mark.slow  # prepares books and runs each system's job (~1 min)
+def test_keras_peer_real_smoke(capsys):
+  if not os.path.isdir(keras_peer.GUTENBERG):
+    pytest.skip("../shared/data/gutenberg absent (only on the project's machines)")
+  keras_peer.main(["real", "--smoke", "--no_record", "--peers=keras,torch"])
+  out = capsys.readouterr().out
+  for impl in ("bert_jax", "bert_jax packing=True", "HF PyTorch"):
+    cells = _row(out, f"| 32 | 2 | {impl} |")
+    assert float(cells[3]) > 0 and 0 <= float(cells[6].rstrip("%")) < 100, cells
+  assert _row(out, "| 32 | 2 | bert_jax |")[9] == "1.00x"
+  keras = _row(out, "| 32 | 2 | KerasHub |")
+  assert keras[3].startswith("unavailable:") or float(keras[3]) > 0
 
 def test_aot_tpu_smoke(capsys):
   rows = aot_tpu.main(["--smoke", "--no_record"])

@@ -1,0 +1,627 @@
+"""bert_jax vs KerasHub (Google's maintained BERT on JAX) and the HuggingFace peers, side by side.
+
+    bash bench/setup_keras_peer.sh          # once: /tmp/keraspeer_venv (keras-hub 0.32, same jax)
+    bash bench/setup_flax_peer.sh           # once: /tmp/flaxpeer_venv (HF Flax, for `real`)
+    python -m bench.keras_peer step         # pre-training step, BERT-base fp32, batch 8 x 128
+    python -m bench.keras_peer real         # Gutenberg through each system's input path
+    python -m bench.keras_peer step --smoke # seconds: tiny sizes (what the test runs)
+
+`step`: the same synthetic batches (bench.train_step._batch: 20 masked slots per
+sequence, all positions real). bert_jax: its trainer's jitted pre-training step
+(masked LM + NSP, AdamW, clipping). KerasHub: `BertBackbone` + `BertMaskedLM`
+(which gathers the masked positions before its head, as bert_jax does), compiled
+with keras AdamW (decay off biases and LayerNorm, global clip 1.0) and trained by
+`model.fit` on the JAX backend. Each run is its own process, in alternating order
+over --rounds rounds. Reported: median step time after warm-up, tokens/s, MFU
+(bert_jax's analytic FLOPs for both: the same work) and the time from the start of
+model construction to the end of the first step (init, tracing, XLA compilation;
+bert_jax's split into its parts).
+
+`real`: Project Gutenberg books (../shared/data/gutenberg, skipped when absent)
+through each system's standard input path, counting useful (non-padding) tokens/s
+at L=128 (batch 8) and L=512 (batch 2), 15% masking, same model size and AdamW:
+- bert_jax: the pre-training job (`python -m bert_jax.main`, configs/default.py) on the
+  books prepared by `input_pipeline.prepare` (sentence pairs filled to L, NSP), and
+  again with `data.packing=True`; non-padding tokens/s from its progress lines.
+- KerasHub: the keras.io pre-training recipe: one paragraph per line,
+  `tf.data.TextLineDataset`, paragraphs over 100 characters, batched,
+  `BertMaskedLMPreprocessor` (pads or truncates each to L, masks 15%), `model.fit`.
+- HuggingFace PyTorch and Flax: run_mlm's path: the text tokenized, concatenated and cut
+  into blocks of L (`group_texts`, no padding), masked per batch by the 15% collator;
+  `BertForMaskedLM` + AdamW / `FlaxBertForMaskedLM` + optax AdamW in a jitted step.
+All with the same WordPiece vocabulary (built on the books, 30,522 entries).
+
+The matmul peak that MFU counts against is the best of several float32 matmul shapes
+(square and the model's own) measured before and after the runs, raised to any rate
+a run achieved (so MFU never reads above 100%). Appends to bench/RESULTS.md unless
+--no_record (or --smoke).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "bench", "RESULTS.md")
+KERAS_VENV = os.environ.get("KERAS_PEER_VENV", "/tmp/keraspeer_venv")
+FLAX_VENV = os.environ.get("FLAX_PEER_VENV", "/tmp/flaxpeer_venv")
+GUTENBERG = os.path.join(REPO, "..", "shared", "data", "gutenberg")
+SIZES = {  # (layers, hidden, heads), as bert_jax.model.PRESETS (the peer venvs cannot import it)
+    "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
+    "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
+PREDICTIONS = {128: 20, 512: 76}
+
+
+def _result(**kw) -> None:
+  print("RESULT " + json.dumps(kw), flush=True)
+
+
+def _synthetic(spec: dict, n: int):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from bench.train_step import _batch  # numpy only: the same batches in every venv
+  return _batch(np.random.default_rng(0), n, spec["L"], spec["preds"], spec["vocab"])
+
+
+# ---------------------------------------------------------------- KerasHub (its own venv)
+def _keras_model(spec: dict):
+  import keras  # pylint: disable=g-import-not-at-top
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  layers, hidden, heads = SIZES[spec["preset"]]
+  backbone = keras_hub.models.BertBackbone(
+      vocabulary_size=spec["vocab"], num_layers=layers, num_heads=heads, hidden_dim=hidden,
+      intermediate_dim=4 * hidden, dropout=0.1, max_sequence_length=512)
+  model = keras_hub.models.BertMaskedLM(backbone, preprocessor=spec.get("preprocessor"))
+  opt = keras.optimizers.AdamW(1e-4, weight_decay=0.01, beta_1=0.9, beta_2=0.999, epsilon=1e-6,
+                               global_clipnorm=1.0)
+  opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+  model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                weighted_metrics=[])
+  return model
+
+
+class _Stamps:
+  """A keras callback's timestamps, each after the step's loss is read (as a trainer logs)."""
+
+  def __init__(self):
+    import keras  # pylint: disable=g-import-not-at-top
+    stamps = self.stamps = []
+
+    class Callback(keras.callbacks.Callback):
+      def on_train_batch_end(self, batch, logs=None):
+        float(logs["loss"])
+        stamps.append(time.perf_counter())
+    self.callback = Callback()
+
+
+def _keras_child(spec: dict) -> None:
+  import keras  # pylint: disable=g-import-not-at-top
+  import keras_hub  # pylint: disable=g-import-not-at-top
+  stamps = _Stamps()
+  versions = f"keras-hub {keras_hub.__version__}, keras {keras.__version__}, " \
+             f"jax {__import__('jax').__version__}"
+  steps = spec["warmup"] + spec["steps"]
+  if spec["mode"] == "step":
+    b = _synthetic(spec, spec["batch"] * steps)
+    x = {"token_ids": b["input_ids"], "segment_ids": b["segment_ids"],
+         "padding_mask": b["input_mask"].astype(bool), "mask_positions": b["masked_lm_positions"]}
+    t0 = time.perf_counter()
+    model = _keras_model(spec)
+    t_fit = time.perf_counter()
+    model.fit(x, b["masked_lm_ids"], sample_weight=b["masked_lm_weights"],
+              batch_size=spec["batch"], epochs=1, shuffle=False, verbose=0,
+              callbacks=[stamps.callback])
+    s = stamps.stamps
+    times = [b_ - a for a, b_ in zip(s[spec["warmup"] - 1:], s[spec["warmup"]:])]
+    _result(step_s=statistics.median(times), build_s=t_fit - t0, first_step_s=s[0] - t_fit,
+            to_first_step_s=s[0] - t0, useful_tokens_per_step=spec["batch"] * spec["L"],
+            versions=versions)
+    return
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=spec["vocab_file"], lowercase=True)
+  pre = keras_hub.models.BertMaskedLMPreprocessor(
+      tokenizer, sequence_length=spec["L"], mask_selection_rate=0.15,
+      mask_selection_length=spec["preds"])
+
+  def lines():
+    return (tf.data.TextLineDataset(spec["paragraphs"])
+            .filter(lambda t: tf.strings.length(t) > 100).batch(spec["batch"], drop_remainder=True))
+  ds = lines().map(pre, num_parallel_calls=tf.data.AUTOTUNE).repeat().prefetch(tf.data.AUTOTUNE)
+  t0 = time.perf_counter()
+  model = _keras_model(spec)
+  t_fit = time.perf_counter()
+  model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[stamps.callback])
+  s = stamps.stamps
+  elapsed = s[-1] - s[spec["warmup"] - 1]
+  # The examples of the timed steps, again: their non-padding tokens (the masks need not match).
+  useful = 0  # [CLS] + the paragraph's pieces + [SEP], cut at L: what the packer keeps
+  for i, x in enumerate(lines().map(tokenizer).repeat().take(steps)):
+    if i >= spec["warmup"]:
+      useful += sum(min(len(r) + 2, spec["L"]) for r in x.to_list())
+  _result(step_s=elapsed / spec["steps"], useful_tok_s=useful / elapsed,
+          tok_s=spec["batch"] * spec["L"] * spec["steps"] / elapsed, build_s=t_fit - t0,
+          first_step_s=s[0] - t_fit, versions=versions)
+
+
+# ---------------------------------------------------------------- HuggingFace peers (real data)
+def _grouped_blocks(spec: dict, tokenizer):
+  """run_mlm's group_texts: every paragraph tokenized ([CLS] .. [SEP]), concatenated, cut
+  into blocks of L (the remainder dropped)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  with open(spec["paragraphs"], encoding="utf-8") as f:
+    texts = [t for t in f.read().split("\n") if t.strip()]
+  need = spec["L"] * spec["batch"] * (spec["warmup"] + spec["steps"])
+  ids, total = [], 0
+  for i in range(0, len(texts), 1000):
+    for seq in tokenizer(texts[i:i + 1000])["input_ids"]:
+      ids.append(seq)
+      total += len(seq)
+    if total >= need:
+      break
+  flat = np.concatenate([np.asarray(s, np.int64) for s in ids])
+  n = len(flat) // spec["L"]
+  return flat[:n * spec["L"]].reshape(n, spec["L"])
+
+
+def _hf_child(spec: dict) -> None:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  tokenizer = transformers.AutoTokenizer.from_pretrained(spec["tokenizer_dir"])
+  blocks = _grouped_blocks(spec, tokenizer)
+  layers, hidden, heads = SIZES[spec["preset"]]
+  cfg = transformers.BertConfig(vocab_size=spec["vocab"], hidden_size=hidden,
+                                num_hidden_layers=layers, num_attention_heads=heads,
+                                intermediate_size=4 * hidden, max_position_embeddings=512)
+  B, steps = spec["batch"], spec["warmup"] + spec["steps"]
+  stamps = []
+  if spec["impl"] == "torch":
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15,
+                                                            return_tensors="pt")
+    t0 = time.perf_counter()
+    model = transformers.BertForMaskedLM(cfg).train()
+    no_decay = ("bias", "LayerNorm.weight")
+    opt = torch.optim.AdamW(
+        [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+          "weight_decay": 0.01},
+         {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)],
+          "weight_decay": 0.0}], lr=1e-4, eps=1e-6, fused=True)
+    t_fit = time.perf_counter()
+    for i in range(steps):
+      batch = collator([{"input_ids": r} for r in blocks[i * B:(i + 1) * B].tolist()])
+      loss = model(**batch).loss
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      opt.step()
+      opt.zero_grad(set_to_none=True)
+      float(loss)
+      stamps.append(time.perf_counter())
+    versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
+  else:
+    import jax  # pylint: disable=g-import-not-at-top
+    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+    import optax  # pylint: disable=g-import-not-at-top
+    t0 = time.perf_counter()
+    model = transformers.FlaxBertForMaskedLM(cfg, seed=0, dtype=jnp.float32)
+    params = model.params
+    mask = jax.tree_util.tree_map_with_path(
+        lambda path, _: not any(s in jax.tree_util.keystr(path) for s in ("LayerNorm", "bias")),
+        params)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+        1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask))
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(p, o, ids, labels, rng):
+      def loss_fn(p):
+        logits = model(ids, params=p, dropout_rng=rng, train=True).logits
+        w = (labels >= 0).astype(jnp.float32)
+        nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(labels, 0)[..., None],
+                                   -1)[..., 0]
+        return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
+      loss, grads = jax.value_and_grad(loss_fn)(p)
+      updates, o = tx.update(grads, o, p)
+      return optax.apply_updates(p, updates), o, loss
+    t_fit = time.perf_counter()
+    rng = np.random.default_rng(0)
+    special = np.asarray([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
+    for i in range(steps):  # run_mlm_flax's collator: 15% of non-special, 80/10/10
+      ids = blocks[i * B:(i + 1) * B].copy()
+      chosen = (rng.random(ids.shape) < 0.15) & ~np.isin(ids, special)
+      labels = np.where(chosen, ids, -100)
+      r = rng.random(ids.shape)
+      ids = np.where(chosen & (r < 0.8), tokenizer.mask_token_id, ids)
+      ids = np.where(chosen & (r >= 0.8) & (r < 0.9), rng.integers(0, spec["vocab"], ids.shape), ids)
+      params, opt_state, loss = step(params, opt_state, ids.astype(np.int32),
+                                     labels.astype(np.int32), jax.random.PRNGKey(i))
+      float(loss)
+      stamps.append(time.perf_counter())
+    versions = f"transformers {transformers.__version__}, jax {jax.__version__}"
+  elapsed = stamps[-1] - stamps[spec["warmup"] - 1]
+  tokens = B * spec["L"] * spec["steps"]  # blocks hold no padding
+  _result(step_s=elapsed / spec["steps"], useful_tok_s=tokens / elapsed, tok_s=tokens / elapsed,
+          build_s=t_fit - t0, first_step_s=stamps[0] - t_fit, versions=versions)
+
+
+# ---------------------------------------------------------------- bert_jax
+def _ours_step_child(spec: dict) -> None:
+  """The trainer's step on the synthetic batch, first step split into its parts."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bench import train_step as ts  # pylint: disable=g-import-not-at-top
+  from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  t0 = time.perf_counter()
+  config = ts.bench_config(spec["preset"], spec["L"], "float32", spec["batch"], spec["vocab"])
+  model, objective, sample = registry.pretraining(config)
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None)
+  with trainer.activate():
+    t_build = time.perf_counter()
+    state = trainer.init()
+    jax.block_until_ready(state)
+    t_init = time.perf_counter()
+    data = trainer.to_global(_synthetic(spec, spec["batch"]))
+    rng = jax.random.key(0)
+    lowered = trainer.train_step.lower(state, data, rng)
+    t_lower = time.perf_counter()
+    compiled = lowered.compile()
+    t_compile = time.perf_counter()
+    stamps = []
+    for _ in range(spec["warmup"] + spec["steps"]):
+      state, metrics = compiled(state, data, rng)
+      float(metrics["loss"])
+      stamps.append(time.perf_counter())
+  times = [b - a for a, b in zip(stamps[spec["warmup"] - 1:], stamps[spec["warmup"]:])]
+  _result(step_s=statistics.median(times), build_s=t_build - t0, init_s=t_init - t_build,
+          lower_s=t_lower - t_init, compile_s=t_compile - t_lower,
+          first_step_s=stamps[0] - t_build, to_first_step_s=stamps[0] - t0,
+          useful_tokens_per_step=spec["batch"] * spec["L"], versions=f"jax {jax.__version__}")
+
+
+STEP_LINE = r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*\bstep (\d+)/\d+ \|"
+RATES = r"\| ([\d,.]+) tok/s(?: \(([\d,.]+) non-padding\))?"
+
+
+def _ours_real(spec: dict, workdir: str, packed: bool) -> dict:
+  """The pre-training job on the prepared books; useful tokens/s between progress lines."""
+  import re  # pylint: disable=g-import-not-at-top
+  steps = spec["warmup"] + spec["steps"]
+  cmd = [sys.executable, "-m", "bert_jax.main", "--config=configs/default.py",
+         f"--workdir={workdir}", f"--config.data.prepared_dir={spec['prepared']}",
+         f"--config.data.vocab_path={spec['vocab_file']}",
+         f"--config.data.max_seq_length={spec['L']}",
+         f"--config.data.max_predictions_per_seq={spec['preds']}",
+         f"--config.data.packing={packed}", f"--config.global_batch_size={spec['batch']}",
+         f"--config.model.vocab_size={spec['vocab']}", f"--config.model.preset={spec['preset']}",
+         "--config.log_every_steps=1", f"--config.num_train_steps={steps}",
+         "--config.checkpoint_every_steps=0", "--config.eval_every_steps=0",
+         "--config.eval_steps=0", f"--config.max_steps_per_run={steps}"]
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO,
+                                                TF_CPP_MIN_LOG_LEVEL="3"),
+                        capture_output=True, text=True, timeout=7200)
+  wall = time.perf_counter() - t0
+  lines = {}
+  for line in proc.stderr.splitlines():
+    m = re.match(STEP_LINE, line)
+    if m:
+      h, mi, s, step = m.groups()
+      rates = re.search(RATES, line)
+      tok, real = rates.groups() if rates else ("nan", None)
+      lines[int(step)] = (int(h) * 3600 + int(mi) * 60 + float(s), float(tok.replace(",", "")),
+                          float((real or tok).replace(",", "")))
+  first, last = spec["warmup"], steps
+  if first not in lines or last not in lines:
+    raise RuntimeError(f"{' '.join(cmd)}\nno progress lines at steps {first} and {last} "
+                       f"(rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+  elapsed = lines[last][0] - lines[first][0]
+  # Each line's two rates share one step count and time: their ratio is the step's share of
+  # non-padding tokens (the time stamps are when the metrics were read, a step or so late).
+  tokens = spec["batch"] * spec["L"]
+  useful = sum(tokens * lines[s][2] / lines[s][1] for s in range(first + 1, last + 1))
+  return dict(step_s=elapsed / spec["steps"], useful_tok_s=useful / elapsed,
+              tok_s=tokens * spec["steps"] / elapsed, job_wall_s=wall)
+
+
+# ---------------------------------------------------------------- the parent
+def _run_child(python: str, kind: str, spec: dict, timeout: float) -> dict:
+  if not os.path.exists(python):
+    return dict(error=f"no venv python at {python}")
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
+             KERAS_BACKEND="jax")
+  env.pop("XLA_FLAGS", None)
+  try:
+    proc = subprocess.run([python, os.path.abspath(__file__), "--_child", kind, json.dumps(spec)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return dict(error=f"timed out after {timeout:.0f} s")
+  for line in proc.stdout.splitlines():
+    if line.startswith("RESULT "):
+      return json.loads(line[len("RESULT "):])
+  tail = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()][-3:]
+  return dict(error=" | ".join(tail) or f"exit {proc.returncode}")
+
+
+def books(root: str, max_mb: float) -> list[str]:
+  """The Gutenberg books in name order, up to about max_mb megabytes."""
+  out, size = [], 0
+  for name in sorted(os.listdir(root)):
+    if name.endswith(".txt"):
+      out.append(os.path.join(root, name))
+      size += os.path.getsize(out[-1])
+      if size >= max_mb * 1e6:
+        break
+  return out
+
+
+def paragraphs_file(files: list[str], path: str) -> int:
+  """One paragraph (blank-line separated, its lines joined) per line, as wikitext ships."""
+  n = 0
+  with open(path, "w", encoding="utf-8") as out:
+    for f in files:
+      with open(f, encoding="utf-8", errors="replace") as inp:
+        for para in inp.read().replace("\r\n", "\n").split("\n\n"):
+          text = " ".join(para.split())
+          if text:
+            out.write(text + "\n")
+            n += 1
+  return n
+
+
+def prepare_assets(tmp: str, files: list[str], vocab_size: int) -> dict:
+  """One vocabulary for every system; the books prepared for bert_jax; the paragraphs file."""
+  vocab_dir = os.path.join(tmp, "vocab")
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+  glob = ",".join(files)
+  subprocess.run([sys.executable, "-m", "input_pipeline.vocab", f"--input={glob}",
+                  f"--output={vocab_dir}", f"--vocab_size={vocab_size}", "--format=paragraphs"],
+                 cwd=REPO, env=env, check=True, capture_output=True)
+  vocab_file = os.path.join(vocab_dir, "vocab.txt")
+  prepared = os.path.join(tmp, "prepared")
+  subprocess.run([sys.executable, "-m", "input_pipeline.prepare", f"--input={glob}",
+                  f"--vocab={vocab_file}", f"--output_dir={prepared}", "--format=paragraphs",
+                  "--num_shards=2", "--num_workers=2"],
+                 cwd=REPO, env=env, check=True, capture_output=True)
+  words = open(vocab_file, encoding="utf-8").read().splitlines()
+  tok_dir = os.path.join(tmp, "hf_tokenizer")  # what the Hub ships for an uncased BERT
+  os.makedirs(tok_dir)
+  with open(os.path.join(tok_dir, "vocab.txt"), "w", encoding="utf-8") as f:
+    f.write("\n".join(words) + "\n")
+  with open(os.path.join(tok_dir, "tokenizer_config.json"), "w") as f:
+    json.dump({"tokenizer_class": "BertTokenizer", "do_lower_case": True,
+               "model_max_length": 512}, f)
+  paragraphs = os.path.join(tmp, "paragraphs.txt")
+  n = paragraphs_file(files, paragraphs)
+  return dict(vocab_file=vocab_file, prepared=prepared, tokenizer_dir=tok_dir,
+              paragraphs=paragraphs, vocab=len(words), n_paragraphs=n)
+
+
+def robust_peak(preset: str, tokens: int) -> float:
+  """Best float32 matmul FLOP/s over square shapes and the model's own (tokens x D x 4D,
+  tokens x 4D x D), each the fastest of repeated timings."""
+  from bench import train_step as ts  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  _, d, _ = SIZES[preset]
+  best = max(ts.matmul_peak(1024, 20), ts.matmul_peak(2048, 10))
+  rng = np.random.default_rng(0)
+  for m, k, n in ((tokens, d, 4 * d), (tokens, 4 * d, d), (tokens, d, d)):
+    a = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+    mm = jax.jit(lambda x, y: x @ y)
+    mm(a, b).block_until_ready()
+    t = float("inf")
+    for _ in range(20):
+      s = time.perf_counter()
+      mm(a, b).block_until_ready()
+      t = min(t, time.perf_counter() - s)
+    best = max(best, 2 * m * k * n / t)
+  return best
+
+
+def _load() -> str:
+  return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _join(outs: list[dict], key: str, digits: int) -> str:
+  return ", ".join(f"{o[key]:.{digits}f}" for o in outs)
+
+
+def _median(outs: list[dict], key: str) -> float:
+  vals = [o[key] for o in outs if key in o]
+  return statistics.median(vals) if vals else float("nan")
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("what", nargs="?", default="step", choices=("step", "real"))
+  parser.add_argument("--preset", default="base")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--steps", type=int, default=8)
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--batch", type=int, default=8, help="step: batch at L=128")
+  parser.add_argument("--seq_lens", default="128,512", help="real: lengths")
+  parser.add_argument("--batches", default="8,2", help="real: batch per length")
+  parser.add_argument("--books_mb", type=float, default=8.0, help="real: text to use")
+  parser.add_argument("--vocab", type=int, default=30522)
+  parser.add_argument("--gutenberg", default=GUTENBERG)
+  parser.add_argument("--peers", default="keras,torch,flax",
+                      help="real: peers (keras, torch, flax); step: keras only")
+  parser.add_argument("--timeout", type=float, default=3600)
+  parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
+  parser.add_argument("--no_record", action="store_true")
+  parser.add_argument("--_child", nargs=2, default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args._child:
+    kind, spec = args._child[0], json.loads(args._child[1])
+    {"keras": _keras_child, "ours_step": _ours_step_child, "hf": _hf_child}[kind](spec)
+    return {}
+  if args.smoke:
+    args.preset, args.rounds, args.steps, args.warmup, args.vocab = "tiny", 1, 2, 1, 500
+    args.batch, args.seq_lens, args.batches, args.books_mb = 2, "32", "2", 1.0
+  load0, t_start = _load(), time.time()
+  me = sys.executable
+  keras_py = os.path.join(KERAS_VENV, "bin", "python")
+  flax_py = os.path.join(FLAX_VENV, "bin", "python")
+  if args.what == "step":
+    L = 128 if not args.smoke else 32
+    spec = dict(mode="step", preset=args.preset, L=L, preds=PREDICTIONS.get(L, max(1, L * 15 // 100)),
+                batch=args.batch, vocab=args.vocab, steps=args.steps, warmup=args.warmup)
+    runs = [("bert_jax", me, "ours_step"), ("KerasHub", keras_py, "keras")]
+    results = {name: [] for name, _, _ in runs}
+    peak = robust_peak(args.preset, args.batch * L)
+    for r in range(args.rounds):
+      order = runs if r % 2 == 0 else runs[::-1]
+      for name, python, kind in order:
+        out = _run_child(python, kind, spec, args.timeout)
+        results[name].append(out)
+        print(f"round {r + 1} {name}: {out} (load {_load()})", flush=True)
+    peak = max(peak, robust_peak(args.preset, args.batch * L))
+    return _report_step(args, spec, results, peak, load0, t_start)
+  if not os.path.isdir(args.gutenberg):
+    print(f"Gutenberg books not found at {args.gutenberg}: skipped (../shared/data is only on "
+          "the project's machines).")
+    return {}
+  results = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    files = books(args.gutenberg, args.books_mb)
+    t = time.perf_counter()
+    assets = prepare_assets(tmp, files, args.vocab)
+    print(f"{len(files)} books, {assets['n_paragraphs']} paragraphs, vocabulary {assets['vocab']}: "
+          f"{time.perf_counter() - t:.0f} s", flush=True)
+    peers = [p for p in args.peers.split(",") if p]
+    runs = [("bert_jax", None, False), ("bert_jax packing=True", None, True)]
+    runs += [(n, p, k) for n, p, k in (("KerasHub", keras_py, "keras"),
+                                       ("HF PyTorch", me, "torch"), ("HF Flax", flax_py, "flax"))
+             if k in peers]
+    peak = robust_peak(args.preset, 1024)
+    for L, batch in zip(map(int, args.seq_lens.split(",")), map(int, args.batches.split(","))):
+      spec = dict(mode="real", preset=args.preset, L=L, batch=batch, vocab=assets["vocab"],
+                  preds=PREDICTIONS.get(L, max(1, L * 15 // 100)), steps=args.steps,
+                  warmup=args.warmup, **{k: assets[k] for k in (
+                      "vocab_file", "prepared", "tokenizer_dir", "paragraphs")})
+      res = {name: [] for name, _, _ in runs}
+      for r in range(args.rounds):
+        shift = r % len(runs)
+        for i, (name, python, kind) in enumerate(runs[shift:] + runs[:shift]):
+          if python is None:
+            try:
+              out = _ours_real(spec, os.path.join(tmp, f"run_{L}_{r}_{i}"), kind)
+            except RuntimeError as e:
+              out = dict(error=str(e)[-300:])
+          elif kind == "keras":
+            out = _run_child(python, "keras", spec, args.timeout)
+          else:
+            out = _run_child(python, "hf", dict(spec, impl=kind), args.timeout)
+          res[name].append(out)
+          print(f"L={L} round {r + 1} {name}: {out} (load {_load()})", flush=True)
+      results[L] = (spec, res)
+    peak = max(peak, robust_peak(args.preset, 1024))
+  return _report_real(args, assets, files, results, peak, load0, t_start)
+
+
+def _report_step(args, spec, results, peak, load0, t_start) -> dict:
+  from bert_jax import flops as flops_lib, registry  # pylint: disable=g-import-not-at-top
+  from bench import train_step as ts  # pylint: disable=g-import-not-at-top
+  config = ts.bench_config(spec["preset"], spec["L"], "float32", spec["batch"], spec["vocab"])
+  cfg = registry.pretraining(config)[0].config
+  flop = flops_lib.train_flops_per_step(cfg, spec["batch"], spec["L"], spec["preds"])
+  tokens = spec["batch"] * spec["L"]
+  ok = {n: [o for o in outs if "error" not in o] for n, outs in results.items()}
+  best_rate = max((flop / o["step_s"] for outs in ok.values() for o in outs), default=0.0)
+  raised = best_rate > peak
+  peak = max(peak, best_rate)
+  ours = ok["bert_jax"]
+  lines = ["| impl | tokens/s (median) | step s per round | MFU | build + init s | first step s "
+           "(trace + compile + run) | model to first step done s | bert_jax speed / impl (per round) |",
+           "|" + "---|" * 8]
+  for name, outs in ok.items():
+    if not outs:
+      lines.append(f"| {name} | unavailable: {results[name][0].get('error', '?')} |||||||")
+      continue
+    step = _median(outs, "step_s")
+    ratios = [o["step_s"] / x["step_s"] for o, x in zip(outs, ours)]
+    split = (f"{_median(outs, 'build_s') + _median(outs, 'init_s'):.1f}" if "init_s" in outs[0]
+             else f"{_median(outs, 'build_s'):.1f}")
+    first = _median(outs, "first_step_s") - (_median(outs, "init_s") if "init_s" in outs[0] else 0)
+    detail = (f" (lower {_median(outs, 'lower_s'):.1f} + XLA {_median(outs, 'compile_s'):.1f})"
+              if "compile_s" in outs[0] else "")
+    lines.append(f"| {name} | {tokens / step:.1f} | {_join(outs, 'step_s', 3)} | "
+                 f"{100 * flop / step / peak:.1f}% | {split} | {first:.1f}{detail} | "
+                 f"{_median(outs, 'to_first_step_s'):.1f} | "
+                 f"{', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f}x) |")
+  versions = "; ".join(f"{n}: {outs[0]['versions']}" for n, outs in ok.items() if outs)
+  cmd = "python -m bench.keras_peer step" + (" --smoke" if args.smoke else f" --rounds={args.rounds}")
+  text = (f"\n## Pre-training step vs KerasHub ({datetime.date.today()})\n\n"
+          f"Command: `{cmd}` (after `bash bench/setup_keras_peer.sh`)  \n"
+          f"Machine: {_machine()}; load average {load0} at the start, {_load()} at the end "
+          f"({time.time() - t_start:.0f} s); {versions}.  \n"
+          f"{spec['preset']}, fp32, batch {spec['batch']} x {spec['L']}, {spec['preds']} masked "
+          f"slots, synthetic batches; median of {spec['steps']} steps after {spec['warmup']} warm-up; "
+          f"each run its own process, order alternating over {args.rounds} rounds; MFU = "
+          f"{flop / 1e9:.1f} analytic GFLOP/step (the same work for both) / the matmul peak "
+          f"{peak / 1e9:.1f} GFLOP/s (best float32 matmul shape, before and after"
+          f"{'; raised to a rate a run achieved' if raised else ''}).\n\n" + "\n".join(lines) + "\n")
+  print(text)
+  if not args.no_record and not args.smoke:
+    with open(RESULTS, "a") as f:
+      f.write(text)
+  return {"results": results, "peak": peak, "flop": flop, "text": text}
+
+
+def _report_real(args, assets, files, results, peak, load0, t_start) -> dict:
+  lines = ["| L | batch | impl | useful tokens/s (median) | per round | all tokens/s | padding | "
+           "step s | first step s | bert_jax useful tokens/s / impl |", "|" + "---|" * 10]
+  versions = {}
+  for L, (spec, res) in results.items():
+    ours = _median([o for o in res["bert_jax"] if "error" not in o], "useful_tok_s")
+    for name, outs in res.items():
+      ok = [o for o in outs if "error" not in o]
+      if not ok:
+        lines.append(f"| {L} | {spec['batch']} | {name} | unavailable: "
+                     f"{outs[0].get('error', '?')[-200:]} |||||||")
+        continue
+      versions.setdefault(name, ok[0].get("versions", ""))
+      useful, tok = _median(ok, "useful_tok_s"), _median(ok, "tok_s")
+      first = _median(ok, "first_step_s")
+      lines.append(f"| {L} | {spec['batch']} | {name} | {useful:.1f} | "
+                   f"{_join(ok, 'useful_tok_s', 1)} | {tok:.1f} | "
+                   f"{100 * (1 - useful / tok):.0f}% | {_median(ok, 'step_s'):.2f} | "
+                   f"{'' if first != first else f'{first:.1f}'} | {ours / useful:.2f}x |")
+  cmd = "python -m bench.keras_peer real" + (" --smoke" if args.smoke else f" --rounds={args.rounds}")
+  mb = sum(os.path.getsize(f) for f in files) / 1e6
+  text = (f"\n## Real data: useful tokens/s vs KerasHub and HuggingFace ({datetime.date.today()})\n\n"
+          f"Command: `{cmd}` (after `bash bench/setup_keras_peer.sh` and "
+          f"`bash bench/setup_flax_peer.sh`)  \n"
+          f"Machine: {_machine()}; load average {load0} at the start, {_load()} at the end "
+          f"({time.time() - t_start:.0f} s); "
+          + "; ".join(f"{n}: {v}" for n, v in versions.items() if v) + ".  \n"
+          f"{args.preset}, fp32; {len(files)} Gutenberg books ({mb:.1f} MB, "
+          f"{assets['n_paragraphs']} paragraphs), one WordPiece vocabulary of {assets['vocab']}; "
+          f"steps {args.warmup + 1}-{args.warmup + args.steps} of each run timed; each run its own "
+          f"process, order rotating over {args.rounds} rounds; matmul peak {peak / 1e9:.1f} GFLOP/s."
+          "\n\n" + "\n".join(lines) + "\n")
+  print(text)
+  if not args.no_record and not args.smoke:
+    with open(RESULTS, "a") as f:
+      f.write(text)
+  return {"results": results, "text": text}
+
+
+def _machine() -> str:
+  from bench import finetune_step  # pylint: disable=g-import-not-at-top
+  return finetune_step.machine()
+
+
+if __name__ == "__main__":
+  if __package__ in (None, ""):  # run as a script by a peer venv: make `bench` importable
+    sys.path.insert(0, REPO)
+  main()
