@@ -69,32 +69,14 @@ def abstract_step(config, devices: Sequence[Any] | None = None):
   Call `.lower(*args)` under `with jax.set_mesh(mesh), nn.logical_axis_rules(rules)`.
   `devices` may be real, fake-CPU or topology (AOT) devices.
   """
-  import jax
-  import jax.numpy as jnp
   from bert_jax import registry, trainer as trainer_lib
   from input_pipeline import pretrain as pretrain_data
   model, objective, sample = registry.pretraining(config)
   cfg = model.config
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None, devices=devices)
-  mesh, rules, abstract = trainer.mesh, trainer.rules, trainer.abstract
-  batch_sh, repl = trainer.batch_sharding, trainer.replicated
-  B, L = config.global_batch_size, config.data.max_seq_length
-  packed = config.data.get("packing", False)
-  E = (config.data.max_examples_per_row,) if packed else ()  # per-example features: [B, E] packed
-  sds = lambda shape, dtype: jax.ShapeDtypeStruct((B,) + shape, dtype, sharding=batch_sh)
-  # The pipeline's batch: the model's inputs as the registry's sample row, the masked-LM
-  # targets shaped as its positions (P a row, + E packed), NSP labels per example.
-  batch = {k: sds(v.shape[1:], jnp.int32) for k, v in sample.items()}
-  P = batch["masked_lm_positions"].shape[1:]
-  batch.update(masked_lm_ids=sds(P, jnp.int32), masked_lm_weights=sds(P, jnp.float32),
-               next_sentence_labels=sds(E, jnp.int32))
-  if packed:  # input_pipeline/packing.py: the rows' examples, passed by keyword (features.PACKED)
-    batch.update(position_ids=sds((L,), jnp.int32), packed_example_ids=sds((L,), jnp.int32),
-                 cls_positions=sds(E, jnp.int32), example_weights=sds(E, jnp.float32))
-  assert set(batch) == set(pretrain_data.features(config.data)), sorted(batch)
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  rng = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=repl)
-  return trainer.train_step, (abstract, batch, rng), mesh, rules, cfg
+  mesh, rules = trainer.mesh, trainer.rules
+  args = trainer.abstract_args(pretrain_data.batch_shapes(config.data, config.global_batch_size))
+  return trainer.train_step, args, mesh, rules, cfg
 
 
 def memory_stats(compiled) -> dict[str, float]:

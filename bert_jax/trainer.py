@@ -219,6 +219,7 @@ class Trainer:
   total_steps: int | None = None  # the learning-rate schedule's length
   restored_config: Mapping[str, Any] | None = None  # the config of the checkpoint resumed
   _metrics: metrics_lib.TrainMetrics | None = dataclasses.field(default=None, repr=False)
+  _ahead: Any = dataclasses.field(default=None, repr=False)  # compile_ahead's thread's result
 
   @property
   def metrics(self) -> metrics_lib.TrainMetrics | None:
@@ -235,6 +236,52 @@ class Trainer:
   def to_global(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
     """This host's rows of a global batch -> global jax.Arrays on the batch sharding."""
     return sharding.host_to_global(batch, self.batch_sharding)
+
+  def abstract_args(self, batch_shapes: Mapping[str, tuple[tuple[int, ...], Any]]):
+    """(state, global batch, rng) of the train step as ShapeDtypeStructs carrying their
+    shardings: what the step is lowered for without data. `batch_shapes`: {feature:
+    (global shape, dtype)}, e.g. input_pipeline.pretrain.batch_shapes."""
+    batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
+             for k, (shape, dtype) in batch_shapes.items()}
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    return self.abstract, batch, jax.ShapeDtypeStruct(key.shape, key.dtype,
+                                                      sharding=self.replicated)
+
+  def compile_ahead(self, batch_shapes: Mapping[str, tuple[tuple[int, ...], Any]]) -> None:
+    """Starts compiling the train step for global batches of `batch_shapes` in a background
+    thread, from the abstract state, so that XLA compiles it while the state is initialised
+    or restored and the input pipeline starts (XLA releases the GIL while it compiles): on
+    BERT-base (CPU) the first step comes ~4 s sooner. `run` takes the result for its first
+    batch; a batch that does not match it is stepped by the jitted step as before."""
+    args = self.abstract_args(batch_shapes)
+    result: dict[str, Any] = {}
+
+    def compile_step():
+      t = time.perf_counter()
+      try:
+        with self.activate():
+          result["step"] = self.train_step.lower(*args).compile()
+      except Exception as e:  # pylint: disable=broad-except  (the jitted step still works)
+        result["error"] = e
+      result["seconds"] = time.perf_counter() - t
+
+    thread = threading.Thread(target=compile_step, name="compile_ahead", daemon=True)
+    thread.start()
+    self._ahead = (thread, result)
+
+  def _compiled_ahead(self) -> Callable | None:
+    """compile_ahead's step (waiting for it), once; None without one or when it failed."""
+    if self._ahead is None:
+      return None
+    (thread, result), self._ahead = self._ahead, None
+    thread.join()
+    if "error" in result:
+      logging.warning("Compiling the train step ahead failed (%s); the first step compiles "
+                      "it instead.", result["error"])
+      return None
+    logging.info("Train step compiled ahead in %.1fs, beside initialisation.",
+                 result["seconds"])
+    return result["step"]
 
   @property
   def train_rng(self) -> jax.Array:
@@ -449,6 +496,19 @@ def _every(step: int, period: int) -> bool:
   return period > 0 and step % period == 0
 
 
+def _first_step(trainer: Trainer, state: TrainState, batch, rng):
+  """(state, metrics, the step function for the steps after): the step compile_ahead made
+  when there is one and the batch is what it was compiled for, else the jitted step."""
+  compiled = trainer._compiled_ahead()  # pylint: disable=protected-access
+  if compiled is not None:
+    try:
+      return (*compiled(state, batch, rng), compiled)
+    except (TypeError, ValueError) as e:  # checked before anything runs: nothing donated yet
+      logging.warning("The batch does not match the train step compiled ahead (%s); "
+                      "compiling it for this batch.", e)
+  return (*trainer.train_step(state, batch, rng), trainer.train_step)
+
+
 def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
         evaluate: Callable[[int, TrainState], Any] | None = None,
         eval_at: Callable[[int], bool] = lambda step: False,
@@ -473,13 +533,17 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
     logging.info("Training already reached step %d (num_train_steps=%d).", start, num_steps)
   log_step = None
   step = start
+  train_step = trainer.train_step
   try:
     with trainer.activate():
       for step in range(start + 1, end + 1):  # `step` counts updates done after this one
         t0 = time.perf_counter()
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           batch = trainer.to_global(next(train_iter))
-          state, m = trainer.train_step(state, batch, rng)
+          if step == start + 1:
+            state, m, train_step = _first_step(trainer, state, batch, rng)
+          else:
+            state, m = train_step(state, batch, rng)
         metrics.add(step, m)
         if step == start + 1:
           jax.block_until_ready(m)

@@ -69,6 +69,19 @@ def features(cfg) -> tuple[str, ...]:
   return PACKED_FEATURES if cfg.get("packing", False) else FEATURES
 
 
+def batch_shapes(cfg, batch_size: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """{feature: (shape, dtype)} of the batches of `batch_size` rows the iterators of `cfg`
+  yield (what a train step can be compiled for before the first batch exists)."""
+  L, P = (cfg.max_seq_length,), (predictions_per_row(cfg),)
+  E = (cfg.max_examples_per_row,) if cfg.get("packing", False) else ()  # per-example: [B, E]
+  shapes = dict(input_ids=L, input_mask=L, segment_ids=L, masked_lm_positions=P,
+                masked_lm_ids=P, masked_lm_weights=P, next_sentence_labels=E, position_ids=L,
+                packed_example_ids=L, cls_positions=E, example_weights=E)
+  floats = ("masked_lm_weights", "example_weights")
+  return {k: ((batch_size,) + shapes[k], np.dtype(np.float32 if k in floats else np.int32))
+          for k in features(cfg)}
+
+
 def _key(*parts: int) -> int:
   """A 63-bit RNG key mixing non-negative ints (SeedSequence: well spread, portable)."""
   words = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint32)

@@ -6,12 +6,14 @@ import numpy as np
 import optax
 import pytest
 
+from input_pipeline import pretrain as pretrain_data
 from input_pipeline import synthetic
 from bert_jax import flops as flops_lib
 from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import registry
 from bert_jax import train
+from bert_jax import trainer as trainer_lib
 from tests import test_train_utils as tu
 
 tu.use_compilation_cache()
@@ -202,3 +204,54 @@ def test_entry_point_trains_evaluates_and_stops_on_nan(tmp_path):
   with pytest.raises(metrics_lib.NonFiniteLossError, match="at training step 5"):
     train.train_and_evaluate(config, str(tmp_path))
   assert tu.checkpoint_steps(tmp_path) == [3, 4]
+
+
+class _Fixed:
+  """Fixed host batches, with the get_state() trainer.run saves beside each checkpoint."""
+
+  def __init__(self, batches):
+    self.batches = iter(batches)
+
+  def __next__(self):
+    return next(self.batches)
+
+  def get_state(self):
+    return {}
+
+
+def _run_job_steps(config, workdir, batches, ahead=None):
+  """(trainer, state) after trainer.run over `batches`, the train step compiled ahead for
+  `ahead` (batch shapes) when given."""
+  trainer = tu.pretraining_trainer(config, workdir=str(workdir))
+  if ahead is not None:
+    trainer.compile_ahead(ahead)
+  state, _ = trainer.restore_or_init()
+  return trainer, trainer_lib.run(trainer, state, _Fixed(batches), num_steps=len(batches)).state
+
+
+def test_train_step_compiled_ahead_is_used_and_trains_identically(tmp_path):
+  config = tu.tiny_config(num_train_steps=3, checkpoint_every_steps=0)
+  batches = _batches(config, 3)
+  shapes = pretrain_data.batch_shapes(config.data, config.global_batch_size)
+  assert {k: (v.shape, v.dtype) for k, v in batches[0].items()} == shapes
+  ref_trainer, ref = _run_job_steps(config, tmp_path / "jit", batches)
+  trainer, state = _run_job_steps(config, tmp_path / "ahead", batches, ahead=shapes)
+  # The run stepped with the program compiled ahead: the jitted step never compiled.
+  assert ref_trainer.train_step._cache_size() == 1 and trainer.train_step._cache_size() == 0
+  assert int(state.step) == 3
+  for k, v in tu.flat(ref.params).items():
+    np.testing.assert_array_equal(tu.flat(state.params)[k], v, err_msg=k)
+
+
+@pytest.mark.slow  # three more compilations of the tiny step (~10 s)
+def test_train_step_compiled_ahead_for_other_batches_falls_back_to_jit(tmp_path):
+  config = tu.tiny_config(num_train_steps=3, checkpoint_every_steps=0)
+  batches = _batches(config, 3)
+  shapes = pretrain_data.batch_shapes(config.data, config.global_batch_size)
+  _, ref = _run_job_steps(config, tmp_path / "jit", batches)
+  # Compiled for other batches (twice the rows): the run steps with the jitted step instead.
+  other = {k: ((2 * s[0],) + s[1:], d) for k, (s, d) in shapes.items()}
+  trainer, state = _run_job_steps(config, tmp_path / "other", batches, ahead=other)
+  assert trainer.train_step._cache_size() == 1
+  for k, v in tu.flat(ref.params).items():
+    np.testing.assert_array_equal(tu.flat(state.params)[k], v, err_msg=k)
