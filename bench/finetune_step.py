@@ -188,6 +188,21 @@ def run_torch(assets: dict, cola_dir: str, args) -> dict:
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_keras(feats, args) -> dict:
+  """KerasHub's BertTextClassifier (bench/keras_peer.py, its own venv) on the job's batches;
+  {'error': why} without the venv."""
+  from bench import keras_peer  # pylint: disable=g-import-not-at-top
+  it = _batches(feats, args.batch, False, args.seq_len)
+  rows = [next(it) for _ in range(args.steps)]
+  batches = {k: np.concatenate([b[k] for b in rows]) for k in
+             ("input_ids", "segment_ids", "input_mask", "labels")}
+  size = {"vocab": max(args.vocab_size, int(batches["input_ids"].max()) + 1), "layers": 6,
+          "heads": 12, "hidden": 384, "intermediate": 1536}
+  return keras_peer.run_keras_finetune(batches, dict(
+      size, batch=args.batch, steps=args.steps, log_every=args.log_every,
+      total_steps=int(it.steps_per_epoch[0])))
+
+
 def _smoke_cola(root: pathlib.Path) -> str:
   """A CoLA-shaped directory of 200 short synthetic sentences (the smoke test's data)."""
   rng = np.random.default_rng(0)
@@ -222,6 +237,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--other", default="", help="also run the bert_jax job of this checkout")
   parser.add_argument("--other_label", default="other")
   parser.add_argument("--no_packed", action="store_true", help="skip the packing=True runs")
+  parser.add_argument("--no_keras", action="store_true",
+                      help="skip KerasHub (needs bash bench/setup_keras_peer.sh)")
   parser.add_argument("--smoke", action="store_true",
                       help="synthetic CoLA, 1 round of 4 steps at L=16, batch 4")
   parser.add_argument("--no_record", action="store_true")
@@ -238,6 +255,8 @@ def main(argv=None) -> dict:
     print(f"CoLA not found at {args.cola_dir}: skipped (../shared/data is only on the project's machines).")
     return {}
   runs = [("bert_jax", REPO, False), ("transformers (PyTorch)", None, False)]
+  if not args.no_keras:
+    runs.append(("KerasHub (BertTextClassifier)", "keras", False))
   if not args.no_packed:
     runs.append(("bert_jax packing=True", REPO, True))
   if args.other:
@@ -254,6 +273,11 @@ def main(argv=None) -> dict:
       for i, (name, repo, packed) in enumerate(runs[shift:] + runs[:shift]):
         if repo is None:
           out = run_torch(assets, cola, args)
+        elif repo == "keras":
+          out = run_keras(feats, args)
+          if "error" in out:
+            print(f"round {r + 1} {name}: unavailable ({out['error']})", flush=True)
+            continue
         else:
           out = run_bert_jax(repo, assets, cola, str(tmp / f"run_{r}_{shift}_{i}"), args, packed)
         n = examples_in_steps(feats, args.batch, args.seq_len, args.log_every, args.steps, packed)
@@ -262,13 +286,18 @@ def main(argv=None) -> dict:
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
               f"{out['examples_per_s']:.1f} examples/s (load {_load()})", flush=True)
   torch_s = [o["s_per_step"] for o in results["transformers (PyTorch)"]]
+  keras = [o for name, outs in results.items() if name.startswith("KerasHub") for o in outs]
   rows = []
   for name, outs in results.items():
+    if not outs:
+      continue
     s = [o["s_per_step"] for o in outs]
     ratios = [t / x for t, x in zip(torch_s, s)]
+    ex = [o["examples_per_s"] for o in outs]
+    vs_keras = [x / (args.batch / k["s_per_step"]) for x, k in zip(ex, keras)]
     rows.append({"impl": name, "s_per_step": statistics.median(s), "runs": s,
-                 "examples_per_s": statistics.median(o["examples_per_s"] for o in outs),
-                 "ratio": statistics.median(ratios), "ratios": ratios})
+                 "examples_per_s": statistics.median(ex), "ratio": statistics.median(ratios),
+                 "ratios": ratios, "vs_keras": vs_keras})
   import jax  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -286,11 +315,12 @@ def main(argv=None) -> dict:
       f"{args.vocab_size or 'CoLA words'}, exact GELU), random weights; L={args.seq_len}, "
       f"batch {args.batch}, fp32, dropout 0.1; steps {args.log_every + 1}-{args.steps} of each "
       f"run timed; {args.rounds} rounds, order rotating.\n\n"
-      "| run | s/step (median) | s/step per round | examples/s (median) | transformers s/step / this (per round) | median |\n"
-      "|---|---|---|---|---|---|\n"
+      "| run | s/step (median) | s/step per round | examples/s (median) | transformers s/step / this (per round) | median | examples/s / KerasHub's (per round) |\n"
+      "|---|---|---|---|---|---|---|\n"
       + "".join(f"| {r['impl']} | {r['s_per_step']:.3f} | {', '.join(f'{x:.3f}' for x in r['runs'])} | "
                 f"{r['examples_per_s']:.1f} | {', '.join(f'{x:.2f}' for x in r['ratios'])} | "
-                f"{r['ratio']:.2f}x |\n" for r in rows))
+                f"{r['ratio']:.2f}x | {', '.join(f'{x:.2f}' for x in r['vs_keras']) or 'n/a'} |\n"
+                for r in rows))
   print(table)
   if not args.no_record:
     with open(RESULTS, "a") as f:

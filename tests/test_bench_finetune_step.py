@@ -30,7 +30,11 @@ def test_machine_names_the_cpu():
 def test_finetune_step_smoke():
   out = finetune_step.main(["--smoke", "--no_record"])
   rows = {r["impl"]: r for r in out["rows"]}
-  assert list(rows) == ["bert_jax", "transformers (PyTorch)", "bert_jax packing=True"]
+  keras = "KerasHub (BertTextClassifier)"  # with bench/setup_keras_peer.sh's venv only
+  assert [k for k in rows if k != keras] == ["bert_jax", "transformers (PyTorch)",
+                                             "bert_jax packing=True"]
   assert all(r["s_per_step"] > 0 and r["examples_per_s"] > 0 for r in rows.values())
+  if keras in rows:
+    assert rows[keras]["vs_keras"] == [1.0] and rows["bert_jax"]["vs_keras"][0] > 0
   assert rows["transformers (PyTorch)"]["ratio"] == 1.0
   assert "| bert_jax packing=True |" in out["table"]
