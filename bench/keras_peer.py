@@ -57,6 +57,7 @@ SIZES = {  # (layers, hidden, heads), as bert_jax.model.PRESETS (the peer venvs 
     "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
     "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
 PREDICTIONS = {128: 20, 512: 76}
+PRELOAD = ""  # --preload: a malloc (e.g. tcmalloc) every run of every system gets
 
 
 def _result(**kw) -> None:
@@ -307,13 +308,18 @@ def _hf_child(spec: dict) -> None:
 
 # ---------------------------------------------------------------- bert_jax
 def _ours_step_child(spec: dict) -> None:
-  """The trainer's step on the synthetic batch, started as the pre-training job starts it
-  (the step compiled ahead beside the state's initialisation, then the first step)."""
+  """The trainer's step on the synthetic batch, run as the pre-training job runs it
+  (bert_jax.main's host-memory settings; the step compiled ahead beside the state's
+  initialisation, then the first step)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bench import train_step as ts  # pylint: disable=g-import-not-at-top
+  from bert_jax import main as main_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import pretrain as pretrain_data  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
+  if spec.get("as_job", True):  # what bert_jax.main sets before it runs a job
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    main_lib.reuse_host_memory()
   config = ts.bench_config(spec["preset"], spec["L"], "float32", spec["batch"], spec["vocab"])
   model, objective, sample = registry.pretraining(config)
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None)
@@ -359,8 +365,10 @@ def _ours_real(spec: dict, workdir: str, packed: bool) -> dict:
          "--config.checkpoint_every_steps=0", "--config.eval_every_steps=0",
          "--config.eval_steps=0", f"--config.max_steps_per_run={steps}"]
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO,
-                                                TF_CPP_MIN_LOG_LEVEL="3"),
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+  if PRELOAD:
+    env["LD_PRELOAD"] = PRELOAD
+  proc = subprocess.run(cmd, cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=7200)
   wall = time.perf_counter() - t0
   lines = {}
@@ -392,6 +400,8 @@ def _run_child(python: str, kind: str, spec: dict, timeout: float) -> dict:
   env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
              KERAS_BACKEND="jax")
   env.pop("XLA_FLAGS", None)
+  if PRELOAD:
+    env["LD_PRELOAD"] = PRELOAD
   try:
     proc = subprocess.run([python, os.path.abspath(__file__), "--_child", kind, json.dumps(spec)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -512,6 +522,8 @@ def main(argv=None) -> dict:
   parser.add_argument("--peers", default="keras,torch,flax",
                       help="real: peers (keras, torch, flax); step: keras only")
   parser.add_argument("--timeout", type=float, default=3600)
+  parser.add_argument("--preload", default="",
+                      help="LD_PRELOAD for every run of every system (e.g. libtcmalloc_minimal.so.4)")
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
   parser.add_argument("--no_record", action="store_true")
   parser.add_argument("--_child", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -524,6 +536,8 @@ def main(argv=None) -> dict:
   if args.smoke:
     args.preset, args.rounds, args.steps, args.warmup, args.vocab = "tiny", 1, 2, 1, 500
     args.batch, args.seq_lens, args.batches, args.books_mb = 2, "32", "2", 1.0
+  global PRELOAD
+  PRELOAD = args.preload
   load0, t_start = _load(), time.time()
   me = sys.executable
   keras_py = os.path.join(KERAS_VENV, "bin", "python")
@@ -615,7 +629,8 @@ def _report_step(args, spec, results, peak, load0, t_start) -> dict:
                  f"{_median(outs, 'to_first_step_s'):.1f} | "
                  f"{', '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f}x) |")
   versions = "; ".join(f"{n}: {outs[0]['versions']}" for n, outs in ok.items() if outs)
-  cmd = "python -m bench.keras_peer step" + (" --smoke" if args.smoke else f" --rounds={args.rounds}")
+  cmd = "python -m bench.keras_peer step" + (" --smoke" if args.smoke else f" --rounds={args.rounds}") + (
+      f" --preload={args.preload}" if args.preload else "")
   text = (f"\n## Pre-training step vs KerasHub ({datetime.date.today()})\n\n"
           f"Command: `{cmd}` (after `bash bench/setup_keras_peer.sh`)  \n"
           f"Machine: {_machine()}; load average {load0} at the start, {_load()} at the end "
@@ -652,7 +667,8 @@ def _report_real(args, assets, files, results, peak, load0, t_start) -> dict:
                    f"{_join(ok, 'useful_tok_s', 1)} | {tok:.1f} | "
                    f"{100 * (1 - useful / tok):.0f}% | {_median(ok, 'step_s'):.2f} | "
                    f"{'' if first != first else f'{first:.1f}'} | {ours / useful:.2f}x |")
-  cmd = "python -m bench.keras_peer real" + (" --smoke" if args.smoke else f" --rounds={args.rounds}")
+  cmd = "python -m bench.keras_peer real" + (" --smoke" if args.smoke else f" --rounds={args.rounds}") + (
+      f" --preload={args.preload}" if args.preload else "")
   mb = sum(os.path.getsize(f) for f in files) / 1e6
   text = (f"\n## Real data: useful tokens/s vs KerasHub and HuggingFace ({datetime.date.today()})\n\n"
           f"Command: `{cmd}` (after `bash bench/setup_keras_peer.sh` and "
