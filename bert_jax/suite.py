@@ -424,7 +424,9 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   runs = plan(config)
   inputs = check(config, runs, workdir)
-  _compilation_cache(config, workdir)
+  # XLA's persistent cache (main.run: WORKDIR/xla_cache): every compilation is kept, so a
+  # rerun, or another suite on the same model, compiles nothing.
+  trainer_lib.compilation_cache(config, workdir, min_compile_secs=0.0)
   results = {r: fileio.read_json(fileio.path(workdir) / r.dir / RESULT_FILE) for r in runs}
   todo = [r for r in runs if not results[r] or (config.retry_failed and results[r]["status"] != "done")]
   logging.info("suite: %d tasks (%s), protocol %s: %d runs, %d finished before, %d to run; "
@@ -526,23 +528,6 @@ def _run_all(config, runs: list[Run], workdir: str, init, groups, progress, resu
       for future in [pool.submit(one, run) for run in runs]:
         future.result()  # a UserError of one run ends the suite, as in sequence
   return stopped
-
-
-def _compilation_cache(config, workdir: str) -> None:
-  """XLA's persistent compilation cache in WORKDIR/xla_cache (or the configured dir)."""
-  where = config.compilation_cache_dir
-  if where == "none":
-    return
-  where = where or fileio.join(workdir, "xla_cache")
-  if jax.config.jax_compilation_cache_dir != where:
-    jax.config.update("jax_compilation_cache_dir", str(fileio.path(where)))
-    try:  # the cache object keeps the first directory it was used with
-      from jax._src import compilation_cache  # pylint: disable=g-import-not-at-top
-      compilation_cache.reset_cache()
-    except (ImportError, AttributeError):
-      pass
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 # ----------------------------------------------------------------------------

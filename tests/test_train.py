@@ -255,3 +255,58 @@ def test_train_step_compiled_ahead_for_other_batches_falls_back_to_jit(tmp_path)
   assert trainer.train_step._cache_size() == 1
   for k, v in tu.flat(ref.params).items():
     np.testing.assert_array_equal(tu.flat(state.params)[k], v, err_msg=k)
+
+
+class _NoUserCache:
+  """JAX's persistent cache unset (the tests set one), every program kept; restored after.
+  `hits`: the cache hits meanwhile."""
+
+  def __enter__(self):
+    from jax._src import compilation_cache as cache_lib  # pylint: disable=g-import-not-at-top
+    from jax._src import monitoring  # pylint: disable=g-import-not-at-top
+    self.reset, self.monitoring = cache_lib.reset_cache, monitoring
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    self.saved = {k: getattr(jax.config, k) for k in keys}
+    self.hits = []
+    self.listener = lambda event, **kw: (self.hits.append(event) if event.endswith("/cache_hits")
+                                         else None)
+    monitoring.register_event_listener(self.listener)
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # tiny programs too
+    self.reset()
+    return self
+
+  def __exit__(self, *exc):
+    self.monitoring.unregister_event_listener(self.listener)
+    for k, v in self.saved.items():
+      jax.config.update(k, v)
+    self.reset()
+
+
+def test_job_keeps_its_compiled_programs_in_the_workdir(tmp_path):
+  """main.run keeps the job's XLA programs in WORKDIR/xla_cache: the resumed run loads them
+  instead of compiling."""
+  from bert_jax import main  # pylint: disable=g-import-not-at-top
+  with _NoUserCache() as cache:
+    config = tu.tiny_config(num_train_steps=2, checkpoint_every_steps=0, eval_steps=0)
+    main.run(config, str(tmp_path / "job"))
+    assert any((tmp_path / "job" / "xla_cache").iterdir())
+    cache.hits.clear()
+    config.num_train_steps = 3  # the same job resumed: its train step is loaded
+    main.run(config, str(tmp_path / "job"))
+    assert cache.hits
+
+
+@pytest.mark.slow  # two more tiny jobs (~10 s)
+def test_job_compilation_cache_kept_where_the_user_set_it_or_off(tmp_path):
+  from bert_jax import main  # pylint: disable=g-import-not-at-top
+  with _NoUserCache() as cache:
+    config = tu.tiny_config(num_train_steps=2, checkpoint_every_steps=0, eval_steps=0)
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users"))
+    cache.reset()
+    main.run(config, str(tmp_path / "job"))
+    assert not (tmp_path / "job" / "xla_cache").exists() and (tmp_path / "users").exists()
+    jax.config.update("jax_compilation_cache_dir", None)
+    config.compilation_cache_dir = "none"
+    main.run(config, str(tmp_path / "off"))
+    assert not (tmp_path / "off" / "xla_cache").exists()

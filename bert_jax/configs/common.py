@@ -16,6 +16,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 256  # sequences per evaluation batch, over all hosts
   c.grad_accum_steps = 1  # micro-batches per step (accumulated inside the jitted step)
   c.max_steps_per_run = -1  # >0: stop (with a checkpoint) after this many steps per process
+  # XLA's persistent compilation cache: a resumed or repeated run loads its compiled programs.
+  # "" = WORKDIR/xla_cache (or JAX_COMPILATION_CACHE_DIR when set); "none" = off.
+  c.compilation_cache_dir = ""
 
   # Optimizer (bert_jax/optim.py).
   c.opt = ml_collections.ConfigDict()

@@ -79,9 +79,8 @@ def get_config(arg: str | None = "glue") -> ml_collections.ConfigDict:
   # Runs at a time, each on its own group of this host's devices (8 GPUs, 8 -> one run per
   # GPU); 1 = one run at a time on every device.
   c.parallel_runs = 1
-  # XLA's persistent compilation cache: a rerun, or another suite on the same model, compiles
-  # nothing. "" = WORKDIR/xla_cache; "none" = off.
-  c.compilation_cache_dir = ""
+  # c.compilation_cache_dir (configs/common.py): a rerun, or another suite on the same model,
+  # compiles nothing.
   # The protocol sets these per run.
   for field in ("num_epochs", "global_batch_size"):
     del c[field]
