@@ -140,7 +140,8 @@ def main(argv=None) -> list[dict]:
   tokens = args.batch * args.seq_len
   load0 = os.getloadavg()[0]
   t = time.perf_counter()
-  peak = ts.matmul_peak(512 if args.smoke else 2048)
+  width = SIZES[args.preset][1]
+  peak = ts.robust_peak(width, args.batch * args.seq_len)
   print(f"matmul peak (float32): {peak / 1e9:.1f} GFLOP/s", flush=True)
   ours = ts.bench_ours(args.preset, args.seq_len, dtype, args.batch, args.steps, args.warmup, args.vocab)
   print(f"bert_jax: {1e3 * ours['step_s']:.0f} ms/step", flush=True)
@@ -153,6 +154,9 @@ def main(argv=None) -> list[dict]:
   print(f"transformers-flax: {flax_res}", flush=True)
   wall = time.perf_counter() - t
   flop = ours["analytic_flops"]
+  # Measured again after the runs, and raised to any rate a run achieved: MFU <= 100%.
+  peak = max([peak, ts.robust_peak(width, args.batch * args.seq_len)]
+             + [flop / r["step_s"] for r in (ours, torch_res, flax_res) if "step_s" in r])
   rows = [("bert_jax", ours), ("transformers-torch (PyTorch)", torch_res),
           ("transformers-flax (FlaxBertForPreTraining)", flax_res)]
   lines = [f"| impl | tokens/s | step ms | compile s | MFU | bert_jax / impl | loss after {args.warmup + args.steps} steps |",

@@ -468,28 +468,9 @@ def prepare_assets(tmp: str, files: list[str], vocab_size: int) -> dict:
               paragraphs=paragraphs, vocab=len(words), n_paragraphs=n)
 
 
-def robust_peak(preset: str, tokens: int) -> float:
-  """Best float32 matmul FLOP/s over square shapes and the model's own (tokens x D x 4D,
-  tokens x 4D x D), each the fastest of repeated timings."""
+def _peak(preset: str, tokens: int) -> float:
   from bench import train_step as ts  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  _, d, _ = SIZES[preset]
-  best = max(ts.matmul_peak(1024, 20), ts.matmul_peak(2048, 10))
-  rng = np.random.default_rng(0)
-  for m, k, n in ((tokens, d, 4 * d), (tokens, 4 * d, d), (tokens, d, d)):
-    a = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
-    b = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y)
-    mm(a, b).block_until_ready()
-    t = float("inf")
-    for _ in range(20):
-      s = time.perf_counter()
-      mm(a, b).block_until_ready()
-      t = min(t, time.perf_counter() - s)
-    best = max(best, 2 * m * k * n / t)
-  return best
+  return ts.robust_peak(SIZES[preset][1], tokens)
 
 
 def _load() -> str:
@@ -548,14 +529,14 @@ def main(argv=None) -> dict:
                 batch=args.batch, vocab=args.vocab, steps=args.steps, warmup=args.warmup)
     runs = [("bert_jax", me, "ours_step"), ("KerasHub", keras_py, "keras")]
     results = {name: [] for name, _, _ in runs}
-    peak = robust_peak(args.preset, args.batch * L)
+    peak = _peak(args.preset, args.batch * L)
     for r in range(args.rounds):
       order = runs if r % 2 == 0 else runs[::-1]
       for name, python, kind in order:
         out = _run_child(python, kind, spec, args.timeout)
         results[name].append(out)
         print(f"round {r + 1} {name}: {out} (load {_load()})", flush=True)
-    peak = max(peak, robust_peak(args.preset, args.batch * L))
+    peak = max(peak, _peak(args.preset, args.batch * L))
     return _report_step(args, spec, results, peak, load0, t_start)
   if not os.path.isdir(args.gutenberg):
     print(f"Gutenberg books not found at {args.gutenberg}: skipped (../shared/data is only on "
@@ -573,7 +554,7 @@ def main(argv=None) -> dict:
     runs += [(n, p, k) for n, p, k in (("KerasHub", keras_py, "keras"),
                                        ("HF PyTorch", me, "torch"), ("HF Flax", flax_py, "flax"))
              if k in peers]
-    peak = robust_peak(args.preset, 1024)
+    peak = _peak(args.preset, 1024)
     for L, batch in zip(map(int, args.seq_lens.split(",")), map(int, args.batches.split(","))):
       spec = dict(mode="real", preset=args.preset, L=L, batch=batch, vocab=assets["vocab"],
                   preds=PREDICTIONS.get(L, max(1, L * 15 // 100)), steps=args.steps,
@@ -595,7 +576,7 @@ def main(argv=None) -> dict:
           res[name].append(out)
           print(f"L={L} round {r + 1} {name}: {out} (load {_load()})", flush=True)
       results[L] = (spec, res)
-    peak = max(peak, robust_peak(args.preset, 1024))
+    peak = max(peak, _peak(args.preset, 1024))
   return _report_real(args, assets, files, results, peak, load0, t_start)
 
 

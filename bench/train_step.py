@@ -52,6 +52,31 @@ def matmul_peak(n: int = 2048, reps: int = 10) -> float:
   return 2 * n ** 3 / best
 
 
+def robust_peak(hidden: int, tokens: int) -> float:
+  """The attainable float32 matmul FLOP/s: the best of square matmuls (1024, 2048) and the
+  model's own shapes (tokens x D x 4D, tokens x 4D x D, tokens x D x D), each the fastest of
+  repeated timings. One 2048^3 matmul alone can read below what the step's matmuls reach
+  (XLA:CPU picks kernels per shape), which put MFU above 100%. Callers also raise it to any
+  model FLOP rate a run achieves."""
+  import jax
+  import jax.numpy as jnp
+  best = max(matmul_peak(1024, 20), matmul_peak(2048, 10))
+  rng = np.random.default_rng(0)
+  for m, k, n in ((tokens, hidden, 4 * hidden), (tokens, 4 * hidden, hidden),
+                  (tokens, hidden, hidden)):
+    a = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+    mm = jax.jit(lambda x, y: x @ y)
+    mm(a, b).block_until_ready()
+    t = float("inf")
+    for _ in range(20):
+      s = time.perf_counter()
+      mm(a, b).block_until_ready()
+      t = min(t, time.perf_counter() - s)
+    best = max(best, 2 * m * k * n / t)
+  return best
+
+
 def bench_config(preset: str, seq_len: int, dtype: str, batch: int, vocab: int):
   """configs/default.py set to the benchmarked model, length, dtype and batch."""
   from bert_jax.configs import default
@@ -148,7 +173,9 @@ def main(argv=None) -> None:
   if args.smoke:
     args.presets, args.seq_lens, args.batch, args.steps, args.warmup, args.vocab = "tiny", "32", 2, 2, 1, 500
   peers = [p for p in args.peers.split(",") if p]
-  peak = matmul_peak(512 if args.smoke else 2048)
+  hidden = {"tiny": 128, "mini": 256, "small": 512, "medium": 512, "base": 768, "large": 1024}
+  width = max(hidden.get(p, 768) for p in args.presets.split(","))
+  peak = robust_peak(width, args.batch * min(map(int, args.seq_lens.split(","))))
   rows = []
   for preset in args.presets.split(","):
     for seq_len in map(int, args.seq_lens.split(",")):
@@ -167,6 +194,11 @@ def main(argv=None) -> None:
                            compile_s=float("nan"), mem_gib=float("nan"), gflop=ours["analytic_flops"] / 1e9,
                            xla_gflop=float("nan"), mfu=ours["analytic_flops"] / res["step_s"] / peak,
                            ratio=row["tok_s"] / (tokens / res["step_s"])))
+  # Measured again after the runs, and raised to any rate a run achieved: MFU <= 100%.
+  peak = max([peak, robust_peak(width, args.batch * min(map(int, args.seq_lens.split(","))))]
+             + [r["mfu"] * peak for r in rows])
+  for r in rows:
+    r["mfu"] = r["gflop"] * 1e9 / (r["step_ms"] / 1e3) / peak
   header = "| preset | L | dtype | impl | tokens/s | seq/s | step ms | compile s | XLA mem GiB | GFLOP/step (analytic) | GFLOP/step (XLA) | MFU | bert_jax / peer |"
   lines = [header, "|" + "---|" * 13]
   for r in rows:
@@ -174,7 +206,7 @@ def main(argv=None) -> None:
                  f"{r['step_ms']:.0f} | {r['compile_s']:.1f} | {r['mem_gib']:.2f} | {r['gflop']:.1f} | "
                  f"{r['xla_gflop']:.1f} | {100 * r['mfu']:.1f}% | {r.get('ratio', float('nan')):.2f} |")
   table = "\n".join(lines)
-  print(f"matmul peak (float32, same run): {peak / 1e9:.1f} GFLOP/s")
+  print(f"matmul peak (float32, best shape, before and after): {peak / 1e9:.1f} GFLOP/s")
   print(table)
   if not args.no_record and not args.smoke:
     cmd = "python -m bench.train_step " + " ".join(argv if argv is not None else os.sys.argv[1:])
@@ -182,7 +214,8 @@ def main(argv=None) -> None:
       f.write(f"\n## Train step ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
               f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
               f"batch {args.batch}; median of {args.steps} steps after {args.warmup} warm-up; "
-              f"matmul peak {peak / 1e9:.1f} GFLOP/s (float32, same run).\n\n{table}\n")
+              f"matmul peak {peak / 1e9:.1f} GFLOP/s (float32, best shape, before and after the "
+              f"runs, raised to any rate achieved).\n\n{table}\n")
 
 
 if __name__ == "__main__":
