@@ -100,17 +100,24 @@ def bench_flax(spec: dict, venv: str, timeout: float) -> dict:
   python = os.path.join(venv, "bin", "python")
   if not os.path.exists(python):
     return dict(error=f"no venv at {venv} (run: bash bench/setup_flax_peer.sh {venv})")
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+  return run_result([python, os.path.abspath(__file__), "--_child", json.dumps(spec)], timeout)
+
+
+def run_result(cmd: list[str], timeout: float, **env_extra: str) -> dict:
+  """Runs a peer's child process on the CPU (its own XLA flags cleared) and returns the JSON
+  of its `RESULT ` line, or {'error': the last lines it wrote}."""
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
+             **env_extra)
   env.pop("XLA_FLAGS", None)
   try:
-    proc = subprocess.run([python, os.path.abspath(__file__), "--_child", json.dumps(spec)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
   except subprocess.TimeoutExpired:
     return dict(error=f"timed out after {timeout:.0f} s")
   for line in proc.stdout.splitlines():
     if line.startswith("RESULT "):
       return json.loads(line[len("RESULT "):])
-  tail = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()][-2:]
+  tail = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()][-3:]
   return dict(error=" | ".join(tail) or f"exit {proc.returncode}")
 
 

@@ -397,21 +397,10 @@ def _ours_real(spec: dict, workdir: str, packed: bool) -> dict:
 def _run_child(python: str, kind: str, spec: dict, timeout: float) -> dict:
   if not os.path.exists(python):
     return dict(error=f"no venv python at {python}")
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
-             KERAS_BACKEND="jax")
-  env.pop("XLA_FLAGS", None)
-  if PRELOAD:
-    env["LD_PRELOAD"] = PRELOAD
-  try:
-    proc = subprocess.run([python, os.path.abspath(__file__), "--_child", kind, json.dumps(spec)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return dict(error=f"timed out after {timeout:.0f} s")
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      return json.loads(line[len("RESULT "):])
-  tail = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()][-3:]
-  return dict(error=" | ".join(tail) or f"exit {proc.returncode}")
+  from bench import flax_peer  # pylint: disable=g-import-not-at-top
+  extra = dict(KERAS_BACKEND="jax", **({"LD_PRELOAD": PRELOAD} if PRELOAD else {}))
+  return flax_peer.run_result(
+      [python, os.path.abspath(__file__), "--_child", kind, json.dumps(spec)], timeout, **extra)
 
 
 def books(root: str, max_mb: float) -> list[str]:
