@@ -426,7 +426,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
   inputs = check(config, runs, workdir)
   # XLA's persistent cache (main.run: WORKDIR/xla_cache): every compilation is kept, so a
   # rerun, or another suite on the same model, compiles nothing.
-  trainer_lib.compilation_cache(config, workdir, min_compile_secs=0.0)
+  trainer_lib.compilation_cache(config, workdir, min_compile_secs=0.0, users_first=False)
   results = {r: fileio.read_json(fileio.path(workdir) / r.dir / RESULT_FILE) for r in runs}
   todo = [r for r in runs if not results[r] or (config.retry_failed and results[r]["status"] != "done")]
   logging.info("suite: %d tasks (%s), protocol %s: %d runs, %d finished before, %d to run; "

@@ -123,7 +123,8 @@ _CACHE_SET = [None]  # the directory compilation_cache last set (not a user's)
 
 
 def compilation_cache(config: ml_collections.ConfigDict, workdir: str, *,
-                      min_compile_secs: float | None = None) -> str | None:
+                      min_compile_secs: float | None = None,
+                      users_first: bool = True) -> str | None:
   """Turns on XLA's persistent compilation cache for this job; returns its directory.
 
   config.compilation_cache_dir "" = WORKDIR/xla_cache (any path layer's, gs:// included), unless
@@ -131,12 +132,13 @@ def compilation_cache(config: ml_collections.ConfigDict, workdir: str, *,
   one; "none" = off. A resumed or repeated run of the same shapes (after a preemption, the
   next phase's restart, a sweep) then loads its programs instead of compiling them (BERT-base
   on CPU: the init and the train step, ~15 s). `min_compile_secs`: only programs that took
-  longer are kept (None: JAX's default)."""
+  longer are kept (None: JAX's default). `users_first=False`: "" is WORKDIR/xla_cache even
+  where the user set JAX's cache (the suite: its reruns compile nothing)."""
   where = config.get("compilation_cache_dir", "")
   if where == "none":
     return None
   current = jax.config.jax_compilation_cache_dir
-  if not where and current and current != _CACHE_SET[0]:
+  if not where and users_first and current and current != _CACHE_SET[0]:
     return current
   where = str(fileio.path(where or fileio.join(workdir, "xla_cache")))
   if current != where:

@@ -78,6 +78,7 @@ def test_corrupt_newest_checkpoint_on_gs_falls_back(gcs, pretrained):  # noqa: F
   _no_local_gs_dir()
 
 
+@pytest.mark.slow  # a fine-tuning job and predictions on the emulator (~55 s); CI runs the slow tier too
 def test_finetune_glue_on_gs_then_predict(gcs, pretrained):  # noqa: F811
   run, _ = pretrained
   root = gcs.fresh_prefix()

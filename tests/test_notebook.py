@@ -51,6 +51,7 @@ def test_committed_notebook_has_no_outputs():
       assert cell.outputs == [] and cell.execution_count is None, cell.source[:80]
 
 
+@pytest.mark.slow  # the whole notebook, a tiny pre-training and fine-tuning (~65 s); CI runs the slow tier too
 def test_quickstart_notebook_runs(tmp_path, monkeypatch):
   workdir = tmp_path / "bert_tiny"
   test_env = {k: v for k, v in tu.env(devices=1).items() if os.environ.get(k) != v}
