@@ -226,6 +226,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   `devices`: the devices its mesh spans (default: all; the suite runs several jobs on
   device groups). main.run holds the workdir's lock."""
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
+  trainer_lib.compilation_cache(config, workdir)
   packed = check_config(config)
   saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work
   cfg, enc_params, tok = _load(config)

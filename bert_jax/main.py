@@ -29,7 +29,6 @@ from bert_jax import finetune
 from bert_jax import metrics
 from bert_jax import suite
 from bert_jax import train
-from bert_jax import trainer as trainer_lib
 from bert_jax import workdir_lock
 from input_pipeline import errors
 
@@ -87,7 +86,6 @@ def run(config, workdir: str):
   """The job config.task names: pre-training, a fine-tuning task or the fine-tuning suite
   (holding the workdir's lock: one job per workdir)."""
   with workdir_lock.hold(workdir):
-    trainer_lib.compilation_cache(config, workdir)
     if config.task == "pretrain":
       return train.train_and_evaluate(config, workdir)
     if config.task == "suite":

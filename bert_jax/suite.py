@@ -98,7 +98,8 @@ ZIP_NAME = "glue_submission.zip"
 # Run-config fields that do not change a run's result (a rerun may change them).
 _OPERATIONAL = ("max_steps_per_run", "log_every_steps", "checkpoint_every_steps",
                 "keep_checkpoints", "keep_checkpoint_period", "async_checkpointing",
-                "peak_flops_per_device", "mesh_shape", "logical_axis_rules", "eval_batch_size")
+                "peak_flops_per_device", "mesh_shape", "logical_axis_rules", "eval_batch_size",
+                "compilation_cache_dir")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,9 +425,12 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   runs = plan(config)
   inputs = check(config, runs, workdir)
-  # XLA's persistent cache (main.run: WORKDIR/xla_cache): every compilation is kept, so a
-  # rerun, or another suite on the same model, compiles nothing.
-  trainer_lib.compilation_cache(config, workdir, min_compile_secs=0.0, users_first=False)
+  # XLA's persistent cache (WORKDIR/xla_cache): every compilation is kept, so a rerun, or
+  # another suite on the same model, compiles nothing; every run's job uses this one
+  # directory (run_config copies the field).
+  config = config.copy_and_resolve_references()
+  config.compilation_cache_dir = trainer_lib.compilation_cache(
+      config, workdir, min_compile_secs=0.0, users_first=False) or "none"
   results = {r: fileio.read_json(fileio.path(workdir) / r.dir / RESULT_FILE) for r in runs}
   todo = [r for r in runs if not results[r] or (config.retry_failed and results[r]["status"] != "done")]
   logging.info("suite: %d tasks (%s), protocol %s: %d runs, %d finished before, %d to run; "

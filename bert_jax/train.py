@@ -63,6 +63,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   workdir = os.fspath(workdir)
   check_config(config)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
+  trainer_lib.compilation_cache(config, workdir)
   data_cfg, vocab_size = data_build.build_data(config, workdir)
   model, objective, sample = registry.pretraining(config, vocab_size, data_cfg)
   cfg = model.config
