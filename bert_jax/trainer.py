@@ -125,7 +125,8 @@ _CACHE_SET = [None]  # the directory compilation_cache last set (not a user's)
 def compilation_cache(config: ml_collections.ConfigDict, workdir: str, *,
                       min_compile_secs: float | None = None,
                       users_first: bool = True) -> str | None:
-  """Turns on XLA's persistent compilation cache for this job; returns its directory.
+  """Turns on XLA's persistent compilation cache for this job (each job calls it first);
+  returns its directory.
 
   config.compilation_cache_dir "" = WORKDIR/xla_cache (any path layer's, gs:// included), unless
   JAX's cache is already set by the user (JAX_COMPILATION_CACHE_DIR, jax.config): then that
@@ -302,7 +303,9 @@ class Trainer:
         result["error"] = e
       result["seconds"] = time.perf_counter() - t
 
-    thread = threading.Thread(target=compile_step, name="compile_ahead", daemon=True)
+    # Not a daemon: a process that ends while XLA compiles in a daemon thread aborts ("FATAL:
+    # exception not rethrown"), e.g. a rerun with nothing left to train; it waits instead.
+    thread = threading.Thread(target=compile_step, name="compile_ahead")
     thread.start()
     self._ahead = (thread, result)
 
