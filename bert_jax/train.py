@@ -72,7 +72,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
                               eval_batch_size=config.eval_batch_size if do_eval else None)
   logging.info("Model %s (%s): %s; %d devices, mesh %s.", config.model.preset,
                config.get("objective", "mlm"), cfg, jax.device_count(), dict(trainer.mesh.shape))
-  trainer.compile_ahead(pretrain_data.batch_shapes(data_cfg, config.global_batch_size))
+  if (trainer.checkpointer.latest_step() or 0) < config.num_train_steps:  # steps to run
+    trainer.compile_ahead(pretrain_data.batch_shapes(data_cfg, config.global_batch_size))
   state, data_state = trainer.restore_or_init(config.init_checkpoint or None, model_config=cfg)
   if data_state is not None and _data_changed(trainer.restored_config.get("data") or {},
                                              trainer_lib.json_config(config).get("data") or {}):
