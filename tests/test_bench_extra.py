@@ -19,6 +19,7 @@ def _row(out: str, prefix: str) -> list[str]:
   return [c.strip() for c in lines[-1].strip("|").split("|")]
 
 
+@pytest.mark.slow  # a benchmark's smoke (~16 s)
 def test_compile_time_smoke(capsys):
   rows = compile_time.main(["--smoke", "--no_record"])
   out = capsys.readouterr().out
@@ -30,6 +31,7 @@ def test_compile_time_smoke(capsys):
     assert comp > 0 and abs(lower + comp - total) < 0.15
 
 
+@pytest.mark.slow  # a benchmark's smoke (~21 s)
 def test_precision_smoke(capsys, tmp_path):
   res = precision.main(["--smoke", "--no_record", f"--data_dir={tmp_path}"])
   out = capsys.readouterr().out
@@ -39,6 +41,7 @@ def test_precision_smoke(capsys, tmp_path):
   assert res["ok"]  # tiny run, same data: bf16 must track fp32 closely
 
 
+@pytest.mark.slow  # a benchmark's smoke (~35 s)
 def test_flax_peer_smoke(capsys):
   rows = flax_peer.main(["--smoke", "--no_record"])
   out = capsys.readouterr().out

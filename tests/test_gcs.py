@@ -43,6 +43,8 @@ def pretrained(gcs):  # noqa: F811
   return workdir, log
 
 
+@pytest.mark.slow  # the job on gs:// and its rerun (~75 s); the default tier keeps gs:// convert,
+# corpus and bad-bucket tests
 def test_main_job_on_gs_writes_everything_to_the_bucket_and_resumes(gcs, pretrained):  # noqa: F811
   workdir, log = pretrained
   assert "Training a 512-entry wordpiece vocabulary" in log and "Preparing corpus" in log

@@ -70,6 +70,7 @@ def test_format_example_marks_masks(tagged):
   assert "A: [CLS]" in text and f"B: {tok.tokens[8]} [SEP]" in text
 
 
+@pytest.mark.slow  # a benchmark's smoke (~17 s)
 def test_benchmark_smoke():
   result = subprocess.run([sys.executable, "-m", "bench.input_pipeline", "--smoke"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -163,6 +164,7 @@ def test_inspect_bad_flags_are_one_line_errors(tmp_path):
     inspect_lib.main(["inspect", "--prepared_dir=x", "extra"])
 
 
+@pytest.mark.slow  # a benchmark's smoke (~15 s)
 def test_corpus_scale_bench_replicates_and_measures(tmp_path):
   """bench/corpus_scale.py's pieces on a tiny corpus: the replicated corpus holds every
   document N times in corpus order; a measurement child reads it; the first-format copy

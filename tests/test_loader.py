@@ -15,6 +15,7 @@ tu.use_compilation_cache()
 FROZEN = dict(num_train_steps=1, schedule__warmup_steps=5, eval_steps=0)  # params untouched
 
 
+@pytest.mark.slow  # three tiny runs (~33 s); test_checkpoint converts layouts on resume
 def test_init_from_a_run_saved_in_the_other_layout(tmp_path):
   """A scan_layers run starts from an unrolled run of ours and back (the Orbax restore reads
   the saved layout and converts on device; before, the keys did not fit)."""
