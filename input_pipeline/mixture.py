@@ -110,33 +110,6 @@ class Mixture:
     return np.searchsorted(edges, x, side="right").astype(np.int64)
 
 
-class _Cursor:
-  """Rows of one corpus's stream taken in order, n at a time, from a position."""
-
-  def __init__(self, stream: Any, state: dict):
-    self.stream = stream
-    self.epoch, self.block, self.offset = state["epoch"], state["block"], state["offset"]
-    self._rows, self._at = None, None
-
-  def state(self) -> dict:
-    return {"epoch": self.epoch, "block": self.block, "offset": self.offset}
-
-  def take(self, n: int) -> list[dict]:
-    parts = []
-    while n > 0:
-      if self._at != (self.epoch, self.block):
-        self._rows, self._at = self.stream.rows(self.epoch, self.block), (self.epoch, self.block)
-      size = len(self._rows["input_ids"])
-      take = min(n, size - self.offset)
-      parts.append({k: v[self.offset:self.offset + take] for k, v in self._rows.items()})
-      self.offset, n = self.offset + take, n - take
-      if self.offset == size:
-        self.offset, self.block = 0, self.block + 1
-        if self.block == self.stream.blocks_per_epoch:
-          self.epoch, self.block = self.epoch + 1, 0
-    return parts
-
-
 class MixtureStream:
   """Batches of rows drawn from several corpus streams (module doc); the interface of
   pretrain.BlockStream's `batches` and a state of its own."""
@@ -163,7 +136,7 @@ class MixtureStream:
             "rows": [int(r) for r in state.get("rows", [0] * len(self.streams))]}
 
   def batches(self, state: dict, batch_size: int):
-    cursors = [_Cursor(s, st) for s, st in zip(self.streams, state["streams"])]
+    cursors = [s.cursor(st) for s, st in zip(self.streams, state["streams"])]
     batch, rows = state["batches"], list(state["rows"])
     while True:
       sources = self.mixture.sources(batch, batch_size)
@@ -172,12 +145,11 @@ class MixtureStream:
         where = np.flatnonzero(sources == i)
         if not len(where):
           continue
-        taken = cursor.take(len(where))
+        taken = cursor.take(len(where), self.keys)
         if out is None:
-          out = {k: np.zeros((batch_size,) + taken[0][k].shape[1:], taken[0][k].dtype)
-                 for k in self.keys}
-        for k in self.keys:
-          out[k][where] = np.concatenate([p[k] for p in taken])
+          out = {k: np.zeros((batch_size,) + v.shape[1:], v.dtype) for k, v in taken.items()}
+        for k, v in taken.items():
+          out[k][where] = v
         rows[i] += len(where)
       batch += 1
       yield out, {"batches": batch, "streams": [c.state() for c in cursors], "rows": list(rows)}

@@ -27,12 +27,15 @@ Original create_pretraining_data.py TFRecords (`tfrecord_pattern` instead of
 buffer; their state is {epoch, offset}, and restoring re-reads (without parsing) the
 records of the current epoch before the offset.
 """
+from __future__ import annotations
+
 import atexit
 import json
 import queue
 import random
 import threading
 import weakref
+from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
@@ -181,30 +184,47 @@ class BlockStream:
         feats, self.cfg.max_seq_length, self.cfg.max_examples_per_row,
         predictions_per_row(self.cfg))
 
-  def _positions(self, state: dict):
-    """(epoch, block, offset) from `state` on, block by block, forever."""
-    epoch, block, offset = state["epoch"], state["block"], state["offset"]
-    while True:
-      yield epoch, block, offset
-      offset, block = 0, block + 1
-      if block == self.blocks_per_epoch:
-        epoch, block = epoch + 1, 0
+  def cursor(self, state: dict) -> RowCursor:
+    """The stream's rows from `state` on, taken n at a time (batches; a mixture's rows)."""
+    return RowCursor(self, state)
 
   def batches(self, state: dict, batch_size: int):
     """(batch, state after it) pairs from `state` on; batches may span blocks."""
-    parts, filled = [], 0
-    keys = features(self.cfg)
-    for epoch, block, offset in self._positions(state):
-      feats = self.rows(epoch, block)
-      n = len(feats["input_ids"])
-      while offset < n:
-        take = min(batch_size - filled, n - offset)
-        parts.append({k: v[offset:offset + take] for k, v in feats.items()})
-        offset, filled = offset + take, filled + take
-        if filled == batch_size:
-          batch = {k: np.concatenate([p[k] for p in parts]) for k in keys}
-          yield batch, {"epoch": epoch, "block": block, "offset": offset}
-          parts, filled = [], 0
+    cursor, keys = self.cursor(state), features(self.cfg)
+    while True:
+      batch = cursor.take(batch_size, keys)
+      yield batch, cursor.state()
+
+
+class RowCursor:
+  """The rows of a stream of blocks (`rows(epoch, block)`, `blocks_per_epoch`: a
+  BlockStream) taken in order, n at a time, from a state {"epoch", "block", "offset"}; the
+  block last read is kept, so taking rows reads each block once."""
+
+  def __init__(self, stream: Any, state: dict):
+    self.stream = stream
+    self.epoch, self.block, self.offset = state["epoch"], state["block"], state["offset"]
+    self._rows, self._at = None, None
+
+  def state(self) -> dict:
+    return {"epoch": self.epoch, "block": self.block, "offset": self.offset}
+
+  def take(self, n: int, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The next `n` rows' `keys` (a batch may span blocks and epochs)."""
+    parts = []
+    while n > 0:
+      if self._at != (self.epoch, self.block):
+        self._rows, self._at = self.stream.rows(self.epoch, self.block), (self.epoch, self.block)
+      size = len(self._rows["input_ids"])
+      take = min(n, size - self.offset)
+      if take > 0:
+        parts.append({k: self._rows[k][self.offset:self.offset + take] for k in keys})
+        self.offset, n = self.offset + take, n - take
+      if self.offset >= size:  # the block is used up (a state saved at its end included)
+        self.offset, self.block = 0, self.block + 1
+        if self.block == self.stream.blocks_per_epoch:
+          self.epoch, self.block = self.epoch + 1, 0
+    return {k: np.concatenate([p[k] for p in parts]) for k in keys}
 
 
 # ------------------------------------------------------------------ original records

@@ -383,6 +383,24 @@ def test_restart_resumes_exact_stream(tagged):
     pretrain.PretrainIterator(cfg, batch_size=16, seed=4).set_state(state)
 
 
+
+def test_a_state_at_a_block_end_resumes_in_either_form(tagged):
+  # Checkpoints saved before the stream's rows went through one cursor hold a batch that
+  # ended a block as (block, offset=its size); now it is (next block, 0): both resume the same.
+  cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, shuffle_block_docs=3,
+             doc_piece_tokens=200)
+  stream = pretrain.make_stream(cfg, seed=0)
+  size = len(stream.rows(0, 0)["input_ids"])
+  assert stream.blocks_per_epoch > 2 and size < 20
+  keys = pretrain.FEATURES
+  old = stream.cursor({"epoch": 0, "block": 0, "offset": size})
+  new = stream.cursor({"epoch": 0, "block": 1, "offset": 0})
+  assert _equal([old.take(20, keys)], [new.take(20, keys)])
+  assert old.state() == new.state()
+  it = pretrain.PretrainIterator(cfg, batch_size=size, seed=0)
+  next(it)  # exactly the first block
+  assert {k: it.get_state()[k] for k in ("epoch", "block", "offset")} == {"epoch": 0, "block": 1, "offset": 0}
+
 def test_set_state_far_ahead_is_fast(tagged):
   cfg = _cfg(tagged, max_seq_length=64, max_predictions_per_seq=10, shuffle_block_docs=3,
              doc_piece_tokens=200)
