@@ -48,14 +48,13 @@ import sys
 import tempfile
 import time
 
+from bench.flax_peer import SIZES, run_result  # stdlib only: importable in every venv
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "bench", "RESULTS.md")
 KERAS_VENV = os.environ.get("KERAS_PEER_VENV", "/tmp/keraspeer_venv")
 FLAX_VENV = os.environ.get("FLAX_PEER_VENV", "/tmp/flaxpeer_venv")
 GUTENBERG = os.path.join(REPO, "..", "shared", "data", "gutenberg")
-SIZES = {  # (layers, hidden, heads), as bert_jax.model.PRESETS (the peer venvs cannot import it)
-    "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
-    "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
 PREDICTIONS = {128: 20, 512: 76}
 PRELOAD = ""  # --preload: a malloc (e.g. tcmalloc) every run of every system gets
 
@@ -397,9 +396,8 @@ def _ours_real(spec: dict, workdir: str, packed: bool) -> dict:
 def _run_child(python: str, kind: str, spec: dict, timeout: float) -> dict:
   if not os.path.exists(python):
     return dict(error=f"no venv python at {python}")
-  from bench import flax_peer  # pylint: disable=g-import-not-at-top
   extra = dict(KERAS_BACKEND="jax", **({"LD_PRELOAD": PRELOAD} if PRELOAD else {}))
-  return flax_peer.run_result(
+  return run_result(
       [python, os.path.abspath(__file__), "--_child", kind, json.dumps(spec)], timeout, **extra)
 
 

@@ -37,19 +37,26 @@ def _batch(rng, batch, seq_len, preds, vocab):
   }
 
 
-def matmul_peak(n: int = 2048, reps: int = 10) -> float:
-  """Best FLOP/s of an n x n float32 matmul through JAX (the attainable peak)."""
+def matmul_rate(m: int, k: int, n: int, reps: int = 10) -> float:
+  """Best FLOP/s of an (m x k) @ (k x n) float32 matmul through JAX over `reps` timings."""
   import jax
   import jax.numpy as jnp
-  x = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-  mm = jax.jit(lambda a: a @ a)
-  mm(x).block_until_ready()
+  rng = np.random.default_rng(0)
+  a = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+  b = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
+  mm = jax.jit(lambda x, y: x @ y)
+  mm(a, b).block_until_ready()
   best = float("inf")
   for _ in range(reps):
     t = time.perf_counter()
-    mm(x).block_until_ready()
+    mm(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t)
-  return 2 * n ** 3 / best
+  return 2 * m * k * n / best
+
+
+def matmul_peak(n: int = 2048, reps: int = 10) -> float:
+  """Best FLOP/s of an n x n float32 matmul through JAX (the attainable peak)."""
+  return matmul_rate(n, n, n, reps)
 
 
 def robust_peak(hidden: int, tokens: int) -> float:
@@ -58,23 +65,10 @@ def robust_peak(hidden: int, tokens: int) -> float:
   repeated timings. One 2048^3 matmul alone can read below what the step's matmuls reach
   (XLA:CPU picks kernels per shape), which put MFU above 100%. Callers also raise it to any
   model FLOP rate a run achieves."""
-  import jax
-  import jax.numpy as jnp
-  best = max(matmul_peak(1024, 20), matmul_peak(2048, 10))
-  rng = np.random.default_rng(0)
-  for m, k, n in ((tokens, hidden, 4 * hidden), (tokens, 4 * hidden, hidden),
-                  (tokens, hidden, hidden)):
-    a = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
-    b = jnp.asarray(rng.standard_normal((k, n)), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y)
-    mm(a, b).block_until_ready()
-    t = float("inf")
-    for _ in range(20):
-      s = time.perf_counter()
-      mm(a, b).block_until_ready()
-      t = min(t, time.perf_counter() - s)
-    best = max(best, 2 * m * k * n / t)
-  return best
+  return max([matmul_peak(1024, 20), matmul_peak(2048, 10)]
+             + [matmul_rate(m, k, n, 20) for m, k, n in (
+                 (tokens, hidden, 4 * hidden), (tokens, 4 * hidden, hidden),
+                 (tokens, hidden, hidden))])
 
 
 def bench_config(preset: str, seq_len: int, dtype: str, batch: int, vocab: int):
@@ -173,9 +167,10 @@ def main(argv=None) -> None:
   if args.smoke:
     args.presets, args.seq_lens, args.batch, args.steps, args.warmup, args.vocab = "tiny", "32", 2, 2, 1, 500
   peers = [p for p in args.peers.split(",") if p]
-  hidden = {"tiny": 128, "mini": 256, "small": 512, "medium": 512, "base": 768, "large": 1024}
-  width = max(hidden.get(p, 768) for p in args.presets.split(","))
-  peak = robust_peak(width, args.batch * min(map(int, args.seq_lens.split(","))))
+  from bert_jax.model import PRESETS  # pylint: disable=g-import-not-at-top (peers import _batch)
+  width = max(PRESETS[p]["hidden_size"] for p in args.presets.split(","))
+  peak_tokens = args.batch * min(map(int, args.seq_lens.split(",")))
+  peak = robust_peak(width, peak_tokens)
   rows = []
   for preset in args.presets.split(","):
     for seq_len in map(int, args.seq_lens.split(",")):
@@ -195,7 +190,7 @@ def main(argv=None) -> None:
                            xla_gflop=float("nan"), mfu=ours["analytic_flops"] / res["step_s"] / peak,
                            ratio=row["tok_s"] / (tokens / res["step_s"])))
   # Measured again after the runs, and raised to any rate a run achieved: MFU <= 100%.
-  peak = max([peak, robust_peak(width, args.batch * min(map(int, args.seq_lens.split(","))))]
+  peak = max([peak, robust_peak(width, peak_tokens)]
              + [r["mfu"] * peak for r in rows])
   for r in rows:
     r["mfu"] = r["gflop"] * 1e9 / (r["step_ms"] / 1e3) / peak
