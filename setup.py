@@ -19,7 +19,6 @@ INSTALL_REQUIRES = [
     "sentencepiece==0.2.3",
     "ml-collections==1.1.0",
     "absl-py==2.5.1",
-    "clu==0.0.12",
     "tokenizers==0.23.3",
     "numpy==2.4.6",
     "protobuf==7.36.2",

@@ -32,6 +32,7 @@ from bert_jax import modern
 from bert_jax.model import BertConfig
 from input_pipeline import errors
 from input_pipeline import fileio
+from input_pipeline import records
 
 Array = np.ndarray
 Params = dict[str, Any]
@@ -402,7 +403,7 @@ def tf_name_to_canonical(name: str) -> tuple[str, bool]:
 
 
 def read_tf_state(ckpt_path: str) -> dict[str, Array]:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: only Google TF checkpoints)
+  tf = records.tensorflow()  # only Google TF checkpoints
   reader = tf.train.load_checkpoint(ckpt_path)
   state = {}
   for name in reader.get_variable_to_shape_map():
@@ -418,7 +419,7 @@ def _find_tf_checkpoint(path: str) -> str | None:
   if fileio.path(path + ".index").exists():
     return path
   if fileio.path(path).is_dir():
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: only TF checkpoints)
+    tf = records.tensorflow()  # only Google TF checkpoints
     latest = tf.train.latest_checkpoint(path)
     if latest:
       return latest

@@ -23,7 +23,6 @@ from absl import flags
 from absl import logging
 import jax
 from ml_collections import config_flags
-import tensorflow as tf
 
 from bert_jax import finetune
 from bert_jax import metrics
@@ -100,8 +99,6 @@ def main(argv):
   metrics.quiet_library_logs()
   # XLA:CPU executes on this thread, so its step memory can be reused (reuse_host_memory).
   jax.config.update("jax_cpu_enable_async_dispatch", False)
-  # TF is only used for data and summaries: keep it off the accelerators.
-  tf.config.experimental.set_visible_devices([], "GPU")
   if _MULTIHOST.value or _NUM_PROCESSES.value > 1:
     kwargs = dict(initialization_timeout=_INIT_TIMEOUT.value,
                   heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)

@@ -12,22 +12,25 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from absl import logging
-from clu import metric_writers
 import jax
 import numpy as np
 
 from bert_jax import flops as flops_lib
+from bert_jax import summaries
 
 
 class NonFiniteLossError(FloatingPointError):
   """The loss, gradients or parameters became NaN/Inf."""
 
 
-def make_writer(workdir: str) -> metric_writers.MetricWriter:
-  """TensorBoard summaries in `workdir` from process 0 (asynchronous); no-op elsewhere."""
+Writer = summaries.EventWriter | summaries.NullWriter
+
+
+def make_writer(workdir: str) -> Writer:
+  """TensorBoard summaries in `workdir` from process 0 (no TensorFlow); no-op elsewhere."""
   if jax.process_index() == 0:
-    return metric_writers.AsyncMultiWriter([metric_writers.SummaryWriter(workdir)])
-  return metric_writers.MultiWriter([])
+    return summaries.EventWriter(workdir)
+  return summaries.NullWriter()
 
 
 class _DropLibraryInfo(logging.logging.Filter):
@@ -61,7 +64,7 @@ def _fmt_eta(seconds: float) -> str:
 class TrainMetrics:
   """Collects per-step device metrics; reads, reports and checks them on demand."""
 
-  def __init__(self, writer: metric_writers.MetricWriter, *, total_steps: int,
+  def __init__(self, writer: Writer, *, total_steps: int,
                tokens_per_step: int, flops_per_step: float, peak: flops_lib.Peak,
                learning_rate: Callable[[int], float],
                summarize: Callable[[Mapping[str, float]], dict[str, float]],
@@ -159,7 +162,7 @@ def _shown(scalars: Mapping[str, float], pairs: Sequence[tuple[str, str]]) -> st
   return "".join(f" | {label} {scalars[key]:.4f}" for key, label in pairs if key in scalars)
 
 
-def report_eval(writer: metric_writers.MetricWriter, step: int, sums: Mapping[str, float],
+def report_eval(writer: Writer, step: int, sums: Mapping[str, float],
                 objective) -> dict[str, float]:
   """Held-out sums -> the objective's scalars, on the console and under eval/ in TensorBoard."""
   scalars = objective.summarize(sums)

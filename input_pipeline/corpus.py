@@ -13,6 +13,7 @@ An input spec is one of:
 from typing import Iterator
 
 from input_pipeline import builtin_corpus
+from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import sources
 from input_pipeline import text as text_lib
@@ -81,6 +82,7 @@ def format_stats(stats: dict) -> str:
 
 def load_tfds_split(name: str, *, data_dir: str | None):
   """tfds.load(download=False) with an error that says how to prepare the dataset."""
+  records.tensorflow()  # TFDS reads through TensorFlow: keep it off the GPUs
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional: only TFDS corpora)
   name, _, split = name.partition(":")
   split = split or "train"

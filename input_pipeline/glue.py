@@ -21,6 +21,7 @@ import numpy as np
 
 from input_pipeline import errors
 from input_pipeline import fileio
+from input_pipeline import records
 from input_pipeline import features
 
 csv.field_size_limit(sys.maxsize)
@@ -219,6 +220,7 @@ def read_glue_file(task: str, path: str, split: str) -> list[Example]:
 def read_tfds_glue(task: str, split: str, data_dir: str | None = None,
                    name: str | None = None) -> list[Example]:
   """GLUE from a locally prepared TFDS copy (`glue/<task>`, or `name`); never downloads."""
+  records.tensorflow()  # TFDS reads through TensorFlow: keep it off the GPUs
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional: only data_dir=tfds)
   name = name or f"glue/{task}"
   split = {"dev": "validation", "dev_mismatched": "validation_mismatched"}.get(split, split)

@@ -1,10 +1,16 @@
-"""Dynamic masked-LM masking: a vectorized TensorFlow function with stateless randomness.
+"""Dynamic masked-LM masking: vectorized numpy with counter-based randomness (no TensorFlow).
 
-`make_mask_fn(...)` returns a dict -> dict function for `tf.data.Dataset.map` (it also runs
-eagerly). Its input holds input_ids [N, L] (or one example [L]) and mask_seed [2] int64;
-the same (seed, input) always gives the same masks, so a restarted run masks exactly as
-an uninterrupted one. The pipeline masks a whole block of examples per call, so the work
-is a few vectorized ops per block, not per example.
+`make_mask_fn(...)` returns a dict -> dict function of numpy arrays. Its input holds
+input_ids [N, L] (or one example [L]) and mask_seed [2] int64; the same (seed, input)
+always gives the same masks (numpy's Philox generator keyed by the seed: the same bits on
+every platform and numpy version that has it), so a restarted run masks exactly as an
+uninterrupted one. The pipeline masks a whole block of examples per call, so the work is a
+few vectorized ops per block, not per example.
+
+VERSION names the masks' random draws. Version 1 (bert_jax before 2026-11) drew them with
+TensorFlow's stateless ops; version 2 with numpy: the same algorithm and statistics, other
+draws. The pre-training iterator records it in its state and says so when a run saved
+under another version resumes.
 
 Per example (google-research/bert create_masked_lm_predictions, vectorized):
   * candidates: every token except the special ones ([CLS] [SEP] [PAD] [UNK] [MASK],
@@ -22,22 +28,30 @@ max_predictions_per_seq with 0 / 0 / 0.0.
 from typing import Callable
 
 import numpy as np
-import tensorflow as tf
+
+VERSION = 2
+_LOWEST = np.iinfo(np.int32).min
 
 
-def _priorities(ids, seed, candidate, is_continuation_t=None):
+def _generator(seed) -> np.random.Generator:
+  """Philox keyed by the two 32-bit halves of `seed` ([2] int64)."""
+  hi, lo = (int(x) & 0xFFFFFFFF for x in np.asarray(seed).reshape(-1)[:2])
+  return np.random.Generator(np.random.Philox(key=(hi << 32) | lo))
+
+
+def _priorities(ids, rng, candidate, is_continuation=None):
   """Random priorities of the tokens; the chosen tokens are the highest ones. Full-range
   int32: ties between two words (which would merge them) are rare (~3e-5 per length-512
-  row). With `is_continuation_t` (whole-word masking) a word starts at every token that is
+  row). With `is_continuation` (whole-word masking) a word starts at every token that is
   not a continuation piece; specials are words of their own, so a word never spans a
   [SEP]. Its pieces share a priority."""
-  priority = tf.random.stateless_uniform(tf.shape(ids), seed, dtype=tf.int32,
-                                         minval=None, maxval=None)
-  if is_continuation_t is None:
+  priority = rng.integers(_LOWEST, np.iinfo(np.int32).max, ids.shape, dtype=np.int32,
+                          endpoint=True)
+  if is_continuation is None:
     return priority
-  starts = ~tf.gather(is_continuation_t, ids) | ~candidate
-  word = tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1
-  return tf.gather(priority, word, batch_dims=1)
+  starts = ~is_continuation[ids] | ~candidate
+  word = np.cumsum(starts, axis=1, dtype=np.int32) - 1
+  return np.take_along_axis(priority, np.maximum(word, 0), axis=1)
 
 
 def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id: int,
@@ -48,63 +62,59 @@ def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id
   is_special / is_continuation: bool [V] tables from the Tokenizer.
   """
   num_preds = max_predictions_per_seq
-  is_special_t = tf.constant(is_special, tf.bool)
-  is_continuation_t = tf.constant(is_continuation, tf.bool)
-  random_ids = tf.constant(np.flatnonzero(~is_special), tf.int32)
+  is_special = np.asarray(is_special, bool)
+  is_continuation = np.asarray(is_continuation, bool)
+  random_ids = np.flatnonzero(~is_special).astype(np.int32)
 
   def mask_batch(ids, seed, masked_lm_prob):
-    n, length = tf.shape(ids)[0], ids.shape[1]
-    k = min(num_preds + 1, length)  # The budget (<= P) never needs more of the order.
-    seeds = tf.random.experimental.stateless_split(seed, 4)
-    candidate = ~tf.gather(is_special_t, ids)
-    priority = _priorities(ids, seeds[0], candidate,
-                           is_continuation_t if whole_word_masking else None)
-    lowest = tf.constant(np.iinfo(np.int32).min, tf.int32)
-    priority = tf.where(candidate, priority, lowest)
-    # top_k breaks ties by lower index: a word's pieces come out together, in order.
-    top = tf.math.top_k(priority, k=k, sorted=True)
-    num_candidates = tf.reduce_sum(tf.cast(candidate, tf.float64), axis=1)
-    budget = tf.floor(num_candidates * masked_lm_prob
-                      + tf.random.stateless_uniform([n], seeds[1], dtype=tf.float64))
-    budget = tf.minimum(tf.cast(budget, tf.int32), num_preds)[:, None]
+    n, length = ids.shape
+    rng = _generator(seed)
+    candidate = ~is_special[ids]
+    priority = _priorities(ids, rng, candidate,
+                           is_continuation if whole_word_masking else None)
+    priority = np.where(candidate, priority, _LOWEST)
+    # Highest priority first, ties by lower index (a stable sort of the negated keys): a
+    # word's pieces come out together, in order. The budget (<= P) never needs more than
+    # the first P + 1 of the order.
+    k = min(num_preds + 1, length)
+    order = np.argsort(-priority.astype(np.int64), axis=1, kind="stable")[:, :k]
+    values = np.take_along_axis(priority, order, axis=1)
+    budget = np.floor(candidate.sum(1).astype(np.float64) * masked_lm_prob
+                      + rng.random(n))
+    budget = np.minimum(budget.astype(np.int64), num_preds)[:, None]
     # The longest prefix of the order that ends at a word boundary and fits the budget.
-    rank = tf.range(1, k + 1)[None, :]
-    values = top.values
-    # A word ends where the next priority differs. With k < L the k-th entry only serves
+    # A word ends where the next priority differs; with k < L the k-th entry only serves
     # as the "next" of the P-th and is dropped.
-    after = tf.concat([values[:, 1:], tf.fill([n, 1], lowest)], axis=1)
-    word_end = (values != after) & (values > lowest)
+    rank = np.arange(1, k + 1)[None, :]
+    after = np.concatenate([values[:, 1:], np.full((n, 1), _LOWEST, np.int32)], axis=1)
+    word_end = (values != after) & (values > _LOWEST)
     if k < length:
-      word_end = word_end[:, :-1]
-      values, indices, rank = values[:, :-1], top.indices[:, :-1], rank[:, :-1]
-    else:
-      indices = top.indices
-    take = tf.reduce_max(tf.where(word_end & (rank <= budget), rank, 0), axis=1)[:, None]
+      word_end, order, rank = word_end[:, :-1], order[:, :-1], rank[:, :-1]
+    take = np.max(np.where(word_end & (rank <= budget), rank, 0), axis=1, initial=0)[:, None]
     # The chosen positions in ascending order, then padding: the P smallest keys.
-    pos_key = tf.where(rank <= take, indices, indices + length)
-    first = -tf.math.top_k(-pos_key, k=num_preds, sorted=True).values
-    weights = first < length
-    positions = tf.where(weights, first, 0)
-    labels = tf.where(weights, tf.gather(ids, positions, batch_dims=1), 0)
+    pos_key = np.sort(np.where(rank <= take, order, order + length), axis=1)[:, :num_preds]
+    if pos_key.shape[1] < num_preds:  # L < P: the rest is padding
+      pos_key = np.pad(pos_key, ((0, 0), (0, num_preds - pos_key.shape[1])),
+                       constant_values=length)
+    weights = pos_key < length
+    positions = np.where(weights, pos_key, 0).astype(np.int32)
+    labels = np.where(weights, np.take_along_axis(ids, positions, axis=1), 0).astype(ids.dtype)
 
-    action = tf.random.stateless_uniform([n, num_preds], seeds[2])
-    replacement = tf.gather(random_ids, tf.random.stateless_uniform(
-        [n, num_preds], seeds[3], 0, tf.shape(random_ids)[0], dtype=tf.int32))
-    shown = tf.where(action < 0.8, tf.constant(mask_id, ids.dtype),
-                     tf.where(action < 0.9, replacement, labels))
-    rows = tf.broadcast_to(tf.range(n)[:, None], [n, num_preds])
-    new_ids = tf.tensor_scatter_nd_update(
-        ids, tf.boolean_mask(tf.stack([rows, positions], -1), weights),
-        tf.boolean_mask(shown, weights))
+    action = rng.random((n, num_preds))
+    replacement = random_ids[rng.integers(0, len(random_ids), (n, num_preds))]
+    shown = np.where(action < 0.8, mask_id, np.where(action < 0.9, replacement, labels))
+    new_ids = ids.copy()
+    rows = np.broadcast_to(np.arange(n)[:, None], (n, num_preds))
+    new_ids[rows[weights], positions[weights]] = shown[weights]
     return {"input_ids": new_ids, "masked_lm_positions": positions,
-            "masked_lm_ids": labels, "masked_lm_weights": tf.cast(weights, tf.float32)}
+            "masked_lm_ids": labels, "masked_lm_weights": weights.astype(np.float32)}
 
   def mask_tokens(features: dict) -> dict:
     """`features` may carry its own "masked_lm_prob" (a masking-rate schedule's value for
     this block); else the rate given above."""
-    ids = tf.convert_to_tensor(features["input_ids"])
-    single = ids.shape.rank == 1
-    rate = features.get("masked_lm_prob", masked_lm_prob)
+    ids = np.asarray(features["input_ids"])
+    single = ids.ndim == 1
+    rate = float(features.get("masked_lm_prob", masked_lm_prob))
     out = mask_batch(ids[None] if single else ids, features["mask_seed"], rate)
     if single:
       out = {k: v[0] for k, v in out.items()}

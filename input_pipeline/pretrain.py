@@ -16,7 +16,7 @@ Order and reproducibility: each host holds its documents in memory (documents.py
 into pieces. Epoch e visits the pieces in a permutation keyed by (seed, e, host, split),
 in blocks of `shuffle_block_docs` pieces. Block b's pairs come from RNGs keyed by
 (seed, e, b, host, split) (instances.py) and are shuffled within the block; the block is
-then masked in one vectorized call of stateless TF ops keyed the same way (masking.py).
+then masked in one vectorized numpy call keyed the same way (masking.py).
 So the example stream, and the batch at step s, depend only on (seed, s, corpus, host
 count, config); the state {epoch, block, offset} restores it by regenerating one block and
 skipping `offset` examples. Pairs and masks are fresh every epoch. The iterator builds
@@ -37,9 +37,9 @@ import threading
 import weakref
 from typing import Any, Sequence
 
+from absl import logging
 import ml_collections
 import numpy as np
-import tensorflow as tf
 
 from input_pipeline import data_config
 from input_pipeline import documents
@@ -117,14 +117,10 @@ class BlockStream:
     self.num_pieces = len(corpus["piece_doc"])
     self.block_size = max(1, int(cfg.shuffle_block_docs))
     self.blocks_per_epoch = -(-self.num_pieces // self.block_size)
-    mask_fn = masking.make_mask_fn(
+    self._mask_block = masking.make_mask_fn(
         is_special=tok.is_special, is_continuation=tok.is_continuation, mask_id=tok.mask_id,
         max_predictions_per_seq=cfg.max_predictions_per_seq,
         masked_lm_prob=cfg.masked_lm_prob, whole_word_masking=cfg.whole_word_masking)
-    spec = {"input_ids": tf.TensorSpec([None, cfg.max_seq_length], tf.int32),
-            "mask_seed": tf.TensorSpec([2], tf.int64),
-            "masked_lm_prob": tf.TensorSpec([], tf.float64)}
-    self._mask_block = tf.function(mask_fn, input_signature=[spec])  # Traced once.
     self._perm = (None, None)
 
   def _permutation(self, epoch: int) -> np.ndarray:
@@ -171,7 +167,7 @@ class BlockStream:
     masked = self._mask_block({"input_ids": feats["input_ids"],
                                "mask_seed": feats.pop("mask_seed"),
                                "masked_lm_prob": np.float64(self.masking_rate(epoch, block))})
-    feats.update({k: v.numpy() for k, v in masked.items()})
+    feats.update(masked)
     return feats
 
   def rows(self, epoch: int, block: int) -> dict:
@@ -244,7 +240,8 @@ class RecordStream:
     self.shard_records = len(files) < process_count
     self.files = files if self.shard_records else files[process_index::process_count]
 
-  def _with_positions(self, state: dict) -> tf.data.Dataset:
+  def _with_positions(self, state: dict):
+    tf = records.tensorflow()  # only original BERT TFRecords read through tf.data
     cfg = self.cfg
 
     def one_epoch(epoch):
@@ -406,6 +403,7 @@ class PretrainIterator:
     self._stream = make_stream(data_cfg, seed=seed, process_index=process_index,
                                process_count=process_count, split=split)
     self._mixture = isinstance(self._stream, mixture_lib.MixtureStream)
+    self._records = isinstance(self._stream, RecordStream)  # static masks, none drawn here
     self._state = self._stream.initial_state() if self._mixture else _initial_state()
 
   def __iter__(self):
@@ -419,7 +417,8 @@ class PretrainIterator:
     return batch
 
   def get_state(self) -> dict:
-    return dict(self._state, **self._identity)
+    masks = {} if self._records else {"masking": masking.VERSION}
+    return dict(self._state, **self._identity, **masks)
 
   def set_state(self, state: dict) -> None:
     """Resumes right after the batch at which `state` was taken (same config)."""
@@ -431,6 +430,13 @@ class PretrainIterator:
           f"Data state from another setup (saved, this iterator): {mismatch}. The stream "
           "depends on them; to start this setup at an epoch's beginning anyway, pass "
           "{'epoch': e, 'block': 0, 'offset': 0} without the other keys.")
+    saved = state.get("masking", 1)
+    if not self._records and "seed" in state and saved != masking.VERSION:  # a saved state
+      logging.warning(
+          "This run's data state was saved by masking version %s (%s); this version draws "
+          "its masks with masking version %d (numpy: the same statistics, other draws). "
+          "The run resumes at the same examples, masked afresh from here on.", saved,
+          "TensorFlow stateless ops" if saved == 1 else "unknown", masking.VERSION)
     self.close()
     if self._mixture:
       if "streams" not in state:  # a step to start a fresh mixture at: {"batches": k}

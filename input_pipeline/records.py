@@ -19,6 +19,17 @@ BERT_INT_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positi
                      "masked_lm_ids", "next_sentence_labels")
 
 
+def tensorflow():
+  """TensorFlow, imported only where it is used (TFRecords, TFDS, Google TF checkpoints; 3-4 s
+  and ~800 MB that no other job path pays) and kept off the GPUs, which JAX drives."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy and optional)
+  try:
+    tf.config.set_visible_devices([], "GPU")
+  except (RuntimeError, ValueError):  # TF's devices are already initialised: leave them
+    pass
+  return tf
+
+
 def shard_name(index: int, count: int) -> str:
   return f"docs-{index:05d}-of-{count:05d}.tfrecord"
 
@@ -91,7 +102,7 @@ def read_documents(files: list[str], batch_size: int = 256):
   Each yielded dict: tokens [T] int64, token_rows [D] (tokens per doc), sentence_lengths
   [S] int64, sentence_rows [D] (sentences per doc), documents in file order.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
+  tf = tensorflow()
   spec = {name: tf.io.RaggedFeature(tf.int64) for name in DOC_FEATURES}
   ds = tf.data.TFRecordDataset(files).batch(batch_size)
   ds = ds.map(lambda x: tf.io.parse_example(x, spec)).prefetch(2)
@@ -106,7 +117,7 @@ def read_documents(files: list[str], batch_size: int = 256):
 
 
 def bert_record_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
+  tf = tensorflow()
   length = {"input_ids": max_seq_length, "input_mask": max_seq_length,
             "segment_ids": max_seq_length, "masked_lm_positions": max_predictions_per_seq,
             "masked_lm_ids": max_predictions_per_seq, "next_sentence_labels": 1}
@@ -117,7 +128,7 @@ def bert_record_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
 
 def parse_bert_record(serialized, *, max_seq_length: int, max_predictions_per_seq: int):
   """One serialized original-BERT example -> our feature dict (int32, label scalar)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
+  tf = tensorflow()
   ex = tf.io.parse_single_example(
       serialized, bert_record_spec(max_seq_length, max_predictions_per_seq))
   out = {k: tf.cast(ex[k], tf.int32) for k in BERT_INT_FEATURES}
@@ -131,7 +142,7 @@ def read_bert_tfrecords(pattern: str, *, max_seq_length: int, max_predictions_pe
 
   `pattern` is comma-separated globs; files are read in sorted order, unshuffled.
   """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy: loaded only where tf.io/tf.data is used)
+  tf = tensorflow()
   files = text.expand_patterns(pattern)
   return tf.data.TFRecordDataset(files).map(
       lambda r: parse_bert_record(r, max_seq_length=max_seq_length,

@@ -2,6 +2,7 @@
 builds its vocabulary and data in the workdir, trains, evaluates, reports progress,
 and re-running reuses everything (a no-op, or a continuation when steps grow)."""
 import json
+import sys
 
 import pytest
 
@@ -23,7 +24,9 @@ def _args(workdir, **overrides):
 
 
 def test_tiny_pretrain_short_run_then_rerun_reuses_everything(tmp_path):
-  out = tu.run(_args(tmp_path))
+  # The first run (vocabulary, prepared corpus, training, eval, TensorBoard) and the
+  # fill-mask after it import no TensorFlow, TFDS or clu (a GPU image has none of them).
+  out = tu.run(tu.without_tensorflow(_args(tmp_path)))
   log = out.stderr
   assert "Training a 512-entry wordpiece vocabulary on 'default'" in log
   assert "Preparing corpus 'default'" in log
@@ -41,6 +44,10 @@ def test_tiny_pretrain_short_run_then_rerun_reuses_everything(tmp_path):
   assert 0 <= tu.read_scalars(tmp_path, "eval/nsp_accuracy")[20] <= 1
   config = json.loads((tmp_path / "checkpoints" / "20" / "config" / "metadata").read_text())
   assert config["data"]["max_seq_length"] == 64
+  fill = tu.run(tu.without_tensorflow([
+      sys.executable, "-m", "bert_jax.predict", f"--checkpoint={tmp_path}",
+      f"--vocab={tmp_path / 'vocab'}", "--mode=fill_mask", "--text=the [MASK] of the book ."]))
+  assert "#1:" in fill.stdout + fill.stderr, fill.stdout + fill.stderr
 
   again = tu.run(_args(tmp_path)).stderr
   assert "vocabulary on" not in again and "Preparing corpus" not in again

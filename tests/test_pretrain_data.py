@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from input_pipeline import documents
 from input_pipeline import data_config
@@ -220,30 +219,67 @@ def _mask_fn(tok, **kw):
   return masking.make_mask_fn(**args)
 
 
-def test_mask_fn_eager_equals_tf_data(tagged):
+def test_mask_fn_is_numpy_seeded_and_per_row(tagged):
   tok = tokenizer_lib.Tokenizer.from_path(tagged["vocab"])
   ids = np.array([tok.cls_id] + list(range(5, 40)) + [tok.sep_id] + [0] * 12, np.int32)
   block = {"input_ids": np.stack([np.roll(ids, 0)] * 6), "mask_seed": np.array([7, 1])}
   for wwm in (False, True):
     fn = _mask_fn(tok, whole_word_masking=wwm)
-    eager = fn({k: tf.constant(v) for k, v in block.items()})
-    assert set(eager) == {"input_ids", "masked_lm_positions", "masked_lm_ids",
-                          "masked_lm_weights"}
-    assert eager["masked_lm_positions"].shape == (6, 8)
-    graph = next(tf.data.Dataset.from_tensors(block).map(fn).as_numpy_iterator())
-    for k in eager:
-      np.testing.assert_array_equal(eager[k].numpy(), graph[k])
-    # Rows of a block get different masks; the same seed, the same masks.
-    assert len({tuple(r) for r in graph["masked_lm_positions"]}) > 1
-    assert np.array_equal(fn(block)["input_ids"].numpy(), graph["input_ids"])
-    assert (graph["masked_lm_weights"].sum(1) >= 5).all()  # floor(35 * 0.15 + u) in {5, 6}
-    assert (graph["masked_lm_weights"].sum(1) <= 6).all()
-    # One example ([L]) works too, eagerly and in tf.data.
+    out = fn(block)
+    assert set(out) == {"input_ids", "masked_lm_positions", "masked_lm_ids",
+                        "masked_lm_weights"}
+    assert all(isinstance(v, np.ndarray) for v in out.values())
+    assert out["masked_lm_positions"].shape == (6, 8)
+    assert out["input_ids"].dtype == np.int32 and out["masked_lm_positions"].dtype == np.int32
+    assert out["masked_lm_weights"].dtype == np.float32
+    # Rows of a block get different masks; the same seed, the same masks; another seed,
+    # other masks; the input is not modified.
+    assert len({tuple(r) for r in out["masked_lm_positions"]}) > 1
+    again = fn({k: v.copy() for k, v in block.items()})
+    for k in out:
+      np.testing.assert_array_equal(out[k], again[k])
+    other = fn(dict(block, mask_seed=np.array([7, 2])))
+    assert not np.array_equal(other["masked_lm_positions"], out["masked_lm_positions"])
+    assert (block["input_ids"] == ids).all()
+    assert (out["masked_lm_weights"].sum(1) >= 5).all()  # floor(35 * 0.15 + u) in {5, 6}
+    assert (out["masked_lm_weights"].sum(1) <= 6).all()
+    # One example ([L]) works too, and is the first row of the same block of one.
     one = {"input_ids": ids, "mask_seed": np.array([7, 2])}
     single = fn(one)
     assert single["masked_lm_positions"].shape == (8,)
-    mapped = next(tf.data.Dataset.from_tensors(one).map(fn).as_numpy_iterator())
-    np.testing.assert_array_equal(single["input_ids"].numpy(), mapped["input_ids"])
+    np.testing.assert_array_equal(single["input_ids"],
+                                  fn(dict(one, input_ids=ids[None]))["input_ids"][0])
+
+
+def test_mask_fn_shorter_rows_than_predictions(tagged):
+  """L < P: every candidate can be chosen, the rest of the P slots is padding."""
+  tok = tokenizer_lib.Tokenizer.from_path(tagged["vocab"])
+  ids = np.array([[tok.cls_id, 5, 6, 7, tok.sep_id, 0]], np.int32)
+  out = _mask_fn(tok, max_predictions_per_seq=10, masked_lm_prob=1.0)(
+      {"input_ids": ids, "mask_seed": np.array([0, 3])})
+  np.testing.assert_array_equal(out["masked_lm_positions"][0], [1, 2, 3] + [0] * 7)
+  np.testing.assert_array_equal(out["masked_lm_ids"][0], [5, 6, 7] + [0] * 7)
+  np.testing.assert_array_equal(out["masked_lm_weights"][0], [1, 1, 1] + [0] * 7)
+
+
+def test_a_state_saved_by_tensorflow_masking_resumes_with_a_notice(tagged, caplog):
+  """Saved states carry the masking version; one from before (TF masks) resumes at the same
+  examples, with one warning that its masks are drawn afresh."""
+  cfg = _cfg(tagged)
+  it = pretrain.PretrainIterator(cfg, batch_size=4, seed=0)
+  next(it)
+  state = it.get_state()
+  assert state["masking"] == masking.VERSION
+  old = {k: v for k, v in state.items() if k != "masking"}
+  resumed = pretrain.PretrainIterator(cfg, batch_size=4, seed=0)
+  with caplog.at_level("WARNING"):
+    resumed.set_state(old)
+  assert any("masking version 1" in r.getMessage() for r in caplog.records)
+  after = next(resumed)
+  expect = next(it)
+  # The same examples (unmasked ids), masks drawn by this version: identical here.
+  np.testing.assert_array_equal(after["masked_lm_positions"], expect["masked_lm_positions"])
+  it.close(), resumed.close()
 
 
 def test_masking_statistics_real_corpus(real):

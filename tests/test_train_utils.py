@@ -91,6 +91,18 @@ def run(args, *, devices: int = 1, timeout: float = 240, check: bool = True, **e
   return proc
 
 
+# What a GPU or TPU image may lack: the jobs run on prepared corpora without them.
+NOT_ON_JOB_PATHS = ("tensorflow", "tensorflow_datasets", "clu")
+
+
+def without_tensorflow(args: list[str]) -> list[str]:
+  """`args` (python -m MODULE ...) run where importing TensorFlow, TFDS or clu fails."""
+  assert args[:2] == [sys.executable, "-m"], args
+  code = (f"import runpy, sys\nfor m in {NOT_ON_JOB_PATHS!r}: sys.modules[m] = None\n"
+          f"sys.argv = {[args[2]] + args[3:]!r}\nrunpy.run_module({args[2]!r}, run_name='__main__')")
+  return [sys.executable, "-c", code]
+
+
 def run_python(code: str, *, devices: int = 8, timeout: float = 240) -> str:
   """Runs `code` in a fresh interpreter with `devices` fake CPU devices; returns stdout."""
   return run([sys.executable, "-c", code], devices=devices, timeout=timeout).stdout
