@@ -91,7 +91,11 @@ class BertConfig(ModelConfig):
   param_dtype: Any = "float32"  # master weights
   remat: str = "none"  # "none" | "full" | "dots": rematerialise each layer
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
-  attention_impl: str | None = None  # jax.nn.dot_product_attention implementation
+  # Attention without probability dropout (evaluation, prediction, attention_dropout_rate=0):
+  # None = jax.nn.dot_product_attention with the additive bias; "cudnn" = cuDNN's fused flash
+  # attention (GPU, bfloat16/float16; padding as sequence lengths); "xla" = the same
+  # arguments on XLA. See `fused_attention`.
+  attention_impl: str | None = None
   # Dropout's random bits: "hash" (a counter hash keyed by threefry; masks ~7x cheaper
   # on CPU) or "threefry" (jax.random.bernoulli, as flax's nn.Dropout). See `Dropout`.
   dropout_rng: str = "hash"
@@ -114,6 +118,12 @@ class BertConfig(ModelConfig):
     if self.dropout_rng not in DROPOUT_RNGS:
       raise errors.ConfigError(f"dropout_rng {self.dropout_rng!r} unknown; "
                        f"choose one of {DROPOUT_RNGS}.")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise errors.ConfigError(f"attention_impl {self.attention_impl!r} unknown; choose one of "
+                               f"{ATTENTION_IMPLS} (model.attention_impl).")
+    if self.attention_impl == "cudnn" and self.dtype not in (jnp.bfloat16, jnp.float16):
+      raise errors.ConfigError(f"attention_impl 'cudnn' computes in bfloat16 or float16, not "
+                               f"{self.dtype}: set model.dtype=bfloat16 (or attention_impl=xla).")
     if self.remat not in REMAT_POLICIES:
       raise errors.ConfigError(f"remat {self.remat!r} unknown; "
                        f"choose one of {sorted(REMAT_POLICIES)}.")
@@ -345,6 +355,30 @@ def _rows(x: jax.Array, positions_BE: jax.Array | None, axis: int) -> jax.Array:
   return jnp.take_along_axis(x, _expand_rows(positions_BE, x.ndim, axis).astype(jnp.int32), axis)
 
 
+ATTENTION_IMPLS = (None, "xla", "cudnn")
+
+
+def fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, implementation: str | None):
+  """Softmax(q k^T / sqrt(K) + bias) v through jax.nn.dot_product_attention.
+
+  None passes the additive bias as it is (XLA's attention). "xla" and "cudnn" pass what
+  cuDNN's fused flash attention accepts, the same values: a padding bias [B, 1, 1, M] as the
+  keys' lengths (every bert_jax batch pads at the end: input_mask is a prefix of ones), any
+  other bias (packed rows, causal) broadcast to one per query [B, 1, L, M]. cuDNN needs
+  bfloat16 or float16 (BertConfig checks)."""
+  if implementation is None:
+    return jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, bias=bias_B11M)
+  batch, length, _, _ = q_BLHK.shape
+  if bias_B11M.shape[2] == 1:  # padding only: the number of real keys of each row
+    # At least one key: a row of padding alone (a filler row of a batch) stays finite.
+    lengths_B = jnp.maximum(jnp.sum(bias_B11M[:, 0, 0, :] == 0, axis=-1), 1).astype(jnp.int32)
+    return jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, key_value_seq_lengths=lengths_B,
+                                        implementation=implementation)
+  bias_B1LM = jnp.broadcast_to(bias_B11M, (batch, 1, length, k_BMHK.shape[1]))
+  return jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, bias=bias_B1LM.astype(q_BLHK.dtype),
+                                      implementation=implementation)
+
+
 class SelfAttention(nn.Module):
   """Bidirectional multi-head self-attention with an additive padding bias.
 
@@ -366,9 +400,7 @@ class SelfAttention(nn.Module):
     q_BLHK = nn.with_logical_constraint(
         q_BLHK, ("activation_batch", "activation_length", "activation_heads", "activation_kv"))
     if deterministic or cfg.attention_dropout_rate == 0.0:
-      # The fused path: cuDNN flash attention on GPU, XLA elsewhere.
-      ctx_BLHK = jax.nn.dot_product_attention(
-          q_BLHK, k_BMHK, v_BMHK, bias=bias_B11M, implementation=cfg.attention_impl)
+      ctx_BLHK = fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, cfg.attention_impl)
     else:
       # Dropout on the attention probabilities (as in BERT) needs them explicitly;
       # jax.nn.dot_product_attention does not expose dropout.
