@@ -3,7 +3,8 @@
     python -m bench.profile_step                          # variants of XLA:CPU options, interleaved
     python -m bench.profile_step --ref_rev=HEAD~1         # this checkout's model vs an earlier one
     python -m bench.profile_step --pieces                 # forward / backward / optimizer split
-    python -m bench.profile_step --trace=/tmp/step_trace  # per-op profile (xprof) of the step
+    python -m bench.profile_step --trace=/tmp/step_trace  # trace + top kernels by time, grouped
+    python -m bench.profile_step --trace=/tmp/t --dtype=bfloat16 --batch=256  # on a GPU
 
 On a shared CPU, step times drift by 2x with the load of other processes, so
 every comparison here is made inside one process: all variants are compiled
@@ -112,6 +113,112 @@ def _dots_only(cfg, batch: int, seq_len: int, preds: int):
   return jax.jit(step), (args,), flops
 
 
+# ----------------------------------------------------------------------------
+# Where a traced step's device time goes: kernels by time, grouped (no TensorBoard needed).
+
+CATEGORIES = ("matmuls", "attention", "elementwise/fusions", "copies/transposes",
+              "gather/scatter", "optimizer", "other")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \S+ ([\w\-]+)\(")
+_MOVES = {"parameter", "transpose", "copy", "bitcast", "reshape", "broadcast", "constant",
+          "slice", "concatenate", "pad", "tuple", "get-tuple-element", "copy-start", "copy-done"}
+
+
+def hlo_categories(hlo_text: str) -> dict[str, str]:
+  """{instruction name: category} of an optimized HLO module (`compiled.as_text()`): what
+  each kernel a trace names is. A fusion is what it contains (a dot: a matmul, an attention
+  matmul when it has batch dimensions, as BERT's scores and context; a gather or scatter;
+  data movement alone); cuBLAS / cuDNN custom calls by their target; elementwise work that
+  is neither forward (jvp) nor backward (transpose) of the loss is the optimizer's."""
+  comps: dict[str, list[tuple[str, str, str]]] = {}
+  current = None
+  for line in hlo_text.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      current = comps.setdefault(m.group(1), [])
+      continue
+    m = _INSTRUCTION.match(line)
+    if m and current is not None:
+      current.append((m.group(1), m.group(2), line))
+
+  def kind(opcode: str, line: str, called: list[tuple[str, str, str]]) -> str:
+    target = re.search(r'custom_call_target="([^"]+)"', line)
+    target = target.group(1).lower() if target else ""
+    if "fmha" in target or "attention" in target or "flash" in target:
+      return "attention"
+    if "gemm" in target or "cublas" in target or "matmul" in target:
+      return "matmuls"
+    ops = {op for _, op, _ in called} | {opcode}
+    lines = [l for _, op, l in called if op in ("dot", "convolution")]
+    if opcode in ("dot", "convolution"):
+      lines.append(line)
+    if lines:
+      return "attention" if any("lhs_batch_dims=" in l for l in lines) else "matmuls"
+    if ops & {"gather", "scatter", "dynamic-slice", "dynamic-update-slice", "select-and-scatter"}:
+      return "gather/scatter"
+    if ops <= _MOVES or opcode in ("copy", "transpose", "copy-start", "copy-done"):
+      return "copies/transposes"
+    names = re.findall(r'op_name="([^"]*)"', line + "".join(l for _, _, l in called))
+    if names and not any("jvp(" in n or "transpose(" in n for n in names):
+      return "optimizer"
+    return "elementwise/fusions"
+
+  out = {}
+  for instructions in comps.values():
+    for name, opcode, line in instructions:
+      calls = re.search(r"calls=%([\w.\-]+)", line)
+      out[name] = kind(opcode, line, comps.get(calls.group(1), []) if calls else [])
+  return out
+
+
+def trace_events(trace_dir: str) -> list[dict]:
+  """The device op events of the newest trace under `trace_dir` (its .trace.json.gz): GPU
+  kernels where the trace has a device, else XLA:CPU's per-op events (they need
+  XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true). Each: name, hlo_op, dur (us)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import gzip  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
+                 key=os.path.getmtime)
+  if not paths:
+    raise FileNotFoundError(f"no *.trace.json.gz under {trace_dir}")
+  with gzip.open(paths[-1], "rt") as f:
+    data = json.load(f)
+  events = data["traceEvents"] if isinstance(data, dict) else data
+  devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+             and "/device:" in str(e.get("args", {}).get("name", ""))}
+  ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
+  on_device = [e for e in ops if e["pid"] in devices]
+  return [dict(name=e["name"], hlo_op=e["args"]["hlo_op"], dur=float(e.get("dur", 0.0)))
+          for e in (on_device or ops)]
+
+
+def kernel_summary(events: list[dict], categories: dict[str, str], steps: int,
+                   step_s: float, top: int = 25) -> str:
+  """The top kernels by device time per step and the category totals, with their share of
+  the step's wall time (what the kernels leave is idle device time: launch gaps, host)."""
+  by_kernel = collections.defaultdict(lambda: [0.0, 0, ""])
+  for e in events:
+    k = by_kernel[e["name"]]
+    k[0] += e["dur"] / 1e6 / steps
+    k[1] += 1
+    k[2] = categories.get(e["hlo_op"], "other")
+  busy = sum(v[0] for v in by_kernel.values())
+  lines = [f"step {1e3 * step_s:.2f} ms (untraced); kernels {1e3 * busy:.2f} ms a step "
+           f"({100 * busy / step_s:.1f}%: below 100 the device idles, above it ops overlap)", "",
+           f"{'category':22s} {'ms/step':>9s} {'share of step':>14s}"]
+  totals = collections.Counter()
+  for t, _, c in by_kernel.values():
+    totals[c] += t
+  for c in CATEGORIES:
+    if totals[c]:
+      lines.append(f"{c:22s} {1e3 * totals[c]:9.2f} {100 * totals[c] / step_s:13.1f}%")
+  lines += ["", f"{'kernel':70s} {'category':20s} {'calls':>6s} {'ms/step':>9s} {'share':>7s}"]
+  for name, (t, n, c) in sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:top]:
+    lines.append(f"{name[:70]:70s} {c:20s} {n // steps:6d} {1e3 * t:9.3f} {100 * t / step_s:6.1f}%")
+  return "\n".join(lines)
+
+
 def _time_round_robin(fns: dict, rounds: int) -> dict:
   """{name: (callable, args)} -> {name: [seconds per round]}; one call of each per round."""
   import jax
@@ -164,7 +271,11 @@ def main(argv=None) -> None:
   parser.add_argument("--compare_no_mesh", action="store_true",
                       help="also time a plain jax.jit of train_step")
   parser.add_argument("--pieces", action="store_true", help="forward / backward / optimizer split")
-  parser.add_argument("--trace", default="", help="write an xprof trace of 2 steps here")
+  parser.add_argument("--trace", default="",
+                      help="write a trace of --trace_steps steps here and print the top kernels "
+                           "by time, grouped (matmuls, attention, elementwise, copies, "
+                           "gather/scatter, optimizer)")
+  parser.add_argument("--trace_steps", type=int, default=3)
   args = parser.parse_args(argv)
 
   import jax
@@ -198,18 +309,35 @@ def main(argv=None) -> None:
     def run():
       own[0], metrics = c(own[0], data, rng)
       return metrics
+    run.hlo = c.as_text()
     return run
 
   model = model_lib.BertForPreTraining(cfg)
   if args.trace:
     run = compiled_step(model)
-    jax.block_until_ready(run())
+    for _ in range(3):  # warm-up; then the untraced step time, then the traced steps
+      jax.block_until_ready(run())
+    t = time.perf_counter()
+    for _ in range(args.trace_steps):
+      jax.block_until_ready(run())
+    step_s = (time.perf_counter() - t) / args.trace_steps
     jax.profiler.start_trace(args.trace)
-    for _ in range(2):
+    for _ in range(args.trace_steps):
       jax.block_until_ready(run())
     jax.profiler.stop_trace()
-    print(f"trace in {args.trace} (set XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true for per-op "
-          "events; summarise with bench/profile_step.py --summarize=...)")
+    print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype} on "
+          f"{jax.devices()[0].device_kind}; {args.trace_steps} steps traced into {args.trace} "
+          "(xprof / TensorBoard read it too)")
+    try:
+      events = trace_events(args.trace)
+    except FileNotFoundError as e:
+      print(f"no kernel summary: {e}")
+      return
+    if not events:
+      print("the trace holds no per-op events (on CPU set "
+            "XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true)")
+      return
+    print(kernel_summary(events, hlo_categories(run.hlo), args.trace_steps, step_s))
     return
   fns["step (this checkout)"] = (compiled_step(model), ())
   variants = [(f"model.py @ {args.ref_rev}", _model_at(args.ref_rev))] if args.ref_rev else []

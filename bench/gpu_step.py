@@ -1,0 +1,409 @@
+"""The pre-training step on one GPU: bert_jax vs transformers eager vs transformers + torch.compile.
+
+    python -m bench.gpu_step                        # every workload, every system (one GPU, ~8 min)
+    python -m bench.gpu_step --workloads=bert-base-128,modern-packed --systems=bert_jax,compile
+    python -m bench.gpu_step --variants='cudnn:model.attention_impl=cudnn,model.attention_dropout_rate=0'
+    python -m bench.gpu_step --smoke                # CPU, tiny models, seconds (what the test runs)
+
+Workloads (bfloat16 compute, float32 master weights, random ids, the same batch on each side):
+  bert-{base,large}-128   BERT at L=128, batch 256 (P=20 masked positions a row)
+  bert-{base,large}-512   BERT at L=512, batch 32 (P=76)
+  modern-packed           ModernBERT-base at L=1024, 16 packed rows of documents of log-normal
+                          length (bench/modern_step.py's workload: median 256, sigma 0.9);
+                          tokens/s counts useful (non-padding) tokens; transformers is fed the
+                          same examples bucketed by length (--modern_torch_mode)
+  modern-full             ModernBERT-base at L=1024, 16 rows of one 1024-token document each
+Systems: bert_jax (the trainer's jitted train_step, as bench.train_step runs it), eager
+(transformers BertForPreTraining / ModernBertForMaskedLM, SDPA attention, bf16 autocast, fused
+AdamW, global-norm clipping), compile (the same under torch.compile). Each (workload, system)
+runs in its own process; the systems of a workload run one after another (rounds alternate
+their order). A row: median ms/step over --steps steps after --warmup, tokens/s, seconds to
+the first step (compilation included), peak device memory, MFU against the chip's dense bf16
+peak (bert_jax.flops.PEAK_BF16_FLOPS) and against a bf16 matmul measured in the run.
+
+--variants adds bert_jax rows with config overrides and/or XLA flags, each its own process:
+  NAME:model.attention_impl=cudnn,model.attention_dropout_rate=0;NAME2:xla=--xla_gpu_enable_triton_gemm=false
+--budget_s skips the rows that would start after it (reported as not run). Imports no
+TensorFlow. Appends the table to bench/RESULTS.md unless --no_record or --smoke; --json
+writes the rows too.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+START = time.perf_counter()  # a child's seconds to its first step count from here (imports too)
+RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB = 30522
+
+BERT = {  # name: (preset, L, batch, P)
+    "bert-base-128": ("base", 128, 256, 20), "bert-base-512": ("base", 512, 32, 76),
+    "bert-large-128": ("large", 128, 256, 20), "bert-large-512": ("large", 512, 32, 76),
+}
+MODERN = {  # name: modern_step options (packed rows of documents)
+    "modern-packed": dict(median_len=256, sigma=0.9, min_len=16),
+    "modern-full": dict(median_len=1024, sigma=0.0, min_len=1024),
+}
+WORKLOADS = tuple(BERT) + tuple(MODERN)
+SYSTEMS = ("bert_jax", "eager", "compile")
+# The most informative rows first: what runs before --budget_s runs out.
+PRIORITY = ("bert-base-128", "modern-packed", "bert-large-128", "bert-base-512",
+            "bert-large-512", "modern-full")
+
+
+def modern_opts(name: str, smoke: bool) -> dict:
+  opts = dict(preset="modernbert-base", seq_len=1024, rows=16, preds=320, examples_per_row=8,
+              mask_prob=0.3, batches=1, seed=0, threads=os.cpu_count() or 1, lr=1e-4, peak_n=1024,
+              **MODERN[name])
+  if smoke:
+    opts.update(num_layers=3, hidden_size=64, num_heads=4, intermediate_size=96, local_window=16,
+                vocab_size=500, seq_len=128, rows=2, preds=40, max_position_embeddings=128,
+                median_len=min(opts["median_len"], 128), min_len=min(opts["min_len"], 128))
+  return opts
+
+
+def _sync(device: str):
+  if device == "cuda":
+    import torch  # pylint: disable=g-import-not-at-top
+    torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------
+# Children: one (workload, system) each; print one RESULT line.
+
+def _bert_batch(spec: dict) -> dict:
+  from bench.train_step import _batch  # pylint: disable=g-import-not-at-top
+  preset, L, batch, P = spec["bert"]
+  return _batch(np.random.default_rng(0), batch, L, P, spec["vocab"])
+
+
+def _time_steps(step, n_warmup: int, n: int, sync) -> list[float]:
+  for _ in range(n_warmup):
+    step()
+  sync()
+  times = []
+  for _ in range(n):
+    t = time.perf_counter()
+    step()
+    sync()
+    times.append(time.perf_counter() - t)
+  return times
+
+
+def child_bert_jax(spec: dict) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import flops as flops_lib, registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  if "bert" in spec:
+    from bench.train_step import bench_config  # pylint: disable=g-import-not-at-top
+    preset, L, batch, P = spec["bert"]
+    config = bench_config(preset, L, spec["dtype"], batch, spec["vocab"])
+    if spec.get("smoke"):
+      config.model.max_position_embeddings = max(L, 32)
+    host_batches = [_bert_batch(spec)]
+    tokens = [batch * L]
+  else:
+    from bench import modern_step  # pylint: disable=g-import-not-at-top
+    opts = spec["modern"]
+    config = modern_step._config(opts)  # pylint: disable=protected-access
+    config.model.dtype = spec["dtype"]
+    steps, _ = modern_step.make_steps(opts, config.model.vocab_size)
+    host_batches = [s["batch"] for s in steps]
+    tokens = [s["tokens"] for s in steps]
+  for key, value in spec.get("overrides", {}).items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  model, objective, sample = registry.pretraining(config)
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
+                              devices=jax.devices()[:1])
+  with trainer.activate():
+    state = trainer.init()
+    batches = [trainer.to_global(b) for b in host_batches]
+    rng = jax.random.key(0)
+    t = time.perf_counter()
+    compiled = trainer.train_step.lower(state, batches[0], rng).compile()
+    compile_s = time.perf_counter() - t
+    box = [state, None]
+
+    def step(i=[0]):  # pylint: disable=dangerous-default-value
+      box[0], box[1] = compiled(box[0], batches[i[0] % len(batches)], rng)
+      i[0] += 1
+
+    step()
+    jax.block_until_ready(box)
+    first_s = time.perf_counter() - START
+    times = _time_steps(step, spec["warmup"], spec["steps"], lambda: jax.block_until_ready(box))
+    stats = jax.devices()[0].memory_stats() or {}
+    mem = stats.get("peak_bytes_in_use")
+    if mem is None:
+      ma = compiled.memory_analysis()
+      mem = getattr(ma, "temp_size_in_bytes", 0) + getattr(ma, "argument_size_in_bytes", 0)
+  cfg = model.config
+  if "bert" in spec:
+    preset, L, batch, P = spec["bert"]
+    flops = flops_lib.train_flops_per_step(cfg, batch, L, P)
+  else:
+    flops = statistics.mean(modern_step.useful_flops(cfg, s) for s in steps)
+  return dict(step_s=statistics.median(times), first_s=first_s, compile_s=compile_s,
+              mem_gib=mem / 2**30, flops=flops, tokens=statistics.mean(tokens),
+              loss=float(box[1]["loss"]), versions=f"jax {jax.__version__}",
+              device=jax.devices()[0].device_kind)
+
+
+def _torch_setup(spec: dict):
+  import torch  # pylint: disable=g-import-not-at-top
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  if device == "cpu":
+    torch.set_num_threads(os.cpu_count() or 1)
+  else:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+  return torch, device
+
+
+def _adamw(torch, params, device):
+  try:
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, eps=1e-6, fused=device == "cuda")
+  except (RuntimeError, TypeError, ValueError):
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, eps=1e-6)
+
+
+def child_torch(spec: dict) -> dict:
+  torch, device = _torch_setup(spec)
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  autocast = lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=spec["dtype"] == "bfloat16")
+  if "bert" in spec:
+    from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+    preset, L, batch, P = spec["bert"]
+    p = model_lib.PRESETS[preset]
+    hf = transformers.BertConfig(vocab_size=spec["vocab"], hidden_size=p["hidden_size"],
+                                 num_hidden_layers=p["num_layers"], num_attention_heads=p["num_heads"],
+                                 intermediate_size=4 * p["hidden_size"], hidden_act="gelu_new",
+                                 max_position_embeddings=max(L, 32 if spec.get("smoke") else 512),
+                                 attn_implementation="sdpa")
+    model = transformers.BertForPreTraining(hf).to(device).train()
+    b = _bert_batch(spec)
+    labels = np.full(b["input_ids"].shape, -100, np.int64)
+    np.put_along_axis(labels, b["masked_lm_positions"], b["masked_lm_ids"], 1)
+    tt = lambda x: torch.tensor(x, dtype=torch.long, device=device)
+    parts = [(dict(input_ids=tt(b["input_ids"]), token_type_ids=tt(b["segment_ids"]),
+                   attention_mask=tt(b["input_mask"]), labels=tt(labels),
+                   next_sentence_label=tt(b["next_sentence_labels"])), 1.0)]
+    cfg = model_lib.BertConfig.from_preset(preset, vocab_size=spec["vocab"])
+    flops, tokens = flops_lib.train_flops_per_step(cfg, batch, L, P), batch * L
+  else:
+    from bench import modern_step  # pylint: disable=g-import-not-at-top
+    opts = spec["modern"]
+    steps, _ = modern_step.make_steps(opts, modern_step.model_config(opts).vocab_size)
+    theirs = modern_step.Theirs(opts, steps)
+    model = theirs.model.to(device)
+    to_dev = lambda v: ({k: to_dev(x) for k, x in v.items()} if isinstance(v, dict)
+                        else v.to(device) if hasattr(v, "to") else v)
+    parts = [({k: to_dev(v) for k, v in kw.items()}, w)
+             for kw, w in theirs._inputs(spec["torch_mode"], 0)]  # pylint: disable=protected-access
+    cfg = modern_step.model_config(opts)
+    flops, tokens = modern_step.useful_flops(cfg, steps[0]), steps[0]["tokens"]
+  opt = _adamw(torch, model.parameters(), device)
+  forward = torch.compile(model) if spec["system"] == "compile" else model
+
+  def step():
+    total = 0.0
+    for kwargs, w in parts:
+      with autocast():
+        loss = forward(**kwargs).loss * w
+      loss.backward()
+      total = total + loss.detach()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    step.loss = total
+
+  if device == "cuda":
+    torch.cuda.reset_peak_memory_stats()
+  step()
+  _sync(device)
+  first_s = time.perf_counter() - START
+  times = _time_steps(step, spec["warmup"], spec["steps"], lambda: _sync(device))
+  mem = torch.cuda.max_memory_allocated() if device == "cuda" else float("nan")
+  return dict(step_s=statistics.median(times), first_s=first_s, compile_s=float("nan"),
+              mem_gib=mem / 2**30, flops=flops, tokens=tokens, loss=float(step.loss),
+              calls=len(parts), versions=f"torch {torch.__version__}, transformers {transformers.__version__}",
+              device=torch.cuda.get_device_name() if device == "cuda" else platform.machine())
+
+
+def child_matmul(spec: dict) -> dict:
+  """The best bf16 matmul rate JAX reaches on this device (square shapes)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  best = 0.0
+  for n in spec["sizes"]:
+    a = jnp.ones((n, n), jnp.bfloat16)
+    mm = jax.jit(lambda x, y: x @ y)
+    mm(a, a).block_until_ready()
+    for _ in range(5):
+      t = time.perf_counter()
+      mm(a, a).block_until_ready()
+      best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
+  return dict(flops_per_s=best, device=jax.devices()[0].device_kind, versions=f"jax {jax.__version__}")
+
+
+def child(spec: dict) -> None:
+  fn = {"bert_jax": child_bert_jax, "eager": child_torch, "compile": child_torch,
+        "matmul": child_matmul}[spec["system"]]
+  print("RESULT " + json.dumps(fn(spec)), flush=True)
+
+
+# ----------------------------------------------------------------------------
+# The driver.
+
+def run_child(spec: dict, timeout: float, xla_flags: str = "") -> dict:
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  if xla_flags:
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
+  t = time.perf_counter()
+  try:
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_step", "--child", json.dumps(spec)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return dict(error=f"timed out after {timeout:.0f} s")
+  for line in proc.stdout.splitlines():
+    if line.startswith("RESULT "):
+      return dict(json.loads(line[7:]), wall_s=time.perf_counter() - t)
+  tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+  return dict(error=f"exit {proc.returncode}: " + " | ".join(tail)[-400:])
+
+
+def parse_variants(text: str) -> list[tuple[str, dict, str]]:
+  """'NAME:key=value,key=value;...' -> [(name, config overrides, XLA flags)]; the key `xla`
+  takes flags (space-separated), other keys are config fields (values as Python literals
+  where they parse, else strings)."""
+  import ast  # pylint: disable=g-import-not-at-top
+  out = []
+  for item in filter(None, (v.strip() for v in text.split(";"))):
+    name, _, body = item.partition(":")
+    overrides, flags = {}, ""
+    for kv in filter(None, body.split(",")):
+      key, _, value = kv.partition("=")
+      if key.strip() == "xla":
+        flags += " " + value.strip()
+        continue
+      try:
+        overrides[key.strip()] = ast.literal_eval(value.strip())
+      except (ValueError, SyntaxError):
+        overrides[key.strip()] = value.strip()
+    out.append((name.strip(), overrides, flags.strip()))
+  return out
+
+
+def _fmt(row: dict, dense_peak: float, measured_peak: float) -> str:
+  if "error" in row:
+    return (f"| {row['workload']} | {row['system']} | not run: {row['error']} |"
+            + " |" * 7)
+  s = row["step_s"]
+  mfu = lambda peak: f"{100 * row['flops'] / s / peak:.1f}%" if peak else "n/a"
+  return (f"| {row['workload']} | {row['system']} | {row['tokens'] / s / 1e3:.1f}k | {1e3 * s:.1f} | "
+          f"{row['first_s']:.1f} | {row['mem_gib']:.2f} | {mfu(dense_peak)} | {mfu(measured_peak)} | "
+          f"{row.get('vs_best', float('nan')):.2f} | {row['loss']:.3f} |")
+
+
+def main(argv=None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workloads", default=",".join(PRIORITY))
+  parser.add_argument("--systems", default=",".join(SYSTEMS))
+  parser.add_argument("--variants", default="", help="extra bert_jax rows (see above)")
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=1, help="passes over the rows (alternating)")
+  parser.add_argument("--dtype", default="bfloat16")
+  parser.add_argument("--modern_torch_mode", default="bucketed",
+                      help="how transformers is fed modern-packed (bench/modern_step.py modes)")
+  parser.add_argument("--budget_s", type=float, default=450.0)
+  parser.add_argument("--child_timeout_s", type=float, default=240.0)
+  parser.add_argument("--matmul_sizes", default="4096,8192")
+  parser.add_argument("--smoke", action="store_true", help="CPU, tiny models, seconds")
+  parser.add_argument("--json", default="", help="also write the rows here")
+  parser.add_argument("--no_record", action="store_true")
+  parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.child:
+    child(json.loads(args.child))
+    return []
+  if args.smoke:
+    args.steps, args.warmup, args.matmul_sizes = 2, 1, "256"
+  start = time.perf_counter()
+  workloads = [w for w in args.workloads.split(",") if w]
+  unknown = set(workloads) - set(WORKLOADS)
+  if unknown:
+    parser.error(f"unknown workloads {sorted(unknown)}; choose from {list(WORKLOADS)}")
+  systems = [(s, {}, "") for s in args.systems.split(",") if s]
+  systems += [(f"bert_jax[{n}]", o, f) for n, o, f in parse_variants(args.variants)]
+  mm = run_child(dict(system="matmul", sizes=[int(n) for n in args.matmul_sizes.split(",")]),
+                 args.child_timeout_s)
+  measured = mm.get("flops_per_s", 0.0)
+  device = mm.get("device", "?")
+  from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  dense = flops_lib.PEAK_BF16_FLOPS.get(device, 0.0)
+  rows = []
+  for r in range(args.rounds):
+    for i, workload in enumerate(workloads):
+      order = systems if (r + i) % 2 == 0 else systems[::-1]
+      for system, overrides, flags in order:
+        base = system.split("[")[0]
+        spec = dict(system=base, dtype=args.dtype, steps=args.steps, warmup=args.warmup,
+                    vocab=500 if args.smoke else VOCAB, smoke=args.smoke, overrides=overrides,
+                    torch_mode=args.modern_torch_mode)
+        if workload in BERT:
+          preset, L, batch, P = BERT[workload]
+          spec["bert"] = ("tiny", 32, 2, 5) if args.smoke else (preset, L, batch, P)
+        else:
+          spec["modern"] = modern_opts(workload, args.smoke)
+        row = dict(workload=workload, system=system, round=r, xla_flags=flags)
+        if time.perf_counter() - start > args.budget_s:
+          row["error"] = f"budget of {args.budget_s:.0f} s spent"
+        else:
+          row.update(run_child(spec, args.child_timeout_s, flags))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+  ok = [r for r in rows if "error" not in r]
+  for w in workloads:
+    best_peer = min((r["step_s"] for r in ok if r["workload"] == w and not r["system"].startswith("bert_jax")),
+                    default=None)
+    for r in ok:
+      if r["workload"] == w and r["system"].startswith("bert_jax") and best_peer:
+        r["vs_best"] = best_peer / r["step_s"]
+  versions = sorted({r["versions"] for r in ok} | ({mm["versions"]} if "versions" in mm else set()))
+  header = ("| workload | system | tokens/s | ms/step | first step s | peak mem GiB | MFU (dense peak) "
+            "| MFU (measured matmul) | bert_jax vs best peer | loss |")
+  table = "\n".join([header, "|" + "---|" * 10] + [_fmt(r, dense, measured) for r in rows])
+  summary = (f"Device: {device}; dense bf16 peak {dense / 1e12:.0f} TFLOP/s (data sheet), measured "
+             f"bf16 matmul {measured / 1e12:.1f} TFLOP/s; {'; '.join(versions)}; {args.dtype}; median "
+             f"of {args.steps} steps after {args.warmup}; {time.perf_counter() - start:.0f} s in all.")
+  print(summary)
+  print(table)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(summary=summary, rows=rows), f, indent=1)
+  if not args.no_record and not args.smoke:
+    cmd = "python -m bench.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:])
+    with open(RESULTS, "a") as f:
+      f.write(f"\n## GPU step ({datetime.date.today()})\n\nCommand: `{cmd}`  \n{summary}\n\n"
+              f"{table}\n")
+  return rows
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,98 @@
+"""bench/gpu_step.py and profile_step's kernel summary: what CPU can check of the GPU tools."""
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bench import gpu_step
+from bench import profile_step
+from tests import test_train_utils as tu
+
+
+def _hlo(fn, *args):
+  return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_hlo_categories_name_what_each_kernel_does():
+  def step(w, x, ids):
+    def loss(w):
+      h = x @ w  # a projection: matmul
+      s = jnp.einsum("bld,bmd->blm", h, h)  # batched: attention's scores
+      g = jnp.take(h, ids, axis=1)  # gather
+      return jnp.sum(jax.nn.softmax(s)) + jnp.sum(g ** 2)
+    grad = jax.grad(loss)(w)
+    return w - 0.1 * grad / (jnp.sqrt(jnp.sum(grad ** 2)) + 1.0)  # the update: optimizer
+
+  w, x = jnp.ones((16, 16)), jnp.ones((2, 8, 16))
+  cats = profile_step.hlo_categories(_hlo(step, w, x, jnp.arange(4)))
+  found = set(cats.values())
+  assert {"matmuls", "attention", "gather/scatter", "optimizer"} <= found, cats
+  assert found <= set(profile_step.CATEGORIES)
+  moves = profile_step.hlo_categories(_hlo(lambda a: a.T.copy() * 1.0 + 0.0, jnp.ones((64, 32))))
+  assert "optimizer" in moves.values() or "copies/transposes" in moves.values()
+
+
+def test_kernel_summary_shares_and_order():
+  events = [dict(name="gemm_a", hlo_op="f.1", dur=3000.0), dict(name="gemm_a", hlo_op="f.1", dur=3000.0),
+            dict(name="fusion_b", hlo_op="f.2", dur=1000.0), dict(name="fusion_b", hlo_op="f.2", dur=1000.0),
+            dict(name="mystery", hlo_op="f.9", dur=200.0)]
+  out = profile_step.kernel_summary(events, {"f.1": "matmuls", "f.2": "optimizer"}, steps=2,
+                                    step_s=0.005)
+  lines = out.splitlines()
+  assert "kernels 4.10 ms a step (82.0%" in lines[0]
+  assert any(l.startswith("matmuls") and "60.0%" in l for l in lines)
+  assert any(l.startswith("optimizer") and "20.0%" in l for l in lines)
+  assert any(l.startswith("other") for l in lines)
+  kernels = [l.split()[0] for l in lines[lines.index(next(l for l in lines if l.startswith("kernel"))) + 1:]]
+  assert kernels == ["gemm_a", "fusion_b", "mystery"]
+
+
+def test_variants_parse_config_fields_and_xla_flags():
+  v = gpu_step.parse_variants(
+      "cudnn:model.attention_impl=cudnn,model.attention_dropout_rate=0; "
+      "nocublas:xla=--xla_gpu_enable_triton_gemm=false,xla=--xla_gpu_autotune_level=0")
+  assert v == [("cudnn", {"model.attention_impl": "cudnn", "model.attention_dropout_rate": 0}, ""),
+               ("nocublas", {}, "--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0")]
+
+
+def test_gpu_step_imports_no_tensorflow():
+  out = subprocess.run(tu.without_tensorflow([sys.executable, "-m", "bench.gpu_step", "--help"]),
+                       cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and "torch.compile" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_gpu_step_smoke_on_cpu(tmp_path):
+  """Both families, bert_jax and transformers eager, a variant with a config override and an
+  XLA flag, each in its own process where TensorFlow cannot be imported; the rows land in
+  --json."""
+  out = tmp_path / "rows.json"
+  code = ("import sys\nfor m in ('tensorflow', 'tensorflow_datasets', 'clu'): sys.modules[m] = None\n"
+          "from bench import gpu_step\n"
+          f"gpu_step.main(['--smoke', '--workloads=bert-base-128,modern-packed', "
+          f"'--systems=bert_jax,eager', '--json={out}', "
+          "'--variants=xla:model.attention_impl=xla,xla=--xla_cpu_use_thunk_runtime=true'])")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=tu.REPO, env=tu.env(), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert {(r["workload"], r["system"]) for r in rows} == {
+      (w, s) for w in ("bert-base-128", "modern-packed") for s in ("bert_jax", "eager", "bert_jax[xla]")}
+  bad = [r for r in rows if "error" in r]
+  assert not bad, bad
+  for r in rows:
+    assert r["step_s"] > 0 and r["first_s"] > 0 and r["tokens"] > 0 and r["flops"] > 0
+  assert "| bert-base-128 | bert_jax |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_profile_step_trace_summary_on_cpu(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.profile_step", "--preset=tiny", "--batch=2", "--seq_len=32",
+       f"--trace={tmp_path}", "--trace_steps=2"], cwd=tu.REPO, capture_output=True, text=True,
+      timeout=600, env=tu.env(XLA_FLAGS="--xla_cpu_enable_xprof_traceme=true"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "matmuls" in proc.stdout and "share of step" in proc.stdout, proc.stdout
