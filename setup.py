@@ -46,7 +46,10 @@ EXTRAS = {
         "datasets==5.2.0",  # writes the HuggingFace `datasets` directories the corpus tests read
     ],
     "tpu": ["jax[tpu]==0.10.2"],
+    # NVIDIA GPUs: the CUDA 12 plugin (drivers >= 525), or [gpu13] for CUDA 13 (drivers >= 580):
+    # the two plugins jax 0.10.2 ships (extras cuda12 / cuda13).
     "gpu": ["jax[cuda12]==0.10.2"],
+    "gpu13": ["jax[cuda13]==0.10.2"],
 }
 
 setuptools.setup(

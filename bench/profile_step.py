@@ -119,7 +119,7 @@ def _dots_only(cfg, batch: int, seq_len: int, preds: int):
 CATEGORIES = ("matmuls", "attention", "elementwise/fusions", "copies/transposes",
               "gather/scatter", "optimizer", "other")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \S+ ([\w\-]+)\(")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (?:\(.*?\)|\S+) ([\w\-]+)\(")
 _MOVES = {"parameter", "transpose", "copy", "bitcast", "reshape", "broadcast", "constant",
           "slice", "concatenate", "pad", "tuple", "get-tuple-element", "copy-start", "copy-done"}
 

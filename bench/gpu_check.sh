@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU session's one prepared run: the kernel profile of BERT-base's step, then
+# bench/gpu_step.py (bert_jax vs transformers eager / torch.compile), results under $OUT.
+#
+#   here, once:   echo /.whl/ >> .git/info/exclude && bash bench/gpu_check.sh --wheels
+#   device run:   bash bench/gpu_check.sh          (carry [".whl"], timeout_s 600)
+#   here, a CPU rehearsal of the same script in a minute or two:  bash bench/gpu_check.sh --smoke
+#
+# The device image has jax, flax, optax, orbax, torch and transformers but not ml_collections
+# or zstandard: --wheels downloads them (pure Python / manylinux, Python 3.12) into .whl/.
+# Extra arguments go to gpu_step (e.g. --variants=...). Ends inside ~9 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+if [ "${1:-}" = --wheels ]; then
+  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl ml-collections==1.1.0 zstandard==0.25.0
+  exit
+fi
+SMOKE=0
+if [ "${1:-}" = --smoke ]; then SMOKE=1; shift; fi
+if ls .whl/*.whl >/dev/null 2>&1 && [ "$SMOKE" = 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=3
+start=$(date +%s)
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
+  python3 -c "import jax, jaxlib, flax, torch, transformers; print('jax', jax.__version__, jaxlib.__version__, 'flax', flax.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__, jax.devices())"
+} 2>&1 | tee "$OUT/device.txt"
+if [ "$SMOKE" = 1 ]; then
+  XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true timeout 300 python3 -m bench.profile_step \
+    --preset=tiny --batch=2 --seq_len=32 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
+  timeout 600 python3 -m bench.gpu_step --smoke --workloads=bert-base-128 --systems=bert_jax,eager \
+    --json="$OUT/gpu_step.json" "$@" 2>&1 | tee "$OUT/gpu_step.log"
+  exit
+fi
+# 1. Where BERT-base's step spends its time (L=128, batch 256, bf16: the issue's first row).
+timeout 170 python3 -m bench.profile_step --preset=base --batch=256 --seq_len=128 \
+  --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=3 2>&1 | tee "$OUT/profile.log"
+# 2. The benchmark, with what is left of ~9 minutes (rows past the budget are reported as not run).
+left=$(( 500 - ($(date +%s) - start) ))
+timeout $(( left + 60 )) python3 -m bench.gpu_step --budget_s=$(( left - 40 )) --child_timeout_s=200 \
+  --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
+echo "gpu_check: $(( $(date +%s) - start )) s; outputs in $OUT"
