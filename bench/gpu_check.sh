@@ -34,7 +34,8 @@ if [ "$SMOKE" = 1 ]; then
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true timeout 300 python3 -m bench.profile_step \
     --preset=tiny --batch=2 --seq_len=32 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
   timeout 600 python3 -m bench.gpu_step --smoke --workloads=bert-base-128 --systems=bert_jax,eager \
-    --json="$OUT/gpu_step.json" "$@" 2>&1 | tee "$OUT/gpu_step.log"
+    --variants="flash:bert.model.attention_impl=pallas" --json="$OUT/gpu_step.json" "$@" 2>&1 \
+    | tee "$OUT/gpu_step.log"
   exit
 fi
 # 1. Where BERT-base's step spends its time (L=128, batch 256, bf16: the first row).
@@ -42,6 +43,8 @@ timeout 170 python3 -m bench.profile_step --preset=base --batch=256 --seq_len=12
   --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=3 2>&1 | tee "$OUT/profile.log"
 # 2. The benchmark, with what is left of ~9 minutes (rows past the budget are reported as not run).
 left=$(( 500 - ($(date +%s) - start) ))
+# The Pallas flash kernels (attention dropout fused) as a variant row of every workload.
 timeout $(( left + 60 )) python3 -m bench.gpu_step --budget_s=$(( left - 40 )) --child_timeout_s=200 \
+  --variants="${VARIANTS:-flash:bert.model.attention_impl=pallas,modern.model.attention=flash}" \
   --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
 echo "gpu_check: $(( $(date +%s) - start )) s; outputs in $OUT"

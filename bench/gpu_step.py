@@ -2,7 +2,7 @@
 
     python -m bench.gpu_step                        # every workload, every system (one GPU, ~8 min)
     python -m bench.gpu_step --workloads=bert-base-128,modern-packed --systems=bert_jax,compile
-    python -m bench.gpu_step --variants='cudnn:model.attention_impl=cudnn,model.attention_dropout_rate=0'
+    python -m bench.gpu_step --variants='flash:bert.model.attention_impl=pallas,modern.model.attention=flash'
     python -m bench.gpu_step --smoke                # CPU, tiny models, seconds (what the test runs)
 
 Workloads (bfloat16 compute, float32 master weights, random ids, the same batch on each side):
@@ -21,8 +21,11 @@ their order). A row: median ms/step over --steps steps after --warmup, tokens/s,
 the first step (compilation included), peak device memory, MFU against the chip's dense bf16
 peak (bert_jax.flops.PEAK_BF16_FLOPS) and against a bf16 matmul measured in the run.
 
---variants adds bert_jax rows with config overrides and/or XLA flags, each its own process:
-  NAME:model.attention_impl=cudnn,model.attention_dropout_rate=0;NAME2:xla=--xla_gpu_enable_triton_gemm=false
+--variants adds bert_jax rows with config overrides and/or XLA flags, each its own process;
+a field prefixed `bert.` or `modern.` applies to that family's workloads only:
+  flash:bert.model.attention_impl=pallas,modern.model.attention=flash  (bert_jax.flash kernels)
+  cudnn:bert.model.attention_impl=cudnn,bert.model.attention_dropout_rate=0
+  cublas:xla=--xla_gpu_enable_triton_gemm=false
 --budget_s skips the rows that would start after it (reported as not run). Imports no
 TensorFlow. Appends the table to bench/RESULTS.md unless --no_record or --smoke; --json
 writes the rows too.
@@ -119,7 +122,13 @@ def child_bert_jax(spec: dict) -> dict:
     steps, _ = modern_step.make_steps(opts, config.model.vocab_size)
     host_batches = [s["batch"] for s in steps]
     tokens = [s["tokens"] for s in steps]
+  family = "bert" if "bert" in spec else "modern"
   for key, value in spec.get("overrides", {}).items():
+    scope, _, rest = key.partition(".")
+    if scope in ("bert", "modern"):  # a family's field only
+      if scope != family:
+        continue
+      key = rest
     node = config
     *parents, leaf = key.split(".")
     for p in parents:

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import flash
 from input_pipeline import errors
 
 # Additive attention bias for padding. Large but finite so a fully padded row
@@ -95,6 +96,8 @@ class BertConfig(ModelConfig):
   # None = jax.nn.dot_product_attention with the additive bias; "cudnn" = cuDNN's fused flash
   # attention (GPU, bfloat16/float16; padding as sequence lengths); "xla" = the same
   # arguments on XLA. See `fused_attention`.
+  # "pallas" = bert_jax.flash: a flash-attention kernel with the probability dropout fused
+  # (the same masks as the explicit path), for training too.
   attention_impl: str | None = None
   # Dropout's random bits: "hash" (a counter hash keyed by threefry; masks ~7x cheaper
   # on CPU) or "threefry" (jax.random.bernoulli, as flax's nn.Dropout). See `Dropout`.
@@ -197,15 +200,6 @@ class Rows:
   length: int
 
 
-def _fmix32(h: jax.Array) -> jax.Array:
-  """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
 def _expand_rows(positions_BE: jax.Array, ndim: int, axis: int) -> jax.Array:
   """[B, E] row indices -> rank `ndim`, batch on dim 0 and the rows on `axis`."""
   return jnp.expand_dims(positions_BE, tuple(d for d in range(1, ndim) if d != axis))
@@ -239,7 +233,7 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...], rows: Rows | None = None) 
       i = jax.lax.broadcasted_iota(jnp.uint32, shape, d)
     index = index + i * jnp.uint32(stride)
     stride *= full[d]
-  return _fmix32(_fmix32(index ^ k[0]) + k[1])
+  return flash.fmix32(flash.fmix32(index ^ k[0]) + k[1])
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array, rng: str = "hash",
@@ -280,7 +274,11 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    return dropout(x, self.rate, self.make_rng("dropout"), self.rng, rows)
+    return dropout(x, self.rate, self.key(), self.rng, rows)
+
+  def key(self) -> jax.Array:
+    """The key this module's call draws its mask from (a fused kernel drawing the same)."""
+    return self.make_rng("dropout")
 
 
 def attention_bias(input_mask_BM: jax.Array, dtype) -> jax.Array:
@@ -355,7 +353,7 @@ def _rows(x: jax.Array, positions_BE: jax.Array | None, axis: int) -> jax.Array:
   return jnp.take_along_axis(x, _expand_rows(positions_BE, x.ndim, axis).astype(jnp.int32), axis)
 
 
-ATTENTION_IMPLS = (None, "xla", "cudnn")
+ATTENTION_IMPLS = (None, "xla", "cudnn", "pallas")
 
 
 def fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, implementation: str | None):
@@ -379,6 +377,28 @@ def fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, implementation: str | Non
                                       implementation=implementation)
 
 
+def _flash(q_BLHK, k_BMHK, v_BMHK, bias_B1LM, query_positions_BE, rate, key, causal):
+  """bert_jax.flash on the segments the additive bias encodes: padding [B, 1, 1, M] (every
+  query sees the real keys), left-to-right (the same, plus causal), or packed rows [B, 1, L, M]
+  (a row's segment: the first key it sees; padding rows see padding only: finite, unread)."""
+  batch, length = q_BLHK.shape[:2]
+  full = k_BMHK.shape[1]
+  allowed_BLM = bias_B1LM[:, 0] == 0
+  if bias_B1LM.shape[2] == 1 or causal:
+    kv_seg_BM = (allowed_BLM[:, 0] if bias_B1LM.shape[2] == 1
+                 else jnp.diagonal(allowed_BLM, axis1=1, axis2=2)).astype(jnp.int32)
+    q_seg_BL = jnp.ones((batch, length), jnp.int32)
+  else:
+    kv_seg_BM = jnp.where(allowed_BLM.any(-1), jnp.argmax(allowed_BLM, -1) + 1, 0).astype(jnp.int32)
+    q_seg_BL = kv_seg_BM if query_positions_BE is None else jnp.take_along_axis(
+        kv_seg_BM, query_positions_BE.astype(jnp.int32), 1)
+  positions_BL = (jnp.broadcast_to(jnp.arange(full, dtype=jnp.int32), (batch, full))
+                  if query_positions_BE is None else query_positions_BE.astype(jnp.int32))
+  keys = None if key is None else jax.random.bits(key, (2,), jnp.uint32)
+  return flash.flash_attention(q_BLHK, k_BMHK, v_BMHK, q_seg_BL, kv_seg_BM, positions_BL, keys,
+                               rate=rate, full_length=full, causal=causal)
+
+
 class SelfAttention(nn.Module):
   """Bidirectional multi-head self-attention with an additive padding bias.
 
@@ -395,10 +415,18 @@ class SelfAttention(nn.Module):
     q_BLHK = proj(name="query")(_rows(x_BLD, query_positions_BE, 1))
     k_BMHK = proj(name="key")(x_BLD)
     v_BMHK = proj(name="value")(x_BLD)
-    if bias_B11M.shape[2] > 1:  # packed rows: a bias per query
-      bias_B11M = _rows(bias_B11M, query_positions_BE, 2)
     q_BLHK = nn.with_logical_constraint(
         q_BLHK, ("activation_batch", "activation_length", "activation_heads", "activation_kv"))
+    if cfg.attention_impl == "pallas" and (deterministic or cfg.attention_dropout_rate == 0.0
+                                           or cfg.dropout_rng == "hash"):  # else: explicit
+      rate = 0.0 if deterministic else cfg.attention_dropout_rate
+      key = Dropout(rate, cfg.dropout_rng).key() if rate > 0 else None  # the explicit path's
+      ctx_BLHK = _flash(q_BLHK, k_BMHK, v_BMHK, bias_B11M, query_positions_BE, rate, key,
+                        cfg.causal)
+      return _Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
+                         name="output")(ctx_BLHK)
+    if bias_B11M.shape[2] > 1:  # packed rows: a bias per query
+      bias_B11M = _rows(bias_B11M, query_positions_BE, 2)
     if deterministic or cfg.attention_dropout_rate == 0.0:
       ctx_BLHK = fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, cfg.attention_impl)
     else:

@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import flash
 from bert_jax import model as model_lib
 from input_pipeline import errors
 
@@ -36,7 +37,7 @@ ACTIVATIONS = {"gelu": model_lib.ACTIVATIONS["gelu"], "gelu_tanh": model_lib.ACT
                "silu": jax.nn.silu, "relu": jax.nn.relu}
 NORMS = ("layernorm", "rmsnorm")
 POOLINGS = ("cls", "mean", "late")  # "late": EuroBERT's mean of per-token head outputs
-ATTENTIONS = ("banded", "dense", "splash")
+ATTENTIONS = ("banded", "dense", "splash", "flash")  # flash: bert_jax.flash (Pallas; GPU)
 
 # Published sizes (vocabulary, layers, hidden, heads, intermediate; the rest from the family's
 # defaults). A published preset keeps its (padded) vocabulary size, so that its checkpoint
@@ -473,6 +474,22 @@ def splash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype)
   return run(q, kk, v, seg).transpose(0, 2, 1, 3)[:, :length].astype(dtype)
 
 
+def flash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, rate=0.0, key=None):
+  """bert_jax.flash over a row's examples (padding, segment 0, reads and is read by nothing:
+  its rows are finite and unread), within `half_window` positions when given; grouped keys
+  and values repeated to the query heads. With `rate`, the probabilities' dropout draws
+  `dense_attention`'s masks for the same key (dropout_rng "hash")."""
+  h, g = q_BLHK.shape[2], k_BLGK.shape[2]
+  if g != h:
+    k_BLGK, v_BLGK = jnp.repeat(k_BLGK, h // g, axis=2), jnp.repeat(v_BLGK, h // g, axis=2)
+  batch, length = segment_ids_BL.shape
+  seg = segment_ids_BL.astype(jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  keys = None if key is None or rate == 0 else jax.random.bits(key, (2,), jnp.uint32)
+  return flash.flash_attention(q_BLHK, k_BLGK, v_BLGK, jnp.where(seg > 0, seg, -1), seg,
+                               positions, keys, rate=rate, window=half_window)
+
+
 class Attention(nn.Module):
   """Multi-head (grouped-query) self-attention with rotary positions; global or local."""
   config: ModernConfig
@@ -487,7 +504,7 @@ class Attention(nn.Module):
     q_BLHK, k_BLGK, v_BLGK = proj(h, "query"), proj(g, "key"), proj(g, "value")
     q_BLHK = nn.with_logical_constraint(
         q_BLHK, ("activation_batch", "activation_length", "activation_heads", "activation_kv"))
-    drop = None
+    drop = key = None
     if not deterministic and cfg.attention_dropout_rate > 0:
       key = self.make_rng("dropout")  # drawn here: the kinds may be branches of a lax.cond
       drop = lambda p: model_lib.dropout(p, cfg.attention_dropout_rate, key, cfg.dropout_rng)
@@ -495,6 +512,10 @@ class Attention(nn.Module):
     def attend(glob: bool):
       theta = cfg.rope_theta if glob else cfg.local_rope_theta
       q, kk = rope(q_BLHK, positions_BL, theta), rope(k_BLGK, positions_BL, theta)
+      if cfg.attention == "flash" and (drop is None or cfg.dropout_rng == "hash"):
+        return flash_attention(q, kk, v_BLGK, segment_ids_BL,
+                               None if glob else cfg.local_window // 2,
+                               0.0 if drop is None else cfg.attention_dropout_rate, key)
       if cfg.attention == "splash" and drop is None:
         return splash_attention(q, kk, v_BLGK, segment_ids_BL,
                                 None if glob else cfg.local_window // 2, cfg.dtype)

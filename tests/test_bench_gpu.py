@@ -74,7 +74,8 @@ def test_gpu_step_smoke_on_cpu(tmp_path):
           "from bench import gpu_step\n"
           f"gpu_step.main(['--smoke', '--workloads=bert-base-128,modern-packed', "
           f"'--systems=bert_jax,eager', '--json={out}', "
-          "'--variants=xla:model.attention_impl=xla,xla=--xla_cpu_use_thunk_runtime=true'])")
+          "'--variants=xla:bert.model.attention_impl=xla,modern.model.attention=dense,"
+          "xla=--xla_cpu_use_thunk_runtime=true'])")
   proc = subprocess.run([sys.executable, "-c", code], cwd=tu.REPO, env=tu.env(), capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

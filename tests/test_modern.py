@@ -70,7 +70,7 @@ def _torch(x):
 
 
 @pytest.mark.parametrize("family", ["modernbert", "eurobert"])
-@pytest.mark.parametrize("attention", ["banded", "dense", "splash"])
+@pytest.mark.parametrize("attention", ["banded", "dense", "splash", "flash"])
 def test_hidden_states_and_mlm_logits_match_transformers(tmp_path, family, attention):
   path, hf = _hf_dir(tmp_path, family, "ForMaskedLM")
   cfg, params = modern_formats.read_hf(path, "pretraining")

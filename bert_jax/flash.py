@@ -1,0 +1,268 @@
+"""Flash attention with BERT's attention-probability dropout fused, as Pallas kernels.
+
+`flash_attention(q, k, v, q_segments, kv_segments, q_positions, dropout_keys, rate=...)`:
+softmax(q k^T / sqrt(K)) v where a query sees the keys of its own segment (padding and packed
+rows), optionally only earlier keys (causal) or those within `window` positions, with inverted
+dropout of rate `rate` on the probabilities. Forward and backward (a custom VJP) run in
+blocks: the [L, M] probabilities are never written to memory, and the backward recomputes
+them and their dropout mask from the counters.
+
+The dropout mask is `model.hash_bits`'s, element for element: the bits of probability
+(b, h, position, key) are fmix32(fmix32(index ^ k0) + k1) of its row-major index in the
+[B, H, full_length, M] array, so this path drops exactly what the explicit path
+(`SelfAttention` with `dropout_rng="hash"`) drops for the same key (tested).
+
+Pallas lowers the kernels through Triton on NVIDIA GPUs; on CPU they run in Pallas's
+interpret mode (slow: for tests); other backends are refused. Block sizes: 64 x 64 by
+default, head dims padded to a power of two. Selected by `model.attention_impl=pallas`
+(BERT) and `model.attention=flash` (ModernBERT, EuroBERT).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+import jax.numpy as jnp
+import numpy as np
+
+MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: exp(MASKED - m) is 0 or, all masked, 1
+
+
+def fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finaliser: a bijection of uint32 with full avalanche."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _keep(keys, bh, q_pos, k_idx, *, heads, full_length, kv_length, rate):
+  """[bq, bk] bool: which probabilities survive dropout (see the module doc). `keys`: (k0,
+  k1); `bh`: the program's (batch, head), read outside the loops (interpret mode wants so)."""
+  b, h = bh[0].astype(jnp.uint32), bh[1].astype(jnp.uint32)
+  row = (b * jnp.uint32(heads) + h) * jnp.uint32(full_length)
+  index = ((row + q_pos.astype(jnp.uint32))[:, None] * jnp.uint32(kv_length)
+           + k_idx.astype(jnp.uint32)[None, :])
+  bits = fmix32(fmix32(index ^ keys[0]) + keys[1])
+  return bits >= jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))
+
+
+def _scores(q, k, q_seg, k_seg, q_pos, k_idx, *, scale, causal, window):
+  s = pl.dot(q, k, trans_b=True) * scale
+  allowed = q_seg[:, None] == k_seg[None, :]
+  if causal:
+    allowed &= k_idx[None, :] <= q_pos[:, None]
+  if window is not None:
+    allowed &= jnp.abs(k_idx[None, :] - q_pos[:, None]) <= window
+  return jnp.where(allowed, s, MASKED)
+
+
+def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, o_ref, lse_ref,
+                    *, cfg):
+  q, q_seg, q_pos = q_ref[...], qseg_ref[...], qpos_ref[...]
+  bq, bk = q.shape[0], cfg["block_k"]
+  keys, bh = (keys_ref[0], keys_ref[1]), (pl.program_id(0), pl.program_id(1))
+
+  def body(j, carry):
+    acc, m, l = carry
+    cols = pl.ds(j * bk, bk)
+    k_idx = j * bk + jnp.arange(bk)
+    s = _scores(q, k_ref[cols, :], q_seg, kseg_ref[cols], q_pos, k_idx, scale=cfg["scale"],
+                causal=cfg["causal"], window=cfg["window"])
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    correction = jnp.exp(m - m_new)
+    p = jnp.exp(s - m_new[:, None])
+    l = l * correction + p.sum(axis=-1)
+    if cfg["rate"] > 0:
+      keep = _keep(keys, bh, q_pos, k_idx, heads=cfg["heads"], full_length=cfg["full_length"],
+                   kv_length=cfg["kv_length"], rate=cfg["rate"])
+      p = jnp.where(keep, p / (1.0 - cfg["rate"]), 0.0)
+    v = v_ref[cols, :]
+    acc = acc * correction[:, None] + pl.dot(p.astype(v.dtype), v)
+    return acc, m_new, l
+
+  init = (jnp.zeros((bq, q.shape[1]), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
+          jnp.zeros((bq,), jnp.float32))
+  acc, m, l = lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
+  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = m + jnp.log(l)
+
+
+def _dkv_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_ref, lse_ref,
+                delta_ref, dk_ref, dv_ref, *, cfg):
+  k, v, k_seg = k_ref[...], v_ref[...], kseg_ref[...]
+  bk, bq = k.shape[0], cfg["block_q"]
+  keys, bh = (keys_ref[0], keys_ref[1]), (pl.program_id(0), pl.program_id(1))
+  k_idx = pl.program_id(2) * bk + jnp.arange(bk)
+
+  def body(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * bq, bq)
+    q, do, q_pos = q_ref[rows, :], do_ref[rows, :], qpos_ref[rows]
+    s = _scores(q, k, qseg_ref[rows], k_seg, q_pos, k_idx, scale=cfg["scale"],
+                causal=cfg["causal"], window=cfg["window"])
+    p = jnp.exp(s - lse_ref[rows][:, None])
+    dp = pl.dot(do, v, trans_b=True)
+    if cfg["rate"] > 0:
+      keep = _keep(keys, bh, q_pos, k_idx, heads=cfg["heads"], full_length=cfg["full_length"],
+                   kv_length=cfg["kv_length"], rate=cfg["rate"])
+      p_dropped = jnp.where(keep, p / (1.0 - cfg["rate"]), 0.0)
+      dp = jnp.where(keep, dp / (1.0 - cfg["rate"]), 0.0)
+    else:
+      p_dropped = p
+    dv = dv + pl.dot(p_dropped.astype(do.dtype), do, trans_a=True)
+    ds = p * (dp - delta_ref[rows][:, None])
+    dk = dk + pl.dot(ds.astype(q.dtype), q, trans_a=True) * cfg["scale"]
+    return dk, dv
+
+  zeros = jnp.zeros(k.shape, jnp.float32)
+  dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
+  dk_ref[...] = dk.astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_ref, lse_ref,
+               delta_ref, dq_ref, *, cfg):
+  q, do, q_seg, q_pos = q_ref[...], do_ref[...], qseg_ref[...], qpos_ref[...]
+  lse, delta = lse_ref[...], delta_ref[...]
+  bk = cfg["block_k"]
+  keys, bh = (keys_ref[0], keys_ref[1]), (pl.program_id(0), pl.program_id(1))
+
+  def body(j, dq):
+    cols = pl.ds(j * bk, bk)
+    k, v = k_ref[cols, :], v_ref[cols, :]
+    k_idx = j * bk + jnp.arange(bk)
+    s = _scores(q, k, q_seg, kseg_ref[cols], q_pos, k_idx, scale=cfg["scale"],
+                causal=cfg["causal"], window=cfg["window"])
+    p = jnp.exp(s - lse[:, None])
+    dp = pl.dot(do, v, trans_b=True)
+    if cfg["rate"] > 0:
+      keep = _keep(keys, bh, q_pos, k_idx, heads=cfg["heads"], full_length=cfg["full_length"],
+                   kv_length=cfg["kv_length"], rate=cfg["rate"])
+      dp = jnp.where(keep, dp / (1.0 - cfg["rate"]), 0.0)
+    ds = p * (dp - delta[:, None])
+    return dq + pl.dot(ds.astype(k.dtype), k) * cfg["scale"]
+
+  dq = lax.fori_loop(0, k_ref.shape[0] // bk, body, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = dq.astype(dq_ref.dtype)
+
+
+def _specs(cfg, lp: int, mp: int, along: str):
+  """BlockSpecs of (keys, q, k, v, q_seg, q_pos, kv_seg, do, lse, delta) for a grid over
+  (batch, head, query blocks) or (batch, head, key blocks)."""
+  K, bq, bk = cfg["head_dim"], cfg["block_q"], cfg["block_k"]
+  keys = pl.BlockSpec((2,), lambda b, h, i: (0,))
+  if along == "q":
+    q_rows = pl.BlockSpec((None, bq, None, K), lambda b, h, i: (b, i, h, 0))
+    q_vec = pl.BlockSpec((None, bq), lambda b, h, i: (b, i))
+    stat = pl.BlockSpec((None, None, bq), lambda b, h, i: (b, h, i))
+    kv_rows = pl.BlockSpec((None, mp, None, K), lambda b, h, i: (b, 0, h, 0))
+    kv_vec = pl.BlockSpec((None, mp), lambda b, h, i: (b, 0))
+  else:
+    q_rows = pl.BlockSpec((None, lp, None, K), lambda b, h, j: (b, 0, h, 0))
+    q_vec = pl.BlockSpec((None, lp), lambda b, h, j: (b, 0))
+    stat = pl.BlockSpec((None, None, lp), lambda b, h, j: (b, h, 0))
+    kv_rows = pl.BlockSpec((None, bk, None, K), lambda b, h, j: (b, j, h, 0))
+    kv_vec = pl.BlockSpec((None, bk), lambda b, h, j: (b, j))
+  return dict(keys=keys, q=q_rows, k=kv_rows, v=kv_rows, q_seg=q_vec, q_pos=q_vec,
+              kv_seg=kv_vec, do=q_rows, lse=stat, delta=stat)
+
+
+@functools.lru_cache(maxsize=None)
+def _attention(cfg_items: tuple):
+  """The custom-VJP attention of one static configuration (on padded inputs)."""
+  cfg = dict(cfg_items)
+  call = functools.partial(pl.pallas_call, interpret=cfg["interpret"])
+
+  def forward(q, k, v, q_seg, kv_seg, q_pos, keys):
+    B, lp, H, K = q.shape
+    mp = k.shape[1]
+    s = _specs(cfg, lp, mp, "q")
+    o, lse = call(
+        functools.partial(_forward_kernel, cfg=cfg), grid=(B, H, lp // cfg["block_q"]),
+        in_specs=[s["keys"], s["q"], s["k"], s["v"], s["q_seg"], s["q_pos"], s["kv_seg"]],
+        out_specs=[s["q"], s["lse"]],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((B, H, lp), jnp.float32)],
+    )(keys, q, k, v, q_seg, q_pos, kv_seg)
+    return o, lse
+
+  @jax.custom_vjp
+  def attention(q, k, v, q_seg, kv_seg, q_pos, keys):
+    return forward(q, k, v, q_seg, kv_seg, q_pos, keys)[0]
+
+  def fwd(q, k, v, q_seg, kv_seg, q_pos, keys):
+    o, lse = forward(q, k, v, q_seg, kv_seg, q_pos, keys)
+    return o, (q, k, v, q_seg, kv_seg, q_pos, keys, o, lse)
+
+  def bwd(res, do):
+    q, k, v, q_seg, kv_seg, q_pos, keys, o, lse = res
+    B, lp, H, K = q.shape
+    mp = k.shape[1]
+    delta = jnp.einsum("blhk,blhk->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
+    args = (keys, q, k, v, q_seg, q_pos, kv_seg, do, lse, delta)
+    names = ("keys", "q", "k", "v", "q_seg", "q_pos", "kv_seg", "do", "lse", "delta")
+    sk = _specs(cfg, lp, mp, "k")
+    dk, dv = call(functools.partial(_dkv_kernel, cfg=cfg), grid=(B, H, mp // cfg["block_k"]),
+                  in_specs=[sk[n] for n in names], out_specs=[sk["k"], sk["v"]],
+                  out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
+                             jax.ShapeDtypeStruct(v.shape, v.dtype)])(*args)
+    sq = _specs(cfg, lp, mp, "q")
+    dq = call(functools.partial(_dq_kernel, cfg=cfg), grid=(B, H, lp // cfg["block_q"]),
+              in_specs=[sq[n] for n in names], out_specs=sq["q"],
+              out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype))(*args)
+    return dq, dk, dv, None, None, None, None
+
+  attention.defvjp(fwd, bwd)
+  return attention
+
+
+def _block(n: int, block: int) -> int:
+  """A power-of-two block of at most `block`, at least 16 (Triton's smallest dot)."""
+  return max(16, min(block, pl.next_power_of_2(n)))
+
+
+def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_positions_BL,
+                    dropout_keys=None, *, rate: float = 0.0, full_length: int | None = None,
+                    causal: bool = False, window: int | None = None, block_q: int = 64,
+                    block_k: int = 64, interpret: bool | None = None) -> jax.Array:
+  """Attention of queries [B, L, H, K] over keys and values [B, M, H, K] (see the module doc).
+
+  q_segments_BL / kv_segments_BM: int; a query sees the keys of equal segment. q_positions_BL:
+  each query's position among the M keys (the causal and window masks, and the dropout
+  counters: `full_length` rows in all, default M). dropout_keys: uint32 [2] (the k0, k1 of
+  `model.hash_bits`), needed when rate > 0."""
+  B, L, H, K = q_BLHK.shape
+  M = k_BMHK.shape[1]
+  if rate > 0 and dropout_keys is None:
+    raise ValueError("flash_attention with dropout needs dropout_keys (uint32 [2]).")
+  full = M if full_length is None else full_length
+  if math.prod((B, H, full, M)) >= 2 ** 32:
+    raise ValueError(f"dropout counters are uint32; [B, H, L, M] = {(B, H, full, M)} has too many.")
+  bq, bk = _block(L, block_q), _block(M, block_k)
+  lp, mp = -(-L // bq) * bq, -(-M // bk) * bk
+  kp = pl.next_power_of_2(K)
+  pad = lambda x, n, k=K: jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, kp - k)))
+  q, k, v = pad(q_BLHK, lp), pad(k_BMHK, mp), pad(v_BMHK, mp)
+  # Padded queries and keys get segments that match nothing (their rows are dropped).
+  q_seg = jnp.pad(q_segments_BL.astype(jnp.int32), ((0, 0), (0, lp - L)), constant_values=-1)
+  kv_seg = jnp.pad(kv_segments_BM.astype(jnp.int32), ((0, 0), (0, mp - M)), constant_values=-2)
+  q_pos = jnp.pad(q_positions_BL.astype(jnp.int32), ((0, 0), (0, lp - L)))
+  keys = (jnp.zeros((2,), jnp.uint32) if dropout_keys is None
+          else jnp.asarray(dropout_keys, jnp.uint32))
+  if interpret is None:
+    backend = jax.default_backend()
+    if backend not in ("gpu", "cpu"):
+      raise ValueError(f"bert_jax.flash is a GPU kernel (Triton); on {backend} use XLA's "
+                       "attention (model.attention_impl unset) or, for ModernBERT on TPU, "
+                       "model.attention=splash.")
+    interpret = backend == "cpu"  # Pallas's interpreter: the same maths, for tests
+  cfg = dict(scale=1.0 / math.sqrt(K), rate=float(rate), heads=H, full_length=full, kv_length=M,
+             block_q=bq, block_k=bk, head_dim=kp, causal=causal, window=window,
+             interpret=interpret)
+  out = _attention(tuple(sorted(cfg.items())))(q, k, v, q_seg, kv_seg, q_pos, keys)
+  return out[:, :L, :, :K]

@@ -1,0 +1,171 @@
+"""bert_jax.flash: the Pallas flash-attention kernels (interpret mode on CPU) against the
+explicit maths: values, gradients, and dropout masks element for element."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import flash
+from bert_jax import model as model_lib
+from bert_jax import modern
+
+
+def _qkv(b=2, l=24, h=2, k=16, m=None, seed=0):
+  rng = np.random.default_rng(seed)
+  shape = lambda n: (b, n, h, k)
+  return (jnp.asarray(rng.standard_normal(shape(l)), jnp.float32),
+          jnp.asarray(rng.standard_normal(shape(m or l)), jnp.float32),
+          jnp.asarray(rng.standard_normal(shape(m or l)), jnp.float32))
+
+
+def _reference(q, k, v, allowed_BLM, rate=0.0, key=None):
+  s = jnp.einsum("blhk,bmhk->bhlm", q, k) / np.sqrt(q.shape[-1])
+  p = jax.nn.softmax(jnp.where(allowed_BLM[:, None], s, model_lib.NEG_INF), -1)
+  if rate:
+    p = model_lib.dropout(p, rate, key, "hash")
+  return jnp.einsum("bhlm,bmhk->blhk", p, v)
+
+
+def _check(got_fn, want_fn, args, rows, tol=2e-5):
+  got, want = got_fn(*args), want_fn(*args)
+  np.testing.assert_allclose(np.asarray(got)[rows], np.asarray(want)[rows], atol=tol)
+  w = jnp.asarray(np.random.default_rng(9).standard_normal(want.shape), jnp.float32) * rows[..., None, None]
+  g_got = jax.grad(lambda *a: jnp.sum(got_fn(*a) * w), argnums=(0, 1, 2))(*args)
+  g_want = jax.grad(lambda *a: jnp.sum(want_fn(*a) * w), argnums=(0, 1, 2))(*args)
+  for name, a, b in zip("qkv", g_got, g_want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol, err_msg=f"d{name}")
+
+
+def test_padding_and_dropout_equal_the_explicit_masks():
+  """Keys past each row's length are masked; dropout 0.3 drops exactly model.hash_bits's
+  probabilities for the same key (values and gradients of q, k, v)."""
+  q, k, v = _qkv()
+  mask = (np.arange(24)[None] < np.array([24, 13])[:, None]).astype(np.int32)
+  key = jax.random.key(3)
+  keys = jax.random.bits(key, (2,), jnp.uint32)
+  pos = jnp.broadcast_to(jnp.arange(24), (2, 24))
+  got = lambda q, k, v: flash.flash_attention(q, k, v, jnp.ones((2, 24), jnp.int32), mask, pos,
+                                              keys, rate=0.3)
+  want = lambda q, k, v: _reference(q, k, v, np.broadcast_to(mask[:, None] > 0, (2, 24, 24)),
+                                    0.3, key)
+  _check(got, want, (q, k, v), mask > 0)
+  # No dropout: a different function (the masks above were really applied).
+  plain = flash.flash_attention(q, k, v, jnp.ones((2, 24), jnp.int32), mask, pos)
+  assert np.abs(np.asarray(plain) - np.asarray(got(q, k, v)))[mask > 0].max() > 1e-2
+
+
+@pytest.mark.parametrize("window,causal", [(None, False), (3, False), (None, True)])
+def test_packed_segments_windows_and_causal(window, causal):
+  q, k, v = _qkv(b=1, l=40, k=8)
+  seg = np.array([[1] * 17 + [2] * 15 + [0] * 8])
+  pos = np.arange(40)
+  allowed = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+  if window is not None:
+    allowed &= np.abs(pos[:, None] - pos[None, :]) <= window
+  if causal:
+    allowed &= pos[None, :] <= pos[:, None]
+  got = lambda q, k, v: flash.flash_attention(
+      q, k, v, np.where(seg > 0, seg, -1), seg, pos[None], window=window, causal=causal,
+      block_q=16, block_k=16)
+  _check(got, lambda q, k, v: _reference(q, k, v, allowed), (q, k, v), seg > 0)
+
+
+def test_fewer_queries_than_keys_at_their_positions():
+  """The pre-training heads' last layer: queries at some positions of the row, keys all of it;
+  dropout counters at those positions (the full [B, H, L, M] draw's rows)."""
+  q, k, v = _qkv(b=2, l=24)
+  at = np.array([[0, 3, 7, 20, 21], [0, 1, 2, 5, 8]])
+  key = jax.random.key(1)
+  keys = jax.random.bits(key, (2,), jnp.uint32)
+  ones = jnp.ones((2, 5), jnp.int32)
+  got = lambda q, k, v: flash.flash_attention(q, k, v, ones, jnp.ones((2, 24), jnp.int32),
+                                              at, keys, rate=0.2)
+  want_full = lambda q, k, v: _reference(q, k, v, np.ones((2, 24, 24), bool), 0.2, key)
+  rows = jnp.asarray(at)[:, :, None, None]
+  want = lambda q, k, v: jnp.take_along_axis(want_full(q, k, v), rows, 1)
+  q5 = jnp.take_along_axis(q, rows, 1)
+  # Queries given at their positions equal the full computation's rows there.
+  np.testing.assert_allclose(np.asarray(got(q5, k, v)), np.asarray(want(q, k, v)), atol=2e-5)
+
+
+def test_missing_dropout_keys_is_an_error():
+  q, k, v = _qkv()
+  with pytest.raises(ValueError, match="dropout_keys"):
+    flash.flash_attention(q, k, v, jnp.ones((2, 24)), jnp.ones((2, 24)),
+                          jnp.zeros((2, 24)), rate=0.1)
+
+
+def _bert_batch():
+  rng = np.random.default_rng(0)
+  mask = (np.arange(12)[None] < np.array([12, 5, 8])[:, None]).astype(np.int32)
+  ids = rng.integers(5, 97, (3, 12)) * mask
+  return dict(input_ids=jnp.asarray(ids, jnp.int32), segment_ids=jnp.zeros((3, 12), jnp.int32),
+              input_mask=jnp.asarray(mask),
+              masked_lm_positions=jnp.asarray(np.tile(np.arange(4), (3, 1)), jnp.int32))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bert_training_step_with_the_kernel_equals_the_explicit_path(causal):
+  """BertForPreTraining training (dropout 0.1 hidden, 0.2 attention; the heads' reduced last
+  layer) with attention_impl="pallas": the same outputs and gradients as the explicit
+  attention with its dropout, for the same rngs."""
+  cfg = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=48, max_position_embeddings=24,
+                             hidden_dropout_rate=0.1, attention_dropout_rate=0.2, causal=causal)
+  batch = _bert_batch()
+  ref, fused = model_lib.BertForPreTraining(cfg), model_lib.BertForPreTraining(
+      cfg.replace(attention_impl="pallas"))
+  v = nn.unbox(ref.init(jax.random.key(0), **batch))
+  rngs = {"dropout": jax.random.key(5)}
+
+  def loss(params, module):
+    out = module.apply({"params": params}, **batch, deterministic=False, rngs=rngs)
+    return jnp.sum(out["mlm_logits"] ** 2) + jnp.sum(out["nsp_logits"]), out
+
+  (l_ref, o_ref), g_ref = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(
+      v["params"], ref)
+  (l_got, o_got), g_got = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)(
+      v["params"], fused)
+  for k in o_ref:
+    np.testing.assert_allclose(o_got[k], o_ref[k], atol=1e-5, err_msg=k)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_ref), jax.tree.leaves(g_got)):
+    np.testing.assert_allclose(b, a, atol=5e-5, err_msg=jax.tree_util.keystr(path))
+
+
+def test_modern_flash_equals_dense_with_dropout_and_grouped_heads():
+  q, _, _ = _qkv(b=2, l=37, h=4, k=8)
+  _, k, v = _qkv(b=2, l=37, h=2, k=8, seed=1)
+  seg = np.ones((2, 37), np.int32)
+  seg[1, 20:] = 2
+  seg[1, 33:] = 0
+  key = jax.random.key(2)
+  for half in (None, 3):
+    drop = lambda p: model_lib.dropout(p, 0.25, key, "hash")
+    want = modern.dense_attention(q, k, v, seg, half, jnp.float32, drop)
+    got = modern.flash_attention(q, k, v, seg, half, 0.25, key)
+    np.testing.assert_allclose(np.asarray(got)[seg > 0], np.asarray(want)[seg > 0], atol=2e-5)
+
+
+def test_bert_packed_rows_with_the_kernel_equal_the_explicit_path():
+  """Packed rows (segments from the block-diagonal bias), each example's [CLS] and the masked
+  positions computed in the last layer, dropout on."""
+  ids = jnp.asarray(np.random.default_rng(0).integers(5, 97, (2, 12)), jnp.int32)
+  example_ids = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3, [1] * 7 + [2] * 3 + [3] * 2], jnp.int32)
+  positions = jnp.asarray([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 0], list(range(7)) + [0, 1, 2, 0, 1]],
+                          jnp.int32)
+  kw = dict(position_ids=positions, packed_example_ids=example_ids,
+            cls_positions=jnp.asarray([[0, 5, 0], [0, 7, 10]], jnp.int32))
+  masked = jnp.asarray([[2, 6, 7, 0], [3, 8, 11, 1]], jnp.int32)
+  cfg = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=2,
+                             intermediate_size=48, max_position_embeddings=24,
+                             hidden_dropout_rate=0.3, attention_dropout_rate=0.3)
+  args = (ids, jnp.zeros_like(ids), example_ids > 0, masked, False)
+  ref = model_lib.BertForPreTraining(cfg)
+  fused = model_lib.BertForPreTraining(cfg.replace(attention_impl="pallas"))
+  v = nn.unbox(ref.init(jax.random.key(0), *args[:4], **kw))
+  rngs = {"dropout": jax.random.key(3)}
+  want = jax.jit(lambda v: ref.apply(v, *args, rngs=rngs, **kw))(v)
+  got = jax.jit(lambda v: fused.apply(v, *args, rngs=rngs, **kw))(v)
+  for k in want:
+    np.testing.assert_allclose(got[k], want[k], atol=1e-5, err_msg=k)
