@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 import jax.numpy as jnp
 import numpy as np
 
+BATCH_AXES, HEAD_AXES = ("data", "fsdp"), ("tensor",)  # mesh axes (bert_jax/sharding.py)
 MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: exp(MASKED - m) is 0 or, all masked, 1
 
 
@@ -42,13 +43,22 @@ def fmix32(h: jax.Array) -> jax.Array:
 
 def _keep(keys, bh, q_pos, k_idx, *, heads, full_length, kv_length, rate):
   """[bq, bk] bool: which probabilities survive dropout (see the module doc). `keys`: (k0,
-  k1); `bh`: the program's (batch, head), read outside the loops (interpret mode wants so)."""
+  k1); `bh`: the program's global (batch, head), read outside the loops (interpret mode
+  wants so)."""
   b, h = bh[0].astype(jnp.uint32), bh[1].astype(jnp.uint32)
   row = (b * jnp.uint32(heads) + h) * jnp.uint32(full_length)
   index = ((row + q_pos.astype(jnp.uint32))[:, None] * jnp.uint32(kv_length)
            + k_idx.astype(jnp.uint32)[None, :])
   bits = fmix32(fmix32(index ^ keys[0]) + keys[1])
   return bits >= jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))
+
+
+def _program(keys_ref):
+  """(k0, k1) and this program's (batch, head) in the whole array: `keys_ref` holds k0, k1
+  and the batch and head offsets of this device's shard."""
+  return ((keys_ref[0], keys_ref[1]),
+          (pl.program_id(0).astype(jnp.uint32) + keys_ref[2],
+           pl.program_id(1).astype(jnp.uint32) + keys_ref[3]))
 
 
 def _scores(q, k, q_seg, k_seg, q_pos, k_idx, *, scale, causal, window):
@@ -65,7 +75,7 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref,
                     *, cfg):
   q, q_seg, q_pos = q_ref[...], qseg_ref[...], qpos_ref[...]
   bq, bk = q.shape[0], cfg["block_k"]
-  keys, bh = (keys_ref[0], keys_ref[1]), (pl.program_id(0), pl.program_id(1))
+  keys, bh = _program(keys_ref)
 
   def body(j, carry):
     acc, m, l = carry
@@ -96,7 +106,7 @@ def _dkv_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_
                 delta_ref, dk_ref, dv_ref, *, cfg):
   k, v, k_seg = k_ref[...], v_ref[...], kseg_ref[...]
   bk, bq = k.shape[0], cfg["block_q"]
-  keys, bh = (keys_ref[0], keys_ref[1]), (pl.program_id(0), pl.program_id(1))
+  keys, bh = _program(keys_ref)
   k_idx = pl.program_id(2) * bk + jnp.arange(bk)
 
   def body(i, carry):
@@ -130,7 +140,7 @@ def _dq_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_r
   q, do, q_seg, q_pos = q_ref[...], do_ref[...], qseg_ref[...], qpos_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
   bk = cfg["block_k"]
-  keys, bh = (keys_ref[0], keys_ref[1]), (pl.program_id(0), pl.program_id(1))
+  keys, bh = _program(keys_ref)
 
   def body(j, dq):
     cols = pl.ds(j * bk, bk)
@@ -155,7 +165,7 @@ def _specs(cfg, lp: int, mp: int, along: str):
   """BlockSpecs of (keys, q, k, v, q_seg, q_pos, kv_seg, do, lse, delta) for a grid over
   (batch, head, query blocks) or (batch, head, key blocks)."""
   K, bq, bk = cfg["head_dim"], cfg["block_q"], cfg["block_k"]
-  keys = pl.BlockSpec((2,), lambda b, h, i: (0,))
+  keys = pl.BlockSpec((4,), lambda b, h, i: (0,))
   if along == "q":
     q_rows = pl.BlockSpec((None, bq, None, K), lambda b, h, i: (b, i, h, 0))
     q_vec = pl.BlockSpec((None, bq), lambda b, h, i: (b, i))
@@ -252,8 +262,9 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
   q_seg = jnp.pad(q_segments_BL.astype(jnp.int32), ((0, 0), (0, lp - L)), constant_values=-1)
   kv_seg = jnp.pad(kv_segments_BM.astype(jnp.int32), ((0, 0), (0, mp - M)), constant_values=-2)
   q_pos = jnp.pad(q_positions_BL.astype(jnp.int32), ((0, 0), (0, lp - L)))
-  keys = (jnp.zeros((2,), jnp.uint32) if dropout_keys is None
-          else jnp.asarray(dropout_keys, jnp.uint32))
+  keys = jnp.zeros((4,), jnp.uint32)  # k0, k1, batch offset, head offset (set per shard)
+  if dropout_keys is not None:
+    keys = keys.at[:2].set(jnp.asarray(dropout_keys, jnp.uint32))
   if interpret is None:
     backend = jax.default_backend()
     if backend not in ("gpu", "cpu"):
@@ -264,5 +275,22 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
   cfg = dict(scale=1.0 / math.sqrt(K), rate=float(rate), heads=H, full_length=full, kv_length=M,
              block_q=bq, block_k=bk, head_dim=kp, causal=causal, window=window,
              interpret=interpret)
-  out = _attention(tuple(sorted(cfg.items())))(q, k, v, q_seg, kv_seg, q_pos, keys)
-  return out[:, :L, :, :K]
+  run = _attention(tuple(sorted(cfg.items())))
+  mesh = jax.sharding.get_abstract_mesh()
+  split = lambda names, n: tuple(a for a in names if a in mesh.axis_names and mesh.shape[a] > 1
+                                 and n % mesh.shape[a] == 0)
+  batch_axes, head_axes = split(BATCH_AXES, B), split(HEAD_AXES, H)
+  if batch_axes or head_axes:
+    # A kernel runs on each device's rows and heads (the partitioner cannot split a kernel
+    # call); its dropout counters are the whole array's (the shard's offsets).
+    def local(q, k, v, q_seg, kv_seg, q_pos, keys):
+      offsets = [lax.axis_index(axes) * n if axes else 0
+                 for axes, n in ((batch_axes, q.shape[0]), (head_axes, q.shape[2]))]
+      keys = keys.at[2:].set(jnp.asarray(offsets, jnp.int32).astype(jnp.uint32))
+      return _attention(tuple(sorted(cfg.items())))(q, k, v, q_seg, kv_seg, q_pos, keys)
+    P = jax.sharding.PartitionSpec
+    rows = P(batch_axes or None, None, head_axes or None, None)
+    vec = P(batch_axes or None, None)
+    run = jax.shard_map(local, mesh=mesh, in_specs=(rows, rows, rows, vec, vec, vec, P()),
+                        out_specs=rows, check_vma=False)
+  return run(q, k, v, q_seg, kv_seg, q_pos, keys)[:, :L, :, :K]

@@ -437,7 +437,7 @@ def dense_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype, 
 
 
 SPLASH_BLOCK = 512  # splash's query/key block (the sequence is padded to a multiple)
-BATCH_AXES = ("data", "fsdp")  # mesh axes the rows are split over (bert_jax/sharding.py)
+BATCH_AXES = flash.BATCH_AXES  # mesh axes the rows are split over (bert_jax/sharding.py)
 
 
 def splash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype):

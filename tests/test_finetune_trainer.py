@@ -91,7 +91,8 @@ def test_sigterm_mid_epoch_then_rerun_is_bit_identical(tmp_path, pretrained):  #
   data = _sst2(tmp_path, n_train=2000)
   args = dict(num_epochs=2, checkpoint_every_steps=100_000, log_every_steps=1)
   straight, broken = tmp_path / "straight", tmp_path / "broken"
-  tu.run(_cli(straight, pretrained, data, **args))
+  # The fine-tuning job imports no TensorFlow, TFDS or clu (a GPU image has none of them).
+  tu.run(tu.without_tensorflow(_cli(straight, pretrained, data, **args)))
   log = tmp_path / "log.txt"
   with open(log, "w") as f:
     proc = subprocess.Popen(_cli(broken, pretrained, data, **args), cwd=tu.REPO, env=tu.env(),

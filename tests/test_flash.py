@@ -9,6 +9,7 @@ import pytest
 from bert_jax import flash
 from bert_jax import model as model_lib
 from bert_jax import modern
+from tests import test_train_utils as tu
 
 
 def _qkv(b=2, l=24, h=2, k=16, m=None, seed=0):
@@ -169,3 +170,34 @@ def test_bert_packed_rows_with_the_kernel_equal_the_explicit_path():
   got = jax.jit(lambda v: fused.apply(v, *args, rngs=rngs, **kw))(v)
   for k in want:
     np.testing.assert_allclose(got[k], want[k], atol=1e-5, err_msg=k)
+
+
+def test_sharded_over_rows_and_heads_equals_one_device():
+  """Under a (data 2, tensor 2) mesh the kernel runs on each device's rows and heads
+  (shard_map) and draws the whole array's dropout masks: the same outputs and gradients as
+  on one device."""
+  code = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, Mesh
+from bert_jax import flash
+rng = np.random.default_rng(0)
+q, k, v = (jnp.asarray(rng.standard_normal((4, 24, 4, 16)), jnp.float32) for _ in range(3))
+mask = (np.arange(24)[None] < np.array([24, 13, 5, 20])[:, None]).astype(np.int32)
+pos = jnp.broadcast_to(jnp.arange(24), (4, 24))
+keys = jax.random.bits(jax.random.key(3), (2,), jnp.uint32)
+f = lambda q, k, v: flash.flash_attention(q, k, v, jnp.ones((4, 24), jnp.int32), mask, pos, keys,
+                                          rate=0.3)
+loss = lambda q, k, v: jnp.sum(f(q, k, v) * mask[:, :, None, None] * jnp.sin(q))
+step = jax.jit(lambda q, k, v: (f(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)))
+want = step(q, k, v)
+mesh = Mesh(np.array(jax.devices()).reshape(2, 1, 2), ("data", "fsdp", "tensor"),
+            axis_types=(AxisType.Auto,) * 3)
+with jax.set_mesh(mesh):
+  text = step.lower(q, k, v).as_text()
+  got = step(q, k, v)
+assert "shard_map" in text or "sdy.manual_computation" in text, text[:2000]
+for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+  np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5)
+print("OK")
+"""
+  assert "OK" in tu.run_python(code, devices=4)
