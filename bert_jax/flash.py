@@ -25,6 +25,7 @@ import math
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 import numpy as np
 
@@ -186,7 +187,10 @@ def _specs(cfg, lp: int, mp: int, along: str):
 def _attention(cfg_items: tuple):
   """The custom-VJP attention of one static configuration (on padded inputs)."""
   cfg = dict(cfg_items)
-  call = functools.partial(pl.pallas_call, interpret=cfg["interpret"])
+  # Triton's lowering (the default GPU lowering of this JAX is Mosaic GPU, whose copies want
+  # whole warpgroups): 4 warps for head dims up to 64, 8 above.
+  params = plgpu.CompilerParams(num_warps=4 if cfg["head_dim"] <= 64 else 8, num_stages=2)
+  call = functools.partial(pl.pallas_call, interpret=cfg["interpret"], compiler_params=params)
 
   def forward(q, k, v, q_seg, kv_seg, q_pos, keys):
     B, lp, H, K = q.shape
@@ -265,17 +269,20 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
   keys = jnp.zeros((4,), jnp.uint32)  # k0, k1, batch offset, head offset (set per shard)
   if dropout_keys is not None:
     keys = keys.at[:2].set(jnp.asarray(dropout_keys, jnp.uint32))
-  if interpret is None:
-    backend = jax.default_backend()
-    if backend not in ("gpu", "cpu"):
-      raise ValueError(f"bert_jax.flash is a GPU kernel (Triton); on {backend} use XLA's "
-                       "attention (model.attention_impl unset) or, for ModernBERT on TPU, "
-                       "model.attention=splash.")
-    interpret = backend == "cpu"  # Pallas's interpreter: the same maths, for tests
+  if jax.default_backend() not in ("gpu", "cpu"):
+    raise ValueError(f"bert_jax.flash is a GPU kernel (Triton); on {jax.default_backend()} use "
+                     "XLA's attention (model.attention_impl unset) or, for ModernBERT on TPU, "
+                     "model.attention=splash.")
   cfg = dict(scale=1.0 / math.sqrt(K), rate=float(rate), heads=H, full_length=full, kv_length=M,
-             block_q=bq, block_k=bk, head_dim=kp, causal=causal, window=window,
-             interpret=interpret)
-  run = _attention(tuple(sorted(cfg.items())))
+             block_q=bq, block_k=bk, head_dim=kp, causal=causal, window=window)
+  kernel = lambda interp: _attention(tuple(sorted(dict(cfg, interpret=interp).items())))
+  if interpret is None:  # chosen when the program is lowered: Triton for CUDA, else Pallas's
+    # interpreter (the same maths; on CPU, for tests)
+    attention = lambda *args: lax.platform_dependent(*args, cuda=kernel(False),
+                                                     default=kernel(True))
+  else:
+    attention = kernel(interpret)
+  run = attention
   mesh = jax.sharding.get_abstract_mesh()
   split = lambda names, n: tuple(a for a in names if a in mesh.axis_names and mesh.shape[a] > 1
                                  and n % mesh.shape[a] == 0)
@@ -287,7 +294,7 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
       offsets = [lax.axis_index(axes) * n if axes else 0
                  for axes, n in ((batch_axes, q.shape[0]), (head_axes, q.shape[2]))]
       keys = keys.at[2:].set(jnp.asarray(offsets, jnp.int32).astype(jnp.uint32))
-      return _attention(tuple(sorted(cfg.items())))(q, k, v, q_seg, kv_seg, q_pos, keys)
+      return attention(q, k, v, q_seg, kv_seg, q_pos, keys)
     P = jax.sharding.PartitionSpec
     rows = P(batch_axes or None, None, head_axes or None, None)
     vec = P(batch_axes or None, None)

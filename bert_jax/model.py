@@ -362,19 +362,33 @@ def fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, implementation: str | Non
   None passes the additive bias as it is (XLA's attention). "xla" and "cudnn" pass what
   cuDNN's fused flash attention accepts, the same values: a padding bias [B, 1, 1, M] as the
   keys' lengths (every bert_jax batch pads at the end: input_mask is a prefix of ones), any
-  other bias (packed rows, causal) broadcast to one per query [B, 1, L, M]. cuDNN needs
-  bfloat16 or float16 (BertConfig checks)."""
+  other bias (packed rows, causal) broadcast to one per query [B, 1, L, M]; for cuDNN, at even
+  lengths. cuDNN needs bfloat16 or float16 (BertConfig checks)."""
   if implementation is None:
     return jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, bias=bias_B11M)
   batch, length, _, _ = q_BLHK.shape
+  keys = k_BMHK.shape[1]
   if bias_B11M.shape[2] == 1:  # padding only: the number of real keys of each row
     # At least one key: a row of padding alone (a filler row of a batch) stays finite.
     lengths_B = jnp.maximum(jnp.sum(bias_B11M[:, 0, 0, :] == 0, axis=-1), 1).astype(jnp.int32)
-    return jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, key_value_seq_lengths=lengths_B,
-                                        implementation=implementation)
-  bias_B1LM = jnp.broadcast_to(bias_B11M, (batch, 1, length, k_BMHK.shape[1]))
-  return jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, bias=bias_B1LM.astype(q_BLHK.dtype),
-                                      implementation=implementation)
+    bias_B1LM = None
+  else:
+    lengths_B = None
+    bias_B1LM = jnp.broadcast_to(bias_B11M, (batch, 1, length, keys)).astype(q_BLHK.dtype)
+  # cuDNN trains at even lengths only: an odd count of queries (e.g. the heads' rows) or keys
+  # gets one more, a query nobody reads or a key nobody sees (past every length; bias -inf).
+  pad_q, pad_k = (length % 2, keys % 2) if implementation == "cudnn" else (0, 0)
+  if pad_q or pad_k:
+    q_BLHK = jnp.pad(q_BLHK, ((0, 0), (0, pad_q), (0, 0), (0, 0)))
+    k_BMHK, v_BMHK = (jnp.pad(x, ((0, 0), (0, pad_k), (0, 0), (0, 0))) for x in (k_BMHK, v_BMHK))
+    if bias_B1LM is not None:
+      bias_B1LM = jnp.pad(bias_B1LM, ((0, 0), (0, 0), (0, pad_q), (0, 0)))
+      bias_B1LM = jnp.pad(bias_B1LM, ((0, 0), (0, 0), (0, 0), (0, pad_k)),
+                          constant_values=NEG_INF)
+  out = jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, bias=bias_B1LM,
+                                     key_value_seq_lengths=lengths_B,
+                                     implementation=implementation)
+  return out[:, :length]
 
 
 def _flash(q_BLHK, k_BMHK, v_BMHK, bias_B1LM, query_positions_BE, rate, key, causal):

@@ -201,3 +201,21 @@ for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
 print("OK")
 """
   assert "OK" in tu.run_python(code, devices=4)
+
+
+@pytest.mark.parametrize("dtype,head_dim", [("bfloat16", 64), ("float32", 32), ("bfloat16", 128)])
+def test_the_kernels_lower_through_triton_for_cuda(dtype, head_dim):
+  """No GPU here, but Pallas's Triton lowering runs: the forward and both backward kernels
+  (padding, dropout, packed segments, a window, queries at some positions) become Triton
+  kernels of a CUDA program."""
+  q = jnp.zeros((2, 100, 4, head_dim), dtype)
+  seg = jnp.ones((2, 100), jnp.int32)
+  pos = jnp.broadcast_to(jnp.arange(100), (2, 100))
+  keys = jnp.zeros((2,), jnp.uint32)
+  for kw in (dict(rate=0.1), dict(window=8), dict(causal=True, rate=0.2)):
+    f = lambda q, k, v: flash.flash_attention(q, k, v, seg[:, :40], seg, pos[:, :40], keys,
+                                              interpret=False, **kw)
+    step = jax.jit(lambda q, k, v: jax.grad(
+        lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v))
+    text = step.trace(q[:, :40], q, q).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("custom_call @__gpu$xla.gpu.triton") == 3, (kw, text[:500])  # fwd, dkv, dq

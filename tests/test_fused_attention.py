@@ -104,10 +104,10 @@ def test_padded_rows_values_and_gradients(cudnn_calls, impl, dtype, atol):
                                atol=atol, err_msg=jax.tree_util.keystr(path))
   if impl == "cudnn":
     # Padding goes as key lengths (no [B, 1, 1, M] bias), in every layer; the last layer
-    # computes the heads' rows only (queries [B, 1 + P]).
+    # computes the heads' rows only (queries [B, 1 + P], made even for cuDNN: 6).
     assert cudnn_calls and all(c["bias"] is None and "key_value_seq_lengths" in c["kw"]
                                for c in cudnn_calls)
-    assert {c["q"][1] for c in cudnn_calls} == {12, 1 + 4}
+    assert {c["q"][1] for c in cudnn_calls} == {12, 1 + 4 + 1}
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -143,3 +143,41 @@ def test_attention_impl_is_checked():
     SMALL.replace(attention_impl="cudnn")
   with pytest.raises(errors.ConfigError, match="unknown"):
     SMALL.replace(attention_impl="flash")
+
+
+@pytest.mark.parametrize("impl", ["cudnn", "pallas"])
+@pytest.mark.parametrize("rows", ["padded", "causal", "packed"])
+def test_the_training_step_lowers_for_cuda(monkeypatch, impl, rows):
+  """No GPU here, but the CUDA program of a training step's gradient is built: for cuDNN
+  through jax's own cuDNN checks (its version and chip checks stubbed as a Hopper's), which
+  refused the [B, 1, 1, M] bias before and odd lengths with a bias (the heads' rows of packed
+  rows: 2 + 5 queries); for the Pallas kernels through Triton, attention dropout on."""
+  fa = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+  if not hasattr(fa, "check_cudnn_version") or not hasattr(fa, "check_compute_capability"):
+    pytest.skip("this jax's cuDNN checks differ")
+  monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91000)
+  monkeypatch.setattr(fa, "check_compute_capability", lambda capability: True)
+  cfg = model_lib.BertConfig(vocab_size=97, hidden_size=128, num_layers=2, num_heads=2,
+                             intermediate_size=64, max_position_embeddings=64, dtype="bfloat16",
+                             attention_impl=impl, hidden_dropout_rate=0.1,
+                             attention_dropout_rate=0.1 if impl == "pallas" else 0.0,
+                             causal=rows == "causal")
+  B, L, P = 2, 63, 5
+  batch = dict(input_ids=jnp.ones((B, L), jnp.int32), segment_ids=jnp.zeros((B, L), jnp.int32),
+               input_mask=jnp.ones((B, L), jnp.int32), masked_lm_positions=jnp.zeros((B, P), jnp.int32))
+  kw = {} if rows != "packed" else dict(
+      position_ids=jnp.zeros((B, L), jnp.int32), packed_example_ids=jnp.ones((B, L), jnp.int32),
+      cls_positions=jnp.zeros((B, 2), jnp.int32))
+  model = model_lib.BertForPreTraining(cfg)
+  params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), **batch, **kw)))["params"]
+
+  def loss(p):
+    out = model.apply({"params": p}, **batch, **kw, deterministic=False,
+                      rngs={"dropout": jax.random.key(1)})
+    return out["mlm_logits"].astype(jnp.float32).sum()
+
+  text = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+  if impl == "cudnn":
+    assert "__cudnn$fmha" in text and "Backward" in text
+  else:
+    assert text.count("custom_call @__gpu$xla.gpu.triton") == 3 * cfg.num_layers
