@@ -9,6 +9,7 @@ import pytest
 from bert_jax import flash
 from bert_jax import model as model_lib
 from bert_jax import modern
+from tests import test_fused_attention
 from tests import test_train_utils as tu
 
 
@@ -151,23 +152,16 @@ def test_modern_flash_equals_dense_with_dropout_and_grouped_heads():
 def test_bert_packed_rows_with_the_kernel_equal_the_explicit_path():
   """Packed rows (segments from the block-diagonal bias), each example's [CLS] and the masked
   positions computed in the last layer, dropout on."""
-  ids = jnp.asarray(np.random.default_rng(0).integers(5, 97, (2, 12)), jnp.int32)
-  example_ids = jnp.asarray([[1] * 5 + [2] * 4 + [0] * 3, [1] * 7 + [2] * 3 + [3] * 2], jnp.int32)
-  positions = jnp.asarray([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 0, 0], list(range(7)) + [0, 1, 2, 0, 1]],
-                          jnp.int32)
-  kw = dict(position_ids=positions, packed_example_ids=example_ids,
-            cls_positions=jnp.asarray([[0, 5, 0], [0, 7, 10]], jnp.int32))
-  masked = jnp.asarray([[2, 6, 7, 0], [3, 8, 11, 1]], jnp.int32)
+  batch, kw = test_fused_attention._packed()  # pylint: disable=protected-access
   cfg = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=2,
                              intermediate_size=48, max_position_embeddings=24,
                              hidden_dropout_rate=0.3, attention_dropout_rate=0.3)
-  args = (ids, jnp.zeros_like(ids), example_ids > 0, masked, False)
   ref = model_lib.BertForPreTraining(cfg)
   fused = model_lib.BertForPreTraining(cfg.replace(attention_impl="pallas"))
-  v = nn.unbox(ref.init(jax.random.key(0), *args[:4], **kw))
+  v = nn.unbox(ref.init(jax.random.key(0), **batch, **kw))
   rngs = {"dropout": jax.random.key(3)}
-  want = jax.jit(lambda v: ref.apply(v, *args, rngs=rngs, **kw))(v)
-  got = jax.jit(lambda v: fused.apply(v, *args, rngs=rngs, **kw))(v)
+  want = jax.jit(lambda v: ref.apply(v, **batch, **kw, deterministic=False, rngs=rngs))(v)
+  got = jax.jit(lambda v: fused.apply(v, **batch, **kw, deterministic=False, rngs=rngs))(v)
   for k in want:
     np.testing.assert_allclose(got[k], want[k], atol=1e-5, err_msg=k)
 
