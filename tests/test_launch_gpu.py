@@ -237,3 +237,17 @@ def test_mpirun_ranks_are_read_from_open_mpi():
   proc = gpu(f"--config={CONFIG}", "--workdir=/w", check=False, OMPI_COMM_WORLD_SIZE="4",
              OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_LOCAL_SIZE="2")
   assert proc.returncode != 0 and "under mpirun, pass --coordinator" in proc.stderr
+
+
+def test_gpu_extras_name_the_cuda_plugins_the_pinned_jax_ships():
+  """setup.py's [gpu] and [gpu13] install jax's own CUDA 12 / CUDA 13 extras at the pinned
+  version (a renamed or dropped extra would install a CPU-only jax without a word)."""
+  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  setup = (REPO / "setup.py").read_text()
+  pinned = re.search(r'"jax==([\d.]+)"', setup).group(1)
+  assert importlib.metadata.version("jax") == pinned
+  extras = set(importlib.metadata.metadata("jax").get_all("Provides-Extra"))
+  for name, cuda in (("gpu", "cuda12"), ("gpu13", "cuda13")):
+    assert f'"{name}": ["jax[{cuda}]=={pinned}"]' in setup, name
+    assert cuda in extras, (cuda, sorted(extras))
