@@ -101,9 +101,46 @@ def open_read(p: str | os.PathLike) -> Iterator[Any]:
       with gzip.GzipFile(fileobj=raw, mode="rb") as f:
         yield f
     else:
-      reader = _zstandard().ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-      with reader as f:
-        yield f
+      yield _ZstdReader(raw)
+
+
+class _ZstdReader:
+  """`read(n)` of a Zstandard stream of one or more frames that tells a cut file from a
+  whole one: zstandard's stream_reader ends quietly where the compressed bytes end, so a file
+  cut inside a frame read as a shorter complete one. Here the end of the bytes inside a frame
+  raises ZstdError ("ends inside a Zstandard frame"), as does a damaged frame."""
+
+  _CHUNK = 1 << 20
+
+  def __init__(self, raw):
+    self._raw, self._zstd = raw, _zstandard()
+    self._frame = None  # the current frame's decompressor (None before the first)
+    self._out, self._read = bytearray(), 0
+
+  def _fill(self) -> bool:
+    """Decompresses the next compressed chunk; False at the end of a whole stream."""
+    chunk = self._raw.read(self._CHUNK)
+    if not chunk:
+      if self._frame is not None and not self._frame.eof:
+        raise self._zstd.ZstdError(
+            f"the file ends inside a Zstandard frame after {self._read} compressed bytes "
+            "(cut short: an interrupted download or copy?)")
+      return False
+    self._read += len(chunk)
+    while chunk:
+      if self._frame is None or self._frame.eof:
+        self._frame = self._zstd.ZstdDecompressor().decompressobj()
+      self._out += self._frame.decompress(chunk)
+      chunk = self._frame.unused_data if self._frame.eof else b""
+    return True
+
+  def read(self, n: int = -1) -> bytes:
+    while (n < 0 or len(self._out) < n) and self._fill():
+      pass
+    n = len(self._out) if n < 0 else min(n, len(self._out))
+    data = bytes(self._out[:n])
+    del self._out[:n]
+    return data
 
 
 def read_json(p: str | os.PathLike, default: Any = None) -> Any:

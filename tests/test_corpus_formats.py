@@ -212,6 +212,33 @@ def test_damaged_compressed_files_are_named(tmp_path):
     assert "leave it out of --input" in str(e.value)
 
 
+def test_truncated_zstandard_files_are_damaged_not_short(tmp_path):
+  """A .zst cut anywhere inside a frame is damage, whatever the framing (one frame, a
+  streamed frame, several frames; text or JSON Lines), never a shorter file read as complete
+  nor records for --max_bad_records to skip (issue 35, item 1)."""
+  data = _jsonl(_records() * 400)
+  text = b"".join(b"Line %d of a book. Another sentence.\n" % i for i in range(20000))
+  one = zstandard.ZstdCompressor().compress(data)
+  streamed = zstandard.ZstdCompressor().compressobj()
+  streamed = streamed.compress(data) + streamed.flush()
+  frames = b"".join(zstandard.ZstdCompressor().compress(data[i:i + 4000])
+                    for i in range(0, len(data), 4000))
+  (tmp_path / "one.jsonl.zst").write_bytes(one[:len(one) // 2])
+  (tmp_path / "streamed.jsonl.zst").write_bytes(streamed[:len(streamed) // 2])
+  (tmp_path / "frames.jsonl.zst").write_bytes(frames[:len(frames) // 2 + 3])
+  txt = zstandard.ZstdCompressor().compress(text)
+  (tmp_path / "book.txt.zst").write_bytes(txt[:len(txt) // 2])
+  (tmp_path / "whole.jsonl.zst").write_bytes(frames)
+  (tmp_path / "whole.jsonl").write_bytes(data)
+  assert _docs(str(tmp_path / "whole.jsonl.zst"))[0] == _docs(str(tmp_path / "whole.jsonl"))[0]
+  for name in ("one.jsonl.zst", "streamed.jsonl.zst", "frames.jsonl.zst", "book.txt.zst"):
+    for bad in (0, 10**6):
+      with pytest.raises(sources.DamagedFileError) as e:
+        _docs(str(tmp_path / name), max_bad_records=bad)
+      assert str(e.value).startswith(f"{tmp_path / name}: damaged after "), str(e.value)
+      assert "ends inside a Zstandard frame" in str(e.value), str(e.value)
+
+
 def test_parquet_columns_are_checked_and_nulls_are_bad_records(tmp_path):
   path = tmp_path / "t.parquet"
   pq.write_table(pa.table({"id": [1, 2, 3], "text": ["One.", None, "Three."]}), path)
