@@ -108,17 +108,19 @@ class _ZstdReader:
   """`read(n)` of a Zstandard stream of one or more frames that tells a cut file from a
   whole one: zstandard's stream_reader ends quietly where the compressed bytes end, so a file
   cut inside a frame read as a shorter complete one. Here the end of the bytes inside a frame
-  raises ZstdError ("ends inside a Zstandard frame"), as does a damaged frame."""
+  raises ZstdError ("ends inside a Zstandard frame"), as does a damaged frame. A read may
+  return fewer than n bytes (as a raw stream's); b"" is the end of a whole stream."""
 
-  _CHUNK = 1 << 20
+  _CHUNK = 1 << 20  # compressed bytes a step
 
   def __init__(self, raw):
     self._raw, self._zstd = raw, _zstandard()
     self._frame = None  # the current frame's decompressor (None before the first)
-    self._out, self._read = bytearray(), 0
+    self._pending, self._read = memoryview(b""), 0  # decompressed, not yet returned
 
   def _fill(self) -> bool:
-    """Decompresses the next compressed chunk; False at the end of a whole stream."""
+    """Decompresses the next compressed chunk into _pending; False at the end of a whole
+    stream."""
     chunk = self._raw.read(self._CHUNK)
     if not chunk:
       if self._frame is not None and not self._frame.eof:
@@ -127,19 +129,26 @@ class _ZstdReader:
             "(cut short: an interrupted download or copy?)")
       return False
     self._read += len(chunk)
+    out = []
     while chunk:
       if self._frame is None or self._frame.eof:
         self._frame = self._zstd.ZstdDecompressor().decompressobj()
-      self._out += self._frame.decompress(chunk)
+      out.append(self._frame.decompress(chunk))
       chunk = self._frame.unused_data if self._frame.eof else b""
+    self._pending = memoryview(out[0] if len(out) == 1 else b"".join(out))
     return True
 
   def read(self, n: int = -1) -> bytes:
-    while (n < 0 or len(self._out) < n) and self._fill():
-      pass
-    n = len(self._out) if n < 0 else min(n, len(self._out))
-    data = bytes(self._out[:n])
-    del self._out[:n]
+    if n < 0:
+      parts = [bytes(self._pending)]
+      while self._fill():
+        parts.append(bytes(self._pending))
+      self._pending = memoryview(b"")
+      return b"".join(parts)
+    while not self._pending:
+      if not self._fill():
+        return b""
+    data, self._pending = bytes(self._pending[:n]), self._pending[n:]
     return data
 
 
