@@ -84,7 +84,8 @@ def prepare_share(input_spec: str, vocab_path: str, output_dir: str, *, num_host
   """This host's range (module doc); on host 0 then the merge, whose summary it returns.
   `kwargs`: the other options of prepare.prepare_corpus."""
   if not 0 <= host_index < num_hosts:
-    raise ValueError(f"--host_index={host_index} is not in [0, --num_hosts={num_hosts}).")
+    raise errors.ConfigError(f"--host_index={host_index} is not in [0, --num_hosts={num_hosts}): "
+                             "give each host one index from 0 to --num_hosts - 1.")
   files = input_files(input_spec)
   sizes = [fileio.path(f).stat().length for f in files]
   share = ranges(sizes, num_hosts)

@@ -127,4 +127,5 @@ def test_cli_on_two_hosts(files):
   assert "on 2 hosts" in zero.stdout
   bad = subprocess.run(base + ["--host_index=2"], cwd=tu.REPO, env=tu.env(1),
                        capture_output=True, text=True, timeout=300)
-  assert bad.returncode != 0 and "--host_index=2 is not in [0, --num_hosts=2)" in bad.stderr
+  assert bad.returncode == 2 and "--host_index=2 is not in [0, --num_hosts=2)" in bad.stderr
+  assert "Traceback" not in bad.stderr, bad.stderr[-2000:]  # one line (issue 35, item 7)
