@@ -64,6 +64,10 @@ _TASK_CHARS = 1 << 20
 _worker_tokenizer = None
 
 
+class EmptyCorpusError(errors.UserError, ValueError):
+  """The input holds no text at all."""
+
+
 def _init_worker(vocab_path: str, lowercase: bool | None) -> None:
   global _worker_tokenizer
   # Parallelism comes from the processes; Rust threads on top would oversubscribe.
@@ -246,8 +250,9 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
                                max_bad_records=max_bad_records)
   first = next(docs, None)  # Bad globs and empty corpora fail here, before any work.
   if first is None:
-    raise ValueError(f"Corpus {input_spec!r} is empty: {read_stats['files']} files, "
-                     f"{read_stats['bytes']} bytes, no text.")
+    raise EmptyCorpusError(f"Corpus {input_spec!r} is empty: {read_stats['files']} files, "
+                           f"{read_stats['bytes']} bytes, no text. Check --input (and "
+                           "--text_field for record files).")
   docs = itertools.chain([first], docs)
   summary = {"documents": 0, "sentences": 0, "tokens": 0, "unk_tokens": 0,
              "empty_documents": 0}

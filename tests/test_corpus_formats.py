@@ -318,3 +318,17 @@ def test_record_files_on_gs(gcs, tmp_path, vocab):  # noqa: F811
   assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"documents": 8, "files": 3}
   _, want = _prepared(f"{specs['json.gz']},{specs['parquet']}", vocab, tmp_path / "out")
   assert {name: (tmp_path / "gs-out" / name).read_bytes() for name in store.FILES} == want
+
+
+def test_a_corpus_without_text_is_one_line(tmp_path, vocab):
+  """A Parquet file of no rows (or any input with no text) is the user's input, named in one
+  line (issue 35, item 7), not a traceback; nothing is written."""
+  path = tmp_path / "norows.parquet"
+  pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+  proc = subprocess.run(
+      [sys.executable, "-m", "input_pipeline.prepare", f"--input={path}", f"--vocab={vocab}",
+       f"--output_dir={tmp_path / 'out'}"],
+      cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert f"Corpus '{path}' is empty: 1 files, 0 bytes, no text" in proc.stderr
+  assert not (tmp_path / "out" / "summary.json").exists()
