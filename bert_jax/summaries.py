@@ -70,19 +70,32 @@ def _field_bytes(number: int, payload: bytes) -> bytes:
   return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
+# A scalar's Summary.Value as TF2's tf.summary.scalar writes it (what clu wrote before, and
+# what TensorBoard's tensor readers expect): metadata (9) = SummaryMetadata{plugin_data (1) =
+# PluginData{plugin_name (1) = "scalars"}, data_class (4) = DATA_CLASS_SCALAR (1)}; tensor (8)
+# = TensorProto{dtype (1) = DT_FLOAT (1), tensor_shape (2) = {} (a scalar), float_val (5)}.
+_SCALAR_METADATA = None
+
+
+def _scalar_value(tag: str, value: float) -> bytes:
+  global _SCALAR_METADATA
+  if _SCALAR_METADATA is None:
+    _SCALAR_METADATA = _field_bytes(9, _field_bytes(1, _field_bytes(1, b"scalars")) + b"\x20\x01")
+  tensor = b"\x08\x01" + _field_bytes(2, b"") + _field_bytes(5, struct.pack("<f", value))
+  return _field_bytes(1, tag.encode()) + _SCALAR_METADATA + _field_bytes(8, tensor)
+
+
 def event(wall_time: float, *, step: int | None = None, file_version: str | None = None,
           scalars: Mapping[str, float] | None = None) -> bytes:
   """An `Event` proto: wall_time (1, double), step (2, int64), file_version (3, string),
-  summary (5, Summary{value (1): Value{tag (1, string), simple_value (2, float)}})."""
+  summary (5, Summary{value (1): a scalar's Value each, see `_scalar_value`})."""
   out = bytearray(b"\x09" + struct.pack("<d", wall_time))
   if step is not None:
     out += b"\x10" + _varint(int(step) & (2**64 - 1))
   if file_version is not None:
     out += _field_bytes(3, file_version.encode())
   if scalars:
-    values = b"".join(
-        _field_bytes(1, _field_bytes(1, tag.encode()) + b"\x15" + struct.pack("<f", float(v)))
-        for tag, v in scalars.items())
+    values = b"".join(_field_bytes(1, _scalar_value(tag, float(v))) for tag, v in scalars.items())
     out += _field_bytes(5, values)
   return bytes(out)
 

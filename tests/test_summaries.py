@@ -36,3 +36,20 @@ def test_remote_writer_rewrites_whole_files_and_rolls_over(tmp_path, monkeypatch
   files = sorted(tmp_path.glob("events.out.tfevents.*"))
   assert len(files) > 1
   assert tu.read_scalars(tmp_path, "a") == {s: float(s) for s in range(30)}
+
+
+def test_scalars_are_tf2_tensor_summaries(tmp_path):
+  """As tf.summary.scalar (and clu, before) writes them: TensorBoard's tensor readers see
+  them (the quickstart notebook reads them so), with the scalars plugin's metadata."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  writer = summaries.EventWriter(str(tmp_path))
+  writer.write_scalars(7, {"train/loss": 2.5, "eval/mlm_accuracy": 0.125})
+  writer.close()
+  acc = event_accumulator.EventAccumulator(str(tmp_path),
+                                           size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  assert sorted(acc.Tags()["tensors"]) == ["eval/mlm_accuracy", "train/loss"]
+  (e,) = acc.Tensors("train/loss")
+  assert e.step == 7 and float(tensor_util.make_ndarray(e.tensor_proto)) == 2.5
+  assert acc.SummaryMetadata("train/loss").plugin_data.plugin_name == "scalars"
