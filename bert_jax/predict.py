@@ -109,7 +109,7 @@ def fill_mask(cfg, params, tokenizer, texts: Sequence[str], top_k: int = 5, max_
 
 def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
                    max_len: int = 128, batch_size: int = 32) -> Iterator[list]:
-  """Per text, per [MASK]: the top_k (token, probability), computed `batch_size` texts at a
+  """Per text, per [MASK]: the top_k (token as text, probability), computed `batch_size` texts at a
   time as `texts` is read (memory does not grow with the number of texts). A text whose
   every [MASK] lies beyond `max_len` tokens is a PredictError naming it."""
   h = formats.heads(params)
@@ -137,9 +137,14 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
       per_mask = []
       for k in range(len(x)):
         best = np.argsort(probs[i, k])[::-1][:top_k]
-        per_mask.append([(tokenizer.convert_ids_to_tokens([b])[0], float(probs[i, k, b]))
-                         for b in best])
+        per_mask.append([(_shown(tokenizer, b), float(probs[i, k, b])) for b in best])
       yield per_mask
+
+
+def _shown(tokenizer, token_id: int) -> str:
+  """A candidate as text, as transformers' fill-mask shows it: decoded ("work", not the
+  byte-level BPE piece "Ġwork"); a piece that decodes to nothing shown as it is."""
+  return tokenizer.decode([int(token_id)]).strip() or tokenizer.convert_ids_to_tokens([token_id])[0]
 
 
 def parse_layers(text: str) -> list[int]:
