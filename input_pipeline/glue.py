@@ -17,6 +17,7 @@ import sys
 import zlib
 from typing import Iterable, Sequence
 
+from absl import logging
 import numpy as np
 
 from input_pipeline import errors
@@ -117,7 +118,6 @@ def read_task_text(path: str, missing: str = "") -> str:
   text = data.decode("utf-8-sig", errors="replace")
   bad = text.count("\ufffd") - data.decode("utf-8-sig", errors="ignore").count("\ufffd")
   if bad:
-    from absl import logging  # pylint: disable=g-import-not-at-top
     line = text[:text.index("\ufffd")].count("\n") + 1
     logging.warning("%s: %d bytes are not UTF-8 (the first on line %d) and read as U+FFFD: save "
                     "the file as UTF-8 to keep those characters.", path, bad, line)
@@ -189,7 +189,7 @@ def read_glue_file(task: str, path: str, split: str) -> list[Example]:
   header = {h: i for i, h in enumerate(rows[0][1])} if header_flag else None
   rows = rows[1:] if header_flag else rows
   text_a = spec.test_text_a if is_test and spec.test_text_a is not None else spec.text_a
-  examples = []
+  examples, malformed = [], []
   for i, (line, row) in enumerate(rows):
     if not row or all(not c for c in row):
       continue
@@ -199,7 +199,8 @@ def read_glue_file(task: str, path: str, split: str) -> list[Example]:
       b = _col(row, header, spec.text_b, path) if spec.text_b is not None else None
       label = None if is_test else _col(row, header, spec.label, path)
     except IndexError:
-      continue  # A handful of QQP/MNLI rows are malformed in the release; the original skips them.
+      malformed.append(line)  # A handful of QQP/MNLI rows are malformed in the release; the
+      continue  # original skips them: so do we, and say how many.
     if label is not None and spec.labels is None:
       try:
         label = float(label)
@@ -212,6 +213,11 @@ def read_glue_file(task: str, path: str, split: str) -> list[Example]:
       raise DataError(f"{path}:{line}: label {label!r} is not one of {list(spec.labels)}, the "
                       f"labels of {task}: fix or remove the line.")
     examples.append(Example(guid, a, b, label, line))
+  if malformed:
+    shown = ", ".join(map(str, malformed[:5])) + (", ..." if len(malformed) > 5 else "")
+    logging.warning("%s: skipped %d malformed rows (columns missing; lines %s), as the original "
+                    "BERT code does; %d examples read.", path, len(malformed), shown,
+                    len(examples))
   if not examples:
     raise _no_examples(path)
   return examples

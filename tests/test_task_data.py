@@ -333,3 +333,19 @@ def test_unreadable_task_files_name_the_file_and_line(tmp_path):
                                    b'a,b,c,d,e,f,1\na\rx,b,c,d,e,f,1\n')
   with pytest.raises(glue.DataError, match=r"s\.csv:3: not a readable CSV row"):
     swag.read_swag(str(tmp_path / "s.csv"))
+
+
+def test_malformed_glue_rows_are_skipped_and_counted(tmp_path, caplog):
+  """Rows missing a column (a handful in QQP/MNLI's release) are skipped as the original
+  code does, and said: one warning per file with how many and the first lines (issue 35,
+  item 8)."""
+  (tmp_path / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n"
+                                      "0\tA cat sat.\tA dog ran far away.\tnot_entailment\n"
+                                      "1\tcut short\n"
+                                      "2\tIt rains.\tIt is wet.\tentailment\n"
+                                      "3\n")
+  with caplog.at_level("WARNING"):
+    ex = glue.read_glue("rte", str(tmp_path), "train")
+  assert [e.guid for e in ex] == ["0", "2"]
+  said = [r.getMessage() for r in caplog.records if "train.tsv" in r.getMessage()]
+  assert len(said) == 1 and "skipped 2 malformed rows" in said[0] and "lines 3, 5" in said[0], said
