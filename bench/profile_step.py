@@ -187,10 +187,27 @@ def trace_events(trace_dir: str) -> list[dict]:
   events = data["traceEvents"] if isinstance(data, dict) else data
   devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
              and "/device:" in str(e.get("args", {}).get("name", ""))}
-  ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
-  on_device = [e for e in ops if e["pid"] in devices]
-  return [dict(name=e["name"], hlo_op=e["args"]["hlo_op"], dur=float(e.get("dur", 0.0)))
-          for e in (on_device or ops)]
+  timed = [e for e in events if e.get("ph") == "X"]
+  # Every kernel on a device (its hlo_op when the trace names it); on CPU, XLA's op events.
+  on_device = [e for e in timed if e["pid"] in devices and not e["name"].startswith("end: ")]
+  ops = on_device or [e for e in timed if "hlo_op" in e.get("args", {})]
+  return [dict(name=e["name"], hlo_op=e.get("args", {}).get("hlo_op", ""),
+               dur=float(e.get("dur", 0.0))) for e in ops]
+
+
+_BY_NAME = (  # a kernel's category from its name, where the trace names no HLO op
+    ("attention", re.compile(r"fmha|flash|attention|sdpa", re.I)),
+    ("matmuls", re.compile(r"gemm|cublas|cutlass|xmma|nvjet|wgmma|matmul|\bdot", re.I)),
+    ("gather/scatter", re.compile(r"gather|scatter|dynamic.update.slice|dynamic.slice", re.I)),
+    ("copies/transposes", re.compile(r"memcpy|memset|copy|transpose", re.I)),
+)
+
+
+def _category(event: dict, categories: dict[str, str]) -> str:
+  if event["hlo_op"] in categories:
+    return categories[event["hlo_op"]]
+  return next((c for c, pattern in _BY_NAME if pattern.search(event["name"])),
+              "elementwise/fusions" if "fusion" in event["name"] else "other")
 
 
 def kernel_summary(events: list[dict], categories: dict[str, str], steps: int,
@@ -202,7 +219,7 @@ def kernel_summary(events: list[dict], categories: dict[str, str], steps: int,
     k = by_kernel[e["name"]]
     k[0] += e["dur"] / 1e6 / steps
     k[1] += 1
-    k[2] = categories.get(e["hlo_op"], "other")
+    k[2] = _category(e, categories)
   busy = sum(v[0] for v in by_kernel.values())
   lines = [f"step {1e3 * step_s:.2f} ms (untraced); kernels {1e3 * busy:.2f} ms a step "
            f"({100 * busy / step_s:.1f}%: below 100 the device idles, above it ops overlap)", "",

@@ -50,6 +50,20 @@ def test_kernel_summary_shares_and_order():
   assert kernels == ["gemm_a", "fusion_b", "mystery"]
 
 
+def test_device_kernels_without_an_hlo_op_are_named_by_their_kernel_names():
+  """GPU traces name kernels (cuBLAS, cuDNN, XLA fusions); where an event carries no HLO op
+  its name decides its category."""
+  names = {"sm90_xmma_gemm_bf16bf16_bf16f32_f32": "matmuls", "nvjet_hsh_128x256_64x4": "matmuls",
+           "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": "attention",
+           "loop_add_fusion": "elementwise/fusions", "input_scatter_fusion": "gather/scatter",
+           "Memcpy DtoD": "copies/transposes", "redzone_checker": "other"}
+  got = {n: profile_step._category(dict(name=n, hlo_op="", dur=1.0), {}) for n in names}  # pylint: disable=protected-access
+  assert got == names
+  # The HLO's word wins where the event names an op.
+  assert profile_step._category(dict(name="loop_add_fusion", hlo_op="f.3", dur=1.0),  # pylint: disable=protected-access
+                                {"f.3": "optimizer"}) == "optimizer"
+
+
 def test_variants_parse_config_fields_and_xla_flags():
   v = gpu_step.parse_variants(
       "cudnn:model.attention_impl=cudnn,model.attention_dropout_rate=0; "
