@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -123,17 +124,14 @@ def child_bert_jax(spec: dict) -> dict:
     host_batches = [s["batch"] for s in steps]
     tokens = [s["tokens"] for s in steps]
   family = "bert" if "bert" in spec else "modern"
+  fields = {}  # a field prefixed bert. / modern. is that family's only
   for key, value in spec.get("overrides", {}).items():
     scope, _, rest = key.partition(".")
-    if scope in ("bert", "modern"):  # a family's field only
-      if scope != family:
-        continue
-      key = rest
-    node = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+    if scope not in ("bert", "modern"):
+      fields[key] = value
+    elif scope == family:
+      fields[rest] = value
+  config.update_from_flattened_dict(fields)
   model, objective, sample = registry.pretraining(config)
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
                               devices=jax.devices()[:1])
@@ -144,11 +142,10 @@ def child_bert_jax(spec: dict) -> dict:
     t = time.perf_counter()
     compiled = trainer.train_step.lower(state, batches[0], rng).compile()
     compile_s = time.perf_counter() - t
-    box = [state, None]
+    box, cycle = [state, None], itertools.cycle(batches)
 
-    def step(i=[0]):  # pylint: disable=dangerous-default-value
-      box[0], box[1] = compiled(box[0], batches[i[0] % len(batches)], rng)
-      i[0] += 1
+    def step():
+      box[0], box[1] = compiled(box[0], next(cycle), rng)
 
     step()
     jax.block_until_ready(box)

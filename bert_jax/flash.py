@@ -42,6 +42,12 @@ def fmix32(h: jax.Array) -> jax.Array:
   return h ^ (h >> 16)
 
 
+def hash_keys(key: jax.Array) -> jax.Array:
+  """The (k0, k1) uint32 pair the dropout hash is keyed by: 64 threefry bits of `key` (what
+  `model.hash_bits` and these kernels both draw)."""
+  return jax.random.bits(key, (2,), jnp.uint32)
+
+
 def _keep(keys, bh, q_pos, k_idx, *, heads, full_length, kv_length, rate):
   """[bq, bk] bool: which probabilities survive dropout (see the module doc). `keys`: (k0,
   k1); `bh`: the program's global (batch, head), read outside the loops (interpret mode
@@ -248,8 +254,8 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
 
   q_segments_BL / kv_segments_BM: int; a query sees the keys of equal segment. q_positions_BL:
   each query's position among the M keys (the causal and window masks, and the dropout
-  counters: `full_length` rows in all, default M). dropout_keys: uint32 [2] (the k0, k1 of
-  `model.hash_bits`), needed when rate > 0."""
+  counters: `full_length` rows in all, default M). dropout_keys: uint32 [2] (`hash_keys` of the
+  dropout key), needed when rate > 0."""
   B, L, H, K = q_BLHK.shape
   M = k_BMHK.shape[1]
   if rate > 0 and dropout_keys is None:

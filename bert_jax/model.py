@@ -92,12 +92,10 @@ class BertConfig(ModelConfig):
   param_dtype: Any = "float32"  # master weights
   remat: str = "none"  # "none" | "full" | "dots": rematerialise each layer
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
-  # Attention without probability dropout (evaluation, prediction, attention_dropout_rate=0):
-  # None = jax.nn.dot_product_attention with the additive bias; "cudnn" = cuDNN's fused flash
-  # attention (GPU, bfloat16/float16; padding as sequence lengths); "xla" = the same
-  # arguments on XLA. See `fused_attention`.
-  # "pallas" = bert_jax.flash: a flash-attention kernel with the probability dropout fused
-  # (the same masks as the explicit path), for training too.
+  # The attention kernel: None = jax.nn.dot_product_attention with the additive bias;
+  # "cudnn" = cuDNN's fused flash attention (GPU, bfloat16/float16) and "xla" = the same
+  # arguments on XLA, both without probability dropout (`fused_attention`); "pallas" =
+  # bert_jax.flash, with the probability dropout fused (the explicit path's masks).
   attention_impl: str | None = None
   # Dropout's random bits: "hash" (a counter hash keyed by threefry; masks ~7x cheaper
   # on CPU) or "threefry" (jax.random.bernoulli, as flax's nn.Dropout). See `Dropout`.
@@ -223,7 +221,7 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...], rows: Rows | None = None) 
     full[rows.axis] = rows.length
   if math.prod(full) >= 2 ** 32:
     raise ValueError(f"hash_bits counts elements in uint32; {tuple(full)} has too many.")
-  k = jax.random.bits(key, (2,), jnp.uint32)
+  k = flash.hash_keys(key)
   index = jnp.zeros(shape, jnp.uint32)
   stride = 1
   for d in reversed(range(len(shape))):
@@ -408,7 +406,7 @@ def _flash(q_BLHK, k_BMHK, v_BMHK, bias_B1LM, query_positions_BE, rate, key, cau
         kv_seg_BM, query_positions_BE.astype(jnp.int32), 1)
   positions_BL = (jnp.broadcast_to(jnp.arange(full, dtype=jnp.int32), (batch, full))
                   if query_positions_BE is None else query_positions_BE.astype(jnp.int32))
-  keys = None if key is None else jax.random.bits(key, (2,), jnp.uint32)
+  keys = None if key is None else flash.hash_keys(key)
   return flash.flash_attention(q_BLHK, k_BMHK, v_BMHK, q_seg_BL, kv_seg_BM, positions_BL, keys,
                                rate=rate, full_length=full, causal=causal)
 

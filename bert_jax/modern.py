@@ -485,7 +485,7 @@ def flash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, rate=0.
   batch, length = segment_ids_BL.shape
   seg = segment_ids_BL.astype(jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  keys = None if key is None or rate == 0 else jax.random.bits(key, (2,), jnp.uint32)
+  keys = None if key is None or rate == 0 else flash.hash_keys(key)
   return flash.flash_attention(q_BLHK, k_BLGK, v_BLGK, jnp.where(seg > 0, seg, -1), seg,
                                positions, keys, rate=rate, window=half_window)
 

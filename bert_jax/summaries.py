@@ -74,13 +74,10 @@ def _field_bytes(number: int, payload: bytes) -> bytes:
 # what TensorBoard's tensor readers expect): metadata (9) = SummaryMetadata{plugin_data (1) =
 # PluginData{plugin_name (1) = "scalars"}, data_class (4) = DATA_CLASS_SCALAR (1)}; tensor (8)
 # = TensorProto{dtype (1) = DT_FLOAT (1), tensor_shape (2) = {} (a scalar), float_val (5)}.
-_SCALAR_METADATA = None
+_SCALAR_METADATA = _field_bytes(9, _field_bytes(1, _field_bytes(1, b"scalars")) + b"\x20\x01")
 
 
 def _scalar_value(tag: str, value: float) -> bytes:
-  global _SCALAR_METADATA
-  if _SCALAR_METADATA is None:
-    _SCALAR_METADATA = _field_bytes(9, _field_bytes(1, _field_bytes(1, b"scalars")) + b"\x20\x01")
   tensor = b"\x08\x01" + _field_bytes(2, b"") + _field_bytes(5, struct.pack("<f", value))
   return _field_bytes(1, tag.encode()) + _SCALAR_METADATA + _field_bytes(8, tensor)
 

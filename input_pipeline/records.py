@@ -10,6 +10,8 @@ to the shards in corpus order, so the output does not depend on the number of wo
 `encode_document` writes the Example wire format with numpy alone (no TensorFlow in the
 prepare workers); the tests check it against tf.train.Example parsing.
 """
+import functools
+
 import numpy as np
 
 from input_pipeline import text
@@ -19,9 +21,10 @@ BERT_INT_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positi
                      "masked_lm_ids", "next_sentence_labels")
 
 
+@functools.cache
 def tensorflow():
   """TensorFlow, imported only where it is used (TFRecords, TFDS, Google TF checkpoints; 3-4 s
-  and ~800 MB that no other job path pays) and kept off the GPUs, which JAX drives."""
+  and ~800 MB that no other job path pays) and kept off the GPUs, which JAX drives (once)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy and optional)
   try:
     tf.config.set_visible_devices([], "GPU")
