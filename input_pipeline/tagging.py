@@ -1,6 +1,8 @@
 """Token classification data (CoNLL-2003): one `token POS chunk tag` line per word, blank
 lines between sentences, `-DOCSTART-` lines skipped. Only the first WordPiece of each word
-is labelled (the others get weight 0), as in the BERT paper.
+is labelled (the others get weight 0), as in the BERT paper. Words are tokenized as in
+the sentence's running text (`Tokenizer.encode_words`: each word after the first with its
+leading space, which byte-level BPE vocabularies encode as part of the token).
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def encode_conll(sentences, tokenizer, max_seq_length: int, labels: list[str]) -
   feats["label_weights"] = np.zeros((n, max_seq_length), np.float32)
   feats["word_index"] = np.full((n, max_seq_length), -1, np.int32)
   for i, (words, tags) in enumerate(sentences):
-    pieces = tokenizer.encode_batch(words)
+    pieces = tokenizer.encode_words(words)
     ids, pos = [tokenizer.cls_id], 1
     for w, (word_pieces, tag) in enumerate(zip(pieces, tags)):
       word_pieces = list(word_pieces) or [tokenizer.unk_id]

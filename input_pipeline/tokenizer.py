@@ -261,6 +261,16 @@ class Tokenizer:
       texts = [t.lower() for t in texts]
     return self._backend.encode(list(texts), out_type=int)
 
+  def encode_words(self, words: list[str]) -> list[list[int]]:
+    """Token ids of each word of a pre-split text (CoNLL's words), as the words are
+    tokenized in the running text `" ".join(words)`: every word after the first keeps the
+    space before it. WordPiece and SentencePiece mark a word's start themselves; a
+    byte-level BPE without a prefix space (ModernBERT, EuroBERT) encodes `the` and ` the`
+    as different tokens, and a word encoded alone would get the one never seen mid-text.
+    A tokenizer that adds a prefix space (RoBERTa-style files) gives it to the first word
+    too, as it does to the start of a text."""
+    return self.encode_batch([w if i == 0 else " " + w for i, w in enumerate(words)])
+
   def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(token ids of all texts concatenated [T] int32, token count of each text [N] int64):
     the ids of `encode_batch(texts)`, flattened.

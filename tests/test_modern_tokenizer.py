@@ -5,11 +5,14 @@ mask tokens, on the built-in texts and (when ../shared/data is present) the CoLA
 from __future__ import annotations
 
 import json
+import pathlib
 
+import numpy as np
 import pytest
 
 from input_pipeline import builtin_corpus
 from input_pipeline import features
+from input_pipeline import tagging
 from input_pipeline import tokenizer as tokenizer_lib
 from tests.test_hf_tokenizer import SENTENCES, _real_text
 
@@ -102,3 +105,49 @@ def test_byte_level_continuations_and_specials(tmp_path):
   # Byte-level BPE marks a word start with "Ġ" (a text's first word has none: the table is
   # per token, so whole-word masking sees it as continuing the text before it).
   assert starts == [p.startswith("\u0120") for p in pieces] and sum(starts) == 2, pieces
+
+
+CONLL_WORDS = [["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."],
+               ["Peter", "Blackburn"], ["BRUSSELS", "1996-08-22"],
+               ["The", "European", "Commission", "said", "on", "Thursday", "it", "disagreed",
+                "with", "German", "advice", "to", "consumers", "to", "shun", "British", "lamb",
+                "until", "scientists", "determine", "whether", "mad", "cow", "disease", "can",
+                "be", "transmitted", "to", "sheep", "."]]
+
+
+def _with_prefix_space(d: str) -> str:
+  """The same tokenizer with ByteLevel(add_prefix_space=True), as RoBERTa-style files set it."""
+  data = json.loads((pathlib.Path(d) / "tokenizer.json").read_text())
+  data["pre_tokenizer"]["add_prefix_space"] = True
+  (pathlib.Path(d) / "tokenizer.json").write_text(json.dumps(data))
+  return d
+
+
+@pytest.mark.parametrize("style,prefix_space", [("modernbert", False), ("eurobert", False),
+                                                ("modernbert", True)])
+def test_pre_split_words_are_tokenized_as_in_running_text(tmp_path, style, prefix_space):
+  """CoNLL words fed to a byte-level BPE model keep their leading space (issue 35 item 2):
+  `encode_conll`'s ids are transformers' ids of the sentence as running text, and
+  transformers' own `is_split_into_words=True` ids of the words as they stand in that text
+  (each word after the first with its space; with a prefix-space tokenizer, every word)."""
+  d = make_bpe_dir(tmp_path, style)
+  if prefix_space:
+    _with_prefix_space(d)
+  ours = tokenizer_lib.Tokenizer.from_path(d)
+  ref = transformers.AutoTokenizer.from_pretrained(d)
+  sentences = [(words, ["O"] * len(words)) for words in CONLL_WORDS]
+  feats = tagging.encode_conll(sentences, ours, 256, ["O"])
+  for row, (words, _) in enumerate(sentences):
+    n = int(feats["input_mask"][row].sum())
+    got = feats["input_ids"][row, :n].tolist()
+    assert got == ref(" ".join(words))["input_ids"], words
+    spaced = [w if i == 0 else " " + w for i, w in enumerate(words)]
+    assert got == ref(spaced, is_split_into_words=True)["input_ids"], words
+    # The label of each word sits on its first token, as in transformers' word_ids().
+    word_ids = ref(spaced, is_split_into_words=True).word_ids()
+    firsts = [i for i, w in enumerate(word_ids) if w is not None and (i == 0 or word_ids[i - 1] != w)]
+    assert np.flatnonzero(feats["label_weights"][row]).tolist() == firsts
+    assert feats["word_index"][row, firsts].tolist() == list(range(len(words)))
+  if not prefix_space:  # what the defect fed: bare words lose the space they have in text
+    bare = ref(CONLL_WORDS[0], is_split_into_words=True)["input_ids"]
+    assert feats["input_ids"][0, :len(bare)].tolist() != bare

@@ -63,6 +63,21 @@ def test_parity_with_transformers_on_hard_text(vocab):
   assert tok.encode(HARD_TEXT[0]) == ours[0]
 
 
+def test_pre_split_words_match_transformers_is_split_into_words(vocab):
+  """WordPiece: CoNLL-style words give the ids of transformers' is_split_into_words=True
+  (and of the running text), each word's pieces apart (issue 35 item 2)."""
+  path, lowercase = vocab
+  tok = tokenizer_lib.Tokenizer.from_path(path)
+  ref = _references(path, lowercase)[0]
+  for text in HARD_TEXT[:8]:
+    words = text.split()
+    pieces = tok.encode_words(words)
+    flat = [i for p in pieces for i in p]
+    assert flat == ref(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]
+    assert flat == tok.encode(" ".join(words))
+    assert pieces == tok.encode_batch(words)
+
+
 @pytest.mark.data
 def test_parity_with_transformers_on_gutenberg(vocab):
   books = sorted(GUTENBERG.glob("pg*.txt"))[:6]
@@ -117,3 +132,5 @@ def test_sentencepiece(tmp_path):
   assert not {tok.cls_id, tok.sep_id, tok.mask_id} & set(tok.encode("[CLS] [SEP] [MASK]"))
   assert tok.is_special[[0, 1, 2, 3, 4]].all() and tok.is_special.sum() == 5
   assert tok.encode_batch(["a b", "c"]) == [tok.encode("a b"), tok.encode("c")]
+  words = "Returning the Values of functions , said he .".split()
+  assert [i for p in tok.encode_words(words) for i in p] == tok.encode(" ".join(words))
