@@ -4,11 +4,12 @@ An input spec is one of:
   "default" / "builtin"   the built-in corpus (Python's own documentation, no download);
   "tfds:NAME[:SPLIT]"     a TFDS text dataset already prepared under tfds_data_dir
                           (e.g. "tfds:wikipedia/20230601.en"); each example's `text_field`
-                          is a document, its lines are paragraphs. Nothing is downloaded;
+                          is read as a text file holding it (text.py). Nothing is downloaded;
   anything else           comma-separated file globs (local or gs://): plain text
                           (text.py; .gz / .zst decompressed), JSON Lines, Parquet, Arrow,
                           and HuggingFace `datasets` directories (sources.py), the reader
-                          chosen by each file's name; a record's `text_field` is a document.
+                          chosen by each file's name; a record's `text_field` is read as a
+                          text file holding that string would be (text.text_documents).
 """
 from typing import Iterator
 
@@ -42,7 +43,7 @@ def iter_documents(input_spec: str, *, fmt: str = "auto", text_field: str = "tex
     source = builtin_corpus.iter_builtin_documents(stats)
   elif input_spec.startswith("tfds:"):
     source = iter_tfds_documents(input_spec[len("tfds:"):], text_field=text_field,
-                                 data_dir=tfds_data_dir, stats=stats)
+                                 data_dir=tfds_data_dir, stats=stats, fmt=fmt)
   else:
     files = text_lib.expand_patterns(input_spec, expand_dir=sources.dataset_files)
     source = _iter_files(files, fmt, stats, max_replaced_fraction, text_field,
@@ -60,7 +61,7 @@ def _iter_files(files: list[str], fmt: str, stats: dict, max_replaced_fraction: 
     if kind is not None:
       yield from sources.iter_record_documents(
           path, kind, text_field=text_field, stats=stats, max_bad_records=max_bad_records,
-          max_replaced_fraction=max_replaced_fraction)
+          max_replaced_fraction=max_replaced_fraction, fmt=fmt)
       continue
     count = [0]
     docs = text_lib.iter_file_documents(path, fmt, stats, max_replaced_fraction)
@@ -101,7 +102,7 @@ def load_tfds_split(name: str, *, data_dir: str | None):
 
 
 def iter_tfds_documents(name: str, *, text_field: str, data_dir: str | None,
-                        stats: dict) -> Iterator[dict]:
+                        stats: dict, fmt: str = "auto") -> Iterator[dict]:
   ds = load_tfds_split(name, data_dir=data_dir)
   if text_field not in ds.element_spec:
     raise ValueError(f"TFDS dataset {name!r} has no field {text_field!r}; its fields are "
@@ -109,9 +110,7 @@ def iter_tfds_documents(name: str, *, text_field: str, data_dir: str | None,
   for example in ds.as_numpy_iterator():
     raw = example[text_field]
     stats["bytes"] += len(raw)
-    doc = sources.text_document(text_lib.decode_bytes(raw, stats))
-    if doc is not None:
-      yield doc
+    yield from text_lib.text_documents(text_lib.decode_bytes(raw, stats), fmt)
 
 
 def iter_texts(input_spec: str, *, sentences: bool = False, max_chars: int | None = None,

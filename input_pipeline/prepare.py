@@ -389,7 +389,8 @@ def flag_values() -> flags.FlagValues:
   flags.DEFINE_boolean("lowercase", None, "Override the vocabulary's casing.",
                        flag_values=fv)
   flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
-                    "Text file format (see input_pipeline/text.py).", flag_values=fv)
+                    "How free text (a text file, or a record's text) is read: see "
+                    "input_pipeline/text.py.", flag_values=fv)
   flags.DEFINE_string("text_field", "text", "The field (JSON), column (Parquet, Arrow) or "
                       "TFDS feature holding a document's text.", flag_values=fv)
   flags.DEFINE_integer("max_bad_records", 0, "Skip up to this many records without usable "

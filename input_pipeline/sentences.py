@@ -1,5 +1,6 @@
 """Rule-based English sentence splitting (no TensorFlow: prepare workers import this)."""
 import re
+from typing import Iterator
 
 # Words that end with a full stop without ending the sentence (compared lowercased,
 # without the final full stop). "etc." is left out: it ends sentences as often as not.
@@ -39,16 +40,9 @@ def _is_abbreviation(text: str, stop: int, next_char: str) -> bool:
   return bool(word) and _is_abbreviation_word(word.lower(), next_char)
 
 
-def split_sentences(paragraph: str) -> list[str]:
-  """Rule-based sentence splitter for English prose.
-
-  Splits after . ! ? or an ellipsis (plus closing quotes/brackets) when whitespace and an
-  upper-case letter or digit follow; a full stop after a known abbreviation ("Mr.",
-  "e.g."), a single initial ("J.") or a dotted acronym ("U.S.") does not split. Decimals
-  ("3.14") never split since no whitespace follows the point. Lower-case after a quote
-  ('"Stop!" he said.') continues the sentence.
-  """
-  sentences, start, backwards, n = [], 0, None, len(paragraph)
+def _boundaries(paragraph: str) -> Iterator[int]:
+  """The offsets where sentences of `paragraph` end (see split_sentences), in order."""
+  backwards, n = None, len(paragraph)
   for match in _BOUNDARY.finditer(paragraph):
     stop, end = match.span()
     # A lone full stop (the punctuation run is maximal, and whitespace follows it) may end
@@ -60,6 +54,20 @@ def split_sentences(paragraph: str) -> list[str]:
       word = paragraph[stop - (_WORD.match(backwards, back).end() - back):stop]
       if word and _is_abbreviation_word(word.lower(), paragraph[end]):
         continue
+    yield end
+
+
+def split_sentences(paragraph: str) -> list[str]:
+  """Rule-based sentence splitter for English prose.
+
+  Splits after . ! ? or an ellipsis (plus closing quotes/brackets) when whitespace and an
+  upper-case letter or digit follow; a full stop after a known abbreviation ("Mr.",
+  "e.g."), a single initial ("J.") or a dotted acronym ("U.S.") does not split. Decimals
+  ("3.14") never split since no whitespace follows the point. Lower-case after a quote
+  ('"Stop!" he said.') continues the sentence.
+  """
+  sentences, start = [], 0
+  for end in _boundaries(paragraph):
     sentence = paragraph[start:end].strip()
     if sentence:
       sentences.append(sentence)
@@ -68,6 +76,11 @@ def split_sentences(paragraph: str) -> list[str]:
   if rest:
     sentences.append(rest)
   return sentences
+
+
+def holds_several(line: str) -> bool:
+  """Whether split_sentences(line) gives more than one sentence (stops at the first end)."""
+  return next(_boundaries(line.strip()), None) is not None
 
 
 def document_sentences(doc: dict) -> list[str]:

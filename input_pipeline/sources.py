@@ -14,9 +14,11 @@ A directory matched by an input pattern is read as a `datasets` directory when i
 state.json (its .arrow files in the order listed); a DatasetDict's directory
 (dataset_dict.json) is refused with its splits named, so that the user picks one.
 
-A record's `text_field` (default "text") is one document: its non-blank lines are its
-paragraphs, sentence-split in the prepare workers (as a TFDS document, corpus.py); a record
-whose text is blank gives no document.
+A record's `text_field` (default "text") is read as a text file holding that string would be
+(text.text_documents, with the same --format): in prose one document, its blank lines
+ending paragraphs and its single newlines hard wraps; in BERT's one-sentence-per-line
+format a line is a sentence and a blank line ends a document. A record whose text is blank
+gives no document.
 
 Bad records. The first record of a JSON file is checked strictly: when it is not JSON, not
 an object or lacks the field, the file or --text_field is wrong, and the error says so and
@@ -66,12 +68,6 @@ def record_kind(path: str | os.PathLike) -> str | None:
   return next((kind for suffix, kind in RECORD_KINDS.items() if name.endswith(suffix)), None)
 
 
-def text_document(text: str) -> dict | None:
-  """A record's text -> a raw document of its non-blank lines as paragraphs (None if none)."""
-  paragraphs = [line.strip() for line in text.split("\n") if line.strip()]
-  return {"texts": paragraphs, "split": True} if paragraphs else None
-
-
 def dataset_files(directory: str) -> list[str]:
   """The .arrow files of a HuggingFace `datasets` directory (save_to_disk), in order; []
   for a directory of another kind."""
@@ -100,12 +96,14 @@ def dataset_files(directory: str) -> list[str]:
 class _Records:
   """Counts a file's records and bad ones against the corpus's allowance."""
 
-  def __init__(self, path: str, text_field: str, stats: dict, max_bad_records: int):
+  def __init__(self, path: str, text_field: str, stats: dict, max_bad_records: int,
+               fmt: str):
     self.path, self.field, self.stats, self.max_bad = path, text_field, stats, max_bad_records
+    self.fmt = fmt
     self.count, self.bad = 0, 0
 
-  def document(self, value: Any, where: str, strict: bool = False) -> dict | None:
-    """The document of a parsed record, None for a blank one or a skipped bad one."""
+  def documents(self, value: Any, where: str, strict: bool = False) -> list[dict]:
+    """The documents of a parsed record, none for a blank one or a skipped bad one."""
     if not isinstance(value, dict):
       return self.reject(where, f"is a JSON {type(value).__name__}, not an object", strict)
     if self.field not in value:
@@ -114,13 +112,13 @@ class _Records:
       return self.reject(where, f"has no field {self.field!r} (its fields: {shown})", strict)
     return self.text(value[self.field], where)
 
-  def text(self, value: Any, where: str) -> dict | None:
+  def text(self, value: Any, where: str) -> list[dict]:
     if not isinstance(value, str):
       kind = "null" if value is None else type(value).__name__
       return self.reject(where, f"holds {kind} in field {self.field!r}, not a string")
-    return text_document(value)
+    return text_lib.text_documents(value, self.fmt)
 
-  def reject(self, where: str, problem: str, strict: bool = False) -> None:
+  def reject(self, where: str, problem: str, strict: bool = False) -> list[dict]:
     if strict:
       raise BadRecordError(
           f"{self.path}: {where} {problem}. The first record decides whether a file can be "
@@ -133,7 +131,7 @@ class _Records:
           f"{self.path}: {where} {problem}. Fix or remove the record, or allow skipping a "
           f"few with --max_bad_records=N (now {self.max_bad}; the training job: "
           "--config.build.max_bad_records).")
-    return None
+    return []
 
   def warn(self) -> None:
     if self.bad:
@@ -157,12 +155,11 @@ def _json_documents(path: str, records: _Records, max_replaced_fraction: float
     try:
       value = json.loads(line)
     except ValueError as e:
-      doc = records.reject(where, f"is not valid JSON ({e})", strict=first)
+      docs = records.reject(where, f"is not valid JSON ({e})", strict=first)
     else:
-      doc = records.document(value, where, strict=first)
+      docs = records.documents(value, where, strict=first)
     first = False
-    if doc is not None:
-      yield doc
+    yield from docs
 
 
 def _json_array(path: str, content: str, records: _Records) -> Iterator[dict]:
@@ -176,9 +173,7 @@ def _json_array(path: str, content: str, records: _Records) -> Iterator[dict]:
                          "records or one record per line.")
   for number, value in enumerate(values, 1):
     records.count += 1
-    doc = records.document(value, f"record {number}", strict=number == 1)
-    if doc is not None:
-      yield doc
+    yield from records.documents(value, f"record {number}", strict=number == 1)
 
 
 def _column_documents(batches: Iterable[Any], records: _Records) -> Iterator[dict]:
@@ -189,9 +184,7 @@ def _column_documents(batches: Iterable[Any], records: _Records) -> Iterator[dic
     records.stats["bytes"] += int(pc.sum(pc.binary_length(column)).as_py() or 0)
     for value in column.to_pylist():
       records.count += 1
-      doc = records.text(value, f"row {records.count}")
-      if doc is not None:
-        yield doc
+      yield from records.text(value, f"row {records.count}")
 
 
 def _check_column(path: str, schema: Any, field: str) -> None:
@@ -287,10 +280,10 @@ def guarded(path: str, docs: Iterator[dict], count: Callable[[], str]) -> Iterat
 
 def iter_record_documents(path: str, kind: str, *, text_field: str, stats: dict,
                           max_bad_records: int = 0,
-                          max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION
-                          ) -> Iterator[dict]:
+                          max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION,
+                          fmt: str = "auto") -> Iterator[dict]:
   """The documents of one record file of `kind` (record_kind); see module doc."""
-  records = _Records(path, text_field, stats, max_bad_records)
+  records = _Records(path, text_field, stats, max_bad_records, fmt)
   if kind == "json":
     docs = _json_documents(path, records, max_replaced_fraction)
   elif kind in ("parquet", "arrow"):

@@ -1,20 +1,27 @@
-"""Plain-text corpora: file globs -> documents of sentences or paragraphs.
+"""Free text -> documents of sentences or paragraphs: text files, and the text of a record.
 
 A *raw document* is a dict {"texts": [str, ...], "split": bool}: `texts` are sentences
 (split=False, original BERT "lines" format) or paragraphs that still need sentence
 splitting (split=True). Splitting happens later, in the prepare workers, so the reader
 stays a cheap single-threaded stream.
 
-Formats (per file):
-  lines       one sentence per line, blank line between documents (google-research/bert).
-  paragraphs  free text; hard-wrapped lines of a paragraph are joined, blank lines separate
-              paragraphs, the whole file is one document (a book is one document).
+One reading of free text, whatever holds it: a text file, or the text field of one record
+of a JSON Lines / JSON / Parquet / Arrow file, a `datasets` directory or a TFDS dataset
+(`text_documents`), so the same string gives the same documents and sentences from each.
+Formats (of a file, or of each record's text):
+  lines       one sentence per line (google-research/bert): a line is a sentence as it
+              stands, a blank line ends a document.
+  paragraphs  free text: a single newline is a hard wrap inside a paragraph (the lines are
+              joined with a space), a blank line ends a paragraph, the whole text is one
+              document (a book is one document); paragraphs are sentence-split.
   auto        "lines" if at least 80% of the first 200 non-blank lines end with sentence
-              punctuation (optionally followed by a closing quote or bracket), else
-              "paragraphs". Hard-wrapped prose ends most lines mid-sentence, BERT-format
-              text ends almost every line with a full stop.
+              punctuation (optionally followed by a closing quote or bracket) and fewer
+              than half of them hold more than one sentence, else "paragraphs".
+              Hard-wrapped prose ends most lines mid-sentence, a paragraph on each line
+              (Wikipedia's records) holds several sentences a line, BERT-format text ends
+              almost every line with the full stop of its one sentence.
 
-Project Gutenberg files keep only the text between the `*** START OF` and `*** END OF`
+Project Gutenberg text keeps only what lies between the `*** START OF` and `*** END OF`
 lines (when the markers are present). Undecodable UTF-8 bytes become U+FFFD and are
 counted in `stats["replaced_bytes"]`, and a file with any is named in a warning; a file
 where they are more than `max_replaced_fraction` of the bytes read (default 1%: a binary
@@ -29,6 +36,7 @@ from absl import logging
 
 from input_pipeline import errors
 from input_pipeline import fileio
+from input_pipeline import sentences as sentences_lib
 
 FORMATS = ("auto", "lines", "paragraphs")
 _READ_CHUNK_BYTES = 8 << 20
@@ -38,6 +46,9 @@ _AUTO_SAMPLE_LINES = 200
 # Dialogue-heavy hard-wrapped prose ends up to ~60% of its lines with punctuation; text
 # with one sentence per line ends nearly all of them so.
 _AUTO_LINES_FRACTION = 0.8
+# ... and hold one sentence each; a text with a paragraph on each line (Wikipedia's records)
+# holds several in most of its lines.
+_AUTO_SEVERAL_FRACTION = 0.5
 # The largest share of a file's bytes that may be undecodable (replaced by U+FFFD).
 MAX_REPLACED_FRACTION = 0.01
 # "*** START OF THE PROJECT GUTENBERG EBOOK X ***", also written "***START OF ...".
@@ -180,12 +191,16 @@ _SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*$")
 
 
 def detect_format(lines: list[str]) -> str:
-  """'lines' if most non-blank lines end a sentence, else 'paragraphs' (see module doc)."""
+  """'lines' if most non-blank lines end a sentence and hold one, else 'paragraphs' (see
+  module doc)."""
   sample = [l.strip() for l in lines if l.strip()][:_AUTO_SAMPLE_LINES]
   if not sample:
     return "paragraphs"
   ending = sum(bool(_SENTENCE_END.search(l)) for l in sample)
-  return "lines" if ending >= _AUTO_LINES_FRACTION * len(sample) else "paragraphs"
+  if ending < _AUTO_LINES_FRACTION * len(sample):
+    return "paragraphs"
+  several = sum(map(sentences_lib.holds_several, sample))
+  return "lines" if several < _AUTO_SEVERAL_FRACTION * len(sample) else "paragraphs"
 
 
 def _lines_documents(lines: Iterator[str]) -> Iterator[dict]:
@@ -216,13 +231,31 @@ def join_paragraphs(lines) -> list[str]:
   return paragraphs
 
 
+def _check_format(fmt: str) -> None:
+  if fmt not in FORMATS:
+    raise ValueError(f"Unknown text format {fmt!r}; use one of {FORMATS}.")
+
+
 def iter_file_documents(path: str, fmt: str, stats: dict,
                         max_replaced_fraction: float = MAX_REPLACED_FRACTION
                         ) -> Iterator[dict]:
   """Raw documents of one text file (format per module docstring)."""
-  if fmt not in FORMATS:
-    raise ValueError(f"Unknown text format {fmt!r}; use one of {FORMATS}.")
-  lines = strip_gutenberg(read_lines(path, stats, max_replaced_fraction))
+  _check_format(fmt)
+  yield from lines_documents(read_lines(path, stats, max_replaced_fraction), fmt)
+
+
+def text_documents(text: str, fmt: str = "auto") -> list[dict]:
+  """Raw documents of a text held in a record (JSON, Parquet, Arrow, TFDS): exactly those of
+  a text file holding that string, so the same text gives the same documents and sentences
+  whatever its container."""
+  _check_format(fmt)
+  return list(lines_documents((line.rstrip("\r") for line in text.split("\n")), fmt))
+
+
+def lines_documents(lines: Iterator[str], fmt: str) -> Iterator[dict]:
+  """Raw documents of a text's lines (without line ends): the one reading of free text
+  (module doc), for files and records alike."""
+  lines = strip_gutenberg(lines)
   if fmt == "auto":
     sample, nonblank = [], 0
     for line in lines:

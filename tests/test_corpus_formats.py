@@ -3,8 +3,11 @@ the same prepared corpus whatever the format; bad records, wrong fields and dama
 are one clear error naming the file and record; --max_bad_records skips and counts."""
 import gzip
 import json
+import pathlib
+import random
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +23,7 @@ from input_pipeline import testing
 from tests import test_train_utils as tu
 from tests.gcs_emulator import gcs  # noqa: F401  pylint: disable=unused-import
 
+GUTENBERG = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "gutenberg"
 WORDS = ("the cat sat on a mat . it was warm ! dogs ran far away ? yes no maybe "
          "rain fell all day long").split()
 
@@ -54,9 +58,8 @@ def _write_formats(root) -> dict[str, str]:
   specs = {}
   text_dir = root / "text"
   text_dir.mkdir()
-  for i, doc in enumerate(DOCS):  # paragraphs format: one document a file
-    paragraphs = [p for p in doc.split("\n") if p.strip()]
-    (text_dir / f"doc{i:02d}.txt").write_text("\n\n".join(paragraphs) + "\n")
+  for i, doc in enumerate(DOCS):  # one document a file, the record's own string
+    (text_dir / f"doc{i:02d}.txt").write_text(doc)
   specs["txt"] = str(text_dir / "*.txt")
   gz_dir = root / "textgz"
   gz_dir.mkdir()
@@ -94,13 +97,13 @@ def test_every_format_prepares_the_same_corpus(tmp_path, vocab):
   datasets.Dataset.from_dict({"text": DOCS, "id": list(range(len(DOCS)))}).save_to_disk(
       str(hf), num_shards=2)
   specs["datasets dir"] = str(hf)
-  want_summary, want = _prepared(specs["txt"], vocab, tmp_path / "out-txt", fmt="paragraphs")
-  assert want_summary["documents"] == 4 and want_summary["sentences"] == 14
+  want_summary, want = _prepared(specs["txt"], vocab, tmp_path / "out-txt")
+  # "sat.\nThe" is a hard wrap after a word that also abbreviates Saturday: one sentence.
+  assert want_summary["documents"] == 4 and want_summary["sentences"] == 13
   for name, spec in specs.items():
     if name == "txt":
       continue
-    fmt = "paragraphs" if name.startswith("txt") else "auto"
-    summary, arrays = _prepared(spec, vocab, tmp_path / f"out-{name}", fmt=fmt)
+    summary, arrays = _prepared(spec, vocab, tmp_path / f"out-{name}")
     assert arrays == want, name
     for key in ("documents", "sentences", "tokens", "unk_tokens", "shard_documents"):
       assert summary[key] == want_summary[key], (name, key)
@@ -110,7 +113,7 @@ def test_every_format_prepares_the_same_corpus(tmp_path, vocab):
 def test_a_mixed_glob_reads_each_file_by_its_name(tmp_path):
   specs = _write_formats(tmp_path)
   mixed = ",".join([specs["jsonl"], specs["parquet"], specs["txt.gz"]])
-  docs = list(corpus.iter_documents(mixed, fmt="paragraphs"))
+  docs = list(corpus.iter_documents(mixed))
   one = list(corpus.iter_documents(specs["jsonl"]))
   assert len(one) == 4 and docs == one + one + one
 
@@ -332,3 +335,99 @@ def test_a_corpus_without_text_is_one_line(tmp_path, vocab):
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
   assert f"Corpus '{path}' is empty: 1 files, 0 bytes, no text" in proc.stderr
   assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def _hard_wrapped_books(n: int = 24, seed: int = 0) -> list[str]:
+  """Books as Project Gutenberg ships them: a header and licence around the text, lines
+  wrapped at 60 columns (CRLF in some), blank lines between paragraphs, headings."""
+  rng = random.Random(seed)
+  books = []
+  for b in range(n):
+    paragraphs = [f"CHAPTER {b}"]
+    for _ in range(rng.randint(3, 8)):
+      sentences = []
+      for _ in range(rng.randint(1, 6)):
+        words = [rng.choice([w for w in WORDS if w.isalpha()]) for _ in range(rng.randint(2, 14))]
+        sentences.append(" ".join(words).capitalize() + rng.choice([".", "!", "?"]))
+      paragraphs.append(textwrap.fill(" ".join(sentences), 60))
+    body = "\n\n".join(paragraphs)
+    text = (f"The Project Gutenberg eBook of Book {b}\n\nmeta data\n\n*** START OF THE PROJECT "
+            f"GUTENBERG EBOOK BOOK {b} ***\n\n{body}\n\n*** END OF THE PROJECT GUTENBERG EBOOK "
+            f"BOOK {b} ***\n\nlicence text\n")
+    books.append(text.replace("\n", "\r\n") if b % 3 == 0 else text)
+  return books
+
+
+def test_hard_wrapped_books_prepare_the_same_in_every_container(tmp_path, vocab):
+  """The same strings as .txt files, .jsonl.gz records, Parquet, a JSON array and a
+  `datasets` directory give byte-identical prepared arrays (issue 35 item 3: a record's
+  single newlines were read as paragraph ends, cutting each hard-wrapped sentence)."""
+  books = _hard_wrapped_books()
+  root = tmp_path / "in"
+  (root / "txt").mkdir(parents=True)
+  for i, book in enumerate(books):
+    (root / "txt" / f"book{i:02d}.txt").write_bytes(book.encode("utf-8"))
+  records = [{"text": book} for book in books]
+  (root / "books.jsonl.gz").write_bytes(gzip.compress(_jsonl(records)))
+  (root / "books.json").write_text(json.dumps(records))
+  pq.write_table(pa.table({"text": books}), root / "books.parquet", row_group_size=5)
+  specs = {"jsonl.gz": root / "books.jsonl.gz", "json array": root / "books.json",
+           "parquet": root / "books.parquet"}
+  datasets = pytest.importorskip("datasets")
+  datasets.Dataset.from_dict({"text": books}).save_to_disk(str(root / "hf"), num_shards=2)
+  specs["datasets dir"] = root / "hf"
+  want_summary, want = _prepared(str(root / "txt" / "*.txt"), vocab, tmp_path / "out-txt")
+  assert want_summary["documents"] == len(books)
+  # Every sentence is whole: one ends with its punctuation, the next begins with a capital.
+  summary = prepare.load_summary(str(tmp_path / "out-txt"))
+  arrays = store.open_arrays(str(tmp_path / "out-txt"), summary)
+  from input_pipeline import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  tok = tokenizer_lib.Tokenizer.from_path(vocab)
+  ends = {tok.convert_tokens_to_ids([p])[0] for p in ".!?"}
+  starts = np.asarray(arrays["sentence_starts"])
+  tokens = np.asarray(arrays["tokens"])
+  headings = {int(d) for d in np.asarray(arrays["document_starts"])[:-1]}
+  for i, (s, e) in enumerate(zip(starts[:-1], starts[1:])):
+    if i not in headings:  # a book's first sentence is its heading
+      assert tokens[e - 1] in ends, tok.decode(tokens[s:e])
+  for name, spec in specs.items():
+    summary, arrays = _prepared(str(spec), vocab, tmp_path / f"out-{name}")
+    assert arrays == want, name
+    assert summary["sentences"] == want_summary["sentences"], name
+
+
+@pytest.mark.parametrize("text,documents,sentences", [
+    ("One cat sat.\nTwo dogs ran.\nIt was warm!\n\nRain fell.\nYes.\n", 2, 5),  # BERT's lines
+    ("The cat sat on\na mat. It was\nwarm!\n\nDogs ran.\n", 1, 3),                # hard-wrapped
+    ("The cat ran. It was warm!\nDogs ran far away? Yes.\n", 1, 4),              # a paragraph a line
+])
+def test_a_record_reads_as_a_text_file_holding_it(tmp_path, text, documents, sentences):
+  """How a blank line, a single newline and a line of BERT's format are read, the same in a
+  .txt file and in a record (text.py's module doc)."""
+  from input_pipeline import sentences as sentences_lib  # pylint: disable=g-import-not-at-top
+  (tmp_path / "a.txt").write_text(text)
+  (tmp_path / "a.jsonl").write_bytes(_jsonl([{"text": text}]))
+  pq.write_table(pa.table({"text": [text]}), tmp_path / "a.parquet")
+  want = list(corpus.iter_documents(str(tmp_path / "a.txt")))
+  assert len(want) == documents
+  assert sum(len(sentences_lib.document_sentences(d)) for d in want) == sentences
+  for name in ("a.jsonl", "a.parquet"):
+    assert list(corpus.iter_documents(str(tmp_path / name))) == want, name
+
+
+@pytest.mark.data
+def test_24_gutenberg_books_prepare_the_same_as_txt_jsonl_gz_and_parquet(tmp_path, vocab):
+  """Issue 35 item 3 as probed: 24 real books (hard-wrapped, CRLF, Gutenberg markers) as
+  .txt files, as .jsonl.gz records and as a Parquet column give byte-identical arrays."""
+  books = sorted(GUTENBERG.glob("pg*.txt"))[:24]
+  if len(books) < 24:
+    pytest.skip(f"{GUTENBERG} not present (only on the project's machines)")
+  texts = [b.read_bytes().decode("utf-8", errors="replace") for b in books]
+  (tmp_path / "books.jsonl.gz").write_bytes(gzip.compress(_jsonl([{"text": t} for t in texts])))
+  pq.write_table(pa.table({"text": texts}), tmp_path / "books.parquet")
+  want_summary, want = _prepared(",".join(map(str, books)), vocab, tmp_path / "out-txt")
+  assert want_summary["documents"] == 24
+  for name in ("books.jsonl.gz", "books.parquet"):
+    summary, arrays = _prepared(str(tmp_path / name), vocab, tmp_path / f"out-{name}")
+    assert summary["sentences"] == want_summary["sentences"], name
+    assert arrays == want, name

@@ -95,8 +95,9 @@ def run_workdir(tmp_path_factory):
   from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("run")
   corpus_file = root / "corpus.txt"
-  corpus_file.write_text("".join(TEXT.replace("games", f"games{i}") for i in range(40)),
-                         encoding="utf-8")
+  # BERT's format (a sentence a line, a blank line between documents): 80 documents.
+  corpus_file.write_text("".join(TEXT.replace("games", f"games{i}") for i in range(40))
+                         .replace(". ", ".\n"), encoding="utf-8")
   config = tu.tiny_config(**{"synthetic_data": False, "build.corpus": str(corpus_file),
                              "build.vocab_size": 150, "build.num_shards": 2})
   workdir = root / "workdir"
