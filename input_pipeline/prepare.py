@@ -48,6 +48,7 @@ from absl import logging
 import numpy as np
 
 from input_pipeline import corpus
+from input_pipeline import dirlock
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import records
@@ -203,6 +204,16 @@ class _StopOnSigterm:
     return False
 
 
+def hold_output(output_dir: str):
+  """The writer lock of a prepared directory (input_pipeline/dirlock.py, local or gs://):
+  a second writer (prepare, prepare_hosts' merge, a training job's build step) is refused
+  with one line while the first lives."""
+  return dirlock.hold(output_dir, dirlock.Owner(
+      f"the prepared corpus {output_dir}", "Two writers of one prepared directory would "
+      "overwrite each other's arrays.", "another --output_dir (a training job: another "
+      "data.prepared_dir)"))
+
+
 def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
                    lowercase: bool | None = None, num_shards: int = 16,
                    num_workers: int | None = None, fmt: str = "auto",
@@ -217,11 +228,12 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
   """
   with _StopOnSigterm():
     try:
-      return _prepare(input_spec, vocab_path, output_dir, lowercase=lowercase,
-                      num_shards=num_shards, num_workers=num_workers, fmt=fmt,
-                      text_field=text_field, tfds_data_dir=tfds_data_dir, progress=progress,
-                      max_replaced_fraction=max_replaced_fraction,
-                      max_bad_records=max_bad_records)
+      with hold_output(output_dir):
+        return _prepare(input_spec, vocab_path, output_dir, lowercase=lowercase,
+                        num_shards=num_shards, num_workers=num_workers, fmt=fmt,
+                        text_field=text_field, tfds_data_dir=tfds_data_dir,
+                        progress=progress, max_replaced_fraction=max_replaced_fraction,
+                        max_bad_records=max_bad_records)
     except _Terminated:
       print(f"prepare: stopped by SIGTERM: {output_dir} is incomplete (it has no "
             f"{SUMMARY_NAME}); run the same command again to prepare it.",
@@ -338,7 +350,11 @@ def convert_legacy(old_dir: str, output_dir: str) -> dict:
   if old_dir.rstrip("/") == output_dir.rstrip("/"):
     raise ValueError("--output_dir must differ from --convert: the original is read while "
                      "the arrays are written (delete it yourself afterwards).")
-  fileio.path(output_dir).mkdir(parents=True, exist_ok=True)
+  with hold_output(output_dir):
+    return _write_converted(old_dir, old, output_dir)
+
+
+def _write_converted(old_dir: str, old: dict, output_dir: str) -> dict:
   summary_path = fileio.path(fileio.join(output_dir, SUMMARY_NAME))
   if summary_path.exists():
     summary_path.unlink()

@@ -137,6 +137,12 @@ def merge(input_spec: str, output_dir: str, specs: list[str], *, num_shards: int
         f"The hosts skipped {bad} bad records in all, more than --max_bad_records="
         f"{max_bad_records} for the whole corpus (each host allowed that many): raise it, or "
         "fix the records named in the hosts' logs.")
+  with prepare.hold_output(output_dir):
+    return _merge_parts(input_spec, output_dir, specs, done, num_shards)
+
+
+def _merge_parts(input_spec: str, output_dir: str, specs: list[str],
+                 done: list[tuple[int, dict]], num_shards: int) -> dict:
   first = done[0][1]
   summary_path = fileio.path(fileio.join(output_dir, prepare.SUMMARY_NAME))
   if summary_path.exists():

@@ -107,6 +107,8 @@ class ShardWriter:
     """The scratch values of `name`, shard after shard, in chunks."""
     dtype = self._dtype(name).newbyteorder("<")
     for s in range(self.num_shards):
+      if not self.counts[name][s]:
+        continue  # an empty file may not exist: gs:// writes none for an empty object
       with (self.scratch / f"{s:05d}.{name}").open("rb") as f:
         while chunk := f.read(_CHUNK * dtype.itemsize):
           yield np.frombuffer(chunk, dtype)

@@ -401,3 +401,45 @@ def test_prepare_killed_leaves_no_workers(big, sig):
     assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, stderr[-3000:])
     assert "stopped by SIGTERM" in stderr and "incomplete" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
+
+
+_HOLD_PREPARED = """
+import sys, time
+from input_pipeline import dirlock
+owner = dirlock.Owner(f"--output_dir={sys.argv[1]}", "", "")
+with dirlock.hold(sys.argv[1], owner):
+  print("held", flush=True)
+  time.sleep(600)
+"""
+
+
+def test_a_second_writer_of_a_prepared_directory_is_one_line(books):
+  """prepare (or a training job's build step) writing a prepared directory that another
+  live writer holds is refused in one line, exit 2, the holder's output untouched (issue 35
+  item 5); a killed writer's lock is taken over, and the lock is gone when prepare ends."""
+  out = books["root"] / "prepared"
+  holder = subprocess.Popen([sys.executable, "-c", _HOLD_PREPARED, str(out)], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    (out / "tokens.npy").write_bytes(b"being written")
+    proc = subprocess.run(
+        [sys.executable, "-m", "input_pipeline.prepare", f"--input={books['glob']}",
+         f"--vocab={books['vocab']}", f"--output_dir={out}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"prepare.py: error: the prepared corpus {out} is in use by process {holder.pid} on "
+        "host"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert (out / "tokens.npy").read_bytes() == b"being written"
+    with pytest.raises(prepare.dirlock.LockedError, match="in use by process"):
+      prepare.prepare_corpus(books["glob"], books["vocab"], str(out), num_workers=1,
+                             progress=False)
+  finally:
+    holder.kill()
+    holder.wait()
+  summary = prepare.prepare_corpus(books["glob"], books["vocab"], str(out), num_workers=1,
+                                   progress=False)
+  assert summary["documents"] == 6 and not (out / "LOCK").exists()
