@@ -90,11 +90,15 @@ def vocabulary_of(vocab: str, cfg: Any) -> tokenizer_lib.Tokenizer:
   return tok
 
 
-def export_vocabulary(tok: tokenizer_lib.Tokenizer, out: str) -> str:
+def export_vocabulary(tok: tokenizer_lib.Tokenizer, out: str, *,
+                      name_specials: bool = False) -> str:
   """Copies the vocabulary of `tok` into the export directory `out` as a HuggingFace model
   directory holds it (vocab.txt or spm.model, tokenizer_config.json and any tokenizer.json /
-  special_tokens_map.json beside it), so that AutoTokenizer.from_pretrained(out) and our
-  Tokenizer read the same. Returns the vocabulary file's name."""
+  special_tokens_map.json beside it), with a tokenizer.json written from `tok` where none
+  came with it, so that AutoTokenizer.from_pretrained(out) (for any model type) and our
+  Tokenizer read the same. `name_specials`: tokenizer_config.json names the special tokens
+  (a model type whose tokenizer class does not default to BERT's). Returns the vocabulary
+  file's name."""
   src, dst = fileio.path(tok.path), fileio.path(out)
   name = {"wordpiece": tokenizer_lib.WORDPIECE_FILE, "hf": tokenizer_lib.HF_TOKENIZER_FILE
           }.get(tok.kind, tokenizer_lib.SENTENCEPIECE_FILE)
@@ -102,8 +106,20 @@ def export_vocabulary(tok: tokenizer_lib.Tokenizer, out: str) -> str:
   for extra in TOKENIZER_FILES:
     if (src.parent / extra).exists():
       (dst / extra).write_bytes((src.parent / extra).read_bytes())
+  if not (dst / tokenizer_lib.HF_TOKENIZER_FILE).exists():
+    (dst / tokenizer_lib.HF_TOKENIZER_FILE).write_text(tok.tokenizer_json())
   if not (dst / tokenizer_lib.CONFIG_NAME).exists():
     tokenizer_lib.write_tokenizer_config(os.fspath(dst), tok.kind, tok.lowercase)
+  if name_specials or tok.kind == "sentencepiece":
+    # Without BertTokenizer's defaults, transformers reads the special tokens from here.
+    config = json.loads((dst / tokenizer_lib.CONFIG_NAME).read_text())
+    named = {f"{k}_token": tok.tokens[i] for k, i in (
+        ("cls", tok.cls_id), ("sep", tok.sep_id), ("pad", tok.pad_id), ("unk", tok.unk_id),
+        ("mask", tok.mask_id))}
+    if tok.kind == "sentencepiece":  # no slow class of transformers reads our spm.model
+      named["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if any(k not in config for k in named):
+      (dst / tokenizer_lib.CONFIG_NAME).write_text(json.dumps({**named, **config}, indent=2))
   return name
 
 
@@ -142,7 +158,8 @@ def main(argv: Iterable[str] | None = None) -> None:
                       "--vocab.", e)
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
-  if args.to == "huggingface" and isinstance(cfg, modern.ModernConfig):
+  modern_hf = args.to == "huggingface" and isinstance(cfg, modern.ModernConfig)
+  if modern_hf:
     if tok is not None:  # config.json names the special ids the model was trained with
       ids = dict(pad_token_id=tok.pad_id, cls_token_id=tok.cls_id, sep_token_id=tok.sep_id,
                  bos_token_id=tok.cls_id, eos_token_id=tok.sep_id, mask_token_id=tok.mask_id)
@@ -153,7 +170,7 @@ def main(argv: Iterable[str] | None = None) -> None:
   else:
     formats.save_native(args.output, cfg, params)
   if tok is not None:
-    export_vocabulary(tok, args.output)
+    export_vocabulary(tok, args.output, name_specials=modern_hf)
   n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params))
   print(f"Converted {args.input} -> {args.output} ({args.to}): "
         f"{formats.describe_heads(formats.heads(params))}, "

@@ -288,6 +288,26 @@ class Tokenizer:
               lengths)
     return self._chunks.encode_flat(texts)
 
+  def tokenizer_json(self) -> str:
+    """A HuggingFace tokenizer.json that tokenizes as this Tokenizer does (what every
+    export carries: transformers' fast tokenizers, and AutoTokenizer for any model type,
+    load it), with the special tokens matched in text and the template cls A sep B sep."""
+    if self.kind == "hf":
+      return self._backend.to_str()
+    from tokenizers import AddedToken, processors  # pylint: disable=g-import-not-at-top
+    if self.kind == "wordpiece":  # a fresh backend: added tokens would change our encoding
+      backend = _wordpiece_backend(self.tokens, self.normalization, self.path)
+    else:
+      backend = _sentencepiece_backend(self._backend, self.lowercase)
+    specials = sorted({self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id})
+    backend.add_special_tokens([AddedToken(self.tokens[i], normalized=False, special=True)
+                                for i in specials])
+    cls, sep = self.tokens[self.cls_id], self.tokens[self.sep_id]
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, self.cls_id), (sep, self.sep_id)])
+    return backend.to_str()
+
   def convert_ids_to_tokens(self, ids) -> list[str]:
     return [self.tokens[int(i)] for i in ids]
 
@@ -471,6 +491,31 @@ def _wordpiece_backend(tokens: list[str], norm: Normalization, vocab_file: str):
       strip_accents=norm.strip_accents, lowercase=norm.lowercase)
   backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   backend.decoder = decoders.WordPiece(prefix="##")
+  return backend
+
+
+def _sentencepiece_backend(processor, lowercase: bool):
+  """A SentencePiece unigram model as a `tokenizers` Tokenizer: its pieces and scores, its
+  normalization rules (the model's precompiled character map, then SentencePiece's
+  whitespace handling: collapsed runs, a word-start marker before the first word), with our
+  lower-casing first when the vocabulary is uncased."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top  (SentencePiece vocabularies only)
+  from tokenizers import Regex, Tokenizer as RustTokenizer  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, normalizers, pre_tokenizers
+  proto = sentencepiece_model_pb2.ModelProto.FromString(processor.serialized_model_proto())
+  if proto.trainer_spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
+    raise VocabularyError("Only a SentencePiece unigram model can be exported as a "
+                          "tokenizer.json (this one is "
+                          f"{sentencepiece_model_pb2.TrainerSpec.ModelType.Name(proto.trainer_spec.model_type)}).")
+  backend = RustTokenizer(models.Unigram([(p.piece, p.score) for p in proto.pieces],
+                                         unk_id=processor.unk_id(), byte_fallback=False))
+  steps = [normalizers.Lowercase()] if lowercase else []
+  if proto.normalizer_spec.precompiled_charsmap:
+    steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+  steps += [normalizers.Strip(left=False, right=True), normalizers.Replace(Regex(" {2,}"), "\u2581")]
+  backend.normalizer = normalizers.Sequence(steps)
+  backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_WORD_START, prepend_scheme="always")
+  backend.decoder = decoders.Metaspace(replacement=_WORD_START, prepend_scheme="always")
   return backend
 
 
