@@ -34,9 +34,29 @@ def _owner(workdir: str) -> dirlock.Owner:
                        "each other's checkpoints.", "another --workdir")
 
 
+_NOWHERE = "a symbolic link that leads to no directory (it loops, or its target is gone)"
+
+
+def _dangling(path: str) -> bool:
+  return os.path.islink(path) and not os.path.exists(path)
+
+
+def _check_links(workdir: str) -> None:
+  """A link at the top of a local workdir that leads nowhere (a loop, a removed target) is
+  one line naming it: the job would fail writing through it (checkpoints/, vocab/, ...)."""
+  if workdir.startswith("gs://"):
+    return
+  for entry in sorted(os.scandir(workdir), key=lambda e: e.name):
+    if entry.is_symlink() and _dangling(entry.path):
+      raise errors.UserError(f"{entry.path} is {_NOWHERE}, inside --workdir where the job "
+                             "writes. Remove the link or point it at a directory.")
+
+
 def _unusable(workdir: str, e: Exception) -> errors.UserError:
   """Why a workdir cannot be written to, as one line naming it and the way on."""
-  if isinstance(e, (FileExistsError, NotADirectoryError)):
+  if not workdir.startswith("gs://") and _dangling(os.fspath(workdir).rstrip("/")):
+    why = f"it is {_NOWHERE}"
+  elif isinstance(e, (FileExistsError, NotADirectoryError)):
     why = "it (or a directory above it) is a file, not a directory"
   elif isinstance(e, PermissionError):
     why = "it is not writable by this user (permission denied)"
@@ -63,18 +83,17 @@ def hold(workdir: str, *, heartbeat_s: float = HEARTBEAT_S,
       if isinstance(lock, dirlock.GcsLock):
         lock.check_bucket()
       fileio.path(workdir).mkdir(parents=True, exist_ok=True)
+      _check_links(os.fspath(fileio.path(workdir)))
       lock.acquire(started=time.time(), processes=jax.process_count())
-    except WorkdirLockedError as e:
+    except errors.UserError as e:  # in use, a link leading nowhere, no bucket
       lock, error = None, e
-    except errors.UserError:
-      raise
     except Exception as e:  # pylint: disable=broad-except  (a file, read-only, no bucket)
       lock, error = None, _unusable(workdir, e)
   if jax.process_count() > 1:
     ok = multihost_utils.broadcast_one_to_all(np.int32(error is None))
     if not ok and error is None:
-      error = WorkdirLockedError(f"--workdir={workdir} is in use by another job (see process "
-                                 "0's log).")
+      error = WorkdirLockedError(f"--workdir={workdir} cannot be used or is in use by another "
+                                 "job (see process 0's log).")
   if error is not None:
     raise error
   try:

@@ -43,6 +43,7 @@ import numpy as np
 
 from input_pipeline import data_config
 from input_pipeline import documents
+from input_pipeline import errors
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
 from input_pipeline import mixture as mixture_lib
@@ -96,7 +97,7 @@ def vocabulary_for(cfg, summary: dict) -> tokenizer_lib.Tokenizer:
   path = cfg.vocab_path or summary["vocab"]["path"]
   tok = tokenizer_lib.Tokenizer.from_path(path, cfg.lowercase)
   if tok.sha256 != summary["vocab"]["sha256"]:
-    raise ValueError(
+    raise errors.ConfigError(
         f"Vocabulary mismatch: {cfg.prepared_dir} was prepared with "
         f"{summary['vocab']['path']} (sha256 {summary['vocab']['sha256'][:12]}...) but "
         f"vocab_path={path} has sha256 {tok.sha256[:12]}.... Re-run prepare with this "
@@ -312,7 +313,7 @@ def _mixture_stream(data_cfg, *, seed: int, process_index: int, process_count: i
     cfg = ml_collections.ConfigDict(dict(data_cfg.to_dict(), prepared_dir=path))
     this = vocabulary_for(cfg, summary)
     if tok is not None and this.sha256 != tok.sha256:
-      raise ValueError(f"data.mixture: {path} was prepared with the vocabulary "
+      raise errors.ConfigError(f"data.mixture: {path} was prepared with the vocabulary "
                        f"{summary['vocab']['path']}, {entries[0][0]} with another: the corpora "
                        "of a mixture must share one vocabulary (prepare them with the same one).")
     tok = this

@@ -252,3 +252,22 @@ def test_sigkill_mid_mixture_then_rerun_is_bit_identical(corpora, tmp_path):
   assert state(straight) == state(broken)
   (host,) = state(straight)["states"]
   assert host["batches"] == 8 and sum(host["rows"]) == 8 * 12
+
+
+def test_a_mixture_of_different_vocabularies_is_one_line_in_the_job(corpora, tmp_path):
+  """The training job on a mixture whose corpora were prepared with different vocabularies
+  (issue 35 item 7): one line naming the field and both corpora, exit 2, no traceback."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  other = testing.make_tagged_corpus(str(tmp_path / "other"), num_docs=4, words_per_doc=7)
+  overrides = {"build.corpus": "", "data.prepared_dir": "", "model.vocab_size": None,
+               "data.mixture": f"{corpora['paths'][0]},{other['prepared']}",
+               "data.vocab_path": "", "data.nsp": False, "data.max_seq_length": 32, "data.max_predictions_per_seq": 5,
+               "model.max_position_embeddings": 32, "global_batch_size": 4,
+               "num_train_steps": 2, "synthetic_data": False}
+  proc = subprocess.run(tu.main_args(str(tmp_path / "run"), **overrides), cwd=tu.REPO,
+                        env=tu.env(1), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2, proc.stderr[-4000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert "error: data.mixture:" in last and "must share one vocabulary" in last, last

@@ -111,3 +111,26 @@ def test_gcs_workdir_lock(gcs):
   taken = _hold(workdir, env)
   out, err = taken.communicate(timeout=120)
   assert taken.returncode == 0 and re.search(r"whose heartbeat stopped 36\d\ds ago", err), err[-2000:]
+
+
+def test_a_workdir_holding_a_symlink_loop_is_one_line(tmp_path):
+  """A workdir whose checkpoints/ is a symbolic link to itself (or the workdir a link that
+  loops) ended in orbax's FileExistsError traceback (issue 35 item 7): one line naming the
+  link, exit 2, nothing written."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "checkpoints").symlink_to("checkpoints")
+  proc = subprocess.run(tu.main_args(workdir, synthetic_data=True, num_train_steps=1),
+                        cwd=tu.REPO, env=tu.env(1), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"main.py: error: {workdir}/checkpoints is a symbolic link that leads to no directory "
+      "(it loops, or its target is gone), inside --workdir where the job writes. Remove the "
+      "link or point it at a directory."), proc.stderr[-3000:]
+  assert sorted(p.name for p in workdir.iterdir()) == ["checkpoints"]
+  (tmp_path / "self").symlink_to("self")
+  proc = subprocess.run(tu.main_args(tmp_path / "self", synthetic_data=True, num_train_steps=1),
+                        cwd=tu.REPO, env=tu.env(1), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert (f"--workdir={tmp_path / 'self'} cannot be used: it is a symbolic link that leads to "
+          "no directory (it loops, or its target is gone)") in proc.stderr.strip().splitlines()[-1]
