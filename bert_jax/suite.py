@@ -264,6 +264,7 @@ def _identity(c: ml_collections.ConfigDict) -> dict[str, Any]:
 class TaskInputs:
   train_examples: int
   splits: dict[str, list] = dataclasses.field(default_factory=dict)  # extra GLUE splits found
+  skipped_rows: dict[str, int] = dataclasses.field(default_factory=dict)  # file -> malformed rows
 
 
 def check(config, runs: list[Run], workdir: str) -> dict[str, TaskInputs]:
@@ -307,6 +308,7 @@ def _read_task(config, task: str, c) -> TaskInputs:
   """Reads the task's files with the fine-tuning readers (a format error names file and
   line); returns the training-set size and the extra GLUE splits found."""
   train, _ = tasks.TASKS[c.task].read(c)  # the task's own reader, as fine-tuning reads it
+  inputs = TaskInputs(len(train), skipped_rows=_skipped_rows(task_dir(config, task)))
   if task in suite_config.GLUE_TASKS:
     read = lambda split: tasks.glue_split(c, split)
     found = {}
@@ -325,8 +327,16 @@ def _read_task(config, task: str, c) -> TaskInputs:
       ax = _read_ax(config)
       if ax is not None:
         found["ax"] = ax
-    return TaskInputs(len(train), found)
-  return TaskInputs(len(train))
+    inputs.splits = found
+  return inputs
+
+
+def _skipped_rows(directory: str) -> dict[str, int]:
+  """The malformed GLUE rows skipped in the task's files (as the original code skips them),
+  by file name: the report says how many."""
+  prefix = directory.rstrip("/") + "/"
+  return {p[len(prefix):]: n for p, n in sorted(glue.skipped_rows().items())
+          if n and p.startswith(prefix)}
 
 
 def _read_ax(config) -> list | None:
@@ -463,7 +473,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
     chosen[task] = choose(config, task, [(r, results[r]) for r in task_runs])
     if chosen[task].get("best_run"):
       chosen[task].update(_finalize(config, task, chosen[task], inputs[task], workdir))
-  report = build_report(config, runs, results, chosen)
+  report = build_report(config, runs, results, chosen, inputs)
   write_report(report, workdir)
   logging.info("suite: report in %s (report.md, report.json, report.png)%s; runs under %s/runs; "
                "TensorBoard: tensorboard --logdir=%s/runs", workdir,
@@ -640,10 +650,13 @@ def glue_score(tasks: dict[str, dict]) -> dict[str, Any]:
           "parts": parts, "split": "dev"}
 
 
-def build_report(config, runs: list[Run], results: dict, chosen: dict) -> dict[str, Any]:
+def build_report(config, runs: list[Run], results: dict, chosen: dict,
+                 inputs: dict[str, TaskInputs]) -> dict[str, Any]:
   tasks = {}
   for task, c in chosen.items():
     entry = dict(c)
+    if inputs[task].skipped_rows:
+      entry["skipped_rows"] = dict(inputs[task].skipped_rows)
     if "accuracy_mismatched" in entry:
       entry.setdefault("dev", {})["accuracy_mismatched"] = entry["accuracy_mismatched"]
     chosen_setting = next((s for s in c["settings"] if s["name"] == c.get("chosen")), None)
@@ -694,6 +707,11 @@ def render_markdown(report: dict) -> str:
                   f"STS-B Spearman, MRPC F1, RTE; dev): **{_fmt(g['score'])}**"
               if g["score"] is not None else
               f"GLUE score: needs the paper's nine GLUE numbers; this suite has {have}."]
+  skipped = [f"{task} {name}: {n}" for task, t in report["tasks"].items()
+             for name, n in t.get("skipped_rows", {}).items()]
+  if skipped:
+    lines += ["", "Malformed rows skipped (columns missing; the original BERT code skips them "
+                  f"too): {', '.join(skipped)}."]
   lines += ["", "## Beside the paper", "",
             "The paper's rows are GLUE **test** scores (Table 1) and SQuAD/SWAG/CoNLL dev scores; ours are dev.",
             "", "| task | ours (dev) | BERT-base | BERT-large |", "|---|---|---|---|"]

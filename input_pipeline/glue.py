@@ -175,6 +175,15 @@ def read_glue(task: str, data_dir: str, split: str) -> list[Example]:
   return read_glue_file(task, path, split)
 
 
+_SKIPPED: dict[str, int] = {}  # path -> malformed rows skipped when this process read it
+
+
+def skipped_rows(paths: Iterable[str] | None = None) -> dict[str, int]:
+  """The malformed rows `read_glue_file` skipped, per file this process read (of `paths`
+  only, when given): what the suite's report shows beside each task."""
+  return {p: n for p, n in _SKIPPED.items() if paths is None or p in paths}
+
+
 def read_glue_file(task: str, path: str, split: str) -> list[Example]:
   """Reads one GLUE TSV file laid out as `task`'s `split` ("test*": no labels; e.g. the
   diagnostic set AX, read as MNLI's test)."""
@@ -213,6 +222,7 @@ def read_glue_file(task: str, path: str, split: str) -> list[Example]:
       raise DataError(f"{path}:{line}: label {label!r} is not one of {list(spec.labels)}, the "
                       f"labels of {task}: fix or remove the line.")
     examples.append(Example(guid, a, b, label, line))
+  _SKIPPED[path] = len(malformed)
   if malformed:
     shown = ", ".join(map(str, malformed[:5])) + (", ..." if len(malformed) > 5 else "")
     logging.warning("%s: skipped %d malformed rows (columns missing; lines %s), as the original "

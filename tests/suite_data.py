@@ -91,6 +91,8 @@ def make_glue(root: pathlib.Path, n_train: int = 24, n_dev: int = 10) -> pathlib
       (d / f"{split}.tsv").write_text((header + "\n" if header else "") + _rows(task, split, n, rng))
     for split in test_splits:
       (d / f"{split}.tsv").write_text(test_header + "\n" + _rows(task, "test", TEST_ROWS[task], rng))
+  with open(root / "QQP" / "train.tsv", "a", encoding="utf-8") as f:
+    f.write("999\t1\t2\ta question cut short\n")  # as the release has a few: columns missing
   ax = root / "diagnostic"
   ax.mkdir(exist_ok=True)
   (ax / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n" + "".join(

@@ -124,6 +124,17 @@ def test_glue_suite_reports_every_task_with_its_seed_spread(glue_run):
   assert len(steps) == 3, steps
 
 
+def test_malformed_glue_rows_are_counted_in_the_report(glue_run):
+  """QQP's train.tsv holds a row with columns missing: skipped as the original code does,
+  and counted in report.json and report.md (issue 35 item 8)."""
+  work, _ = glue_run
+  saved = json.loads((work / "report.json").read_text())
+  assert saved["tasks"]["qqp"]["skipped_rows"] == {"train.tsv": 1}
+  assert [t for t, v in saved["tasks"].items() if "skipped_rows" in v] == ["qqp"]
+  assert ("Malformed rows skipped (columns missing; the original BERT code skips them too): "
+          "qqp train.tsv: 1.") in (work / "report.md").read_text()
+
+
 @pytest.mark.slow  # (the default suite's time: ~12 minutes on 2 cores)
 def test_a_second_suite_on_the_same_model_compiles_nothing(inputs, tmp_path):
   cache = tmp_path / "cache"
