@@ -26,6 +26,7 @@ import time
 from typing import Iterable, Iterator, Sequence
 
 from absl import flags
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,6 +42,7 @@ from bert_jax import tasks
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import features, glue, squad, tagging
+from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer
 
 MASK_TEXT = "[MASK]"
@@ -240,16 +242,39 @@ def _flags():
 MIN_SEQ_LENGTH = 3  # [CLS] one token [SEP]
 
 
+_SNIFF_BYTES = 1 << 16
+
+
 def _input_lines(path: str) -> Iterator[str]:
-  """The non-blank lines of a text file, read as they are used (a BOM is dropped, bytes
-  that are not UTF-8 become U+FFFD); a line ends at "\\n", a "\\r" before it is dropped."""
+  """The non-blank lines of a text file, read as they are used (a BOM is dropped); a line
+  ends at "\\n", a "\\r" before it is dropped. A file whose first 64 KiB hold a NUL byte or
+  more than 1% of bytes that are not UTF-8 (a binary file, another encoding) is refused, as
+  prepare refuses one; a few such bytes become U+FFFD, said in one warning at the end."""
   with fileio.path(path).open("rb") as f:
+    head = f.read(_SNIFF_BYTES)
+    sniffed = {"replaced_bytes": 0}
+    text_lib.decode_bytes(head, sniffed)
+    if b"\x00" in head or sniffed["replaced_bytes"] > text_lib.MAX_REPLACED_FRACTION * len(head):
+      raise PredictError(
+          f"--input_file={path} is not UTF-8 text: of its first {len(head):,} bytes "
+          f"{sniffed['replaced_bytes']:,} are not UTF-8" + (" and some are NUL" if b"\x00" in head
+                                                          else "") +
+          " (a binary file, or another encoding?). Give a UTF-8 text file, one text per line.")
+    f.seek(0)
+    stats, first_bad = {"replaced_bytes": 0}, None
     for i, raw in enumerate(iter(f.readline, b"")):
-      line = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+      before = stats["replaced_bytes"]
+      line = text_lib.decode_bytes(raw, stats).rstrip("\n").rstrip("\r")
+      if first_bad is None and stats["replaced_bytes"] > before:
+        first_bad = i + 1
       if i == 0:
         line = line.removeprefix("\ufeff")
       if line.strip():
         yield line
+  if first_bad is not None:
+    logging.warning("%s: %d bytes are not UTF-8 (the first on line %d) and were read as U+FFFD: "
+                    "save the file as UTF-8 to keep those characters.", path,
+                    stats["replaced_bytes"], first_bad)
 
 
 class _Progress:

@@ -255,3 +255,26 @@ def test_fill_mask_runs_in_batches_and_bad_flags_are_named_first(tmp_path, monke
   err = capsys.readouterr().err
   assert e.value.code == 2 and f"the directory {tmp_path / 'no'} does not exist" in err, err
   assert not rows  # refused before any work
+
+
+def test_binary_input_is_refused_and_a_few_bad_bytes_are_said(tmp_path, capsys, caplog):
+  """--input_file of binary junk was read as text without a word (issue 35 item 8): a file
+  that is not UTF-8 text is one line, exit 2, nothing predicted; a text with a few bytes
+  that are not UTF-8 is read (as U+FFFD) with one warning naming the file and line."""
+  import logging  # pylint: disable=g-import-not-at-top
+  _checkpoint(tmp_path)
+  base = [f"--checkpoint={tmp_path / 'ckpt'}", f"--vocab={tmp_path / 'vocab.txt'}"]
+  junk = tmp_path / "model.bin"
+  junk.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8)))
+  with pytest.raises(SystemExit) as e:
+    predict.main(base + [f"--input_file={junk}"])
+  out, err = capsys.readouterr()
+  assert e.value.code == 2 and not out and "Traceback" not in err, err
+  assert f"error: --input_file={junk} is not UTF-8 text: " in err.strip().splitlines()[-1], err
+  text = tmp_path / "in.txt"
+  text.write_bytes(b"the cat [MASK] on the mat .\n" * 300 + b"a dog \xff\xfe [MASK] .\n")
+  with caplog.at_level(logging.WARNING):
+    predict.main(base + [f"--input_file={text}", "--top_k=1"])
+  assert capsys.readouterr().out.count("[MASK] #1:") == 301
+  warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert any(f"{text}: 2 bytes are not UTF-8 (the first on line 301)" in m for m in warned), warned
