@@ -457,3 +457,17 @@ def test_a_prepared_directory_on_gs_has_a_writer_lock(gcs, tmp_path, vocab):  # 
   assert taken.returncode == 0, taken.stderr[-3000:]
   assert "whose heartbeat stopped" in taken.stderr
   assert f"{out}/LOCK" not in gcs.list_objects(out)
+
+
+def test_truncated_multi_member_gzip_is_damaged_not_short(tmp_path):
+  """gzip members (as concatenated .gz files are): a file cut inside a later member is damage,
+  even with --max_bad_records (issue 35 item 1, gzip framing)."""
+  data = _jsonl(_records() * 400)
+  members = b"".join(gzip.compress(data[i:i + 4000]) for i in range(0, len(data), 4000))
+  (tmp_path / "whole.jsonl.gz").write_bytes(members)
+  assert len(_docs(str(tmp_path / "whole.jsonl.gz"))[0]) == 4 * 400
+  for name in ("cut.jsonl.gz", "cut.txt.gz"):
+    (tmp_path / name).write_bytes(members[:len(members) // 2 + 7])
+    for bad in (0, 10**6):
+      with pytest.raises(sources.DamagedFileError, match=f"^{tmp_path / name}: damaged after "):
+        _docs(str(tmp_path / name), max_bad_records=bad)
