@@ -48,6 +48,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.short_seq_prob = 0.1          # Share of pairs with a random shorter target length.
   c.nsp = True                    # Next-sentence pairs; False: single segments.
   c.whole_word_masking = False    # Choose all pieces of a word together.
+  # What the chosen tokens show: ([MASK], same, random) shares (BERT's Table 8 varies them).
+  c.mask_ratios = (0.8, 0.1, 0.1)
   c.shuffle_block_docs = 256      # K: document pieces per block (shuffle unit, restore cost).
   c.doc_piece_tokens = 8192       # Longer documents are cut (at sentences) into pieces.
   c.eval_fraction = 0.01          # Share of documents held out for split="eval".
@@ -85,6 +87,11 @@ def check(data_cfg: ml_collections.ConfigDict) -> None:
   if not 0 < data_cfg.masked_lm_prob <= 1:
     raise bad("masked_lm_prob", "the share of tokens masked for the masked-LM objective must "
               "be in (0, 1] (BERT: 0.15); 0 would pre-train with no masked-LM objective.")
+  ratios = tuple(data_cfg.get("mask_ratios", (0.8, 0.1, 0.1)))
+  if len(ratios) != 3 or any(not 0 <= r <= 1 for r in ratios) or abs(sum(ratios) - 1) > 1e-6:
+    raise bad("mask_ratios", "three shares ([MASK], same, random), each in [0, 1], that sum "
+              "to 1, e.g. (0.8, 0.1, 0.1) as BERT (the paper's Table 8: (1, 0, 0), "
+              "(0.8, 0, 0.2), (0.8, 0.2, 0), (0, 0.2, 0.8), (0, 0, 1)).")
   if not 0 < data_cfg.max_predictions_per_seq <= data_cfg.max_seq_length:
     raise bad("max_predictions_per_seq", f"masked positions per example must be in 1.."
               f"{data_cfg.max_seq_length} (max_seq_length); BERT: 20 at L=128, 76 at L=512.")

@@ -23,6 +23,7 @@ from input_pipeline import data_config
 from input_pipeline import documents
 from input_pipeline import errors
 from input_pipeline import fileio
+from input_pipeline import masking
 from input_pipeline import mixture as mixture_lib
 from input_pipeline import prepare
 from input_pipeline import pretrain
@@ -189,7 +190,9 @@ def describe(cfg, tok: tokenizer_lib.Tokenizer, summary: dict | None, *, split: 
                f"{'uncased' if tok.lowercase else 'cased'}.")
   lines.append(f"L (max_seq_length) = {cfg.max_seq_length}, P (max_predictions_per_seq) = "
                f"{cfg.max_predictions_per_seq}, masked_lm_prob = {cfg.masked_lm_prob}, "
-               f"nsp = {cfg.nsp}, whole_word_masking = {cfg.whole_word_masking}.")
+               f"nsp = {cfg.nsp}, whole_word_masking = {cfg.whole_word_masking}, "
+               f"mask_ratios ([MASK], same, random) = "
+               f"{tuple(cfg.get('mask_ratios', masking.MASK_RATIOS))}.")
   lines.append(f"Split {split!r}, seed {seed}, {batch_size} examples per batch.")
   return "\n".join(lines)
 

@@ -21,7 +21,8 @@ Per example (google-research/bert create_masked_lm_predictions, vectorized):
   * candidates, or whole words (a token and its continuation pieces) with whole-word
     masking, are taken in a random order while the total stays <= n (a word that would
     overflow ends the selection, where the original skips it and tries the next);
-  * 80% of the chosen tokens become [MASK], 10% a random non-special token, 10% stay.
+  * of the chosen tokens, `mask_ratios` = ([MASK], same, random) shares (BERT: 80% become
+    [MASK], 10% stay, 10% a random non-special token; the paper's Table 8 varies them).
 Outputs masked_lm_positions (ascending), masked_lm_ids, masked_lm_weights, padded to
 max_predictions_per_seq with 0 / 0 / 0.0.
 """
@@ -54,14 +55,23 @@ def _priorities(ids, rng, candidate, is_continuation=None):
   return np.take_along_axis(priority, np.maximum(word, 0), axis=1)
 
 
+MASK_RATIOS = (0.8, 0.1, 0.1)  # BERT's ([MASK], same, random)
+
+
 def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id: int,
                  max_predictions_per_seq: int, masked_lm_prob: float,
-                 whole_word_masking: bool) -> Callable[[dict], dict]:
+                 whole_word_masking: bool,
+                 mask_ratios: tuple[float, float, float] = MASK_RATIOS
+                 ) -> Callable[[dict], dict]:
   """Builds mask_tokens(features) -> features (see module doc).
 
   is_special / is_continuation: bool [V] tables from the Tokenizer.
   """
   num_preds = max_predictions_per_seq
+  # One uniform draw per prediction: [MASK] below mask_below, a random token up to
+  # random_below, the token itself above (BERT's 0.8 and 0.9: the same masks as before).
+  mask_below = float(mask_ratios[0])
+  random_below = 1.0 - float(mask_ratios[1])
   is_special = np.asarray(is_special, bool)
   is_continuation = np.asarray(is_continuation, bool)
   random_ids = np.flatnonzero(~is_special).astype(np.int32)
@@ -102,7 +112,8 @@ def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id
 
     action = rng.random((n, num_preds))
     replacement = random_ids[rng.integers(0, len(random_ids), (n, num_preds))]
-    shown = np.where(action < 0.8, mask_id, np.where(action < 0.9, replacement, labels))
+    shown = np.where(action < mask_below, mask_id,
+                     np.where(action < random_below, replacement, labels))
     new_ids = ids.copy()
     rows = np.broadcast_to(np.arange(n)[:, None], (n, num_preds))
     new_ids[rows[weights], positions[weights]] = shown[weights]

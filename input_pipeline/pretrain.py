@@ -121,7 +121,8 @@ class BlockStream:
     self._mask_block = masking.make_mask_fn(
         is_special=tok.is_special, is_continuation=tok.is_continuation, mask_id=tok.mask_id,
         max_predictions_per_seq=cfg.max_predictions_per_seq,
-        masked_lm_prob=cfg.masked_lm_prob, whole_word_masking=cfg.whole_word_masking)
+        masked_lm_prob=cfg.masked_lm_prob, whole_word_masking=cfg.whole_word_masking,
+        mask_ratios=tuple(cfg.get("mask_ratios", masking.MASK_RATIOS)))
     self._perm = (None, None)
 
   def _permutation(self, epoch: int) -> np.ndarray:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from input_pipeline import documents
+from input_pipeline import errors
 from input_pipeline import data_config
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
@@ -499,3 +500,62 @@ def test_vocab_mismatch_refused(tagged, tmp_path):
   cfg.prepared_dir = str(tmp_path / "nothing")
   with pytest.raises(FileNotFoundError, match="input_pipeline.prepare"):
     pretrain.PretrainIterator(cfg, batch_size=4, seed=0)
+
+
+def _table8_inputs():
+  vocab = 1000
+  is_special = np.zeros(vocab, bool)
+  is_special[:5] = True
+  is_continuation = np.zeros(vocab, bool)
+  is_continuation[500:] = True
+  ids = np.random.default_rng(0).integers(5, vocab, (64, 128)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = 2, 3
+  return is_special, is_continuation, ids
+
+
+def test_default_mask_ratios_give_todays_masks():
+  """data.mask_ratios' default (0.8, 0.1, 0.1) draws exactly the masks of the code before it
+  (the digest of its outputs on a fixed input, recorded before the field existed)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  is_special, is_continuation, ids = _table8_inputs()
+  digest = hashlib.sha256()
+  for wwm in (False, True):
+    fn = masking.make_mask_fn(is_special=is_special, is_continuation=is_continuation, mask_id=4,
+                              max_predictions_per_seq=20, masked_lm_prob=0.15,
+                              whole_word_masking=wwm)
+    out = fn({"input_ids": ids, "mask_seed": np.array([7, 11], np.int64)})
+    for k in sorted(out):
+      digest.update(np.ascontiguousarray(out[k]).tobytes())
+  assert digest.hexdigest() == "f46bb6a0b9935da3ba06864031aa7a21c2d10f7dd17639b36a8aec78f0afa10c"
+  assert tuple(data_config.default_data_config().mask_ratios) == (0.8, 0.1, 0.1)
+
+
+@pytest.mark.parametrize("ratios", [(0.8, 0.1, 0.1), (1.0, 0.0, 0.0), (0.8, 0.0, 0.2),
+                                    (0.8, 0.2, 0.0), (0.0, 0.2, 0.8), (0.0, 0.0, 1.0)])
+def test_mask_ratios_of_every_table_8_row(ratios):
+  """BERT's Table 8 rows ([MASK], same, random): each share within 1% over 100k+ masked
+  tokens. A random replacement equal to the original token counts as "same" here, as the
+  paper's does: it is one draw among ~1,000 non-special tokens."""
+  is_special, is_continuation, ids = _table8_inputs()
+  fn = masking.make_mask_fn(is_special=is_special, is_continuation=is_continuation, mask_id=4,
+                            max_predictions_per_seq=20, masked_lm_prob=0.15,
+                            whole_word_masking=False, mask_ratios=ratios)
+  counts = np.zeros(3)
+  for seed in range(90):
+    out = fn({"input_ids": ids, "mask_seed": np.array([seed, 1], np.int64)})
+    w = out["masked_lm_weights"] > 0
+    shown = np.take_along_axis(out["input_ids"], out["masked_lm_positions"], axis=1)[w]
+    labels = out["masked_lm_ids"][w]
+    counts += [(shown == 4).sum(), ((shown == labels)).sum(),
+               ((shown != 4) & (shown != labels)).sum()]
+  assert counts.sum() > 100_000
+  np.testing.assert_allclose(counts / counts.sum(), ratios, atol=0.01)
+
+
+@pytest.mark.parametrize("ratios", [(0.8, 0.1), (0.8, 0.3, 0.1), (1.1, 0.0, -0.1)])
+def test_bad_mask_ratios_name_the_field(ratios):
+  cfg = data_config.default_data_config()
+  cfg.mask_ratios = ratios
+  with pytest.raises(errors.ConfigError, match=r"^--config.data.mask_ratios=.*three shares "
+                     r"\(\[MASK\], same, random\), each in \[0, 1\], that sum to 1"):
+    data_config.check(cfg)
