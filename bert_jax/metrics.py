@@ -17,6 +17,7 @@ import numpy as np
 
 from bert_jax import flops as flops_lib
 from bert_jax import summaries
+from input_pipeline import fileio
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -160,6 +161,30 @@ class TrainMetrics:
 
 def _shown(scalars: Mapping[str, float], pairs: Sequence[tuple[str, str]]) -> str:
   return "".join(f" | {label} {scalars[key]:.4f}" for key, label in pairs if key in scalars)
+
+
+EVAL_FILE = "metrics.json"  # in a pre-training workdir: {"eval": {step: scalars}}
+
+
+def record_eval(workdir: str, step: int, scalars: Mapping[str, float]) -> None:
+  """Adds a held-out evaluation to WORKDIR/metrics.json (the history kept across reruns;
+  written atomically, so a kill leaves the old file or the new)."""
+  path = fileio.path(workdir) / EVAL_FILE
+  history = fileio.read_json(path, {}) or {}
+  history.setdefault("eval", {})[str(int(step))] = {k: float(v) for k, v in scalars.items()}
+  history["eval"] = dict(sorted(history["eval"].items(), key=lambda kv: int(kv[0])))
+  fileio.write_json(path, history)
+
+
+def held_out_perplexity(workdir: str) -> tuple[int, float] | None:
+  """(step, masked-LM perplexity) of a pre-training workdir's last held-out evaluation;
+  None where it has none (a HuggingFace checkpoint, a run without evaluation)."""
+  try:
+    evals = (fileio.read_json(fileio.path(workdir) / EVAL_FILE, {}) or {}).get("eval") or {}
+  except (OSError, ValueError):
+    return None
+  steps = [int(k) for k, v in evals.items() if "mlm_perplexity" in v]
+  return (max(steps), evals[str(max(steps))]["mlm_perplexity"]) if steps else None
 
 
 def report_eval(writer: Writer, step: int, sums: Mapping[str, float],

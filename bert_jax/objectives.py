@@ -123,6 +123,8 @@ def summarize_pretraining(sums: Mapping[str, float]) -> dict[str, float]:
   """Metric sums -> means and accuracies (NSP ones only when the model has the NSP head)."""
   mlm_w = max(sums["mlm_weight"], 1e-8)
   out = {"mlm_loss": sums["mlm_loss_sum"] / mlm_w, "mlm_accuracy": sums["mlm_correct_sum"] / mlm_w}
+  # The paper's "LM ppl" (Table 6): exp of the mean masked-LM loss per predicted token.
+  out["mlm_perplexity"] = math.exp(min(float(out["mlm_loss"]), 700.0))
   out["loss"] = out["mlm_loss"]
   if "nsp_loss_sum" in sums:
     n = max(sums["num_examples"], 1e-8)
@@ -150,7 +152,8 @@ def pretraining() -> Objective:
       denominators=_pretraining_denominators, loss=_pretraining_loss,
       summarize=summarize_pretraining, flops=_pretraining_flops,
       console=(("mlm_accuracy", "mlm_acc"), ("nsp_accuracy", "nsp_acc")),
-      eval_console=(("mlm_loss", "mlm_loss"), ("mlm_accuracy", "mlm_acc"),
+      eval_console=(("mlm_loss", "mlm_loss"), ("mlm_perplexity", "mlm_ppl"),
+                    ("mlm_accuracy", "mlm_acc"),
                     ("nsp_loss", "nsp_loss"), ("nsp_accuracy", "nsp_acc")),
       count="num_examples")
 

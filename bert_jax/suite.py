@@ -40,6 +40,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import checkpointing, finetune, predict, tasks
+from bert_jax import metrics as metrics_lib
 from bert_jax import trainer as trainer_lib
 from bert_jax.configs import conll as conll_config
 from bert_jax.configs import glue as glue_config
@@ -666,8 +667,11 @@ def build_report(config, runs: list[Run], results: dict, chosen: dict,
     entry["seconds"] = sum(s for s in (results[r].get("seconds") or 0.0 for r in runs
                                        if r.task == task and results.get(r)))
     tasks[task] = entry
+  held_out = metrics_lib.held_out_perplexity(config.init_checkpoint) if config.init_checkpoint else None
   report = {"tasks_spec": str(config.tasks), "protocol": config.protocol, "select": config.select,
-            "init_checkpoint": config.init_checkpoint, "seeds": config.seeds,
+            "init_checkpoint": config.init_checkpoint,
+            "init_mlm_perplexity": {"step": held_out[0], "value": held_out[1]} if held_out else None,
+            "seeds": config.seeds,
             "small_task_seeds": config.small_task_seeds, "tasks": tasks,
             "references": REFERENCES}
   if any(t in suite_config.GLUE_TASKS for t in tasks):
@@ -683,7 +687,10 @@ def _fmt(v, digits=1) -> str:
 
 def render_markdown(report: dict) -> str:
   lines = [f"# Fine-tuning suite: {report['tasks_spec']} ({report['protocol']} protocol)", "",
-           f"init_checkpoint: `{report['init_checkpoint']}`; setting chosen by "
+           f"init_checkpoint: `{report['init_checkpoint']}`"
+           + (f" (held-out masked-LM perplexity {report['init_mlm_perplexity']['value']:.2f} at "
+              f"step {report['init_mlm_perplexity']['step']})" if report.get("init_mlm_perplexity")
+              else "") + "; setting chosen by "
            f"{'the best single run' if report['select'] == 'best' else 'the best median over seeds'} "
            "on dev. Dev-set numbers in %.", "",
            "| task | metric | best run | chosen setting | median | mean | std | seeds | epoch | time |",

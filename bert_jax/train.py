@@ -105,7 +105,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
     if not eval_batches:  # the same held-out batches every time, read once
       eval_batches.extend(next(eval_iter) for _ in range(config.eval_steps))
     sums = trainer_lib.evaluate_sums(trainer, state.params, eval_batches)
-    return metrics_lib.report_eval(trainer.writer, step, sums, trainer.objective)
+    scalars = metrics_lib.report_eval(trainer.writer, step, sums, trainer.objective)
+    if jax.process_index() == 0:
+      metrics_lib.record_eval(workdir, step, scalars)
+    return scalars
 
   eval_at = lambda step: bool((config.eval_every_steps and step % config.eval_every_steps == 0)
                               or step == config.num_train_steps)

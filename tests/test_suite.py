@@ -408,3 +408,21 @@ def test_paper_protocol_on_real_cola_reports_mcc_with_its_seed_spread(shared_dat
   md = (tmp_path / "w" / "report.md").read_text()
   assert "| cola | mcc |" in md
   print(md)
+
+
+def test_report_header_gives_the_init_checkpoints_held_out_perplexity(tmp_path):
+  """Issue 36 item 3: the suite's report names the pre-training run's last held-out
+  masked-LM perplexity (from its metrics.json) beside init_checkpoint."""
+  from bert_jax import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  metrics_lib.record_eval(str(tmp_path), 100, {"mlm_loss": 1.543, "mlm_perplexity": 4.6787})
+  metrics_lib.record_eval(str(tmp_path), 50, {"mlm_loss": 2.0, "mlm_perplexity": 7.389})
+  c = suite_config.get_config("cola")
+  c.init_checkpoint = str(tmp_path)
+  report = suite.build_report(c, [], {}, {}, {})
+  assert report["init_mlm_perplexity"] == {"step": 100, "value": 4.6787}
+  assert (f"init_checkpoint: `{tmp_path}` (held-out masked-LM perplexity 4.68 at step 100); "
+          "setting chosen by") in suite.render_markdown(report)
+  c.init_checkpoint = str(tmp_path / "hf")  # a checkpoint without evaluations: no figure
+  report = suite.build_report(c, [], {}, {}, {})
+  assert report["init_mlm_perplexity"] is None
+  assert f"init_checkpoint: `{tmp_path / 'hf'}`; setting chosen by" in suite.render_markdown(report)

@@ -1,5 +1,6 @@
 """The train step and optimizers on one device: learning, accumulation, decay mask,
 LAMB, FLOPs accounting, NaN stop, the in-process entry point."""
+import json
 import sys
 
 import jax
@@ -333,3 +334,26 @@ def test_job_compilation_cache_kept_where_the_user_set_it_or_off(tmp_path):
     config.compilation_cache_dir = "none"
     main.run(config, str(tmp_path / "off"))
     assert not (tmp_path / "off" / "xla_cache").exists()
+
+
+def test_held_out_mlm_perplexity_in_log_tensorboard_and_metrics_json(tmp_path, caplog):
+  """Issue 36 item 3: every pre-training evaluation reports exp(held-out masked-LM loss),
+  the paper's "LM ppl" (Table 6), on the console, in TensorBoard and in WORKDIR/metrics.json
+  (its history kept across reruns); held_out_perplexity reads the last one."""
+  import logging  # pylint: disable=g-import-not-at-top
+  import math  # pylint: disable=g-import-not-at-top
+  config = tu.tiny_config(eval_steps=2, eval_every_steps=2, num_train_steps=4,
+                          checkpoint_every_steps=2, max_steps_per_run=2)
+  with caplog.at_level(logging.INFO):
+    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path))
+  saved = json.loads((tmp_path / "metrics.json").read_text())["eval"]
+  assert sorted(saved, key=int) == ["2", "4"]
+  for step, scalars in saved.items():
+    assert scalars["mlm_perplexity"] == pytest.approx(math.exp(scalars["mlm_loss"]))
+    tb = tu.read_scalars(tmp_path, "eval/mlm_perplexity")
+    assert tb[int(step)] == pytest.approx(scalars["mlm_perplexity"], rel=1e-6)
+  assert any("eval at step 4" in r.getMessage() and
+             f"mlm_ppl {saved['4']['mlm_perplexity']:.4f}" in r.getMessage() for r in caplog.records)
+  assert metrics_lib.held_out_perplexity(str(tmp_path)) == (4, saved["4"]["mlm_perplexity"])
+  assert metrics_lib.held_out_perplexity(str(tmp_path / "nothing")) is None
