@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import formats, loader, modern, tasks
+from bert_jax import formats, heads, loader, modern, tasks
 from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, fileio
 from input_pipeline.epochs import EpochIterator
@@ -64,6 +64,27 @@ def _dev_outputs(trainer: trainer_lib.Trainer, params, feats, keys, batch_size: 
   return sums, jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
+def _check_features(config: ml_collections.ConfigDict) -> None:
+  """The feature-based fields (configs/conll.py), named in one line when they cannot work."""
+  features = config.get("features", "last")
+  if features not in heads.FEATURES:
+    raise errors.ConfigError(f"--config.features={features!r}: choose one of "
+                             f"{', '.join(heads.FEATURES)} (the paper's Table 7).")
+  if config.get("bilstm_layers", 1) < 1 or config.get("bilstm_units", 0) < 0:
+    raise errors.ConfigError(f"--config.bilstm_layers={config.get('bilstm_layers')}, "
+                             f"--config.bilstm_units={config.get('bilstm_units')}: at least one "
+                             "layer, and 0 units (no BiLSTM) or more.")
+  special = features != "last" or config.get("freeze_encoder", False)
+  if special and config.task != "conll":
+    raise errors.ConfigError(f"--config.features / --config.freeze_encoder: the feature-based "
+                             f"approach is built for token classification (task conll), not "
+                             f"task={config.task!r}.")
+  if config.get("freeze_encoder", False) and not config.get("bilstm_units", 0) and (
+      features in ("last", "second_to_last", "embeddings")):
+    logging.warning("A frozen encoder with no BiLSTM and no learned layer weights trains the "
+                    "classifier alone (a linear probe).")
+
+
 def check_config(config: ml_collections.ConfigDict) -> bool:
   """Fails early on a config fine-tuning cannot run (unset fields, missing checkpoint or
   input files), naming the field to set; returns whether it packs."""
@@ -82,6 +103,7 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
     raise errors.ConfigError(f"config.max_seq_length={config.max_seq_length}: at least "
                       f"{MIN_SEQ_LENGTH} tokens are needed for [CLS], [SEP] x2 and one token of "
                       "each segment (BERT: 128; 384 for SQuAD).")
+  _check_features(config)
   packed = bool(config.get("packing", False))
   if packed and not task.packable:
     packable = " or ".join(name for name, t in tasks.TASKS.items() if t.packable)

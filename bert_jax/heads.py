@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from bert_jax import modern
 from bert_jax.model import BertConfig, BertModel, dense
+from input_pipeline import errors
 
 
 def encoder(cfg: Any, **kwargs) -> nn.Module:
@@ -75,17 +76,74 @@ class BertForQuestionAnswering(nn.Module):
     return logits_BL2[..., 0], logits_BL2[..., 1]
 
 
+# What a feature-based head reads (the paper's Table 7), from the hidden states
+# [embeddings, layer 1, ..., layer N]; "weighted" sums are learned softmax weights.
+FEATURES = ("last", "embeddings", "second_to_last", "sum_last4", "concat_last4", "sum_all")
+FEATURE_LAYERS = {"last": 1, "embeddings": 0, "second_to_last": 2, "sum_last4": 4,
+                  "concat_last4": 4, "sum_all": 1}  # the encoder layers each needs at least
+
+
+class LayerFeatures(nn.Module):
+  """The hidden states combined as `features` says: one state ([B, L, D]), a softmax-
+  weighted sum (weights `layer_weights`, equal at initialisation), or the concatenation
+  of the last four ([B, L, 4D])."""
+  features: str
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, hidden: list[jax.Array]) -> jax.Array:
+    pick = {"embeddings": 0, "last": -1, "second_to_last": -2}
+    if self.features in pick:
+      return hidden[pick[self.features]]
+    if self.features == "concat_last4":
+      return jnp.concatenate(hidden[-4:], axis=-1)
+    states = hidden[-4:] if self.features == "sum_last4" else hidden[1:]
+    weights = self.param("layer_weights", nn.initializers.zeros_init(), (len(states),),
+                         self.param_dtype)
+    w = jax.nn.softmax(weights.astype(jnp.float32)).astype(states[0].dtype)
+    return sum(w[i] * x for i, x in enumerate(states))
+
+
 class BertForTokenClassification(nn.Module):
-  """A classifier on every token's final hidden state: [B, L, C]."""
+  """A classifier on every token's final hidden state: [B, L, C].
+
+  Feature-based (the paper's Table 7): `features` other than "last" reads other layers
+  (LayerFeatures); `freeze` stops every gradient into the encoder (its parameters then
+  never change; the optimizer keeps no state for them, optim.make_optimizer); with
+  `bilstm_units`, `bilstm_layers` bidirectional LSTMs read the features before the
+  classifier (the paper: two layers of 768)."""
   config: BertConfig
   num_labels: int
+  features: str = "last"
+  freeze: bool = False
+  bilstm_units: int = 0
+  bilstm_layers: int = 1
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
-    bert = encoder(self.config)
-    seq_BLD = bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0])
-    seq_BLD = nn.Dropout(self.config.hidden_dropout_rate)(seq_BLD, deterministic=deterministic)
-    return dense(self.config, self.num_labels, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
+    cfg = self.config
+    bert = encoder(cfg)
+    if self.features == "last" and not self.freeze and not self.bilstm_units:
+      seq_BLD = bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0])
+    else:
+      if not hasattr(bert, "hidden_states"):
+        raise errors.ConfigError(
+            "--config.features / --config.freeze_encoder / --config.bilstm_units: the "
+            "feature-based head reads BERT-family checkpoints (this one is "
+            f"{type(bert).__name__}'s).")
+      if cfg.num_layers < FEATURE_LAYERS[self.features]:
+        raise errors.ConfigError(
+            f"--config.features={self.features} reads {FEATURE_LAYERS[self.features]} encoder "
+            f"layers; this checkpoint has {cfg.num_layers}.")
+      hidden = bert.hidden_states(input_ids, segment_ids, input_mask, deterministic)
+      if self.freeze:
+        hidden = [jax.lax.stop_gradient(h) for h in hidden]
+      seq_BLD = LayerFeatures(self.features, cfg.param_dtype, name="features")(hidden)
+      lengths_B = jnp.sum(input_mask, -1).astype(jnp.int32)
+      for i in range(self.bilstm_layers if self.bilstm_units else 0):
+        seq_BLD = BiLSTM(self.bilstm_units, cfg.param_dtype, name=f"bilstm_{i}")(seq_BLD, lengths_B)
+    seq_BLD = nn.Dropout(cfg.hidden_dropout_rate)(seq_BLD, deterministic=deterministic)
+    return dense(cfg, self.num_labels, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
 
 
 class BertForMultipleChoice(nn.Module):

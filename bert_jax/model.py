@@ -501,9 +501,15 @@ class Encoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BLD, bias_B11M, deterministic: bool, last_positions_BE=None):
+  def __call__(self, x_BLD, bias_B11M, deterministic: bool, last_positions_BE=None,
+               all_layers: bool = False):
+    """`all_layers`: every hidden state, [input, layer 1, ..., layer N] (unrolled layers)."""
     cfg = self.config
     policy = REMAT_POLICIES[cfg.remat]
+    if all_layers and cfg.scan_layers:
+      raise errors.ConfigError("Every layer's output (feature-based fine-tuning, "
+                               "config.features) needs unrolled layers: set "
+                               "--config.model.scan_layers=False.")
     if cfg.scan_layers:
       layer_cls = _ScannedLayer
       if cfg.remat != "none":
@@ -517,11 +523,13 @@ class Encoder(nn.Module):
     layer_cls = EncoderLayer
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
+    hidden = [x_BLD]
     for i in range(cfg.num_layers):
       last = i == cfg.num_layers - 1
       x_BLD = layer_cls(cfg, name=f"layer_{i}")(x_BLD, bias_B11M, deterministic,
                                                   last_positions_BE if last else None)
-    return x_BLD
+      hidden.append(x_BLD)
+    return hidden if all_layers else x_BLD
 
 
 class BertModel(nn.Module):
@@ -604,6 +612,19 @@ class BertModel(nn.Module):
       cls_BD = x_BLD[:, 0] if cls_positions is None else gather_positions(x_BLD, cls_positions)
     pooled_BD = jnp.tanh(self.pooler(cls_BD))
     return x_BLD, pooled_BD
+
+  def hidden_states(self, input_ids, segment_ids, input_mask, deterministic: bool = True
+                    ) -> list[jax.Array]:
+    """[embeddings, layer 1, ..., layer N] outputs, each [B, L, D] (what feature-based
+    fine-tuning and predict's features read; the pooler is not used)."""
+    cfg = self.config
+    batch, length = input_ids.shape
+    position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    x_BLD = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    bias = attention_bias(input_mask, cfg.dtype)
+    if cfg.causal:
+      bias = jnp.minimum(bias, causal_bias(length, cfg.dtype))
+    return self.encoder(x_BLD, bias, deterministic, all_layers=True)
 
   def tokens(self, x_BLD):
     """What a token-level head reads from the sequence output: the output itself."""

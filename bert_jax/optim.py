@@ -172,7 +172,25 @@ def make_optimizer(config: ml_collections.ConfigDict, total_steps: int | None = 
   else:
     raise ValueError(f"config.opt.name={opt.name!r} unknown; use 'adamw', 'stableadamw' or "
                      "'lamb'.")
-  return optax.chain(clip, *direction, optax.scale_by_learning_rate(schedule))
+  tx = optax.chain(clip, *direction, optax.scale_by_learning_rate(schedule))
+  return frozen_encoder(tx) if config.get("freeze_encoder", False) else tx
+
+
+def frozen_encoder(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` on every parameter but the encoder's (`bert`), which gets no optimizer state and
+  updates of -0.0: p + (-0.0) is p bit for bit (feature-based fine-tuning)."""
+  head = lambda tree: {k: v for k, v in tree.items() if k != "bert"}
+
+  def init(params):
+    return tx.init(head(params))
+
+  def update(grads, state, params=None):
+    updates, state = tx.update(head(grads), state, None if params is None else head(params))
+    if "bert" in grads:
+      updates = {**updates, "bert": jax.tree.map(lambda g: jnp.full_like(g, -0.0), grads["bert"])}
+    return updates, state
+
+  return optax.GradientTransformation(init, update)
 
 
 def host_learning_rate(config: ml_collections.ConfigDict, step: int,

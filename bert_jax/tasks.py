@@ -273,7 +273,11 @@ TASKS: dict[str, Task] = {
         predictions=lambda config: ("predictions.json",) + (
             ("null_odds.json",) if config.version_2_with_negative else ())),
     "conll": Task(conll_task, _read_conll, lambda cfg, config, labels:
-                  heads.BertForTokenClassification(cfg, num_labels=len(labels)),
+                  heads.BertForTokenClassification(
+                      cfg, num_labels=len(labels), features=config.get("features", "last"),
+                      freeze=config.get("freeze_encoder", False),
+                      bilstm_units=config.get("bilstm_units", 0),
+                      bilstm_layers=config.get("bilstm_layers", 1)),
                   {"data_dir": _IN_DATA_DIR + " (train.txt, valid.txt)"},
                   files=_files_in("train_file", "eval_file", directory=True), mode="tag",
                   predictions=lambda config: ("predictions.txt",)),

@@ -5,6 +5,11 @@ r"""CoNLL-2003 NER fine-tuning (token classification, first WordPiece of each wo
 
 `data_dir` holds train.txt / valid.txt in CoNLL format (token POS chunk tag); set
 --config.tag_scheme=iob1 for the original IOB1 tags.
+
+`configs/conll.py:features` is the paper's feature-based approach (Table 7): the encoder
+frozen, the concatenation of its last four layers (`--config.features=` embeddings | last |
+second_to_last | sum_last4 | concat_last4 | sum_all, the sums softmax-weighted and learned)
+read by a two-layer BiLSTM of 768 units each way before the classifier.
 """
 import ml_collections
 
@@ -12,7 +17,6 @@ from bert_jax.configs import finetune
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  del arg
   c = finetune.get_config()
   c.task = "conll"
   c.data_dir = ""  # holds the files below
@@ -20,4 +24,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_file = "valid.txt"
   c.tag_scheme = "iob2"  # iob1 | iob2
   c.opt.learning_rate = 5e-5
+  # Feature-based (Table 7): what the head reads, whether the encoder is frozen, the BiLSTM.
+  c.features = "last"
+  c.freeze_encoder = False
+  c.bilstm_units = 0
+  c.bilstm_layers = 1
+  if arg == "features":
+    c.features, c.freeze_encoder, c.bilstm_units, c.bilstm_layers = "concat_last4", True, 768, 2
+    c.opt.learning_rate = 1e-3  # a new BiLSTM head on frozen features learns at an LSTM's rate
+  elif arg:
+    raise ValueError(f"configs/conll.py:{arg}: the argument is 'features' or nothing.")
   return c

@@ -1,0 +1,131 @@
+"""Feature-based fine-tuning (the paper's Table 7, issue 36 item 1): a frozen encoder whose
+layers are combined as config.features says and read by a BiLSTM before the classifier."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import finetune, formats, heads, loader, optim, predict
+from bert_jax import model as model_lib
+from bert_jax.configs import conll
+from input_pipeline import errors
+from tests.test_task_data import make_vocab
+
+SENT = ("EU NNP B-NP I-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP I-MISC\ncall NN I-NP O\n\n"
+        "Peter NNP B-NP I-PER\n\n")
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("four")
+  tok = make_vocab(tmp, ["EU rejects German call Peter the cat sat on a mat"])
+  cfg = model_lib.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_layers=4, num_heads=2,
+                             intermediate_size=32, max_position_embeddings=32)
+  ids = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
+  formats.save_native(str(tmp / "ckpt"), cfg, params)
+  return str(tmp / "ckpt"), str(tmp / "vocab.txt"), cfg, params
+
+
+def _config(four_layers, tmp_path, **fields):
+  (tmp_path / "train.txt").write_text("-DOCSTART- -X- -X- O\n\n" + SENT * 8)
+  (tmp_path / "valid.txt").write_text(SENT)
+  c = conll.get_config("features")
+  c.init_checkpoint, c.vocab_path = four_layers[0], four_layers[1]
+  c.data_dir, c.max_seq_length = str(tmp_path), 16
+  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 3, 8, 8, 1000
+  c.bilstm_units = 8
+  c.opt.learning_rate = 1e-2
+  for k, v in fields.items():
+    c[k] = v
+  return c
+
+
+@pytest.mark.parametrize("features", ["concat_last4", pytest.param("sum_all", marks=pytest.mark.slow)])
+def test_a_frozen_encoder_is_bit_identical_after_training(four_layers, tmp_path, features, capsys):
+  c = _config(four_layers, tmp_path, features=features)
+  best = finetune.finetune(c, str(tmp_path / "work"))
+  assert {"precision", "recall", "f1"} <= set(best)
+  predict.main([f"--checkpoint={tmp_path / 'work'}", f"--vocab={four_layers[1]}", "--mode=tag",
+                "--text=EU rejects German call"])  # predict rebuilds the feature-based head
+  tagged = capsys.readouterr().out.strip().splitlines()[-1].split()
+  assert [t.split("/")[0] for t in tagged] == ["EU", "rejects", "German", "call"]
+  _, trained = loader.read(str(tmp_path / "work"), "encoder")
+  _, before = loader.read(four_layers[0], "encoder")
+  before = {k: before[k] for k in trained}  # (the head reads no pooler: it has none)
+  same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), trained, before)
+  assert all(jax.tree.leaves(same)), same
+  # The optimizer holds state for the head only: none for the encoder's parameters.
+  params = {"bert": before, "classifier": {"kernel": jnp.zeros((16, 3))}}
+  state = optim.make_optimizer(c, total_steps=10).init(params)
+  sized = [x.size for x in jax.tree.leaves(state) if getattr(x, "ndim", 0) > 0]
+  assert sum(sized) == 2 * 16 * 3  # Adam's two moments of the classifier kernel alone
+
+
+def test_each_feature_choice_and_the_learned_weights():
+  rng = np.random.default_rng(0)
+  hidden = [jnp.asarray(rng.normal(size=(2, 5, 8)), jnp.float32) for _ in range(5)]  # emb + 4
+  shapes = {}
+  for features in heads.FEATURES:
+    module = heads.LayerFeatures(features)
+    variables = module.init(jax.random.key(0), hidden)
+    out = module.apply(variables, hidden)
+    shapes[features] = out.shape
+    if features in ("sum_last4", "sum_all"):
+      states = hidden[-4:] if features == "sum_last4" else hidden[1:]
+      weights = variables["params"]["layer_weights"]
+      assert weights.shape == (len(states),)
+      np.testing.assert_allclose(out, sum(states) / len(states), rtol=1e-6)  # equal at start
+      w = jnp.arange(len(states), dtype=jnp.float32)
+      out = module.apply({"params": {"layer_weights": w}}, hidden)
+      np.testing.assert_allclose(out, sum(p * s for p, s in zip(jax.nn.softmax(w), states)),
+                                 rtol=1e-5)
+  np.testing.assert_array_equal(heads.LayerFeatures("embeddings").apply({}, hidden), hidden[0])
+  np.testing.assert_array_equal(heads.LayerFeatures("second_to_last").apply({}, hidden), hidden[-2])
+  assert shapes == {"last": (2, 5, 8), "embeddings": (2, 5, 8), "second_to_last": (2, 5, 8),
+                    "sum_last4": (2, 5, 8), "concat_last4": (2, 5, 32), "sum_all": (2, 5, 8)}
+
+
+def test_hidden_states_are_the_models_and_predicts_features(four_layers):
+  _, vocab, cfg, params = four_layers
+  tok = predict.Tokenizer.from_path(vocab)
+  feats, mask = predict.extract_features(cfg, params, tok, ["EU rejects German call", "Peter"],
+                                         layers=(-1, -2, -3, -4), max_len=16)
+  rows = [[tok.cls_id] + tok.encode(t) + [tok.sep_id] for t in ["EU rejects German call", "Peter"]]
+  ids = np.zeros((2, 16), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)] = r
+  model = model_lib.BertModel(cfg)
+  hidden = model.apply({"params": params["bert"]}, jnp.asarray(ids), jnp.zeros_like(ids),
+                       jnp.asarray(mask), method=model_lib.BertModel.hidden_states)
+  assert len(hidden) == cfg.num_layers + 1
+  seq, _ = model.apply({"params": params["bert"]}, jnp.asarray(ids), jnp.zeros_like(ids),
+                       jnp.asarray(mask))
+  np.testing.assert_array_equal(hidden[-1], seq)
+  for j, layer in enumerate((-1, -2, -3, -4)):
+    np.testing.assert_allclose(feats[:, :, j], hidden[layer], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"features": "middle"}, "--config.features='middle': choose one of last, embeddings"),
+    ({"bilstm_layers": 0}, "--config.bilstm_layers=0"),
+])
+def test_bad_feature_fields_are_one_line_before_any_work(four_layers, tmp_path, fields, message):
+  c = _config(four_layers, tmp_path, **fields)
+  with pytest.raises(errors.ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+    finetune.finetune(c, str(tmp_path / "work"))
+  assert not (tmp_path / "work" / "checkpoints").exists()
+
+
+def test_features_on_another_task_or_too_few_layers_are_one_line(four_layers, tmp_path):
+  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  c = glue.get_config("cola")
+  c.init_checkpoint, c.vocab_path, c.freeze_encoder = four_layers[0], four_layers[1], True
+  with pytest.raises(errors.ConfigError, match="built for token classification"):
+    finetune.check_config(c)
+  two = heads.BertForTokenClassification(four_layers[2].replace(num_layers=2), num_labels=3,
+                                         features="concat_last4", freeze=True)
+  ids = jnp.ones((1, 4), jnp.int32)
+  with pytest.raises(errors.ConfigError, match="reads 4 encoder layers; this checkpoint has 2"):
+    two.init(jax.random.key(0), ids, ids, ids)
