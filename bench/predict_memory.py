@@ -3,11 +3,12 @@
     python -m bench.predict_memory                        # 1,000 and 10,000 lines
     python -m bench.predict_memory --lines=1000,10000 --other=/path/to/older/checkout
     python -m bench.predict_memory --smoke                # seconds
+    python -m bench.predict_memory --modes=features       # features written to .npy
 
 A ~1M-parameter BERT (vocab 4096, hidden 128, 2 layers, L=128) is written to a temp dir as
 an export with its vocab.txt, plus a fine-tuned-classifier workdir (best/), and an input
 file of N lines of ~20 words with one [MASK]. Each (mode, N) runs `python -m
-bert_jax.predict` in a fresh process (fill_mask, classify) that prints its own peak RSS
+bert_jax.predict` in a fresh process (fill_mask, classify, features) that prints its own peak RSS
 (ru_maxrss) at exit; with --other, the same in that checkout (PYTHONPATH), alternating.
 Memory should not grow with N (batches of --batch_size); the time is shown too. Appends
 to bench/RESULTS.md unless --no_record (or --smoke).
@@ -106,7 +107,9 @@ def main() -> None:
         for name, checkout in checkouts:
           flags = [f"--input_file={_inputs(root, n)}", f"--mode={mode}",
                    f"--vocab={os.path.join(export, 'vocab.txt')}",
-                   f"--checkpoint={export if mode == 'fill_mask' else work}"]
+                   f"--checkpoint={work if mode == 'classify' else export}"]
+          if mode == "features":  # every token's last layer: N x 128 x 128 float32 written
+            flags.append(f"--output={os.path.join(root, f'features_{n}_{name}.npy')}")
           mb, s = _run(checkout, flags)
           rows.append((mode, n, name, mb, s))
           print(f"{mode:10s} {n:>7,} lines  {name:6s}  peak RSS {mb:8,.0f} MB  {s:7.1f} s",

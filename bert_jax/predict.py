@@ -173,11 +173,20 @@ def check_layers(layers: Sequence[int], num_layers: int, given: str | None = Non
 def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Sequence[int] = (-1,),
                      max_len: int = 128, pooled: bool = False, batch_size: int = 32):
   """Hidden states [N, L, len(layers), D] of the chosen layers (or pooled [N, D])."""
+  outs, masks = [], []
+  for _, feats, mask in iter_features(cfg, params, tokenizer, texts, layers, max_len, pooled,
+                                      batch_size):
+    outs.append(feats)
+    masks.append(mask)
+  return np.concatenate(outs), np.concatenate(masks)
+
+
+def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence[int] = (-1,),
+                  max_len: int = 128, pooled: bool = False, batch_size: int = 32):
+  """(ids [b, L], features [b, L, len(layers), D] or pooled [b, D], mask [b, L]) per batch
+  of `batch_size` texts, read from `texts` as they come (memory flat in their number)."""
   check_layers(layers, cfg.num_layers)
   max_len = min(max_len, cfg.max_position_embeddings)
-  rows = [features.encode_pair(tokenizer, list(r)[:max_len - 2])[0]
-          for r in tokenizer.encode_batch(list(texts))]
-  ids, mask = _pad(rows, max_len)
   encoder_params = params["bert"] if "bert" in params else params
   has_pooler = bool({"pooler", "head"} & set(encoder_params))
   if pooled and not has_pooler:
@@ -196,11 +205,64 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
     hidden = [state["intermediates"]["encoder"][f"layer_{i}"]["__call__"][0] for i in range(cfg.num_layers)]
     return (pool if pooled else None), jnp.stack([hidden[l] for l in layers], axis=2)
 
-  outs = []
-  for s in range(0, len(rows), batch_size):
-    pool, hidden = run(ids[s:s + batch_size], mask[s:s + batch_size])
-    outs.append(np.asarray(pool if pooled else hidden))
-  return np.concatenate(outs), mask
+  texts = iter(texts)
+  while batch := list(itertools.islice(texts, batch_size)):
+    rows = [features.encode_pair(tokenizer, list(r)[:max_len - 2])[0]
+            for r in tokenizer.encode_batch(batch)]
+    ids, mask = _pad(rows, max_len, batch_size)  # one shape to compile: the last batch padded
+    pool, hidden = run(ids, mask)
+    n = len(rows)
+    yield ids[:n], np.asarray(pool if pooled else hidden)[:n], mask[:n]
+
+
+def write_features_jsonl(f, batches, tokenizer, layers: Sequence[int], pooled: bool) -> int:
+  """Google's extract_features.py output: one JSON object per line of input, {"linex_index",
+  "features": [{"token", "layers": [{"index", "values"}]}]} over the real tokens (or, pooled,
+  {"linex_index", "pooled": [...]}); returns the number of lines written."""
+  n = 0
+  for ids, feats, mask in batches:
+    for row_ids, row, row_mask in zip(ids, feats, mask):
+      if pooled:
+        record = {"linex_index": n, "pooled": [round(float(v), 6) for v in row]}
+      else:
+        length = int(row_mask.sum())
+        record = {"linex_index": n, "features": [
+            {"token": token, "layers": [{"index": layer, "values": [round(float(v), 6) for v in vec]}
+                                        for layer, vec in zip(layers, row[t])]}
+            for t, token in enumerate(tokenizer.convert_ids_to_tokens(row_ids[:length]))]}
+      f.write((json.dumps(record) + "\n").encode("utf-8"))
+      n += 1
+  return n
+
+
+def write_features_npy(out: str, batches, num_texts: int) -> tuple[int, ...]:
+  """Streams the batches into OUT.npy (features) and OUT_mask.npy, their headers written
+  first for `num_texts` rows (memory flat in the number of texts); returns the shape."""
+  mask_out = out.removesuffix(".npy") + "_mask.npy"
+  shape = None
+  with fileio.path(out).open("wb") as f, fileio.path(mask_out).open("wb") as fm:
+    written = 0
+    for _, feats, mask in batches:
+      if shape is None:
+        shape = (num_texts,) + feats.shape[1:]
+        f.write(_npy_header(feats.dtype, shape))
+        fm.write(_npy_header(mask.dtype, (num_texts,) + mask.shape[1:]))
+      f.write(np.ascontiguousarray(feats).tobytes())
+      fm.write(np.ascontiguousarray(mask).tobytes())
+      written += len(feats)
+  if written != num_texts:
+    raise PredictError(f"--input_file changed while it was read ({num_texts} lines counted, "
+                       f"{written} read): {out} is incomplete; run again.")
+  return shape
+
+
+def _npy_header(dtype, shape: tuple[int, ...]) -> bytes:
+  """The .npy format's header of an array of `dtype` and `shape` (C order)."""
+  import io  # pylint: disable=g-import-not-at-top
+  buf = io.BytesIO()
+  np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                             "fortran_order": False, "shape": tuple(shape)})
+  return buf.getvalue()
 
 
 def _flags():
@@ -234,7 +296,9 @@ def _flags():
                        lower_bound=MIN_SEQ_LENGTH, flag_values=fv)
   flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass.", lower_bound=1,
                        flag_values=fv)
-  flags.DEFINE_string("output", None, "features: .npy path to write (default features.npy).",
+  flags.DEFINE_string("output", None, "features: the file to write: .npy (default "
+                      "features.npy, with FILE_mask.npy beside it) or .jsonl (Google's "
+                      "extract_features.py format).",
                       flag_values=fv)
   return fv
 
@@ -380,12 +444,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     tokenizer = vocabulary()
     _check_vocab(cfg, tokenizer)
     check_layers(layers, cfg.num_layers, args.layers)
-    feats, mask = extract_features(cfg, params, tokenizer, list(_Progress(texts, "texts")),
-                                   layers, args.max_seq_length, args.pooled, B)
-    for name, array in ((out, feats), (out.removesuffix(".npy") + "_mask.npy", mask)):
-      with fileio.path(name).open("wb") as f:
-        np.save(f, array)
-    print(json.dumps({"output": out, "shape": list(feats.shape), "layers": layers, "pooled": args.pooled}))
+    progress = _Progress(texts, "texts")
+    batches = iter_features(cfg, params, tokenizer, progress, layers, args.max_seq_length,
+                            args.pooled, B)
+    if out.endswith(".jsonl"):
+      with fileio.path(out).open("wb") as f:
+        n = write_features_jsonl(f, batches, tokenizer, layers, args.pooled)
+      shape = [n]
+    else:  # .npy: the rows are counted first, so that the file is written as they come
+      count = len(args.text) + (sum(1 for _ in _input_lines(args.input_file))
+                                if args.input_file else 0)
+      shape = list(write_features_npy(out, batches, count))
+    progress.done()
+    print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled}))
 
 
 def _check_mode(mode: str, task: dict, checkpoint: str) -> None:

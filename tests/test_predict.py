@@ -278,3 +278,31 @@ def test_binary_input_is_refused_and_a_few_bad_bytes_are_said(tmp_path, capsys, 
   assert capsys.readouterr().out.count("[MASK] #1:") == 301
   warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
   assert any(f"{text}: 2 bytes are not UTF-8 (the first on line 301)" in m for m in warned), warned
+
+
+def test_features_stream_to_npy_and_jsonl_as_extract_features_gives_them(tmp_path, capsys):
+  """predict --mode=features writes features of many lines batch by batch (issue 36 item 1):
+  the .npy (header written for the counted lines first) and Google's JSON Lines layout hold
+  exactly extract_features' values."""
+  import json  # pylint: disable=g-import-not-at-top
+  tok, cfg, params = _checkpoint(tmp_path)
+  lines = [f"the cat {'sat ' * (i % 4)}on the mat" for i in range(37)]
+  (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+  want, mask = predict.extract_features(cfg, params, tok, lines, layers=[-1, -2], max_len=12,
+                                        batch_size=8)
+  base = [f"--checkpoint={tmp_path / 'ckpt'}", f"--vocab={tmp_path / 'vocab.txt'}", "--mode=features",
+          f"--input_file={tmp_path / 'in.txt'}", "--layers=-1,-2", "--max_seq_length=12",
+          "--batch_size=8"]
+  predict.main(base + [f"--output={tmp_path / 'f.npy'}"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shape"] == [37, 12, 2, 16]
+  np.testing.assert_array_equal(np.load(tmp_path / "f.npy"), want)
+  np.testing.assert_array_equal(np.load(tmp_path / "f_mask.npy"), mask)
+  predict.main(base + [f"--output={tmp_path / 'f.jsonl'}"])
+  records = [json.loads(l) for l in (tmp_path / "f.jsonl").read_text().splitlines()]
+  assert [r["linex_index"] for r in records] == list(range(37))
+  for r, row, m, text in zip(records, want, mask, lines):
+    assert [f["token"] for f in r["features"]] == ["[CLS]"] + tok.convert_ids_to_tokens(tok.encode(text)) + ["[SEP]"]
+    assert len(r["features"]) == int(m.sum())
+    for t, f in enumerate(r["features"]):
+      assert [l["index"] for l in f["layers"]] == [-1, -2]
+      np.testing.assert_allclose([l["values"] for l in f["layers"]], row[t], atol=1e-6)
