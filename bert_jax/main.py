@@ -25,6 +25,7 @@ import jax
 from ml_collections import config_flags
 
 from bert_jax import finetune
+from bert_jax import history
 from bert_jax import metrics
 from bert_jax import suite
 from bert_jax import train
@@ -88,6 +89,8 @@ def run(config, workdir: str):
     if config.task == "pretrain":
       return train.train_and_evaluate(config, workdir)
     if config.task == "suite":
+      if config.get("checkpoint_steps"):  # the suite over a run's saved steps
+        return history.run_history(config, workdir)
       return suite.run_suite(config, workdir)
     return finetune.finetune(config, workdir)
 

@@ -70,6 +70,9 @@ def get_config(arg: str | None = "glue") -> ml_collections.ConfigDict:
   # Tasks that start from the chosen MNLI run's weights instead of init_checkpoint
   # (RoBERTa's practice, e.g. "rte,mrpc,stsb"); empty in the paper.
   c.init_from_mnli = ""
+  # The suite over pre-training runs' saved steps (the paper's Figure 2, bert_jax/history.py):
+  # "all" or "K1,K2,..." of each run init_checkpoint names (several: comma-separated).
+  c.checkpoint_steps = ""
   c.data_dir = ""  # the directory holding every task's directory; tfds[:DIR] for GLUE via TFDS
   c.task_dirs = ml_collections.ConfigDict(
       {t: "" for t in GLUE_TASKS + ("ax", "squad1", "squad2", "swag", "conll")})
