@@ -127,11 +127,11 @@ def _read_cache() -> dict[str, float]:
     return {}
 
 
-def _write_cache(key: str, peak: float) -> None:
-  """Records `peak` for `key` unless a higher figure is already there: a measurement on a
-  busy machine never lowers a better one."""
+def _write_cache(key: str, peak: float, bound: float = float("inf")) -> None:
+  """Records `peak` for `key` unless a higher figure (within `bound`) is already there: a
+  measurement on a busy machine never lowers a better one."""
   cached = _read_cache()
-  if cached.get(key, 0.0) >= peak:
+  if bound >= cached.get(key, 0.0) >= peak:
     return
   cached[key] = peak
   path = _cache_path()
@@ -142,6 +142,56 @@ def _write_cache(key: str, peak: float) -> None:
     tmp.replace(path)
   except OSError:
     pass
+
+
+def _cpu_flags() -> set[str]:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("flags"):
+        return set(line.split(":", 1)[1].split())
+  except OSError:
+    pass
+  return set()
+
+
+def _cpu_clock_hz() -> float:
+  """A clock no core of this host exceeds: cpufreq's maximum where the kernel gives one, else
+  1.5x the highest MHz /proc/cpuinfo reports (turbo above base), and never under 3.5 GHz."""
+  ghz = 3.5
+  try:
+    ghz = max(ghz, int(pathlib.Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+                       .read_text()) / 1e6)
+  except (OSError, ValueError):
+    pass
+  try:
+    mhz = [float(l.split(":", 1)[1]) for l in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+           if l.startswith("cpu MHz")]
+    ghz = max([ghz] + [1.5 * m / 1e3 for m in mhz])
+  except (OSError, ValueError):
+    pass
+  return ghz * 1e9
+
+
+def cpu_flops_bound(dtype: str = "float32") -> float:
+  """An upper bound of this host's FLOP/s in `dtype`: cores x FLOPs a core can do per cycle
+  (two FMA ports of the widest unit its flags name: AMX tiles for bfloat16, AVX-512, AVX2)
+  x a clock it does not exceed. A rate above it is a timing bug, never a peak."""
+  flags = _cpu_flags()
+  half = str(dtype) in ("bfloat16", "float16")
+  if half and "amx_bf16" in flags:
+    per_cycle = 2048.0
+  elif half and "avx512_bf16" in flags:
+    per_cycle = 128.0
+  elif "avx512f" in flags:
+    per_cycle = 64.0
+  elif "avx2" in flags or "fma" in flags:
+    per_cycle = 32.0
+  else:
+    per_cycle = 16.0
+  return (os.cpu_count() or 1) * per_cycle * _cpu_clock_hz()
+
+
+_ignored: set[str] = set()  # cache keys whose figure was beyond the bound (said once)
 
 
 @functools.lru_cache(maxsize=None)
@@ -155,8 +205,14 @@ def measure_matmul_peak(dtype: str = "float32", n: int = 1024, reps: int = 8,
   dev = jax.devices()[0]
   key = _cache_key(dtype)
   cached = _read_cache().get(key)
-  if cached:
+  bound = cpu_flops_bound(dtype) if dev.platform == "cpu" else float("inf")
+  if cached and cached <= bound:
     return float(cached)
+  if cached and key not in _ignored:
+    _ignored.add(key)
+    logging.warning("MFU: the cached %s peak of this CPU (%.1f GFLOP/s, in %s) is beyond what "
+                    "its cores can do (%.1f GFLOP/s): ignored, measured again.", dtype,
+                    cached / 1e9, _cache_path(), bound / 1e9)
   x = jax.device_put(jnp.ones((n, n), dtype), dev)
   mm = jax.jit(lambda a: a @ a)
   mm(x).block_until_ready()
@@ -168,15 +224,18 @@ def measure_matmul_peak(dtype: str = "float32", n: int = 1024, reps: int = 8,
     best = min(best, t1 - t0)
     if i + 1 >= reps and t1 >= t_end:
       break
-  peak = 2 * n ** 3 / max(best, 1e-9)
-  _write_cache(key, peak)
+  peak = min(2 * n ** 3 / max(best, 1e-9), bound)
+  _write_cache(key, peak, bound)
   logging.info("Measured %s matmul peak on %s: %.1f GFLOP/s.", dtype, dev.device_kind, peak / 1e9)
   return peak
 
 
 def raise_measured_peak(dtype: str, flops_per_s: float) -> None:
-  """A host ran `flops_per_s` (model FLOPs): the matmul peak of this host is at least that,
-  from now on and in the disk cache."""
+  """A host ran `flops_per_s` (model FLOPs) over a window long enough to mean it (Peak.mfu)
+  and within what its cores can do: the matmul peak of this host is at least that, from now
+  on and in the disk cache. A figure beyond the physical bound is never recorded."""
+  if flops_per_s > cpu_flops_bound(dtype):
+    return
   measure_matmul_peak.cache_clear()
   _write_cache(_cache_key(dtype), flops_per_s)
 
@@ -200,26 +259,48 @@ def peak_flops(dtype: str = "bfloat16", override: float = 0.0) -> float:
   return per_device * jax.device_count()
 
 
+# A rate raises a measured peak only from a window of at least this many steps and seconds.
+RAISE_MIN_STEPS = 5
+RAISE_MIN_SECONDS = 2.0
+
+
 class Peak:
   """The peak FLOP/s that MFU counts against, and MFU itself (never above 100%).
 
   A CPU peak is a measurement, so a lower bound of the true peak: when a job runs faster
-  (the probe ran on a busy machine), the peak is raised to the rate achieved, for this run
-  and in the disk cache, and the log says so once. A peak from the table or from
-  config.peak_flops_per_device is kept; a faster rate then shows as 100% with a warning
-  that the figure looks too low."""
+  (the probe ran on a busy machine) over a window of at least RAISE_MIN_STEPS steps and
+  RAISE_MIN_SECONDS seconds, the peak is raised to the rate achieved, for this run and in
+  the disk cache, and the log says so once. A rate beyond what the host's cores can do
+  (cpu_flops_bound) is a timing error: said loudly once, never a peak. A peak from the table
+  or from config.peak_flops_per_device is kept; a faster rate then shows as 100% with a
+  warning that the figure looks too low."""
 
   def __init__(self, dtype: str = "bfloat16", override: float = 0.0):
     self.dtype = str(jnp.dtype(dtype))
     self.flops = peak_flops(self.dtype, override)
     self.measured = not override and jax.devices()[0].platform == "cpu"
-    self._warned = False
+    self.bound = (cpu_flops_bound(self.dtype) * jax.process_count() if self.measured
+                  else float("inf"))
+    self._warned = self._beyond = False
 
-  def mfu(self, flops_per_s: float) -> float:
-    """Model FLOP/s achieved (the whole job) / the peak, at most 1."""
+  def mfu(self, flops_per_s: float, steps: int | None = None,
+          seconds: float | None = None) -> float:
+    """Model FLOP/s achieved (the whole job) / the peak, at most 1. `steps` and `seconds`:
+    the window the rate was measured over (None: the caller vouches for it)."""
     if not self.flops:
       return 0.0
-    if flops_per_s > self.flops:
+    if flops_per_s > self.bound:
+      if not self._beyond:
+        self._beyond = True
+        logging.error("MFU: a rate of %.1f GFLOP/s (over %s steps, %s s) is beyond what this "
+                      "host's cores can do (%.1f GFLOP/s): a timing error, not a peak; the "
+                      "peak stays %.1f GFLOP/s.", flops_per_s / 1e9, steps,
+                      "?" if seconds is None else f"{seconds:.3f}", self.bound / 1e9,
+                      self.flops / 1e9)
+      return 1.0
+    short = (steps is not None and steps < RAISE_MIN_STEPS) or (
+        seconds is not None and seconds < RAISE_MIN_SECONDS)
+    if flops_per_s > self.flops and not short:
       if self.measured:
         # Said once: a job speeding up raises it again by small steps, which say nothing new.
         log = logging.debug if self._warned else logging.info

@@ -84,6 +84,7 @@ class TrainMetrics:
     self.last: dict[str, float] = {}
     self.timer_step: int | None = None
     self.timer_time = 0.0
+    self._started: dict[int, float] = {}  # step -> when the host began it (its batch)
     self.last_good_step: int | None = None
     # Host-side scalars reported with each log line (e.g. a data mixture's shares, as
     # {"data_share/NAME": share}); written under train/, shown as "shares NAME 0.60 ...".
@@ -93,9 +94,12 @@ class TrainMetrics:
     """Throughput counts steps after `step` (excluding compilation)."""
     self.timer_step, self.timer_time = step, time.perf_counter()
 
-  def add(self, step: int, metrics: Any) -> None:
-    """`step`: the step count after this update (1-based). Nothing is read yet."""
+  def add(self, step: int, metrics: Any, started: float | None = None) -> None:
+    """`step`: the step count after this update (1-based); `started`: when the host began
+    it (before reading its batch; default now). Nothing is read yet: a throughput window
+    runs from the start of its first step to the reading of its last one's results."""
     self.pending.append((step, metrics))
+    self._started[step] = time.perf_counter() if started is None else started
 
   def check(self, upto: int) -> None:
     """Reads the metrics of steps <= `upto` (blocking on them); raises on NaN/Inf."""
@@ -130,14 +134,23 @@ class TrainMetrics:
     scalars["learning_rate"] = self.learning_rate(step - 1)
     eta = float("nan")
     if self.timer_step is not None and step > self.timer_step:
-      steps_per_s = (step - self.timer_step) / max(now - self.timer_time, 1e-9)
+      # The window: from the start of its first step to now, when its last step's results
+      # are read. Not from the previous report: a deferred one reads the clock after the
+      # host ran the next step (XLA:CPU runs a step on the calling thread), so a run's last
+      # window of one step measured ~0 s (issue 40); and an evaluation or a checkpoint
+      # between the two would count as training time.
+      start = self._started.get(self.timer_step + 1, self.timer_time)
+      window_s, window_steps = max(now - start, 1e-9), step - self.timer_step
+      steps_per_s = window_steps / window_s
       self.timer_step, self.timer_time = step, now
+      self._started = {k: t for k, t in self._started.items() if k > step}
       scalars["steps_per_sec"] = steps_per_s
       scalars["tokens_per_sec"] = steps_per_s * self.tokens_per_step
       if "num_tokens" in sums:  # real (non-padding) tokens; packing raises this
         scalars["real_tokens_per_sec"] = steps_per_s * sums["num_tokens"] / len(values)
         scalars["padding_fraction"] = 1.0 - sums["num_tokens"] / len(values) / self.tokens_per_step
-      scalars["mfu"] = self.peak.mfu(steps_per_s * self.flops_per_step)
+      scalars["mfu"] = self.peak.mfu(steps_per_s * self.flops_per_step, steps=window_steps,
+                                     seconds=window_s)
       eta = (self.total_steps - step) / steps_per_s
     host = self.host_scalars() if self.host_scalars else {}
     scalars.update(host)

@@ -584,7 +584,7 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
             state, m, train_step = _first_step(trainer, state, batch, rng)
           else:
             state, m = train_step(state, batch, rng)
-        metrics.add(step, m)
+        metrics.add(step, m, started=t0)
         if step == start + 1:
           jax.block_until_ready(m)
           logging.info("First step (compilation included) took %.1fs.", time.perf_counter() - t0)
