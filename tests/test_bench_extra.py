@@ -135,3 +135,9 @@ def test_predict_memory_smoke(capsys, monkeypatch):
   rows = [l for l in capsys.readouterr().out.splitlines() if "peak RSS" in l]
   assert len(rows) == 4 and all(float(r.split("peak RSS")[1].split("MB")[0].replace(",", "")) > 0
                                 for r in rows), rows
+
+
+def test_mfu_sweep_skips_cleanly_without_cola(capsys, tmp_path):
+  from bench import mfu_sweep  # pylint: disable=g-import-not-at-top
+  mfu_sweep.main([f"--cola_dir={tmp_path / 'absent'}", f"--workdir={tmp_path / 'w'}", "--no_record"])
+  assert "skipped:" in capsys.readouterr().out and not (tmp_path / "w").exists()
