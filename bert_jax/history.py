@@ -12,7 +12,6 @@ perplexity at that step, when it evaluated there) against the step.
 """
 from __future__ import annotations
 
-import io
 import os
 from typing import Any
 
@@ -140,19 +139,16 @@ def render_markdown(history: dict) -> str:
     for step, s in sorted(run["steps"].items(), key=lambda kv: int(kv[0])):
       ppl = s["mlm_perplexity"]
       lines.append(f"| {step} | {'-' if ppl is None else f'{ppl:.2f}'} | "
-                   + " | ".join(suite._fmt(s["tasks"].get(t)) for t in tasks) + " |")  # pylint: disable=protected-access
+                   + " | ".join("-" if s["tasks"].get(t) is None else f"{s['tasks'][t]:.1f}"
+                                for t in tasks) + " |")
     lines.append("")
   return "\n".join(lines)
 
 
 def render_plot(history: dict) -> bytes | None:
   """A PNG per task: the metric against the step, one line per pre-training run."""
-  try:
-    import matplotlib  # pylint: disable=g-import-not-at-top
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    logging.warning("matplotlib is not installed: no history.png (pip install matplotlib).")
+  plt = suite.pyplot("history.png")
+  if plt is None:
     return None
   tasks = sorted({t for r in history["runs"].values() for s in r["steps"].values() for t in s["tasks"]})
   fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(4.2 * max(len(tasks), 1), 3.4),
@@ -165,11 +161,7 @@ def render_plot(history: dict) -> bytes | None:
     ax.set_xlabel("pre-training step")
     ax.set_ylabel(f"{task} dev (%)")
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-  plt.close(fig)
-  return buf.getvalue()
+  return suite.png_bytes(plt, fig)
 
 
 def write_history(history: dict, workdir: str) -> None:

@@ -757,14 +757,32 @@ def _comparison(report: dict) -> list[tuple[str, float | None]]:
   return out
 
 
-def render_plot(report: dict) -> bytes | None:
-  """A PNG: our dev numbers beside the paper's BERT-base and BERT-large rows."""
+def pyplot(name: str):
+  """matplotlib.pyplot on the Agg backend, or None (said) when matplotlib is not installed:
+  no `name` then."""
   try:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   except ImportError:
-    logging.warning("matplotlib is not installed: no report.png (pip install matplotlib).")
+    logging.warning("matplotlib is not installed: no %s (pip install matplotlib).", name)
+    return None
+  return plt
+
+
+def png_bytes(plt, fig) -> bytes:
+  """The figure as PNG bytes (no software tag: the same plot gives the same bytes), closed."""
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+  plt.close(fig)
+  return buf.getvalue()
+
+
+def render_plot(report: dict) -> bytes | None:
+  """A PNG: our dev numbers beside the paper's BERT-base and BERT-large rows."""
+  plt = pyplot("report.png")
+  if plt is None:
     return None
   rows = _comparison(report)
   fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(rows) + 1.5), 3.6))
@@ -782,11 +800,7 @@ def render_plot(report: dict) -> bytes | None:
   ax.set_ylabel("score (%)")
   ax.set_title(f"{report['tasks_spec']}, {report['protocol']} protocol")
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-  plt.close(fig)
-  return buf.getvalue()
+  return png_bytes(plt, fig)
 
 
 def _zip(root, names: list[str]) -> bytes:
