@@ -248,9 +248,10 @@ def figure2(root, args) -> list[str]:
     for step, s in sorted(run["steps"].items(), key=lambda kv: int(kv[0])):
       lines.append(f"| {name} | {step} | " + " | ".join(_f(s["tasks"].get(t)) for t in tasks)
                    + f" | {_f(s['mlm_perplexity'], 2)} |")
-  lines += ["", f"Plot: {work / 'history.png'}. The paper's Figure 2: MNLI dev accuracy of "
-            "BERT-base after 200k..1M steps, MLM ~1 point above LTR at every step and still "
-            "rising at 1M (84.0 at 1M vs 83.0 at 500k, read off the plot)."]
+  lines += ["", f"Plot: {work / 'history.png'}. The paper's Figure 2 plots BERT-base's MNLI "
+            "dev accuracy after 200k to 1M pre-training steps, MLM and LTR; its text: almost "
+            "1.0% more accuracy at 1M steps than at 500k, and the MLM model, though it "
+            "converges slightly slower, above LTR in absolute accuracy almost immediately."]
   return lines
 
 
