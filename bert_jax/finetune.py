@@ -65,7 +65,8 @@ def _dev_outputs(trainer: trainer_lib.Trainer, params, feats, keys, batch_size: 
 
 
 def _check_features(config: ml_collections.ConfigDict) -> None:
-  """The feature-based fields (configs/conll.py), named in one line when they cannot work."""
+  """The feature-based fields (bert_jax/configs/finetune.py, heads.FeatureBased), named in one
+  line when they cannot work."""
   features = config.get("features", "last")
   if features not in heads.FEATURES:
     raise errors.ConfigError(f"--config.features={features!r}: choose one of "
@@ -74,11 +75,10 @@ def _check_features(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError(f"--config.bilstm_layers={config.get('bilstm_layers')}, "
                              f"--config.bilstm_units={config.get('bilstm_units')}: at least one "
                              "layer, and 0 units (no BiLSTM) or more.")
-  special = features != "last" or config.get("freeze_encoder", False)
-  if special and config.task != "conll":
-    raise errors.ConfigError(f"--config.features / --config.freeze_encoder: the feature-based "
-                             f"approach is built for token classification (task conll), not "
-                             f"task={config.task!r}.")
+  if config.get("packing", False) and not heads.FeatureBased.of(config).plain:
+    raise errors.ConfigError("--config.packing with --config.features / freeze_encoder / "
+                             "bilstm_units: a feature-based head reads unpacked rows; set "
+                             "--config.packing=False.")
   if config.get("freeze_encoder", False) and not config.get("bilstm_units", 0) and (
       features in ("last", "second_to_last", "embeddings")):
     logging.warning("A frozen encoder with no BiLSTM and no learned layer weights trains the "

@@ -8,6 +8,7 @@ Axis legend as in model.py; C = classes (or choices).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -25,62 +26,36 @@ def encoder(cfg: Any, **kwargs) -> nn.Module:
   return cls(cfg, name="bert", **kwargs)
 
 
-class BertForSequenceClassification(nn.Module):
-  """Softmax (or, with num_labels=1, regression) on the pooled [CLS] output.
-
-  Packed rows (several examples in one row, see input_pipeline/packing.py) pass
-  `position_ids` and `packed_example_ids` [B, L] and `cls_positions` [B, E]:
-  the logits are then [B, E, C], one per example slot (empty slots carry
-  example_weights 0 in the loss).
-  """
-  config: BertConfig
-  num_labels: int
-
-  @nn.compact
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
-               position_ids=None, packed_example_ids=None, cls_positions=None):
-    _, pooled = encoder(self.config, pooled_only=True)(
-        input_ids, segment_ids, input_mask, deterministic, position_ids=position_ids,
-        packed_example_ids=packed_example_ids, cls_positions=cls_positions)  # [B, D] or [B, E, D]
-    pooled = nn.Dropout(self.config.hidden_dropout_rate)(pooled, deterministic=deterministic)
-    logits = dense(self.config, self.num_labels, ("embed", None), "classifier")(pooled)
-    return logits.astype(jnp.float32)  # [B, C] or [B, E, C]
-
-
-class BiLSTM(nn.Module):
-  """A bidirectional LSTM over [B, L, D] (padding after each row's `lengths`): [B, L, 2U]."""
-  units: int
-  param_dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x_BLD, lengths_B):
-    lstm = lambda: nn.RNN(nn.OptimizedLSTMCell(self.units, param_dtype=self.param_dtype))
-    return nn.Bidirectional(lstm(), lstm())(x_BLD, seq_lengths=lengths_B)
-
-
-class BertForQuestionAnswering(nn.Module):
-  """Start/end span logits at every token: [B, L] each. With `bilstm_units`, a randomly
-  initialised bidirectional LSTM (that many units each way) reads the encoder's output
-  before the span classifier (the paper's Table 5 "+ BiLSTM", for the left-to-right model)."""
-  config: BertConfig
-  bilstm_units: int = 0
-
-  @nn.compact
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
-    bert = encoder(self.config)
-    seq_BLD = bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0])
-    if self.bilstm_units:
-      seq_BLD = BiLSTM(self.bilstm_units, self.config.param_dtype, name="bilstm")(
-          seq_BLD, jnp.sum(input_mask, -1).astype(jnp.int32))
-    logits_BL2 = dense(self.config, 2, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
-    return logits_BL2[..., 0], logits_BL2[..., 1]
-
-
 # What a feature-based head reads (the paper's Table 7), from the hidden states
 # [embeddings, layer 1, ..., layer N]; "weighted" sums are learned softmax weights.
 FEATURES = ("last", "embeddings", "second_to_last", "sum_last4", "concat_last4", "sum_all")
 FEATURE_LAYERS = {"last": 1, "embeddings": 0, "second_to_last": 2, "sum_last4": 4,
                   "concat_last4": 4, "sum_all": 1}  # the encoder layers each needs at least
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureBased:
+  """How a head reads the encoder (the paper's Table 7; every task's head takes one).
+
+  `features`: which hidden states (FEATURES; "last" is what fine-tuning reads); `freeze`:
+  no gradient reaches the encoder (its parameters never change; the optimizer keeps no state
+  for them, optim.make_optimizer); `bilstm_units` > 0: `bilstm_layers` bidirectional LSTMs
+  read the features before the head's classifier (the paper: two layers of 768)."""
+  features: str = "last"
+  freeze: bool = False
+  bilstm_units: int = 0
+  bilstm_layers: int = 1
+
+  @classmethod
+  def of(cls, config: Mapping[str, Any]) -> "FeatureBased":
+    """From a task config (a ConfigDict, or the dict a run saved in best/config.json)."""
+    return cls(config.get("features", "last"), bool(config.get("freeze_encoder", False)),
+               int(config.get("bilstm_units", 0) or 0), int(config.get("bilstm_layers", 1)))
+
+  @property
+  def plain(self) -> bool:
+    """Fine-tuning as the paper's main results: the last layer, every parameter trained."""
+    return self.features == "last" and not self.freeze and not self.bilstm_units
 
 
 class LayerFeatures(nn.Module):
@@ -104,58 +79,140 @@ class LayerFeatures(nn.Module):
     return sum(w[i] * x for i, x in enumerate(states))
 
 
-class BertForTokenClassification(nn.Module):
-  """A classifier on every token's final hidden state: [B, L, C].
+class BiLSTM(nn.Module):
+  """A bidirectional LSTM over [B, L, D] (padding after each row's `lengths`): [B, L, 2U]."""
+  units: int
+  param_dtype: Any = jnp.float32
 
-  Feature-based (the paper's Table 7): `features` other than "last" reads other layers
-  (LayerFeatures); `freeze` stops every gradient into the encoder (its parameters then
-  never change; the optimizer keeps no state for them, optim.make_optimizer); with
-  `bilstm_units`, `bilstm_layers` bidirectional LSTMs read the features before the
-  classifier (the paper: two layers of 768)."""
+  @nn.compact
+  def __call__(self, x_BLD, lengths_B):
+    lstm = lambda: nn.RNN(nn.OptimizedLSTMCell(self.units, param_dtype=self.param_dtype))
+    return nn.Bidirectional(lstm(), lstm())(x_BLD, seq_lengths=lengths_B)
+
+
+def _stop(x, how: FeatureBased):
+  return jax.lax.stop_gradient(x) if how.freeze else x
+
+
+def feature_sequence(bert: nn.Module, how: FeatureBased, input_ids, segment_ids, input_mask,
+                     deterministic: bool, first_bilstm: str = "bilstm_0") -> jax.Array:
+  """[B, L, D'] per token as `how` says, called inside a head's compact method (the modules
+  it makes are the head's: `features`, `bilstm_{i}`). "last" is what a token head reads when
+  fine-tuning (`bert.tokens`); other choices read `bert.hidden_states`."""
+  cfg = bert.config
+  if how.features == "last":
+    seq_BLD = _stop(bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0]), how)
+  else:
+    if cfg.num_layers < FEATURE_LAYERS[how.features]:
+      raise errors.ConfigError(
+          f"--config.features={how.features} reads {FEATURE_LAYERS[how.features]} encoder "
+          f"layers; this checkpoint has {cfg.num_layers}.")
+    hidden = bert.hidden_states(input_ids, segment_ids, input_mask, deterministic)
+    seq_BLD = LayerFeatures(how.features, cfg.param_dtype, name="features")(
+        [_stop(h, how) for h in hidden])
+  lengths_B = jnp.sum(input_mask, -1).astype(jnp.int32)
+  for i in range(how.bilstm_layers if how.bilstm_units else 0):
+    seq_BLD = BiLSTM(how.bilstm_units, cfg.param_dtype,
+                     name=first_bilstm if i == 0 else f"bilstm_{i}")(seq_BLD, lengths_B)
+  return seq_BLD
+
+
+def feature_pooled(bert: nn.Module, how: FeatureBased, input_ids, segment_ids, input_mask,
+                   deterministic: bool) -> jax.Array:
+  """[B, D'] per sequence for a feature-based sentence head: the family's pooled output
+  (frozen) for "last" without a BiLSTM; else the [CLS] token's features, or with a BiLSTM its
+  final states both ways (forward at the last real token, backward at [CLS])."""
+  if how.features == "last" and not how.bilstm_units:
+    return _stop(bert(input_ids, segment_ids, input_mask, deterministic)[1], how)
+  seq_BLD = feature_sequence(bert, how, input_ids, segment_ids, input_mask, deterministic)
+  if not how.bilstm_units:
+    return seq_BLD[:, 0]
+  last_B = jnp.maximum(jnp.sum(input_mask, -1).astype(jnp.int32) - 1, 0)
+  forward_BU = jnp.take_along_axis(seq_BLD[..., :how.bilstm_units], last_B[:, None, None], 1)[:, 0]
+  return jnp.concatenate([forward_BU, seq_BLD[:, 0, how.bilstm_units:]], -1)
+
+
+class BertForSequenceClassification(nn.Module):
+  """Softmax (or, with num_labels=1, regression) on the pooled [CLS] output.
+
+  Packed rows (several examples in one row, see input_pipeline/packing.py) pass
+  `position_ids` and `packed_example_ids` [B, L] and `cls_positions` [B, E]:
+  the logits are then [B, E, C], one per example slot (empty slots carry
+  example_weights 0 in the loss). Feature-based (`how`, unpacked rows): feature_pooled.
+  """
   config: BertConfig
   num_labels: int
-  features: str = "last"
-  freeze: bool = False
+  how: FeatureBased = FeatureBased()
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+               position_ids=None, packed_example_ids=None, cls_positions=None):
+    if self.how.plain:
+      _, pooled = encoder(self.config, pooled_only=True)(
+          input_ids, segment_ids, input_mask, deterministic, position_ids=position_ids,
+          packed_example_ids=packed_example_ids, cls_positions=cls_positions)  # [B, (E,) D]
+    else:
+      pooled = feature_pooled(encoder(self.config), self.how, input_ids, segment_ids,
+                              input_mask, deterministic)
+    pooled = nn.Dropout(self.config.hidden_dropout_rate)(pooled, deterministic=deterministic)
+    logits = dense(self.config, self.num_labels, ("embed", None), "classifier")(pooled)
+    return logits.astype(jnp.float32)  # [B, C] or [B, E, C]
+
+
+class BertForQuestionAnswering(nn.Module):
+  """Start/end span logits at every token: [B, L] each. With `bilstm_units` (or `how`'s), a
+  randomly initialised bidirectional LSTM (that many units each way) reads the encoder's
+  output before the span classifier (the paper's Table 5 "+ BiLSTM", for the left-to-right
+  model); `how` also makes it feature-based (feature_sequence)."""
+  config: BertConfig
   bilstm_units: int = 0
-  bilstm_layers: int = 1
+  how: FeatureBased = FeatureBased()
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+    how = self.how
+    if self.bilstm_units:
+      how = dataclasses.replace(how, bilstm_units=self.bilstm_units)
+    # (a one-layer BiLSTM keeps the name "bilstm" that Table 5's checkpoints carry)
+    seq_BLD = feature_sequence(encoder(self.config), how, input_ids, segment_ids, input_mask,
+                               deterministic,
+                               first_bilstm="bilstm" if how.bilstm_layers == 1 else "bilstm_0")
+    logits_BL2 = dense(self.config, 2, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
+    return logits_BL2[..., 0], logits_BL2[..., 1]
+
+
+class BertForTokenClassification(nn.Module):
+  """A classifier on every token's final hidden state: [B, L, C]; feature-based as `how`
+  says (feature_sequence: the paper's Table 7)."""
+  config: BertConfig
+  num_labels: int
+  how: FeatureBased = FeatureBased()
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
     cfg = self.config
-    bert = encoder(cfg)
-    if self.features == "last" and not self.freeze and not self.bilstm_units:
-      seq_BLD = bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0])
-    else:
-      if not hasattr(bert, "hidden_states"):
-        raise errors.ConfigError(
-            "--config.features / --config.freeze_encoder / --config.bilstm_units: the "
-            "feature-based head reads BERT-family checkpoints (this one is "
-            f"{type(bert).__name__}'s).")
-      if cfg.num_layers < FEATURE_LAYERS[self.features]:
-        raise errors.ConfigError(
-            f"--config.features={self.features} reads {FEATURE_LAYERS[self.features]} encoder "
-            f"layers; this checkpoint has {cfg.num_layers}.")
-      hidden = bert.hidden_states(input_ids, segment_ids, input_mask, deterministic)
-      if self.freeze:
-        hidden = [jax.lax.stop_gradient(h) for h in hidden]
-      seq_BLD = LayerFeatures(self.features, cfg.param_dtype, name="features")(hidden)
-      lengths_B = jnp.sum(input_mask, -1).astype(jnp.int32)
-      for i in range(self.bilstm_layers if self.bilstm_units else 0):
-        seq_BLD = BiLSTM(self.bilstm_units, cfg.param_dtype, name=f"bilstm_{i}")(seq_BLD, lengths_B)
+    seq_BLD = feature_sequence(encoder(cfg), self.how, input_ids, segment_ids, input_mask,
+                               deterministic)
     seq_BLD = nn.Dropout(cfg.hidden_dropout_rate)(seq_BLD, deterministic=deterministic)
     return dense(cfg, self.num_labels, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
 
 
 class BertForMultipleChoice(nn.Module):
-  """Inputs [B, C, L]: each (context, choice) encoded, one score per [CLS]: [B, C]."""
+  """Inputs [B, C, L]: each (context, choice) encoded, one score per [CLS]: [B, C];
+  feature-based as `how` says (feature_pooled)."""
   config: BertConfig
+  how: FeatureBased = FeatureBased()
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
     batch, choices, length = input_ids.shape
     flat = lambda x: x.reshape(batch * choices, length)
-    _, pooled_ND = encoder(self.config, pooled_only=True)(
-        flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
+    if self.how.plain:
+      _, pooled_ND = encoder(self.config, pooled_only=True)(
+          flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
+    else:
+      pooled_ND = feature_pooled(encoder(self.config), self.how, flat(input_ids),
+                                 flat(segment_ids), flat(input_mask), deterministic)
     pooled_ND = nn.Dropout(self.config.hidden_dropout_rate)(pooled_ND, deterministic=deterministic)
     scores_N1 = dense(self.config, 1, ("embed", None), "classifier")(pooled_ND)
     return scores_N1.reshape(batch, choices).astype(jnp.float32)

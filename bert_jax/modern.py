@@ -603,9 +603,14 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, x_BLD, segment_ids_BL, positions_BL, deterministic: bool,
-               packed: bool = False):
+               packed: bool = False, all_layers: bool = False):
+    """`all_layers`: every hidden state, [input, layer 1, ..., layer N] (unrolled layers)."""
     cfg = self.config
     policy = model_lib.REMAT_POLICIES[cfg.remat]
+    if all_layers and cfg.scan_layers:
+      raise errors.ConfigError("Every layer's output (feature-based fine-tuning, "
+                               "config.features) needs unrolled layers: set "
+                               "--config.model.scan_layers=False.")
     if cfg.scan_layers:
       layer = _ScannedLayer
       if cfg.remat != "none":
@@ -620,10 +625,12 @@ class Encoder(nn.Module):
     layer = Layer
     if cfg.remat != "none":
       layer = nn.remat(layer, policy=policy, static_argnums=(4, 5, 6))
+    hidden = [x_BLD]
     for i in range(cfg.num_layers):
       x_BLD = layer(cfg, name=f"layer_{i}")(x_BLD, segment_ids_BL, positions_BL, i, deterministic,
                                             packed)
-    return x_BLD
+      hidden.append(x_BLD)
+    return hidden if all_layers else x_BLD
 
 
 class Head(nn.Module):
@@ -683,17 +690,32 @@ class ModernModel(nn.Module):
                      else input_mask).astype(jnp.int32)
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    x_BLD = self.tok_embeddings(input_ids)
-    if cfg.embedding_norm:
-      x_BLD = self.embedding_norm(x_BLD)
-    x_BLD = self.embedding_dropout(x_BLD, deterministic=deterministic)
-    x_BLD = self.encoder(x_BLD, segments_BL, position_ids, deterministic,
-                         packed_example_ids is not None)
+    x_BLD = self.encoder(self._embed(input_ids, deterministic), segments_BL, position_ids,
+                         deterministic, packed_example_ids is not None)
     x_BLD = self.final_norm(x_BLD)
     if not self.add_pooler:
       return x_BLD, None
     pooled = self.pool(x_BLD, segments_BL, cls_positions)
     return (None if self.pooled_only else x_BLD), pooled
+
+  def _embed(self, input_ids, deterministic: bool):
+    x_BLD = self.tok_embeddings(input_ids)
+    if self.config.embedding_norm:
+      x_BLD = self.embedding_norm(x_BLD)
+    return self.embedding_dropout(x_BLD, deterministic=deterministic)
+
+  def hidden_states(self, input_ids, segment_ids=None, input_mask=None,
+                    deterministic: bool = True) -> list[jax.Array]:
+    """[embeddings, layer 1, ..., layer N] outputs, each [B, L, D] (what feature-based
+    fine-tuning reads): transformers' output_hidden_states, except that the last is after the
+    final norm (the model's output, as BertModel.hidden_states' last is)."""
+    del segment_ids
+    batch, length = input_ids.shape
+    segments_BL = (jnp.ones_like(input_ids) if input_mask is None else input_mask).astype(jnp.int32)
+    positions_BL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    hidden = self.encoder(self._embed(input_ids, deterministic), segments_BL, positions_BL,
+                          deterministic, all_layers=True)
+    return hidden[:-1] + [self.final_norm(hidden[-1])]
 
   def pool(self, x_BLD, segments_BL, cls_positions=None):
     """[B, D] (or [B, E, D] for packed rows' E examples) of the family's pooling."""

@@ -23,7 +23,7 @@ import itertools
 import json
 import sys
 import time
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from absl import flags
 from absl import logging
@@ -490,8 +490,8 @@ def load_finetuned(workdir: str):
 
 
 @functools.lru_cache(maxsize=8)
-def _classifier_fn(cfg, num_labels: int):
-  module = heads.BertForSequenceClassification(cfg, num_labels=num_labels)
+def _classifier_fn(cfg, num_labels: int, how: heads.FeatureBased):
+  module = heads.BertForSequenceClassification(cfg, num_labels=num_labels, how=how)
   return jax.jit(lambda prm, a, b, c: module.apply({"params": prm}, a, b, c))
 
 
@@ -500,11 +500,13 @@ def classify(cfg, params, task, labels, tokenizer, texts, pairs=None, batch_size
   return list(iter_classify(cfg, params, task, labels, tokenizer, texts, pairs, batch_size))
 
 
-def classifier_logits(cfg, params, feats: dict[str, np.ndarray], batch_size: int = 32) -> np.ndarray:
+def classifier_logits(cfg, params, feats: dict[str, np.ndarray], batch_size: int = 32,
+                      task: Mapping[str, Any] | None = None) -> np.ndarray:
   """The classifier's logits [n, num_labels] for encoded features (glue.encode_examples),
-  `batch_size` rows at a time (the last batch padded: one compiled shape)."""
+  `batch_size` rows at a time (the last batch padded: one compiled shape); `task`: the
+  fine-tuning run's saved config (its head: heads.FeatureBased)."""
   num = _num_outputs(params)
-  fn = _classifier_fn(cfg, num)
+  fn = _classifier_fn(cfg, num, heads.FeatureBased.of(task or {}))
   inputs = ("input_ids", "segment_ids", "input_mask")
   out = [np.zeros((0, num), np.float32)]
   for start in range(0, len(feats["input_ids"]), batch_size):
@@ -530,7 +532,7 @@ def iter_classify(cfg, params, task, labels, tokenizer, texts: Iterable[str],
     examples = [glue.Example(str(i), t, (pairs[done + i] if pairs else None), None)
                 for i, t in enumerate(batch)]
     feats = glue.encode_examples(examples, tokenizer, task["max_seq_length"], labels)
-    logits = classifier_logits(cfg, params, feats, batch_size)
+    logits = classifier_logits(cfg, params, feats, batch_size, task)
     done += len(batch)
     if num == 1:
       yield from (("score", float(l[0]), None) for l in logits)

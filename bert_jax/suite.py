@@ -610,7 +610,7 @@ def _finalize(config, task: str, chosen: dict, inputs: TaskInputs, workdir: str)
     tok = Tokenizer.from_path(saved["vocab_path"], saved.get("lowercase"))
     for split, examples in inputs.splits.items():
       feats = glue.encode_examples(examples, tok, saved["max_seq_length"], labels)
-      logits = predict.classifier_logits(cfg, params, feats, config.eval_batch_size)
+      logits = predict.classifier_logits(cfg, params, feats, config.eval_batch_size, saved)
       if split == "dev_mismatched":
         extra["accuracy_mismatched"] = 100.0 * float(np.mean(np.argmax(logits, -1) == feats["labels"]))
         continue

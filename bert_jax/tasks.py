@@ -250,7 +250,8 @@ _IN_DATA_DIR = "the directory holding config.train_file and config.eval_file"
 
 def _classifier(cfg: BertConfig, config, labels) -> nn.Module:
   """Softmax over the labels, or regression (one output) when the task has none (STS-B)."""
-  return heads.BertForSequenceClassification(cfg, num_labels=1 if labels is None else len(labels))
+  return heads.BertForSequenceClassification(cfg, num_labels=1 if labels is None else len(labels),
+                                             how=heads.FeatureBased.of(config))
 
 TASKS: dict[str, Task] = {
     "glue": Task(classification_task, _read_glue, _classifier, {
@@ -266,22 +267,20 @@ TASKS: dict[str, Task] = {
         predictions=lambda config: ("predictions.tsv",)),
     "squad": Task(squad_task, _read_squad,
                   lambda cfg, config, labels: heads.BertForQuestionAnswering(
-                      cfg, bilstm_units=config.get("bilstm_units", 0)), {
+                      cfg, how=heads.FeatureBased.of(config)), {
         "train_file": "the training set, e.g. train-v1.1.json / train-v2.0.json",
         "eval_file": "the dev set, e.g. dev-v1.1.json / dev-v2.0.json"},
         files=_files_in("train_file", "eval_file"), mode="qa",
         predictions=lambda config: ("predictions.json",) + (
             ("null_odds.json",) if config.version_2_with_negative else ())),
     "conll": Task(conll_task, _read_conll, lambda cfg, config, labels:
-                  heads.BertForTokenClassification(
-                      cfg, num_labels=len(labels), features=config.get("features", "last"),
-                      freeze=config.get("freeze_encoder", False),
-                      bilstm_units=config.get("bilstm_units", 0),
-                      bilstm_layers=config.get("bilstm_layers", 1)),
+                  heads.BertForTokenClassification(cfg, num_labels=len(labels),
+                                                   how=heads.FeatureBased.of(config)),
                   {"data_dir": _IN_DATA_DIR + " (train.txt, valid.txt)"},
                   files=_files_in("train_file", "eval_file", directory=True), mode="tag",
                   predictions=lambda config: ("predictions.txt",)),
-    "swag": Task(swag_task, _read_swag, lambda cfg, config, labels: heads.BertForMultipleChoice(cfg),
+    "swag": Task(swag_task, _read_swag, lambda cfg, config, labels: heads.BertForMultipleChoice(
+                     cfg, how=heads.FeatureBased.of(config)),
                  {"data_dir": _IN_DATA_DIR + " (train.csv, val.csv)"},
                  files=_files_in("train_file", "eval_file", directory=True),
                  predictions=lambda config: ("predictions.csv",)),

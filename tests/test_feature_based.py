@@ -1,12 +1,14 @@
 """Feature-based fine-tuning (the paper's Table 7, issue 36 item 1): a frozen encoder whose
 layers are combined as config.features says and read by a BiLSTM before the classifier."""
+import json
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune, formats, heads, loader, optim, predict
+from bert_jax import finetune, formats, heads, loader, modern, optim, predict
 from bert_jax import model as model_lib
 from bert_jax.configs import conll
 from input_pipeline import errors
@@ -118,14 +120,91 @@ def test_bad_feature_fields_are_one_line_before_any_work(four_layers, tmp_path, 
   assert not (tmp_path / "work" / "checkpoints").exists()
 
 
-def test_features_on_another_task_or_too_few_layers_are_one_line(four_layers, tmp_path):
-  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
-  c = glue.get_config("cola")
-  c.init_checkpoint, c.vocab_path, c.freeze_encoder = four_layers[0], four_layers[1], True
-  with pytest.raises(errors.ConfigError, match="built for token classification"):
-    finetune.check_config(c)
+def test_too_few_layers_or_packing_are_one_line(four_layers, tmp_path):
   two = heads.BertForTokenClassification(four_layers[2].replace(num_layers=2), num_labels=3,
-                                         features="concat_last4", freeze=True)
+                                         how=heads.FeatureBased("concat_last4", freeze=True))
   ids = jnp.ones((1, 4), jnp.int32)
   with pytest.raises(errors.ConfigError, match="reads 4 encoder layers; this checkpoint has 2"):
     two.init(jax.random.key(0), ids, ids, ids)
+  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  c = glue.get_config("cola")
+  c.init_checkpoint, c.vocab_path, c.freeze_encoder, c.packing = (
+      four_layers[0], four_layers[1], True, True)
+  with pytest.raises(errors.ConfigError, match="--config.packing with --config.features"):
+    finetune.check_config(c)
+
+
+MODERN = modern.ModernConfig(vocab_size=40, hidden_size=16, num_layers=4, num_heads=2,
+                             intermediate_size=32, local_window=4, global_every=2,
+                             max_position_embeddings=32)
+HOWS = [heads.FeatureBased("sum_all", freeze=True, bilstm_units=4, bilstm_layers=2),
+        heads.FeatureBased("last", freeze=True),
+        heads.FeatureBased("concat_last4", bilstm_units=4)]
+
+
+@pytest.mark.parametrize("family", ["bert", pytest.param("modern", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("head", ["classify", "qa", "tag", "choice"])
+def test_every_head_is_feature_based_and_a_frozen_encoder_gets_no_gradient(four_layers, family,
+                                                                           head):
+  """Each task's head takes heads.FeatureBased (issue 36: every task of the suite): its
+  output shape is the plain head's, and when frozen no gradient reaches the encoder while the
+  new layers (layer weights, BiLSTMs, classifier) learn."""
+  cfg = four_layers[2] if family == "bert" else MODERN
+  make = {"classify": lambda how: heads.BertForSequenceClassification(cfg, num_labels=3, how=how),
+          "qa": lambda how: heads.BertForQuestionAnswering(cfg, how=how),
+          "tag": lambda how: heads.BertForTokenClassification(cfg, num_labels=3, how=how),
+          "choice": lambda how: heads.BertForMultipleChoice(cfg, how=how)}[head]
+  shape = (2, 3, 8) if head == "choice" else (2, 8)
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(5, 16, shape), jnp.int32)
+  mask = jnp.asarray(np.arange(8) < np.where(np.arange(shape[-2]) % 2, 5, 8)[..., None], jnp.int32)
+  if head == "choice":
+    mask = jnp.broadcast_to(mask[None, :3], shape)
+  plain = make(heads.FeatureBased())
+  want = jax.tree.map(jnp.shape, plain.apply(plain.init(jax.random.key(0), ids, ids * 0, mask),
+                                            ids, ids * 0, mask))
+  for how in HOWS:
+    model = make(how)
+    params = nn.unbox(model.init(jax.random.key(1), ids, ids * 0, mask))["params"]
+    assert jax.tree.map(jnp.shape, model.apply({"params": params}, ids, ids * 0, mask)) == want
+    loss = lambda p: sum(jnp.sum(jnp.sin(x)) for x in jax.tree.leaves(  # pylint: disable=cell-var-from-loop
+        model.apply({"params": p}, ids, ids * 0, mask)))  # pylint: disable=cell-var-from-loop
+    grads = jax.grad(loss)(params)
+    encoder = [float(jnp.abs(g).max()) for g in jax.tree.leaves(grads["bert"])]
+    head_grads = {k: max(float(jnp.abs(g).max()) for g in jax.tree.leaves(v))
+                  for k, v in grads.items() if k != "bert"}
+    assert max(encoder) == (0.0 if how.freeze else max(encoder)) and (
+        how.freeze or max(encoder) > 0), how
+    assert all(g > 0 for g in head_grads.values()), (how, head_grads)
+    assert ("features" in params) == (how.features in ("sum_all", "sum_last4")) or (
+        "features" not in params)
+    assert sum(k.startswith("bilstm") for k in params) == (how.bilstm_layers if how.bilstm_units
+                                                           else 0)
+
+
+def test_a_sentence_task_fine_tunes_frozen_and_predict_rebuilds_its_head(four_layers, tmp_path,
+                                                                         capsys):
+  """GLUE (CoLA) feature-based end to end: the encoder bit-identical after training, the
+  weighted sum and BiLSTM trained, predict --mode=classify reading best/'s head."""
+  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  suite_data.make_glue(tmp_path / "glue")
+  c = glue.get_config("cola")
+  c.init_checkpoint, c.vocab_path = four_layers[0], four_layers[1]
+  c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
+  c.features, c.freeze_encoder, c.bilstm_units = "sum_last4", True, 8
+  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 2, 8, 8, 1000
+  c.opt.learning_rate = 1e-2
+  best = finetune.finetune(c, str(tmp_path / "work"))
+  assert "matthews_corrcoef" in best or "accuracy" in best
+  _, trained = loader.read(str(tmp_path / "work"), "encoder")
+  _, before = loader.read(four_layers[0], "encoder")
+  same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), trained,
+                      {k: before[k] for k in trained})
+  assert all(jax.tree.leaves(same)), same
+  cfg, params, saved, labels = predict.load_finetuned(str(tmp_path / "work"))
+  assert saved["features"] == "sum_last4" and "bilstm_0" in params
+  assert not np.array_equal(params["features"]["layer_weights"], np.zeros(4))  # it learned
+  predict.main([f"--checkpoint={tmp_path / 'work'}", f"--vocab={four_layers[1]}",
+                "--mode=classify", "--text=the cat sat on a mat"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in labels

@@ -91,6 +91,24 @@ def test_hidden_states_and_mlm_logits_match_transformers(tmp_path, family, atten
   assert (got_logits.argmax(-1) == want_logits.argmax(-1)).all()
 
 
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_every_hidden_state_matches_transformers(tmp_path, family):
+  """ModernModel.hidden_states (feature-based fine-tuning, issue 36): transformers'
+  output_hidden_states, embeddings to the last layer."""
+  path, hf = _hf_dir(tmp_path, family, "ForMaskedLM")
+  cfg, params = modern_formats.read_hf(path, "pretraining")
+  ids, mask = _inputs()
+  with torch.no_grad():
+    want = hf(input_ids=_torch(ids), attention_mask=_torch(mask),
+              output_hidden_states=True).hidden_states
+  got = modern.ModernModel(cfg, add_pooler=False).apply(
+      {"params": params["bert"]}, ids, None, mask, method=modern.ModernModel.hidden_states)
+  assert len(got) == len(want) == cfg.num_layers + 1
+  real = mask.astype(bool)
+  for g, w in zip(got, want):
+    assert np.abs(np.asarray(g)[real] - w.numpy()[real]).max() <= 1e-5
+
+
 def test_sliding_window_is_shorter_than_the_sequence():
   # The test above means something only if the local layers really see less than L.
   cfg = modern_formats.config_from_hf(_hf_config("modernbert").to_dict())

@@ -24,11 +24,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_file = "valid.txt"
   c.tag_scheme = "iob2"  # iob1 | iob2
   c.opt.learning_rate = 5e-5
-  # Feature-based (Table 7): what the head reads, whether the encoder is frozen, the BiLSTM.
-  c.features = "last"
-  c.freeze_encoder = False
-  c.bilstm_units = 0
-  c.bilstm_layers = 1
   if arg == "features":
     c.features, c.freeze_encoder, c.bilstm_units, c.bilstm_layers = "concat_last4", True, 768, 2
     c.opt.learning_rate = 1e-3  # a new BiLSTM head on frozen features learns at an LSTM's rate

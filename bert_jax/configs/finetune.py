@@ -37,6 +37,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.remat = "none"  # none | full | dots: recompute layer activations (BERT-large, long L)
   c.model.scan_layers = False  # nn.scan over layers: compile time flat in depth
 
+  # Feature-based (the paper's Table 7; every task, heads.FeatureBased): what the head reads
+  # (last | embeddings | second_to_last | sum_last4 | concat_last4 | sum_all, the sums
+  # softmax-weighted and learned), whether the encoder is frozen (no gradient, no optimizer
+  # state), and bilstm_units > 0: bilstm_layers BiLSTMs (units each way) before the classifier.
+  c.features = "last"
+  c.freeze_encoder = False
+  c.bilstm_units = 0
+  c.bilstm_layers = 1
+
   c.max_seq_length = 128
   c.global_batch_size = 32  # paper: 16 or 32
   c.eval_batch_size = 64

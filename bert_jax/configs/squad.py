@@ -26,9 +26,8 @@ def get_config(arg: str | None = "v1") -> ml_collections.ConfigDict:
   c.n_best_size = 20
   c.null_score_threshold = 0.0  # v2.0: predict "" when null score - best span > this
   c.version_2_with_negative = arg == "v2"
-  # > 0: a randomly initialised BiLSTM (units per direction) between the encoder and the span
-  # classifier, as the paper's Table 5 adds to its left-to-right model ("+ BiLSTM").
-  c.bilstm_units = 0
+  # bilstm_units > 0 (finetune.py): a randomly initialised BiLSTM between the encoder and the
+  # span classifier, as the paper's Table 5 adds to its left-to-right model ("+ BiLSTM").
   c.max_seq_length = 384
   c.global_batch_size = 32
   c.num_epochs = 2
