@@ -166,8 +166,10 @@ def make_synthetic_ner(out: pathlib.Path, sentences: int = 3000, seed: int = 0) 
 
   cut = len(picked) * 9 // 10
   for name, part in (("train.txt", picked[:cut]), ("valid.txt", picked[cut:])):
-    (out / name).write_text("".join(
+    tmp = out / f"{name}.tmp"  # whole or absent: conll_dir trusts a valid.txt that exists
+    tmp.write_text("".join(
         "".join(f"{w} X X {t}\n" for w, t in zip(ws, tags(ws))) + "\n" for ws in part))
+    tmp.replace(out / name)
 
 
 def _metric(report_dir: pathlib.Path, task: str) -> float | None:

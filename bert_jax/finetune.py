@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any
 
 from absl import logging
@@ -79,6 +80,9 @@ def _check_features(config: ml_collections.ConfigDict) -> None:
     raise errors.ConfigError("--config.packing with --config.features / freeze_encoder / "
                              "bilstm_units: a feature-based head reads unpacked rows; set "
                              "--config.packing=False.")
+  if config.get("cache_features", False) and not config.get("freeze_encoder", False):
+    raise errors.ConfigError("--config.cache_features computes a frozen encoder's features "
+                             "once per example: it needs --config.freeze_encoder=True.")
   if config.get("freeze_encoder", False) and not config.get("bilstm_units", 0) and (
       features in ("last", "second_to_last", "embeddings")):
     logging.warning("A frozen encoder with no BiLSTM and no learned layer weights trains the "
@@ -209,6 +213,26 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray],
   return batches
 
 
+def _encoder_features(task: tasks.TaskData, encoder_params, batch_size: int) -> np.ndarray:
+  """The frozen encoder's features of every training example (heads.cached_features: no
+  dropout), computed once, `batch_size` at a time, on this host (config.cache_features)."""
+  start = time.time()
+  params = jax.device_put(multihost_utils.process_allgather(encoder_params, tiled=True))
+  run = jax.jit(lambda p, *a: heads.cached_features(task.model, p, *a))
+  inputs = [task.train[k] for k in ("input_ids", "segment_ids", "input_mask")]
+  n = len(inputs[0])
+  out = None
+  for lo in range(0, n, batch_size):
+    rows = np.arange(lo, lo + batch_size) % n  # the last batch padded: one compiled shape
+    got = np.asarray(run(params, *(x[rows] for x in inputs)))[:min(batch_size, n - lo)]
+    if out is None:
+      out = np.empty((n,) + got.shape[1:], got.dtype)
+    out[lo:lo + len(got)] = got
+  logging.info("Cached the frozen encoder's features of %d training examples: %s %s, %.0f MB, "
+               "%.1f s.", n, out.shape[1:], out.dtype, out.nbytes / 2**20, time.time() - start)
+  return out
+
+
 class _DevEvaluation:
   """After each epoch: dev outputs on every host, metrics to the log, TensorBoard and
   metrics.json (history kept across reruns), and best/ + predictions on improvement."""
@@ -257,7 +281,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   total = sum(batches.steps_per_epoch)
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
   epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
-  trainer = trainer_lib.build(config, task.model, task.objective, task.train, workdir,
+  cache = bool(config.get("cache_features", False))
+  objective = task.objective.replace(
+      keyword_inputs=task.objective.keyword_inputs + (heads.CACHED,)) if cache else task.objective
+  trainer = trainer_lib.build(config, task.model, objective, task.train, workdir,
                               eval_batch_size=config.eval_batch_size, total_steps=total,
                               devices=devices, inputs=_inputs(task, enc_params),
                               eval_outputs=True,
@@ -266,6 +293,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   # without one: BertForMaskedLM, BertModel(add_pooling_layer=False), as transformers does).
   state, data_state = trainer.restore_or_init((cfg, enc_params), part="encoder",
                                               name=config.init_checkpoint)
+  if cache:
+    batches = _batches(config, {**task.train, heads.CACHED: _encoder_features(
+        task, state.params["bert"], config.eval_batch_size)}, packed)
   if data_state is not None:
     batches.set_state(data_state)
   if int(jax.device_get(state.step)):

@@ -31,6 +31,15 @@ def encoder(cfg: Any, **kwargs) -> nn.Module:
 FEATURES = ("last", "embeddings", "second_to_last", "sum_last4", "concat_last4", "sum_all")
 FEATURE_LAYERS = {"last": 1, "embeddings": 0, "second_to_last": 2, "sum_last4": 4,
                   "concat_last4": 4, "sum_all": 1}  # the encoder layers each needs at least
+_STATES = {"last": slice(-1, None), "embeddings": slice(0, 1), "second_to_last": slice(-2, -1),
+           "sum_last4": slice(-4, None), "concat_last4": slice(-4, None), "sum_all": slice(1, None)}
+# The batch key of encoder features computed once per example (config.cache_features).
+CACHED = "encoder_features"
+
+
+def select_states(features: str, hidden: list[jax.Array]) -> jax.Array:
+  """The hidden states `features` reads, stacked: [B, L, k, D]."""
+  return jnp.stack(hidden[_STATES[features]], axis=2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,24 +68,22 @@ class FeatureBased:
 
 
 class LayerFeatures(nn.Module):
-  """The hidden states combined as `features` says: one state ([B, L, D]), a softmax-
-  weighted sum (weights `layer_weights`, equal at initialisation), or the concatenation
-  of the last four ([B, L, 4D])."""
+  """The states `features` reads (select_states: [B, L, k, D]) combined: the one state
+  ([B, L, D]), their softmax-weighted sum (weights `layer_weights`, equal at initialisation),
+  or the concatenation of the last four ([B, L, 4D])."""
   features: str
   param_dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, hidden: list[jax.Array]) -> jax.Array:
-    pick = {"embeddings": 0, "last": -1, "second_to_last": -2}
-    if self.features in pick:
-      return hidden[pick[self.features]]
+  def __call__(self, states_BLKD: jax.Array) -> jax.Array:
+    k = states_BLKD.shape[2]
     if self.features == "concat_last4":
-      return jnp.concatenate(hidden[-4:], axis=-1)
-    states = hidden[-4:] if self.features == "sum_last4" else hidden[1:]
-    weights = self.param("layer_weights", nn.initializers.zeros_init(), (len(states),),
-                         self.param_dtype)
-    w = jax.nn.softmax(weights.astype(jnp.float32)).astype(states[0].dtype)
-    return sum(w[i] * x for i, x in enumerate(states))
+      return states_BLKD.reshape(states_BLKD.shape[:2] + (k * states_BLKD.shape[3],))
+    if self.features not in ("sum_last4", "sum_all"):
+      return states_BLKD[:, :, 0]
+    weights = self.param("layer_weights", nn.initializers.zeros_init(), (k,), self.param_dtype)
+    w = jax.nn.softmax(weights.astype(jnp.float32)).astype(states_BLKD.dtype)
+    return sum(w[i] * states_BLKD[:, :, i] for i in range(k))
 
 
 class BiLSTM(nn.Module):
@@ -90,41 +97,53 @@ class BiLSTM(nn.Module):
     return nn.Bidirectional(lstm(), lstm())(x_BLD, seq_lengths=lengths_B)
 
 
-def _stop(x, how: FeatureBased):
-  return jax.lax.stop_gradient(x) if how.freeze else x
-
-
-def feature_sequence(bert: nn.Module, how: FeatureBased, input_ids, segment_ids, input_mask,
-                     deterministic: bool, first_bilstm: str = "bilstm_0") -> jax.Array:
-  """[B, L, D'] per token as `how` says, called inside a head's compact method (the modules
-  it makes are the head's: `features`, `bilstm_{i}`). "last" is what a token head reads when
-  fine-tuning (`bert.tokens`); other choices read `bert.hidden_states`."""
-  cfg = bert.config
+def encoder_features(bert: nn.Module, how: FeatureBased, input_ids, segment_ids, input_mask,
+                     deterministic: bool, sentence: bool) -> jax.Array:
+  """All the encoder gives a feature-based head (with `how.freeze`, what config.cache_features
+  computes once per example): the pooled output [B, D] (a sentence head reading "last"
+  without a BiLSTM), the token output [B, L, D] ("last": what a token head reads when
+  fine-tuning, `bert.tokens`), or the hidden states `how.features` combines [B, L, k, D]."""
   if how.features == "last":
-    seq_BLD = _stop(bert.tokens(bert(input_ids, segment_ids, input_mask, deterministic)[0]), how)
+    seq_BLD, pooled_BD = bert(input_ids, segment_ids, input_mask, deterministic)
+    out = pooled_BD if sentence and not how.bilstm_units else bert.tokens(seq_BLD)
   else:
+    cfg = bert.config
     if cfg.num_layers < FEATURE_LAYERS[how.features]:
       raise errors.ConfigError(
           f"--config.features={how.features} reads {FEATURE_LAYERS[how.features]} encoder "
           f"layers; this checkpoint has {cfg.num_layers}.")
-    hidden = bert.hidden_states(input_ids, segment_ids, input_mask, deterministic)
-    seq_BLD = LayerFeatures(how.features, cfg.param_dtype, name="features")(
-        [_stop(h, how) for h in hidden])
+    out = select_states(how.features, bert.hidden_states(input_ids, segment_ids, input_mask,
+                                                         deterministic))
+  return jax.lax.stop_gradient(out) if how.freeze else out
+
+
+def _features(bert, how, input_ids, segment_ids, input_mask, deterministic, sentence, cached):
+  """encoder_features, or the cached ones (the encoder then not run)."""
+  if cached is not None:
+    return cached
+  return encoder_features(bert, how, input_ids, segment_ids, input_mask, deterministic, sentence)
+
+
+def feature_sequence(enc, how: FeatureBased, input_mask, param_dtype,
+                     first_bilstm: str = "bilstm_0") -> jax.Array:
+  """[B, L, D'] per token from encoder_features: the layers combined (LayerFeatures, module
+  `features`) and read by the BiLSTMs (`bilstm_{i}`); called inside a head's compact method."""
+  seq_BLD = enc if how.features == "last" else LayerFeatures(how.features, param_dtype,
+                                                             name="features")(enc)
   lengths_B = jnp.sum(input_mask, -1).astype(jnp.int32)
   for i in range(how.bilstm_layers if how.bilstm_units else 0):
-    seq_BLD = BiLSTM(how.bilstm_units, cfg.param_dtype,
+    seq_BLD = BiLSTM(how.bilstm_units, param_dtype,
                      name=first_bilstm if i == 0 else f"bilstm_{i}")(seq_BLD, lengths_B)
   return seq_BLD
 
 
-def feature_pooled(bert: nn.Module, how: FeatureBased, input_ids, segment_ids, input_mask,
-                   deterministic: bool) -> jax.Array:
+def feature_pooled(enc, how: FeatureBased, input_mask, param_dtype) -> jax.Array:
   """[B, D'] per sequence for a feature-based sentence head: the family's pooled output
-  (frozen) for "last" without a BiLSTM; else the [CLS] token's features, or with a BiLSTM its
-  final states both ways (forward at the last real token, backward at [CLS])."""
+  for "last" without a BiLSTM; else the [CLS] token's features, or with a BiLSTM its final
+  states both ways (forward at the last real token, backward at [CLS])."""
   if how.features == "last" and not how.bilstm_units:
-    return _stop(bert(input_ids, segment_ids, input_mask, deterministic)[1], how)
-  seq_BLD = feature_sequence(bert, how, input_ids, segment_ids, input_mask, deterministic)
+    return enc
+  seq_BLD = feature_sequence(enc, how, input_mask, param_dtype)
   if not how.bilstm_units:
     return seq_BLD[:, 0]
   last_B = jnp.maximum(jnp.sum(input_mask, -1).astype(jnp.int32) - 1, 0)
@@ -146,14 +165,16 @@ class BertForSequenceClassification(nn.Module):
 
   @nn.compact
   def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
-               position_ids=None, packed_example_ids=None, cls_positions=None):
+               position_ids=None, packed_example_ids=None, cls_positions=None,
+               encoder_features=None):
     if self.how.plain:
       _, pooled = encoder(self.config, pooled_only=True)(
           input_ids, segment_ids, input_mask, deterministic, position_ids=position_ids,
           packed_example_ids=packed_example_ids, cls_positions=cls_positions)  # [B, (E,) D]
     else:
-      pooled = feature_pooled(encoder(self.config), self.how, input_ids, segment_ids,
-                              input_mask, deterministic)
+      enc = _features(encoder(self.config), self.how, input_ids, segment_ids, input_mask,
+                      deterministic, True, encoder_features)
+      pooled = feature_pooled(enc, self.how, input_mask, self.config.param_dtype)
     pooled = nn.Dropout(self.config.hidden_dropout_rate)(pooled, deterministic=deterministic)
     logits = dense(self.config, self.num_labels, ("embed", None), "classifier")(pooled)
     return logits.astype(jnp.float32)  # [B, C] or [B, E, C]
@@ -169,13 +190,15 @@ class BertForQuestionAnswering(nn.Module):
   how: FeatureBased = FeatureBased()
 
   @nn.compact
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+               encoder_features=None):
     how = self.how
     if self.bilstm_units:
       how = dataclasses.replace(how, bilstm_units=self.bilstm_units)
+    enc = _features(encoder(self.config), how, input_ids, segment_ids, input_mask,
+                    deterministic, False, encoder_features)
     # (a one-layer BiLSTM keeps the name "bilstm" that Table 5's checkpoints carry)
-    seq_BLD = feature_sequence(encoder(self.config), how, input_ids, segment_ids, input_mask,
-                               deterministic,
+    seq_BLD = feature_sequence(enc, how, input_mask, self.config.param_dtype,
                                first_bilstm="bilstm" if how.bilstm_layers == 1 else "bilstm_0")
     logits_BL2 = dense(self.config, 2, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
     return logits_BL2[..., 0], logits_BL2[..., 1]
@@ -189,10 +212,12 @@ class BertForTokenClassification(nn.Module):
   how: FeatureBased = FeatureBased()
 
   @nn.compact
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+               encoder_features=None):
     cfg = self.config
-    seq_BLD = feature_sequence(encoder(cfg), self.how, input_ids, segment_ids, input_mask,
-                               deterministic)
+    enc = _features(encoder(cfg), self.how, input_ids, segment_ids, input_mask, deterministic,
+                    False, encoder_features)
+    seq_BLD = feature_sequence(enc, self.how, input_mask, cfg.param_dtype)
     seq_BLD = nn.Dropout(cfg.hidden_dropout_rate)(seq_BLD, deterministic=deterministic)
     return dense(cfg, self.num_labels, ("embed", None), "classifier")(seq_BLD).astype(jnp.float32)
 
@@ -204,18 +229,36 @@ class BertForMultipleChoice(nn.Module):
   how: FeatureBased = FeatureBased()
 
   @nn.compact
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+               encoder_features=None):
     batch, choices, length = input_ids.shape
     flat = lambda x: x.reshape(batch * choices, length)
     if self.how.plain:
       _, pooled_ND = encoder(self.config, pooled_only=True)(
           flat(input_ids), flat(segment_ids), flat(input_mask), deterministic)
     else:
-      pooled_ND = feature_pooled(encoder(self.config), self.how, flat(input_ids),
-                                 flat(segment_ids), flat(input_mask), deterministic)
+      if encoder_features is not None:  # [B, C, ...] per example: [B * C, ...]
+        encoder_features = encoder_features.reshape((batch * choices,) + encoder_features.shape[2:])
+      enc = _features(encoder(self.config), self.how, flat(input_ids), flat(segment_ids),
+                      flat(input_mask), deterministic, True, encoder_features)
+      pooled_ND = feature_pooled(enc, self.how, flat(input_mask), self.config.param_dtype)
     pooled_ND = nn.Dropout(self.config.hidden_dropout_rate)(pooled_ND, deterministic=deterministic)
     scores_N1 = dense(self.config, 1, ("embed", None), "classifier")(pooled_ND)
     return scores_N1.reshape(batch, choices).astype(jnp.float32)
+
+
+def cached_features(model: nn.Module, encoder_params, input_ids, segment_ids,
+                    input_mask) -> jax.Array:
+  """encoder_features for `model` (a head above) without dropout: what config.cache_features
+  keeps per training example and passes back as the head's `encoder_features` ([B, ...];
+  multiple choice [B, C, ...])."""
+  sentence = not isinstance(model, (BertForQuestionAnswering, BertForTokenClassification))
+  shape = input_ids.shape
+  flat = lambda x: x.reshape(-1, shape[-1])
+  out = nn.apply(lambda bert, *a: encoder_features(bert, model.how, *a, True, sentence),
+                 encoder(model.config))({"params": encoder_params}, flat(input_ids),
+                                        flat(segment_ids), flat(input_mask))
+  return out.reshape(shape[:-1] + out.shape[1:])
 
 
 def _nll(logits, labels):

@@ -1,4 +1,10 @@
 """bench/paper.py (issue 36 item 5): the paper's Tables 6, 7, 8 and Figure 2, one command each."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from bench import paper
@@ -22,13 +28,16 @@ def test_without_data_it_skips_cleanly(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_table_7_end_to_end_and_a_rerun_writes_the_same_table(tmp_path, capsys):
+def test_table_7_end_to_end_and_a_rerun_or_a_kill_9_midway_writes_the_same_table(tmp_path, capsys):
   """From nothing: pre-training, the synthetic NER set, fine-tuning and the six feature-based
-  rows; a rerun finds every step finished and writes the same table."""
+  rows; a rerun finds every step finished and writes the same table, and the command killed
+  (-9, with the job it runs) during its third row then rerun writes the same table as the
+  run that was never interrupted."""
   from tests import suite_data  # pylint: disable=g-import-not-at-top
   suite_data.make_glue(tmp_path / "glue")
-  args = ["--table=7", "--steps=20", "--epochs=1", f"--workdir={tmp_path / 'w'}",
-          f"--cola_dir={tmp_path / 'glue' / 'CoLA'}", "--no_record"]
+  common = ["--table=7", "--steps=20", "--epochs=1", f"--cola_dir={tmp_path / 'glue' / 'CoLA'}",
+            "--no_record"]
+  args = common + [f"--workdir={tmp_path / 'w'}"]
   paper.main(args)
   first = (tmp_path / "w" / "table_7.md").read_text()
   rows = [l for l in first.splitlines() if l.startswith("| ") and "paper" not in l]
@@ -36,3 +45,44 @@ def test_table_7_end_to_end_and_a_rerun_writes_the_same_table(tmp_path, capsys):
   assert "| concat last four hidden | " in first and "| 96.1 |" in first
   paper.main(args)
   assert (tmp_path / "w" / "table_7.md").read_text().split("\n", 3)[3] == first.split("\n", 3)[3]
+
+  killed = common + [f"--workdir={tmp_path / 'k'}"]
+  proc = subprocess.Popen([sys.executable, "-m", "bench.paper", *killed], cwd=paper.REPO,
+                          start_new_session=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  third = tmp_path / "k" / "table_7" / "ner" / f"t7_{paper.TABLE7[2][1]}"
+  deadline = time.time() + 900
+  while not third.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.5)
+  time.sleep(4)  # into the row's job: start-up, compilation or training
+  assert proc.poll() is None, "the command ended before it could be killed"
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert not (tmp_path / "k" / "table_7.md").exists()
+  paper.main(killed)
+  table = lambda text: [l for l in text.splitlines() if l.startswith("| ")]
+  assert table((tmp_path / "k" / "table_7.md").read_text()) == table(first)
+
+
+def test_a_kill_while_writing_the_tagging_set_leaves_none_that_a_rerun_trusts(tmp_path,
+                                                                              monkeypatch):
+  """conll_dir trusts a synthetic set whose valid.txt exists: a kill while writing it must
+  not leave a partial file there (a rerun would train and score on part of it)."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  write = pathlib.Path.write_text
+
+  def killed_halfway(self, text, *a, **k):
+    if "valid" in self.name:
+      write(self, text[:len(text) // 2], *a, **k)
+      raise KeyboardInterrupt("kill -9")
+    return write(self, text, *a, **k)
+
+  args = type("Args", (), {"conll_dir": ""})()
+  monkeypatch.setattr(pathlib.Path, "write_text", killed_halfway)
+  monkeypatch.setattr(paper, "make_synthetic_ner",
+                      lambda out, sentences=3000, seed=0, f=paper.make_synthetic_ner: f(out, 200))
+  with pytest.raises(KeyboardInterrupt):
+    paper.conll_dir(tmp_path, args)
+  monkeypatch.setattr(pathlib.Path, "write_text", write)
+  out = paper.conll_dir(tmp_path, args)
+  assert len(tagging.read_conll(str(out / "valid.txt"))) == 20

@@ -71,8 +71,9 @@ def test_each_feature_choice_and_the_learned_weights():
   shapes = {}
   for features in heads.FEATURES:
     module = heads.LayerFeatures(features)
-    variables = module.init(jax.random.key(0), hidden)
-    out = module.apply(variables, hidden)
+    states = heads.select_states(features, hidden)
+    variables = module.init(jax.random.key(0), states)
+    out = module.apply(variables, states)
     shapes[features] = out.shape
     if features in ("sum_last4", "sum_all"):
       states = hidden[-4:] if features == "sum_last4" else hidden[1:]
@@ -80,11 +81,16 @@ def test_each_feature_choice_and_the_learned_weights():
       assert weights.shape == (len(states),)
       np.testing.assert_allclose(out, sum(states) / len(states), rtol=1e-6)  # equal at start
       w = jnp.arange(len(states), dtype=jnp.float32)
-      out = module.apply({"params": {"layer_weights": w}}, hidden)
+      out = module.apply({"params": {"layer_weights": w}}, heads.select_states(features, hidden))
       np.testing.assert_allclose(out, sum(p * s for p, s in zip(jax.nn.softmax(w), states)),
                                  rtol=1e-5)
-  np.testing.assert_array_equal(heads.LayerFeatures("embeddings").apply({}, hidden), hidden[0])
-  np.testing.assert_array_equal(heads.LayerFeatures("second_to_last").apply({}, hidden), hidden[-2])
+  for features, want in (("embeddings", hidden[0]), ("second_to_last", hidden[-2]),
+                         ("last", hidden[-1])):
+    np.testing.assert_array_equal(
+        heads.LayerFeatures(features).apply({}, heads.select_states(features, hidden)), want)
+  np.testing.assert_array_equal(
+      heads.LayerFeatures("concat_last4").apply({}, heads.select_states("concat_last4", hidden)),
+      jnp.concatenate(hidden[-4:], -1))
   assert shapes == {"last": (2, 5, 8), "embeddings": (2, 5, 8), "second_to_last": (2, 5, 8),
                     "sum_last4": (2, 5, 8), "concat_last4": (2, 5, 32), "sum_all": (2, 5, 8)}
 
@@ -208,3 +214,62 @@ def test_a_sentence_task_fine_tunes_frozen_and_predict_rebuilds_its_head(four_la
   predict.main([f"--checkpoint={tmp_path / 'work'}", f"--vocab={four_layers[1]}",
                 "--mode=classify", "--text=the cat sat on a mat"])
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in labels
+
+
+@pytest.mark.parametrize("task", ["conll", pytest.param("cola", marks=pytest.mark.slow)])
+def test_cached_features_train_the_head_as_the_frozen_encoder_does(four_layers, tmp_path,
+                                                                   monkeypatch, task):
+  """config.cache_features: the frozen encoder run once per training example; with dropout
+  off the head trains to what running the encoder every step gives, and the train step reads
+  the cache (the encoder is not in it)."""
+  if task == "conll":
+    c = _config(four_layers, tmp_path)
+  else:
+    from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+    from tests import suite_data  # pylint: disable=g-import-not-at-top
+    suite_data.make_glue(tmp_path / "glue")
+    c = glue.get_config("cola")
+    c.init_checkpoint, c.vocab_path = four_layers[0], four_layers[1]
+    c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
+    c.features, c.freeze_encoder, c.bilstm_units = "sum_last4", True, 8
+    c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 2, 8, 8, 1000
+  c.model.hidden_dropout_rate = c.model.attention_dropout_rate = 0.0
+  read = {}
+  features = heads._features  # pylint: disable=protected-access
+
+  def spy(bert, how, *args):
+    read[args[-1] is not None] = True
+    return features(bert, how, *args)
+
+  monkeypatch.setattr(heads, "_features", spy)
+  results = {}
+  for cache in (False, True):
+    c.cache_features = cache
+    read.clear()
+    results[cache] = finetune.finetune(c, str(tmp_path / f"work_{cache}"))
+    assert read.get(True, False) == cache  # the cached run's train step read the cache
+  assert results[True] == pytest.approx(results[False], abs=1e-6)
+  _, want = loader.read(str(tmp_path / "work_False" / "best"), "all")
+  _, got = loader.read(str(tmp_path / "work_True" / "best"), "all")
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_caching_without_a_frozen_encoder_is_one_line(four_layers, tmp_path):
+  c = _config(four_layers, tmp_path, freeze_encoder=False, cache_features=True)
+  with pytest.raises(errors.ConfigError, match="--config.cache_features .* needs "
+                                               "--config.freeze_encoder=True"):
+    finetune.check_config(c)
+
+
+@pytest.mark.parametrize("task", ["cola", "squad1", "conll", "swag"])
+def test_the_suite_hands_the_feature_based_fields_to_every_task(task):
+  from bert_jax import suite  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
+  config = suite_config.get_config(task)
+  config.data_dir, config.features, config.freeze_encoder = "/data", "sum_all", True
+  config.bilstm_units, config.cache_features = 16, True
+  c = suite.run_config(config, suite.Run(task, "s", (), 0, "d"))
+  assert heads.FeatureBased.of(c) == heads.FeatureBased("sum_all", True, 16, 1)
+  assert c.cache_features

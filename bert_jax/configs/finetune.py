@@ -45,6 +45,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.freeze_encoder = False
   c.bilstm_units = 0
   c.bilstm_layers = 1
+  # With freeze_encoder: run the encoder once per training example (without dropout, as the
+  # paper extracts features) and train the head on the kept features; host memory holds them
+  # all (examples x max_seq_length x the layers read x hidden, in model.dtype: logged).
+  c.cache_features = False
 
   c.max_seq_length = 128
   c.global_batch_size = 32  # paper: 16 or 32
