@@ -20,10 +20,9 @@ from absl import logging
 import jax
 import numpy as np
 
+from bert_jax import families
 from bert_jax import formats
 from bert_jax import loader
-from bert_jax import modern
-from bert_jax import modern_formats
 from input_pipeline import data_config
 from input_pipeline import errors
 from input_pipeline import fileio
@@ -158,19 +157,14 @@ def main(argv: Iterable[str] | None = None) -> None:
                       "--vocab.", e)
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
-  modern_hf = args.to == "huggingface" and isinstance(cfg, modern.ModernConfig)
-  if modern_hf:
-    if tok is not None:  # config.json names the special ids the model was trained with
-      ids = dict(pad_token_id=tok.pad_id, cls_token_id=tok.cls_id, sep_token_id=tok.sep_id,
-                 bos_token_id=tok.cls_id, eos_token_id=tok.sep_id, mask_token_id=tok.mask_id)
-      cfg = cfg.replace(**{k: v for k, v in ids.items() if getattr(cfg, k) is None})
-    modern_formats.export_hf(args.output, cfg, params)
-  elif args.to == "huggingface":
-    formats.export_huggingface(args.output, cfg, params)
+  family = families.of(cfg)
+  if args.to == "huggingface":
+    family.export_hf(args.output, cfg, params, tok)
   else:
     formats.save_native(args.output, cfg, params)
   if tok is not None:
-    export_vocabulary(tok, args.output, name_specials=modern_hf)
+    export_vocabulary(tok, args.output,
+                      name_specials=args.to == "huggingface" and family.names_specials)
   n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params))
   print(f"Converted {args.input} -> {args.output} ({args.to}): "
         f"{formats.describe_heads(formats.heads(params))}, "

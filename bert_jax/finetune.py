@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import formats, heads, loader, modern, tasks
+from bert_jax import families, formats, heads, loader, tasks
 from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, fileio
 from input_pipeline.epochs import EpochIterator
@@ -134,24 +134,17 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
   return packed
 
 
-BERT_DROPOUT = {"hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1}  # the paper's
-MODERN_DROPOUT = ("embedding_dropout_rate", "attention_dropout_rate", "mlp_dropout_rate",
-                  "classifier_dropout_rate")
-
-
 def _dropout(enc_cfg: Any, model: ml_collections.ConfigDict) -> dict[str, float]:
   """The fine-tuning dropout rates config.model sets for the checkpoint's family."""
-  given = {k: model.get(k) for k in (*BERT_DROPOUT, *MODERN_DROPOUT) if model.get(k) is not None}
-  allowed = MODERN_DROPOUT if isinstance(enc_cfg, modern.ModernConfig) else tuple(BERT_DROPOUT)
-  wrong = sorted(set(given) - set(allowed))
+  family = families.of(enc_cfg)
+  given = {k: v for k, v in model.items() if k.endswith("_dropout_rate") and v is not None}
+  wrong = sorted(set(given) - set(family.dropout))
   if wrong:
     raise errors.ConfigError(
         f"config.model sets {', '.join(wrong)}, which the checkpoint's model "
-        f"({getattr(enc_cfg, 'family', 'bert')}) does not have; its dropout rates are "
-        f"{', '.join(allowed)}.")
-  if isinstance(enc_cfg, modern.ModernConfig):
-    return given
-  return {**BERT_DROPOUT, **given}
+        f"({family.name}) does not have; its dropout rates are "
+        f"{', '.join(family.dropout)}.")
+  return {**{k: v for k, v in family.dropout.items() if v is not None}, **given}
 
 
 def _load(config: ml_collections.ConfigDict) -> tuple[Any, Any, Tokenizer]:

@@ -18,6 +18,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from bert_jax import families
 from bert_jax import modern
 from bert_jax.model import BertConfig
 
@@ -40,13 +41,17 @@ PEAK_BF16_FLOPS = {
 }
 
 
-def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, num_predictions: int,
+def forward_flops_per_sequence(cfg: Any, seq_len: int, num_predictions: int,
                                nsp: bool = True, last_rows: int | None = None) -> int:
-  """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence. `last_rows`:
-  the last layer computes only that many rows (model.BertModel's `rows_at`: the heads'
-  positions), its keys and values still at every position."""
-  if isinstance(cfg, modern.ModernConfig):
-    return modern_forward_flops_per_sequence(cfg, seq_len, num_predictions)
+  """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence, as the
+  model's family counts them (families.Family.forward_flops)."""
+  return families.of(cfg).forward_flops(cfg, seq_len, num_predictions, nsp, last_rows)
+
+
+def bert_forward_flops(cfg: BertConfig, seq_len: int, num_predictions: int, nsp: bool = True,
+                       last_rows: int | None = None) -> int:
+  """BERT's: `last_rows`: the last layer computes only that many rows (model.BertModel's
+  `rows_at`: the heads' positions), its keys and values still at every position."""
   L, D, F, V, P = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, num_predictions
 
   def layer(rows: int) -> int:
@@ -78,10 +83,12 @@ def attention_flops(cfg: modern.ModernConfig, seq_len: int, executed: bool = Fal
 
 
 def modern_forward_flops_per_sequence(cfg: modern.ModernConfig, seq_len: int,
-                                      num_predictions: int) -> int:
+                                      num_predictions: int, nsp: bool = False,
+                                      last_rows: int | None = None) -> int:
   """The same for a modern encoder (bert_jax/modern.py): grouped q/k/v, gated MLP (three
   matmuls), local layers over their band, the prediction head and vocabulary projection at
   the P gathered positions."""
+  del nsp, last_rows  # (no NSP head; every layer computes every row)
   L, D, F, V, P = (seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                    num_predictions)
   qkv = 2 * L * D * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim

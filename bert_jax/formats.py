@@ -27,8 +27,9 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from bert_jax import families
+from bert_jax import flops
 from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax.model import BertConfig
 from input_pipeline import errors
 from input_pipeline import fileio
@@ -439,19 +440,11 @@ def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = 
   (+ pooler) of any; "all" an export's tree as saved (a fine-tuned head included)."""
   d = fileio.path(path)
   if (d / NATIVE_CONFIG).exists():
-    if target == "all":
-      return read_native(path)
-    cfg, params = read_native(path)
-    if isinstance(cfg, modern.ModernConfig):  # its tree as saved, without a task's head
-      return cfg, params["bert"] if target == "encoder" else {
-          k: v for k, v in params.items() if k != "classifier"}
-    return load_native(path, target, require_mlm)
-  if (d / "config.json").exists():
-    cfg = config_from_hf(read_config_json(d / "config.json"))
-    state = read_hf_state(path)
-    return cfg, canonical_to_params(state, cfg, _canonical_target(target),
-                                    require_mlm=require_mlm,
-                                    source=f"HuggingFace checkpoint {path}")
+    cfg = config_from_dict(json.loads((d / NATIVE_CONFIG).read_text()))
+    return families.of(cfg).read_native(path, target, require_mlm)
+  family = families.of_hf_dir(path)
+  if family is not None:
+    return family.read_hf(path, target, require_mlm)
   ckpt = _find_tf_checkpoint(path)
   if ckpt is not None:
     config_path = fileio.path(ckpt).parent / "bert_config.json"
@@ -470,6 +463,14 @@ def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = 
       "(HuggingFace), or a TF checkpoint (bert_model.ckpt.index + bert_config.json).")
 
 
+
+
+def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
+            ) -> tuple[BertConfig, Params]:
+  """A HuggingFace BERT directory (config.json + model.safetensors / pytorch_model.bin)."""
+  cfg = config_from_hf(read_config_json(fileio.path(path) / "config.json"))
+  return cfg, canonical_to_params(read_hf_state(path), cfg, _canonical_target(target),
+                                  require_mlm=require_mlm, source=f"HuggingFace checkpoint {path}")
 
 
 def _canonical_target(target: str) -> str:
@@ -492,20 +493,16 @@ def save_native(path: str, cfg: BertConfig, params: Params) -> None:
 
 
 def config_from_dict(d: Mapping[str, Any]) -> Any:
-  """A model config saved as a dict (an export's, a run's) -> its family's config class:
-  BertConfig, or modern.ModernConfig when it names a modern family."""
-  if d.get("family", "bert") in modern.FAMILY_DEFAULTS:
-    return modern.ModernConfig.from_dict(d)
-  return BertConfig.from_dict(d)
+  """A model config saved as a dict (an export's, a run's) -> its family's config class
+  (a dict without "family" is BERT's)."""
+  return families.get(d.get("family", "bert")).config.from_dict(d)
 
 
 def vocabulary_fits(cfg: Any, size: int) -> bool:
   """Whether a vocabulary of `size` entries serves the model: BERT's table has exactly one
   row per entry; the modern encoders' tables are padded (ModernBERT: 50368 rows, 50280
   tokens), so a vocabulary up to the table's size fits."""
-  if isinstance(cfg, modern.ModernConfig):
-    return size <= cfg.vocab_size
-  return size == cfg.vocab_size
+  return size <= cfg.vocab_size if families.of(cfg).padded_vocab else size == cfg.vocab_size
 
 
 def read_native(path: str) -> tuple[Any, Params]:
@@ -521,7 +518,9 @@ def read_native(path: str) -> tuple[Any, Params]:
 
 def load_native(path: str, target: str = "pretraining", require_mlm: bool = True
                 ) -> tuple[BertConfig, Params]:
-  """An export read through the canonical dict, so the same checks apply."""
+  """An export read through the canonical dict, so the same checks apply ("all": as saved)."""
+  if target == "all":
+    return read_native(path)
   cfg, params = read_native(path)
   state = params_to_canonical(params, cfg)
   return cfg, canonical_to_params(state, cfg, target, require_mlm=require_mlm,
@@ -543,3 +542,19 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
   d.mkdir(parents=True, exist_ok=True)
   _write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})
   (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture), indent=2))
+
+
+# What the jobs need of BERT (bert_jax/families.py).
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                       "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                       "hidden_act", "layer_norm_eps")
+FAMILIES = {"bert": families.Family(
+    name="bert", config=BertConfig, from_fields=model_lib.config_from_fields,
+    encoder=model_lib.BertModel, layer=model_lib.EncoderLayer,
+    masked_lm=lambda cfg, nsp: model_lib.BertForPreTraining(cfg, nsp=nsp),
+    causal_lm=lambda cfg: model_lib.BertForCausalLM(cfg.replace(causal=True)),
+    read_hf=read_hf, read_native=load_native,
+    export_hf=lambda path, cfg, params, tokenizer=None: export_huggingface(path, cfg, params),
+    model_types=("bert",), architecture_fields=ARCHITECTURE_FIELDS,
+    dropout={"hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1},  # the paper's
+    forward_flops=flops.bert_forward_flops)}

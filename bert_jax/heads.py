@@ -15,15 +15,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import modern
-from bert_jax.model import BertConfig, BertModel, dense
+from bert_jax import families
+from bert_jax.model import BertConfig, dense
 from input_pipeline import errors
 
 
 def encoder(cfg: Any, **kwargs) -> nn.Module:
   """The encoder module of the config's family (named `bert` in every model tree)."""
-  cls = modern.ModernModel if isinstance(cfg, modern.ModernConfig) else BertModel
-  return cls(cfg, name="bert", **kwargs)
+  return families.of(cfg).encoder(cfg, name="bert", **kwargs)
 
 
 # What a feature-based head reads (the paper's Table 7), from the hidden states

@@ -38,28 +38,14 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bert_jax import families
 from bert_jax import formats
 from bert_jax import model as model_lib
-from bert_jax import modern
-from bert_jax import modern_formats
 from bert_jax.model import BertConfig
 from input_pipeline import fileio
 
 Keys = tuple[str, ...]
 MODEL_CONFIG_KEY = "bert_model"  # the model's BertConfig, in each checkpoint's config item
-# BertConfig fields a checkpoint of another format must agree with (the rest, e.g. dropout,
-# may differ) when it initialises a configured model.
-ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                       "intermediate_size", "max_position_embeddings", "type_vocab_size",
-                       "hidden_act", "layer_norm_eps")
-# The same for the modern encoders (bert_jax/modern.py); max_position_embeddings may differ
-# (a context-extension phase raises it).
-MODERN_ARCHITECTURE_FIELDS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads",
-                              "num_kv_heads", "intermediate_size", "hidden_act", "norm",
-                              "norm_eps", "norm_bias", "attention_bias", "mlp_bias",
-                              "embedding_norm", "first_attn_norm", "global_every",
-                              "local_window", "head_norm", "head_bias", "head_act",
-                              "head_tokens", "tie_word_embeddings", "decoder_bias")
 
 
 # ----------------------------------------------------------------------------
@@ -324,8 +310,6 @@ def read(path: str, part: str = "pretraining", *, require_mlm: bool = True
       params = jax.tree.map(np.asarray, ckptr.restore(fileio.path(path) / "params"))
     saved = json.loads((fileio.path(path) / "config.json").read_text())
     cfg = BertConfig.from_dict(saved["bert"])
-  elif modern_formats.model_type(path):
-    cfg, params = modern_formats.read_hf(path, part)
   else:
     cfg, params = formats.read_foreign(path, part, require_mlm=require_mlm)
   bad = nonfinite(params)
@@ -377,13 +361,11 @@ def _check_fits(path: str, want: dict[Keys, tuple], got: dict[Keys, tuple],
 def _check_architecture(path: str, cfg: Any, config: Any) -> None:
   """Fails unless a checkpoint of another format (config `cfg`) has the configured model's
   family and architecture (dropout and the like may differ)."""
-  if type(cfg) is not type(config):  # pylint: disable=unidiomatic-typecheck
-    family = lambda c: getattr(c, "family", "bert")
+  if cfg.family != config.family:
     raise formats.CheckpointMismatchError(
-        f"init_checkpoint {path} is a {family(cfg)} model and config.model a "
-        f"{family(config)} one: set --config.model.family={family(cfg)} (and its sizes).")
-  fields = (MODERN_ARCHITECTURE_FIELDS if isinstance(cfg, modern.ModernConfig)
-            else ARCHITECTURE_FIELDS)
+        f"init_checkpoint {path} is a {cfg.family} model and config.model a "
+        f"{config.family} one: set --config.model.family={cfg.family} (and its sizes).")
+  fields = families.of(cfg).architecture_fields
   differ = [f"{f}: checkpoint {getattr(cfg, f)!r} vs config {getattr(config, f)!r}"
             for f in fields if getattr(cfg, f) != getattr(config, f)]
   if differ:

@@ -76,6 +76,7 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class BertConfig(ModelConfig):
   """Everything that defines the network. Variants come from `.replace(...)`."""
+  family = "bert"  # (a class attribute, not a field: bert_jax/families.py)
   vocab_size: int = 30522
   hidden_size: int = 768
   num_layers: int = 12

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import families
+from bert_jax import flops
 from bert_jax import formats
 from bert_jax import modern
 from bert_jax.modern import GLOBAL, LOCAL, ModernConfig
@@ -389,20 +391,11 @@ def _has(tree, path) -> bool:
 # ----------------------------------------------------------------------------
 # Directories.
 
-def model_type(path: str) -> str | None:
-  """The model_type of a HuggingFace directory's config.json when it is a modern encoder."""
-  p = fileio.path(path) / "config.json"
-  if not p.exists():
-    return None
-  try:
-    t = json.loads(p.read_text()).get("model_type")
-  except (ValueError, AttributeError):
-    return None
-  return t if t in MODEL_TYPES else None
-
-
-def read_hf(path: str, target: str = "pretraining") -> tuple[ModernConfig, dict]:
-  """(config, unrolled params on the host) of a HuggingFace ModernBERT/EuroBERT directory."""
+def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
+            ) -> tuple[ModernConfig, dict]:
+  """(config, unrolled params on the host) of a HuggingFace ModernBERT/EuroBERT directory
+  (`require_mlm`: unused, an encoder-only directory reads as one)."""
+  del require_mlm
   d = fileio.path(path)
   hf = json.loads((d / "config.json").read_text())
   missing = [k for k in HF_REQUIRED if not isinstance(hf.get(k), int)]
@@ -414,9 +407,27 @@ def read_hf(path: str, target: str = "pretraining") -> tuple[ModernConfig, dict]
   return cfg, hf_to_params(state, cfg, target, source=f"HuggingFace checkpoint {path}")
 
 
-def export_hf(path: str, cfg: ModernConfig, params: dict) -> None:
+def read_native(path: str, target: str = "pretraining", require_mlm: bool = True
+                ) -> tuple[ModernConfig, dict]:
+  """A bert_jax export of a modern encoder: its tree as saved ("all"), the encoder alone, or
+  without a task's head."""
+  del require_mlm
+  cfg, params = formats.read_native(path)
+  if target == "all":
+    return cfg, params
+  return cfg, params["bert"] if target == "encoder" else {
+      k: v for k, v in params.items() if k != "classifier"}
+
+
+def export_hf(path: str, cfg: ModernConfig, params: dict, tokenizer: Any = None) -> None:
   """model.safetensors + config.json that transformers loads with no missing or unexpected
-  keys (config.json last: a directory without it is not read as a checkpoint)."""
+  keys (config.json last: a directory without it is not read as a checkpoint); with the
+  `tokenizer`, config.json names the special ids the model was trained with."""
+  if tokenizer is not None:
+    ids = dict(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
+               sep_token_id=tokenizer.sep_id, bos_token_id=tokenizer.cls_id,
+               eos_token_id=tokenizer.sep_id, mask_token_id=tokenizer.mask_id)
+    cfg = cfg.replace(**{k: v for k, v in ids.items() if getattr(cfg, k) is None})
   state = params_to_hf(params, cfg)
   mlm = "decoder_bias" in params or "lm_head" in params
   architecture = ARCHITECTURES[(cfg.family, "mlm" if mlm else "encoder")]
@@ -431,3 +442,31 @@ def export_hf(path: str, cfg: ModernConfig, params: dict) -> None:
     state.pop("decoder.weight" if cfg.family == "modernbert" else "lm_head.weight", None)
   formats._write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})  # pylint: disable=protected-access
   (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture, num_labels), indent=2))
+
+
+# What the jobs need of the modern families (bert_jax/families.py). max_position_embeddings
+# may differ between a checkpoint and config.model (a context-extension phase raises it).
+ARCHITECTURE_FIELDS = ("family", "vocab_size", "hidden_size", "num_layers", "num_heads",
+                       "num_kv_heads", "intermediate_size", "hidden_act", "norm",
+                       "norm_eps", "norm_bias", "attention_bias", "mlp_bias",
+                       "embedding_norm", "first_attn_norm", "global_every",
+                       "local_window", "head_norm", "head_bias", "head_act",
+                       "head_tokens", "tie_word_embeddings", "decoder_bias")
+DROPOUT = ("embedding_dropout_rate", "attention_dropout_rate", "mlp_dropout_rate",
+           "classifier_dropout_rate")  # fine-tuning's default: the checkpoint's config.json
+
+
+def _family(name: str) -> families.Family:
+  return families.Family(
+      name=name, config=ModernConfig,
+      from_fields=lambda fields, vocab_size: modern.config_from_fields(fields, vocab_size,
+                                                                       family=name),
+      encoder=modern.ModernModel, layer=modern.Layer,
+      masked_lm=lambda cfg, nsp: modern.ModernForMaskedLM(cfg, nsp=nsp),
+      read_hf=read_hf, read_native=read_native, export_hf=export_hf, model_types=(name,),
+      architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
+      forward_flops=flops.modern_forward_flops_per_sequence, padded_vocab=True,
+      names_specials=True)
+
+
+FAMILIES = {name: _family(name) for name in MODEL_TYPES}

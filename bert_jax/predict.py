@@ -32,11 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import convert
+from bert_jax import families
 from bert_jax import formats
 from bert_jax import heads
 from bert_jax import loader
-from bert_jax import model as model_lib
-from bert_jax import modern
 from bert_jax import registry
 from bert_jax import tasks
 from input_pipeline import errors
@@ -192,10 +191,9 @@ def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence
   if pooled and not has_pooler:
     raise PredictError("The checkpoint has no pooler (e.g. a BertForMaskedLM checkpoint): "
                        "--pooled is not available; take a layer's [CLS] vector instead.")
-  modern_family = isinstance(cfg, modern.ModernConfig)
-  module = (modern.ModernModel if modern_family else model_lib.BertModel)(
-      cfg, add_pooler=has_pooler)
-  layer_cls = modern.Layer if modern_family else model_lib.EncoderLayer
+  family = families.of(cfg)
+  module = family.encoder(cfg, add_pooler=has_pooler)
+  layer_cls = family.layer
 
   @jax.jit
   def run(a, b):

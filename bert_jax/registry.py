@@ -7,7 +7,7 @@ model takes (its feature schema); the objective counts its FLOPs (objectives.Obj
 
 A new pre-training objective is one `Pretraining` entry here, its factory in
 bert_jax/objectives.py and, if it needs one, its model (bert_jax/model.py); a new model
-family is one entry of FAMILIES.
+family is a Family record (bert_jax/families.py).
 """
 from __future__ import annotations
 
@@ -18,27 +18,14 @@ import flax.linen as nn
 import ml_collections
 import numpy as np
 
-from bert_jax import model as model_lib
-from bert_jax import modern
+from bert_jax import families
 from bert_jax import objectives
 from input_pipeline import errors
 from input_pipeline import pretrain as pretrain_data
 
-# config.model.family -> (config.model fields, the vocabulary's size) -> the model's config.
-FAMILIES: dict[str, Callable[[Mapping[str, Any], int | None], Any]] = {
-    "bert": model_lib.config_from_fields,
-    # ModernBERT's architecture (ModernBERT, Ettin, mmBERT) and EuroBERT's: bert_jax/modern.py.
-    "modernbert": modern.config_from_fields,
-    "eurobert": lambda fields, vocab_size: modern.config_from_fields(fields, vocab_size,
-                                                                     family="eurobert"),
-}
-
-
 def masked_lm(cfg: Any, nsp: bool) -> nn.Module:
   """The masked-LM model of the config's family (BERT's with NSP when `nsp`)."""
-  if isinstance(cfg, modern.ModernConfig):
-    return modern.ModernForMaskedLM(cfg, nsp=nsp)
-  return model_lib.BertForPreTraining(cfg, nsp=nsp)
+  return families.of(cfg).masked_lm(cfg, nsp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +53,11 @@ def _text_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
 
 def _ltr_model(cfg: Any, data_cfg) -> nn.Module:
   del data_cfg
-  if not isinstance(cfg, model_lib.BertConfig):
+  causal_lm = families.of(cfg).causal_lm
+  if causal_lm is None:
     raise errors.ConfigError("--config.objective=ltr is the paper's BERT ablation: it needs "
                              "--config.model.family=bert.")
-  return model_lib.BertForCausalLM(cfg.replace(causal=True))
+  return causal_lm(cfg)
 
 
 def _no_nsp(data_cfg) -> None:
@@ -102,8 +90,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
   """config.model (a family, a preset and overrides; None = the preset's value) -> the
   model's config; `vocab_size` is the vocabulary's, used where the fields leave it unset."""
   fields = dict(config.model)
-  family = _choose(FAMILIES, fields.pop("family", "bert"), "model.family")
-  return family(fields, vocab_size)
+  name = _choose({n: n for n in families.names()}, fields.pop("family", "bert"), "model.family")
+  return families.get(name).from_fields(fields, vocab_size)
 
 
 def pretraining(config: ml_collections.ConfigDict, vocab_size: int | None = None,

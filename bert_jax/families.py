@@ -1,0 +1,96 @@
+"""The model families, one `Family` record each, found by name (a model config's `family`,
+`config.model.family`) or by a HuggingFace checkpoint's `model_type`.
+
+A family owns its model and its checkpoints: a model module (its config class with presets,
+encoder, layer, masked-LM model) and a format module beside it (HuggingFace names both ways)
+whose `FAMILIES` holds its records. This module knows only where each record lives (MODULES)
+and imports that module by name when a family is asked for (as big_vision finds its models/),
+so every job, head and reader asks for the family instead of testing types, and a module below
+the formats (heads, flops) can ask without importing what lies above it. Adding a family is its
+model module, its format module and one line of MODULES.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from typing import Any, Callable, Mapping
+
+from input_pipeline import errors
+from input_pipeline import fileio
+
+# family name -> the module whose FAMILIES dict holds its record.
+MODULES: dict[str, str] = {
+    "bert": "bert_jax.formats",
+    "modernbert": "bert_jax.modern_formats",  # ModernBERT, Ettin, mmBERT
+    "eurobert": "bert_jax.modern_formats",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """Everything the jobs need of a model family."""
+  name: str
+  config: type  # its frozen config dataclass: from_dict, from_preset, replace; `.family` == name
+  from_fields: Callable[[Mapping[str, Any], int | None], Any]  # config.model fields, vocab size
+  encoder: Callable[..., Any]  # (cfg, add_pooler=, pooled_only=, name=) -> the encoder module
+  layer: type  # the encoder's layer module (predict's features capture its outputs)
+  masked_lm: Callable[[Any, bool], Any]  # (cfg, nsp) -> the pre-training model
+  # (path, part, require_mlm) -> (cfg, unrolled host params) of a HuggingFace directory
+  read_hf: Callable[[str, str, bool], tuple[Any, dict]]
+  # (path, part, require_mlm) -> the same of a bert_jax export (its tree as saved: read_native)
+  read_native: Callable[[str, str, bool], tuple[Any, dict]]
+  export_hf: Callable[..., None]  # (path, cfg, params, tokenizer or None): what transformers loads
+  model_types: tuple[str, ...]  # HuggingFace config.json model_type values it reads
+  architecture_fields: tuple[str, ...]  # fields a checkpoint and config.model must agree on
+  dropout: Mapping[str, float | None]  # fine-tuning's dropout fields -> default (None: the model's)
+  forward_flops: Callable[..., int]  # (cfg, seq_len, num_predictions, nsp, last_rows)
+  padded_vocab: bool = False  # the embedding table may have more rows than the vocabulary
+  names_specials: bool = False  # its HuggingFace tokenizer_config.json names the special tokens
+  causal_lm: Callable[[Any], Any] | None = None  # the left-to-right LM (objective ltr), if any
+
+
+def names() -> list[str]:
+  return sorted(MODULES)
+
+
+def get(name: str) -> Family:
+  """The family called `name` (a ConfigError naming the known ones otherwise)."""
+  if name not in MODULES:
+    raise errors.ConfigError(f"model family {name!r} is unknown: choose one of "
+                             f"{', '.join(names())}.")
+  return importlib.import_module(MODULES[name]).FAMILIES[name]
+
+
+def of(cfg: Any) -> Family:
+  """The family of a model config."""
+  return get(cfg.family)
+
+
+def model_types() -> dict[str, str]:
+  """HuggingFace model_type -> the family that reads it."""
+  return {t: name for name in names() for t in get(name).model_types}
+
+
+class UnsupportedModelError(errors.UserError, ValueError):
+  """A HuggingFace checkpoint of a model type no family reads."""
+
+
+def of_hf_dir(path: str) -> Family | None:
+  """The family of a HuggingFace directory (its config.json's model_type; none: BERT, as
+  Google's and early HuggingFace configs name none); None when it holds no config.json. A
+  model_type no family reads is an UnsupportedModelError naming it and the supported ones."""
+  p = fileio.path(path) / "config.json"
+  if not p.exists():
+    return None
+  try:
+    hf = json.loads(p.read_text())
+  except (ValueError, UnicodeDecodeError):
+    hf = None
+  kind = hf.get("model_type", "bert") if isinstance(hf, dict) else "bert"
+  table = model_types()
+  if kind not in table:
+    raise UnsupportedModelError(
+        f"{path} is a {kind!r} checkpoint (config.json model_type), which bert_jax does not "
+        f"read: the supported model types are {', '.join(sorted(table))}.")
+  return get(table[kind])

@@ -1,0 +1,80 @@
+"""The model families (bert_jax/families.py): each found by name or by a checkpoint's
+model_type, none chosen by a type check outside its own modules, and a checkpoint of a
+model type no family reads refused in one line."""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+from bert_jax import families
+from bert_jax import model as model_lib
+from bert_jax import modern
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# A family's own modules (its model and its HuggingFace format) may test its kind.
+OWN = {"model.py", "modern.py", "formats.py", "modern_formats.py", "families.py"}
+TYPE_CHECK = re.compile(r"isinstance\([^)]*\b(BertConfig|ModernConfig)\b|type\(\w*cfg\w*\) is"
+                        r"|\.family\s*(==|!=|in)\s*[\"'(]")
+
+
+def test_no_family_is_chosen_by_a_type_check_outside_its_modules():
+  found = [f"{path.relative_to(REPO)}:{i}: {line.strip()}"
+           for package in ("bert_jax", "bert_jax/configs", "input_pipeline")
+           for path in sorted((REPO / package).glob("*.py")) if path.name not in OWN
+           for i, line in enumerate(path.read_text().splitlines(), 1) if TYPE_CHECK.search(line)]
+  assert not found, "\n".join(found)
+
+
+def test_each_family_is_found_by_name_config_and_model_type():
+  assert families.names() == ["bert", "eurobert", "modernbert"]
+  assert families.of(model_lib.BertConfig()).name == "bert"
+  assert families.of(modern.ModernConfig.from_preset("modernbert-base")).name == "modernbert"
+  assert families.model_types() == {"bert": "bert", "eurobert": "eurobert",
+                                    "modernbert": "modernbert"}
+  for name in families.names():
+    family = families.get(name)
+    assert family.name == name and getattr(family.config(), "family", name) in families.names()
+
+
+def test_an_unknown_family_name_is_a_config_error():
+  with pytest.raises(families.errors.ConfigError, match="'albert' is unknown: choose one of "
+                                                        "bert, eurobert, modernbert"):
+    families.get("albert")
+
+
+def _albert_dir(path: pathlib.Path) -> pathlib.Path:
+  path.mkdir()
+  (path / "config.json").write_text(json.dumps({
+      "model_type": "albert", "architectures": ["AlbertForMaskedLM"], "vocab_size": 30,
+      "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "intermediate_size": 16, "embedding_size": 4}))
+  safetensors.numpy.save_file({"albert.embeddings.word_embeddings.weight":
+                               np.zeros((30, 4), np.float32)}, str(path / "model.safetensors"))
+  (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                                            + [f"w{i}" for i in range(25)]) + "\n")
+  return path
+
+
+@pytest.mark.parametrize("command", ["convert", "predict", "finetune"])
+def test_a_model_type_no_family_reads_is_one_line_exit_2(tmp_path, command):
+  albert = _albert_dir(tmp_path / "albert")
+  argv = {"convert": ["-m", "bert_jax.convert", f"--input={albert}", f"--output={tmp_path / 'o'}"],
+          "predict": ["-m", "bert_jax.predict", f"--checkpoint={albert}", "--text=a [MASK]"],
+          "finetune": ["-m", "bert_jax.main", "--config=configs/glue.py:cola",
+                       f"--config.init_checkpoint={albert}",
+                       f"--config.vocab_path={albert / 'vocab.txt'}",
+                       f"--config.data_dir={tmp_path}", f"--workdir={tmp_path / 'w'}"]}[command]
+  out = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  lines = [l for l in out.stderr.splitlines() if "albert" in l]
+  assert len(lines) == 1, out.stderr[-3000:]
+  assert "'albert' checkpoint (config.json model_type)" in lines[0]
+  assert "the supported model types are bert, eurobert, modernbert" in lines[0]
+  assert not (tmp_path / "o").exists()
