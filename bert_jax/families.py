@@ -24,6 +24,8 @@ MODULES: dict[str, str] = {
     "bert": "bert_jax.formats",
     "modernbert": "bert_jax.modern_formats",  # ModernBERT, Ettin, mmBERT
     "eurobert": "bert_jax.modern_formats",
+    "roberta": "bert_jax.roberta",
+    "xlm-roberta": "bert_jax.roberta",
 }
 
 

@@ -153,9 +153,9 @@ def _load(config: ml_collections.ConfigDict) -> tuple[Any, Any, Tokenizer]:
   enc_cfg, enc_params = loader.read(config.init_checkpoint, "encoder")
   cfg = enc_cfg.replace(dtype=config.model.dtype, scan_layers=config.model.scan_layers,
                         remat=config.model.remat, **_dropout(enc_cfg, config.model))
-  if config.max_seq_length > cfg.max_position_embeddings:
+  if config.max_seq_length > cfg.max_length:
     raise errors.ConfigError(f"max_seq_length {config.max_seq_length} exceeds the checkpoint's "
-                      f"{cfg.max_position_embeddings} positions: lower --config.max_seq_length.")
+                      f"{cfg.max_length} positions: lower --config.max_seq_length.")
   tok = Tokenizer.from_path(config.vocab_path, config.get("lowercase"))
   if not formats.vocabulary_fits(cfg, tok.vocab_size):
     raise errors.ConfigError(f"vocab {config.vocab_path} has {tok.vocab_size} tokens, the checkpoint "

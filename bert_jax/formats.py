@@ -343,7 +343,7 @@ def _corrupt(p, e: Exception) -> CorruptCheckpointFileError:
       "checkpoint again.")
 
 
-def _write_safetensors(p: epath.Path, tensors: dict[str, Array], metadata=None) -> None:
+def write_safetensors(p: epath.Path, tensors: dict[str, Array], metadata=None) -> None:
   p.write_bytes(safetensors.numpy.save(tensors, metadata=metadata))
 
 
@@ -488,7 +488,7 @@ def save_native(path: str, cfg: BertConfig, params: Params) -> None:
           for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
-  _write_safetensors(d / NATIVE_PARAMS, flat)
+  write_safetensors(d / NATIVE_PARAMS, flat)
   (d / NATIVE_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
@@ -540,7 +540,7 @@ def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
     state = {(k if k.startswith("cls.") else "bert." + k): v for k, v in canonical.items()}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
-  _write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})
+  write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})
   (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture), indent=2))
 
 

@@ -60,6 +60,11 @@ class ModelConfig:
   def replace(self, **changes):
     return dataclasses.replace(self, **changes)
 
+  @property
+  def max_length(self) -> int:
+    """The longest input the position table serves."""
+    return self.max_position_embeddings
+
   def to_dict(self) -> dict[str, Any]:
     d = dataclasses.asdict(self)
     d["dtype"], d["param_dtype"] = str(self.dtype), str(self.param_dtype)
@@ -105,6 +110,9 @@ class BertConfig(ModelConfig):
   # paper's "LTR & No NSP" ablation, left-only at fine-tuning too); the pooled output is
   # then the last real token's, the one that sees the whole input.
   causal: bool = False
+  # Positions start this far into the position table (RoBERTa: 2, after its padding index;
+  # bert_jax/roberta.py), so the longest input is max_position_embeddings - position_offset.
+  position_offset: int = 0
 
   def __post_init__(self):
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
@@ -142,6 +150,10 @@ class BertConfig(ModelConfig):
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+  @property
+  def max_length(self) -> int:
+    return self.max_position_embeddings - self.position_offset
 
 
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> BertConfig:
@@ -313,6 +325,11 @@ class Embeddings(nn.Module):
     self.dropout = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)
 
   def __call__(self, input_ids_BL, segment_ids_BL, position_ids_BL, deterministic):
+    cfg = self.config
+    if cfg.position_offset:
+      position_ids_BL = position_ids_BL + cfg.position_offset
+    if cfg.type_vocab_size == 1:  # one token type (RoBERTa): a pair's second segment too
+      segment_ids_BL = jnp.zeros_like(segment_ids_BL)
     x_BLD = (self.word_embeddings(input_ids_BL)
              + self.position_embeddings(position_ids_BL)
              + self.token_type_embeddings(segment_ids_BL))
@@ -568,11 +585,13 @@ class BertModel(nn.Module):
     layers only, scan_layers computes every row): what pre-training's heads read."""
     cfg = self.config
     batch, length = input_ids.shape
-    if length > cfg.max_position_embeddings:
+    if length > cfg.max_length:
       raise errors.ConfigError(
           f"Sequence length {length} exceeds the position table "
-          f"(max_position_embeddings={cfg.max_position_embeddings}). Truncate the input "
-          f"to {cfg.max_position_embeddings} tokens or use a model with more positions.")
+          f"(max_position_embeddings={cfg.max_position_embeddings}"
+          + (f", from position {cfg.position_offset}" if cfg.position_offset else "")
+          + f"). Truncate the input to {cfg.max_length} tokens or use a model with more "
+          "positions.")
     if segment_ids is None:
       segment_ids = jnp.zeros_like(input_ids)
     if input_mask is None:

@@ -440,7 +440,7 @@ def export_hf(path: str, cfg: ModernConfig, params: dict, tokenizer: Any = None)
   d.mkdir(parents=True, exist_ok=True)
   if cfg.tie_word_embeddings:  # safetensors stores a tied tensor once, as transformers does
     state.pop("decoder.weight" if cfg.family == "modernbert" else "lm_head.weight", None)
-  formats._write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})  # pylint: disable=protected-access
+  formats.write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})
   (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture, num_labels), indent=2))
 
 

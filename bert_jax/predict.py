@@ -120,7 +120,7 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
   if h["pooler"] and not h["nsp"]:  # a pooler without the NSP head: unused by the MLM model
     params = {**params, "bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
   fn = _mlm_logits_fn(cfg, h["nsp"])
-  max_len = min(max_len, cfg.max_position_embeddings)
+  max_len = min(max_len, cfg.max_length)
   for batch in chunks(texts, batch_size):
     rows = [encode_with_masks(tokenizer, t, max_len) for t in batch]
     positions = [[j for j, t in enumerate(r) if t == tokenizer.mask_id] for r in rows]
@@ -128,7 +128,7 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
       if not x and MASK_TEXT in text:
         raise PredictError(f"Every {MASK_TEXT} of {text[:80]!r} lies beyond --max_seq_length="
                            f"{max_len} tokens, where the text is cut: raise --max_seq_length (the "
-                           f"model takes up to {cfg.max_position_embeddings}) or shorten the text.")
+                           f"model takes up to {cfg.max_length}) or shorten the text.")
     ids, mask = _pad(rows, _bucket(max(map(len, rows)), high=max_len), batch_size)
     pos = np.zeros((batch_size, _bucket(max(map(len, positions)), low=1)), np.int32)
     for i, x in enumerate(positions):
@@ -185,7 +185,7 @@ def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence
   """(ids [b, L], features [b, L, len(layers), D] or pooled [b, D], mask [b, L]) per batch
   of `batch_size` texts, read from `texts` as they come (memory flat in their number)."""
   check_layers(layers, cfg.num_layers)
-  max_len = min(max_len, cfg.max_position_embeddings)
+  max_len = min(max_len, cfg.max_length)
   encoder_params = params["bert"] if "bert" in params else params
   has_pooler = bool({"pooler", "head"} & set(encoder_params))
   if pooled and not has_pooler:

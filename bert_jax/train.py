@@ -38,7 +38,7 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   # data are built; the vocabulary's size is only known then.
   model, _, _ = registry.pretraining(config, config.model.get("vocab_size") or 1)
   cfg = model.config
-  if config.data.max_seq_length > cfg.max_position_embeddings:
+  if config.data.max_seq_length > cfg.max_length:
     raise errors.ConfigError(
         f"--config.data.max_seq_length={config.data.max_seq_length} exceeds the model's position "
         f"table (config.model.max_position_embeddings={cfg.max_position_embeddings}): lower "

@@ -19,11 +19,25 @@ PRETRAINING = TEXT + ("masked_lm_positions",)
 MLM_TARGETS = ("masked_lm_ids", "masked_lm_weights")
 
 
+def pair_seps(tokenizer) -> int:
+  """The separators between a pair's segments (1, or RoBERTa's 2)."""
+  return getattr(tokenizer, "pair_seps", 1)
+
+
+def special_count(tokenizer, pair: bool) -> int:
+  """The special tokens encode_pair adds: [CLS] and [SEP], and the pair's separators."""
+  return 2 + (pair_seps(tokenizer) if pair else 0)
+
+
 def encode_pair(tokenizer, a: Sequence[int], b: Sequence[int] | None = None
                 ) -> tuple[list[int], list[int]]:
   """`[CLS] a [SEP]` (+ `b [SEP]`) token ids and their segment ids (0 for the first
-  segment with its [CLS] and [SEP], 1 for b and its [SEP]); truncation is the caller's."""
+  segment with its [CLS] and [SEP], 1 for b and its [SEP]); a tokenizer whose pairs take
+  two separators (RoBERTa's `<s> a </s></s> b </s>`, tokenizer.pair_seps) gets them, the
+  extra one in segment 0. Truncation is the caller's (special_count)."""
   ids = [tokenizer.cls_id] + list(a) + [tokenizer.sep_id]
+  if b is not None:
+    ids += [tokenizer.sep_id] * (pair_seps(tokenizer) - 1)
   segments = [0] * len(ids)
   if b is not None:
     ids += list(b) + [tokenizer.sep_id]

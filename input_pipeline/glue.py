@@ -355,7 +355,7 @@ def encode_examples(examples: Sequence[Example], tokenizer, max_seq_length: int,
   b_ids = tokenizer.encode_batch([e.text_b or "" for e in examples])
   for i, ex in enumerate(examples):
     a, b = list(a_ids[i]), (list(b_ids[i]) if ex.text_b is not None else None)
-    truncate_pair(a, b, max_seq_length - (3 if b is not None else 2))
+    truncate_pair(a, b, max_seq_length - features.special_count(tokenizer, b is not None))
     tokens, seg = features.encode_pair(tokenizer, a, b)
     ids[i, :len(tokens)], segs[i, :len(tokens)], mask[i, :len(tokens)] = tokens, seg, 1
     if ex.label is not None:

@@ -88,7 +88,7 @@ def convert_examples(examples: list[QAExample], tokenizer, max_seq_length: int =
   feats = collections.defaultdict(list)
   for ex_index, (ex, (q_ids, _), (c_ids, c_offsets)) in enumerate(zip(examples, queries, contexts)):
     q_ids = list(q_ids[:max_query_length])
-    window = max_seq_length - len(q_ids) - 3
+    window = max_seq_length - len(q_ids) - features.special_count(tokenizer, True)
     if window <= 0:
       raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context after a "
                        f"{len(q_ids)}-token question; raise it or lower max_query_length.")
@@ -102,7 +102,8 @@ def convert_examples(examples: list[QAExample], tokenizer, max_seq_length: int =
     spans = _windows(len(c_ids), window, doc_stride)
     for span_index, (start, length) in enumerate(spans):
       ids, segments = features.encode_pair(tokenizer, q_ids, c_ids[start:start + length])
-      offset = len(q_ids) + 2  # Feature position of the window's first context token.
+      # Feature position of the window's first context token.
+      offset = len(q_ids) + 1 + features.pair_seps(tokenizer)
       token_chars = np.full((max_seq_length, 2), -1, np.int32)
       max_context = np.zeros((max_seq_length,), bool)
       for j in range(length):

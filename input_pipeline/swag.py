@@ -55,7 +55,7 @@ def encode_swag(examples: list[dict], tokenizer, max_seq_length: int) -> dict[st
   for i in range(n):
     for k in range(4):
       a, b = list(contexts[i]), list(endings[4 * i + k])
-      truncate_pair(a, b, max_seq_length - 3)
+      truncate_pair(a, b, max_seq_length - features.special_count(tokenizer, True))
       ids, segments = features.encode_pair(tokenizer, a, b)
       feats["input_ids"][i, k, :len(ids)] = ids
       feats["segment_ids"][i, k, :len(ids)] = segments

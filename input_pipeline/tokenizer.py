@@ -178,9 +178,12 @@ class Tokenizer:
 
   def __init__(self, kind: str, path: str, lowercase: bool, tokens: list[str], backend,
                sha256: str, normalization: Normalization | None = None,
-               special: dict[str, int] | None = None, specials: frozenset = frozenset()):
+               special: dict[str, int] | None = None, specials: frozenset = frozenset(),
+               pair_seps: int = 1):
     """`special`: the ids of pad, unk, cls, sep and mask (default: BERT's five tokens by
-    name); `specials`: every other token never masked or drawn (a tokenizer.json's)."""
+    name); `specials`: every other token never masked or drawn (a tokenizer.json's);
+    `pair_seps`: the separators between a pair's segments (BERT 1, RoBERTa 2)."""
+    self.pair_seps = pair_seps
     self.kind, self.path, self.lowercase = kind, path, lowercase
     self.normalization = normalization or Normalization(lowercase)
     self.tokens, self._backend, self.sha256 = tokens, backend, sha256
@@ -520,9 +523,9 @@ def _sentencepiece_backend(processor, lowercase: bool):
 
 
 def _hf_tokenizer(vocab_file: str, data: bytes, sha256: str) -> Tokenizer:
-  """A HuggingFace tokenizer.json: the special ids from its pair template (BERT's layout:
-  cls A sep B sep), pad / unk / mask from tokenizer_config.json beside it (or the added
-  tokens' names)."""
+  """A HuggingFace tokenizer.json: the special ids from its pair template (cls A sep B sep as
+  BERT, or cls A sep sep B sep as RoBERTa), pad / unk / mask from tokenizer_config.json
+  beside it (or the added tokens' names)."""
   from tokenizers import Tokenizer as RustTokenizer  # pylint: disable=g-import-not-at-top  (the Rust backend)
   try:
     backend = RustTokenizer.from_str(data.decode("utf-8"))
@@ -540,11 +543,13 @@ def _hf_tokenizer(vocab_file: str, data: bytes, sha256: str) -> Tokenizer:
   layout = [("A" if s == 0 else "B") if s is not None else tokens[i]
             for i, s in zip(pair.ids, pair.sequence_ids)]
   compact = [x for j, x in enumerate(layout) if x not in "AB" or j == 0 or layout[j - 1] != x]
-  if len(compact) != 5 or compact[1] != "A" or compact[3] != "B" or compact[2] != compact[4]:
+  b = compact.index("B") if "B" in compact else -1
+  if (len(compact) < 5 or compact[1] != "A" or b != len(compact) - 2
+      or len(set(compact[2:b] + compact[-1:])) != 1):
     raise VocabularyError(
         f"{vocab_file}: its post-processor encodes a pair as {' '.join(compact)}; bert_jax "
-        "builds inputs as cls A sep B sep (one special token each, as BERT and ModernBERT). "
-        "Use a tokenizer.json with that template.")
+        "builds inputs as cls A sep B sep (BERT, ModernBERT) or cls A sep sep B sep "
+        "(RoBERTa). Use a tokenizer.json with one of those templates.")
   cls_tok, sep_tok = compact[0], compact[2]
   mask_tok = named("mask_token") or next((t for t in ("[MASK]", "<mask>", "<|mask|>")
                                           if t in ids), None)
@@ -559,7 +564,8 @@ def _hf_tokenizer(vocab_file: str, data: bytes, sha256: str) -> Tokenizer:
   special = {"pad": ids[pad_tok], "unk": ids[unk_tok], "cls": ids[cls_tok], "sep": ids[sep_tok],
              "mask": ids[mask_tok]}
   return Tokenizer("hf", vocab_file, False, tokens, backend, sha256,
-                   Normalization(False, reason="tokenizer.json"), special, frozenset(added))
+                   Normalization(False, reason="tokenizer.json"), special, frozenset(added),
+                   pair_seps=b - 2)
 
 
 def write_tokenizer_config(directory: str, kind: str, lowercase: bool) -> None:

@@ -1,0 +1,194 @@
+"""RoBERTa and XLM-RoBERTa (HuggingFace model_type `roberta`, `xlm-roberta`): BERT's encoder
+(bert_jax/model.py) with positions counted from after the padding index (`position_offset`
+2), one token type, no next-sentence head and a byte-level BPE (RoBERTa) or SentencePiece
+(XLM-R) vocabulary read from the checkpoint's tokenizer.json (pairs as `<s> A </s></s> B
+</s>`). This module holds their config and presets, their HuggingFace format both ways and
+their Family records (bert_jax/families.py).
+
+Their sequence-classification head is BERT's (the pooler's dense + tanh on the first token,
+then the classifier), which is transformers' RobertaClassificationHead (`classifier.dense`,
+`classifier.out_proj`) but for the dropout before its dense layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+import numpy as np
+
+from bert_jax import families
+from bert_jax import formats
+from bert_jax import model as model_lib
+from input_pipeline import errors
+from input_pipeline import fileio
+
+FAMILY_NAMES = ("roberta", "xlm-roberta")
+# name -> sizes; every preset also takes DEFAULTS.
+PRESETS: dict[str, dict[str, int]] = {
+    "roberta-base": dict(vocab_size=50265, hidden_size=768, num_layers=12, num_heads=12,
+                         intermediate_size=3072),
+    "roberta-large": dict(vocab_size=50265, hidden_size=1024, num_layers=24, num_heads=16,
+                          intermediate_size=4096),
+    "xlm-roberta-base": dict(vocab_size=250002, hidden_size=768, num_layers=12, num_heads=12,
+                             intermediate_size=3072),
+    "xlm-roberta-large": dict(vocab_size=250002, hidden_size=1024, num_layers=24, num_heads=16,
+                              intermediate_size=4096),
+}
+DEFAULTS = dict(max_position_embeddings=514, type_vocab_size=1, hidden_act="gelu",
+                layer_norm_eps=1e-5, position_offset=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class RobertaConfig(model_lib.BertConfig):
+  """BertConfig with RoBERTa's defaults and the family's name (roberta | xlm-roberta)."""
+  family: str = "roberta"
+  max_position_embeddings: int = 514
+  type_vocab_size: int = 1
+  hidden_act: str = "gelu"
+  layer_norm_eps: float = 1e-5
+  position_offset: int = 2
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.family not in FAMILY_NAMES:
+      raise errors.ConfigError(f"RobertaConfig family {self.family!r}: choose one of "
+                               f"{', '.join(FAMILY_NAMES)}.")
+
+  @classmethod
+  def from_preset(cls, name: str, **overrides) -> "RobertaConfig":
+    if name not in PRESETS:
+      raise errors.ConfigError(f"Unknown RoBERTa preset {name!r}; choose one of {list(PRESETS)}.")
+    family = "xlm-roberta" if name.startswith("xlm") else "roberta"
+    return cls(**{**DEFAULTS, **PRESETS[name], "family": family, **overrides})
+
+
+def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
+                       family: str = "roberta") -> RobertaConfig:
+  """A config's `model` section (a preset + overrides; None = the preset's value) ->
+  RobertaConfig; `vocab_size` is the vocabulary's (it replaces the preset's unless the fields
+  set one)."""
+  overrides = {k: v for k, v in fields.items()
+               if k not in ("preset", "family") and v is not None}
+  if vocab_size is not None:
+    overrides.setdefault("vocab_size", vocab_size)
+    if overrides["vocab_size"] < vocab_size:
+      raise errors.ConfigError(f"config.model.vocab_size={overrides['vocab_size']} is smaller "
+                               f"than the vocabulary ({vocab_size} entries).")
+  preset = fields.get("preset") or "base"
+  if preset in ("base", "large"):  # the size names of BERT's configs: the family's sizes
+    preset = f"{family}-{preset}"
+  return RobertaConfig.from_preset(preset, **{**overrides, "family": family})
+
+
+# ----------------------------------------------------------------------------
+# HuggingFace names <-> BERT's canonical names (bert_jax/formats.py).
+
+_NAMES = (("lm_head.dense.", "cls.predictions.transform.dense."),
+          ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
+          ("lm_head.decoder.", "cls.predictions.decoder."),
+          ("lm_head.bias", "cls.predictions.bias"))
+
+
+def to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  out = {}
+  for name, value in state.items():
+    name = name.removeprefix("roberta.")
+    for hf, ours in _NAMES:
+      if name.startswith(hf):
+        name = ours + name[len(hf):]
+        break
+    out[name] = value
+  return out
+
+
+def from_canonical(state: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+  out = {}
+  for name, value in state.items():
+    for hf, ours in _NAMES:
+      if name.startswith(ours):
+        name = hf + name[len(ours):]
+        break
+    else:
+      name = prefix + name
+    out[name] = value
+  return out
+
+
+def config_from_hf(hf: Mapping[str, Any]) -> RobertaConfig:
+  bert = formats.config_from_hf({"layer_norm_eps": 1e-5, **hf})
+  fields = {f.name: getattr(bert, f.name) for f in dataclasses.fields(model_lib.BertConfig)}
+  return RobertaConfig(**{**fields, "family": hf.get("model_type", "roberta"),
+                          "position_offset": hf.get("pad_token_id", 1) + 1})
+
+
+def config_to_hf(cfg: RobertaConfig, architecture: str) -> dict[str, Any]:
+  pad = cfg.position_offset - 1
+  return {**formats.config_to_hf(cfg, architecture), "model_type": cfg.family,
+          "pad_token_id": pad, "bos_token_id": 0, "eos_token_id": 2}
+
+
+# A task head of transformers' -> ours: RobertaClassificationHead's dense is our pooler (dense +
+# tanh on the first token) and its out_proj our classifier; token, span and choice heads map
+# to the classifier as they are.
+_TASK_HEADS = ("classifier.out_proj", "classifier", "qa_outputs")
+
+
+def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
+            ) -> tuple[RobertaConfig, dict]:
+  """(config, unrolled params on the host) of a HuggingFace RoBERTa / XLM-R directory;
+  "all" also reads a task head (sequence or token classification, spans, multiple choice)."""
+  cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
+  state = to_canonical(formats.read_hf_state(path))
+  head = {}
+  if target == "all":
+    for name in ("weight", "bias"):
+      if f"classifier.dense.{name}" in state:
+        state[f"pooler.dense.{name}"] = state.pop(f"classifier.dense.{name}")
+    hf = next((h for h in _TASK_HEADS if f"{h}.weight" in state), None)
+    if hf is not None:
+      head = {"kernel": np.ascontiguousarray(np.asarray(state.pop(f"{hf}.weight"), np.float32).T),
+              "bias": np.asarray(state.pop(f"{hf}.bias"), np.float32)}
+  params = formats.canonical_to_params(
+      state, cfg, "pretraining" if target == "all" else target,
+      require_mlm=require_mlm and target != "all", source=f"HuggingFace checkpoint {path}")
+  return cfg, {**params, "classifier": head} if head else params
+
+
+def export_hf(path: str, cfg: RobertaConfig, params: dict, tokenizer: Any = None) -> None:
+  """model.safetensors + config.json (written last: a directory without it is not read) of
+  the transformers class of what the params hold: ...ForSequenceClassification (a fine-tuned
+  classifier: the pooler as its dense layer), ...ForMaskedLM or ...Model."""
+  del tokenizer  # (RoBERTa's special ids are fixed: config_to_hf)
+  stem = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[cfg.family]
+  head = params.get("classifier")
+  mlm = formats.heads(params)["mlm"]
+  kind = "ForSequenceClassification" if head is not None else "ForMaskedLM" if mlm else "Model"
+  state = from_canonical(formats.params_to_canonical(params, cfg),
+                         "roberta." if kind != "Model" else "")
+  config = config_to_hf(cfg, stem + kind)
+  if head is not None:
+    for name in ("weight", "bias"):
+      state[f"classifier.dense.{name}"] = state.pop(f"roberta.pooler.dense.{name}")
+    state["classifier.out_proj.weight"] = np.ascontiguousarray(np.asarray(head["kernel"]).T)
+    state["classifier.out_proj.bias"] = np.asarray(head["bias"])
+    labels = head["kernel"].shape[-1]
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
+    config["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
+  d = fileio.path(path)
+  d.mkdir(parents=True, exist_ok=True)
+  formats.write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})
+  (d / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _family(name: str) -> families.Family:
+  bert = formats.FAMILIES["bert"]
+  return dataclasses.replace(
+      bert, name=name, config=RobertaConfig,
+      from_fields=lambda fields, vocab_size: config_from_fields(fields, vocab_size, name),
+      causal_lm=None, read_hf=read_hf, export_hf=export_hf, model_types=(name,),
+      architecture_fields=bert.architecture_fields + ("family", "position_offset"),
+      names_specials=True)
+
+
+FAMILIES = {name: _family(name) for name in FAMILY_NAMES}

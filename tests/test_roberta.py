@@ -1,0 +1,218 @@
+"""RoBERTa and XLM-RoBERTa (bert_jax/roberta.py) against transformers in float32, on
+HuggingFace directories built here as the Hub ships them (config.json, model.safetensors,
+tokenizer.json with its vocab.json / merges.txt, tokenizer_config.json) with random weights."""
+from __future__ import annotations
+
+import json
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import families, formats, heads, loader, roberta
+from bert_jax import model as model_lib
+from input_pipeline import features
+from input_pipeline.tokenizer import Tokenizer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+V, L = 120, 24
+STEM = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
+TEXTS = ["The cat sat on the mat.", "A dog ran in the park, quickly!", "the mat of the cat",
+         "Parks and cats and dogs."] * 8
+
+
+def _hf_config(family, **kw):
+  cls = getattr(transformers, STEM[family] + "Config")
+  return cls(**{**dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, max_position_embeddings=L + 2, pad_token_id=1,
+                       bos_token_id=0, eos_token_id=2, type_vocab_size=1,
+                       attn_implementation="eager"), **kw})
+
+
+def _randomize(model, seed=0):
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=g) * 0.1
+      norm = ("LayerNorm" in name or "layer_norm" in name) and name.endswith("weight")
+      p.copy_(1.0 + noise if norm else noise)
+  return model.eval()
+
+
+def _hf_dir(tmp_path, family, arch, seed=0, **kw):
+  cls = getattr(transformers, STEM[family] + arch)
+  torch.manual_seed(seed)
+  model = _randomize(cls(_hf_config(family, **kw)), seed)
+  d = tmp_path / f"{family}-{arch}"
+  model.save_pretrained(d)
+  return str(d), model
+
+
+def _inputs(seed=0, batch=3, pad=(0, 5, 11)):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(4, V, (batch, L)).astype(np.int32)
+  ids[:, 0] = 0
+  mask = np.ones((batch, L), np.int32)
+  for b, p in enumerate(pad[:batch]):
+    if p:
+      mask[b, -p:] = 0
+      ids[b, -p:] = 1
+  return ids, mask
+
+
+def _torch(x):
+  return torch.tensor(np.asarray(x), dtype=torch.long)
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+def test_hidden_states_and_mlm_logits_match_transformers(tmp_path, family):
+  path, hf = _hf_dir(tmp_path, family, "ForMaskedLM")
+  cfg, params = loader.read(path)
+  assert cfg.family == family and cfg.position_offset == 2 and cfg.max_length == L
+  ids, mask = _inputs()
+  segments = np.ones_like(ids)  # one token type: a pair's second segment reads it too
+  with torch.no_grad():
+    out = hf(input_ids=_torch(ids), attention_mask=_torch(mask), output_hidden_states=True)
+  real = mask.astype(bool)
+  got = model_lib.BertModel(cfg, add_pooler=False).apply(
+      {"params": params["bert"]}, ids, segments, mask,
+      method=model_lib.BertModel.hidden_states)
+  for g, w in zip(got, out.hidden_states, strict=True):
+    assert np.abs(np.asarray(g)[real] - w.numpy()[real]).max() <= 1e-5
+  positions = np.broadcast_to(np.arange(L, dtype=np.int32), ids.shape)
+  logits = model_lib.BertForPreTraining(cfg, nsp=False).apply(
+      {"params": params}, ids, segments, mask, positions)["mlm_logits"]
+  assert np.abs(np.asarray(logits)[real] - out.logits.numpy()[real]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch,head", [
+    ("ForSequenceClassification", "classify"), ("ForTokenClassification", "tag"),
+    ("ForQuestionAnswering", "qa"), ("ForMultipleChoice", "choice")])
+def test_task_head_logits_match_transformers(tmp_path, arch, head):
+  path, hf = _hf_dir(tmp_path, "roberta", arch, num_labels=2 if head == "qa" else 3)
+  cfg, params = loader.read(path, "all")
+  ids, mask = _inputs(1)
+  if head == "choice":
+    ids, mask = ids[None], mask[None]
+  model = {"classify": heads.BertForSequenceClassification(cfg, num_labels=3),
+           "tag": heads.BertForTokenClassification(cfg, num_labels=3),
+           "qa": heads.BertForQuestionAnswering(cfg),
+           "choice": heads.BertForMultipleChoice(cfg)}[head]
+  fresh = nn.unbox(model.init(jax.random.key(0), ids, np.zeros_like(ids), mask))["params"]
+  params = {**fresh, **params, "bert": {**fresh["bert"], **params["bert"]}}  # (unused pooler)
+  got = model.apply({"params": params}, ids, np.zeros_like(ids), mask)
+  with torch.no_grad():
+    out = hf(input_ids=_torch(ids), attention_mask=_torch(mask))
+  if head == "qa":
+    got, want = np.stack(got, -1), np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
+  else:
+    got, want = np.asarray(got), out.logits.numpy()
+  real = mask.astype(bool) if head in ("tag", "qa") else slice(None)
+  assert np.abs(got[real] - want[real]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+@pytest.mark.parametrize("arch", ["ForMaskedLM", "Model", "ForSequenceClassification"])
+def test_export_loads_in_transformers_with_every_key(tmp_path, family, arch):
+  path, hf = _hf_dir(tmp_path, family, arch, num_labels=2)
+  cfg, params = loader.read(path, "all" if arch != "ForMaskedLM" else "pretraining",
+                            require_mlm=False)
+  families.of(cfg).export_hf(str(tmp_path / "out"), cfg, params)
+  config = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert config["model_type"] == family and config["architectures"] == [STEM[family] + arch]
+  back, info = getattr(transformers, STEM[family] + arch).from_pretrained(
+      tmp_path / "out", output_loading_info=True, attn_implementation="eager")
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ids, mask = _inputs(2)
+  with torch.no_grad():
+    a = hf(input_ids=_torch(ids), attention_mask=_torch(mask))[0].numpy()
+    b = back.eval()(input_ids=_torch(ids), attention_mask=_torch(mask))[0].numpy()
+  real = mask.astype(bool) if a.ndim == 3 else slice(None)
+  np.testing.assert_array_equal(a[real], b[real])
+
+
+def _byte_bpe_dir(tmp_path):
+  """A RoBERTa tokenizer as the Hub ships one: tokenizer.json (byte-level BPE, RobertaProcessing),
+  vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json."""
+  from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top
+  d = tmp_path / "roberta-tok"
+  d.mkdir()
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+  tok.train_from_iterator(TEXTS, trainers.BpeTrainer(
+      vocab_size=V, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+  tok.save(str(d / "tokenizer.json"))
+  tok.model.save(str(d))
+  names = dict(bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+               unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
+  (d / "special_tokens_map.json").write_text(json.dumps(names))
+  (d / "tokenizer_config.json").write_text(json.dumps(
+      {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
+       "model_max_length": 512, **names}))
+  return d
+
+
+def _unigram_dir(tmp_path):
+  """An XLM-R tokenizer: tokenizer.json (Unigram, Metaspace, `<s> A </s> </s> B </s>`)."""
+  from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top
+  d = tmp_path / "xlmr-tok"
+  d.mkdir()
+  tok = tokenizers.Tokenizer(models.Unigram())
+  tok.pre_tokenizer = pre_tokenizers.Metaspace()
+  tok.decoder = decoders.Metaspace()
+  specials = ["<s>", "<pad>", "</s>", "<unk>"]
+  tok.train_from_iterator(TEXTS, trainers.UnigramTrainer(
+      vocab_size=V - 1, special_tokens=specials, unk_token="<unk>"))
+  tok.add_special_tokens(["<mask>"])
+  tok.post_processor = processors.TemplateProcessing(
+      single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+      special_tokens=[("<s>", 0), ("</s>", 2)])
+  tok.save(str(d / "tokenizer.json"))
+  names = dict(bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+               unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
+  (d / "special_tokens_map.json").write_text(json.dumps(names))
+  (d / "tokenizer_config.json").write_text(json.dumps(
+      {"tokenizer_class": "XLMRobertaTokenizer", "model_max_length": 512, **names}))
+  return d
+
+
+@pytest.mark.parametrize("kind", ["byte_bpe", "unigram"])
+def test_tokenizer_ids_equal_autotokenizers_with_pairs(tmp_path, kind):
+  d = (_byte_bpe_dir if kind == "byte_bpe" else _unigram_dir)(tmp_path)
+  ours = Tokenizer.from_path(str(d))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(d))
+  assert ours.pair_seps == 2 and ours.tokens[ours.cls_id] == "<s>"
+  assert ours.tokens[ours.sep_id] == "</s>" and ours.tokens[ours.mask_id] == "<mask>"
+  for a, b in [("The cat sat.", None), ("A dog ran", "in the park!"), ("mat", "cats and dogs")]:
+    ids, segments = features.encode_pair(ours, ours.encode(a),
+                                         None if b is None else ours.encode(b))
+    want = theirs(a, b)["input_ids"]
+    assert ids == want, (a, b)
+    assert len(ids) == len(ours.encode(a)) + (0 if b is None else len(ours.encode(b))) + (
+        features.special_count(ours, b is not None))
+    assert len(segments) == len(ids)
+
+
+def test_presets_and_the_model_fields():
+  base = roberta.RobertaConfig.from_preset("roberta-base")
+  assert (base.vocab_size, base.hidden_size, base.max_length, base.type_vocab_size) == (
+      50265, 768, 512, 1)
+  large = roberta.config_from_fields({"preset": "large"}, None, "xlm-roberta")
+  assert (large.family, large.vocab_size, large.num_layers) == ("xlm-roberta", 250002, 24)
+  mine = roberta.config_from_fields({"preset": "base", "num_layers": 2}, 300, "roberta")
+  assert (mine.vocab_size, mine.num_layers) == (300, 2)
+  assert formats.config_from_dict(mine.to_dict()) == mine
+  params = nn.unbox(model_lib.BertForPreTraining(mine.replace(hidden_size=32, num_heads=2,
+                                                              intermediate_size=64), nsp=False)
+                    .init(jax.random.key(0), *(jnp.ones((1, 512), jnp.int32),) * 3,
+                          jnp.ones((1, 4), jnp.int32)))
+  assert params["params"]["bert"]["embeddings"]["position_embeddings"]["embedding"].shape == (
+      514, 32)
