@@ -134,9 +134,11 @@ def _flags():
                       "SentencePiece model, or the directory holding it). Default: the input's "
                       "own (a HuggingFace or export directory's, the one a workdir recorded).",
                       flag_values=fv)
-  flags.DEFINE_enum("target", "pretraining", ["pretraining", "encoder"], "'pretraining' keeps "
-                    "the heads the checkpoint has (masked-LM, NSP, pooler); 'encoder' keeps the "
-                    "encoder and pooler only.", flag_values=fv)
+  flags.DEFINE_enum("target", "pretraining", ["pretraining", "encoder", "all"], "'pretraining' "
+                    "keeps the heads the checkpoint has (masked-LM, NSP, pooler); 'encoder' keeps "
+                    "the encoder and pooler only; 'all' keeps a fine-tuned head too (a fine-tuning "
+                    "run's best/; RoBERTa's sequence classifier exports as transformers' "
+                    "...ForSequenceClassification).", flag_values=fv)
   return fv
 
 

@@ -155,24 +155,31 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   return cfg, {**params, "classifier": head} if head else params
 
 
-def export_hf(path: str, cfg: RobertaConfig, params: dict, tokenizer: Any = None) -> None:
-  """model.safetensors + config.json (written last: a directory without it is not read) of
-  the transformers class of what the params hold: ...ForSequenceClassification (a fine-tuned
-  classifier: the pooler as its dense layer), ...ForMaskedLM or ...Model."""
-  del tokenizer  # (RoBERTa's special ids are fixed: config_to_hf)
+def params_to_hf(params: dict, cfg: RobertaConfig) -> tuple[dict[str, np.ndarray], str]:
+  """(transformers' state dict, its class) of what the params hold: ...ForSequenceClassification
+  (a fine-tuned classifier: the pooler as its dense layer), ...ForMaskedLM or ...Model."""
   stem = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[cfg.family]
   head = params.get("classifier")
   mlm = formats.heads(params)["mlm"]
   kind = "ForSequenceClassification" if head is not None else "ForMaskedLM" if mlm else "Model"
   state = from_canonical(formats.params_to_canonical(params, cfg),
                          "roberta." if kind != "Model" else "")
-  config = config_to_hf(cfg, stem + kind)
   if head is not None:
     for name in ("weight", "bias"):
       state[f"classifier.dense.{name}"] = state.pop(f"roberta.pooler.dense.{name}")
     state["classifier.out_proj.weight"] = np.ascontiguousarray(np.asarray(head["kernel"]).T)
     state["classifier.out_proj.bias"] = np.asarray(head["bias"])
-    labels = head["kernel"].shape[-1]
+  return state, stem + kind
+
+
+def export_hf(path: str, cfg: RobertaConfig, params: dict, tokenizer: Any = None) -> None:
+  """model.safetensors + config.json of params_to_hf (config.json written last: a directory
+  without it is not read as a checkpoint)."""
+  del tokenizer  # (RoBERTa's special ids are fixed: config_to_hf)
+  state, architecture = params_to_hf(params, cfg)
+  config = config_to_hf(cfg, architecture)
+  if "classifier" in params:
+    labels = params["classifier"]["kernel"].shape[-1]
     config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
     config["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
   d = fileio.path(path)

@@ -216,3 +216,149 @@ def test_presets_and_the_model_fields():
                           jnp.ones((1, 4), jnp.int32)))
   assert params["params"]["bert"]["embeddings"]["position_embeddings"]["embedding"].shape == (
       514, 32)
+
+
+def _roberta_model_dir(tmp_path):
+  """A RobertaForMaskedLM directory with its tokenizer files, the vocabulary's size."""
+  tok_dir = _byte_bpe_dir(tmp_path)
+  size = Tokenizer.from_path(str(tok_dir)).vocab_size
+  path, _ = _hf_dir(tmp_path, "roberta", "ForMaskedLM", vocab_size=size)
+  for f in tok_dir.iterdir():
+    (tmp_path / "roberta-ForMaskedLM" / f.name).write_bytes(f.read_bytes())
+  return path
+
+
+def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_path, capsys):
+  """CoLA from a RoBERTa checkpoint through the fine-tuning job, predict --mode=classify on
+  its best/, and convert --target=all --to=huggingface: RobertaForSequenceClassification with
+  every key and the same logits."""
+  from bert_jax import convert, finetune, predict  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  path = _roberta_model_dir(tmp_path)
+  suite_data.make_glue(tmp_path / "glue")
+  c = glue.get_config("cola")
+  c.init_checkpoint = c.vocab_path = path
+  c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
+  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 1, 8, 8, 1000
+  best = finetune.finetune(c, str(tmp_path / "work"))
+  assert "matthews_corrcoef" in best or "accuracy" in best
+  predict.main([f"--checkpoint={tmp_path / 'work'}", "--mode=classify",
+                "--text=the movie was very good"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in ("0", "1")
+  convert.main([f"--input={tmp_path / 'work' / 'best'}", f"--output={tmp_path / 'hf'}",
+                "--target=all", "--to=huggingface", f"--vocab={path}"])
+  back, info = transformers.RobertaForSequenceClassification.from_pretrained(
+      tmp_path / "hf", output_loading_info=True, attn_implementation="eager")
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+  cfg, params, saved, _ = predict.load_finetuned(str(tmp_path / "work"))
+  ours = Tokenizer.from_path(str(tmp_path / "hf"))
+  ids, _ = features.encode_pair(ours, ours.encode("the movie"), ours.encode("was good"))
+  assert ids == theirs("the movie", "was good")["input_ids"]
+  ids = np.asarray([ids])
+  got = heads.BertForSequenceClassification(cfg, num_labels=2).apply(
+      {"params": params}, ids, np.zeros_like(ids), np.ones_like(ids))
+  with torch.no_grad():
+    want = back.eval()(input_ids=_torch(ids)).logits.numpy()
+  assert np.abs(np.asarray(got) - want).max() <= 1e-5
+
+
+def test_four_finetuning_steps_match_transformers(tmp_path):
+  """Sequence classification, dropout off, the same batches, AdamW (bias-corrected, decay
+  not on LayerNorms and biases), constant learning rate: loss and parameters as torch's."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bert_jax import objectives, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  path, hf = _hf_dir(tmp_path, "roberta", "ForSequenceClassification", num_labels=3,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  hf.train()
+  cfg, params = loader.read(path, "all")
+  cfg = cfg.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  c = glue.get_config("sst2")
+  c.global_batch_size, c.num_train_steps = 4, 4
+  c.opt.bias_correction, c.opt.learning_rate, c.opt.weight_decay = True, 1e-4, 0.01
+  c.opt.grad_clip_norm = 0.0
+  c.schedule = ml_collections.ConfigDict({"warmup_steps": 0, "decay_steps": 4,
+                                          "end_learning_rate": 1e-4})
+  model = heads.BertForSequenceClassification(cfg, num_labels=3)
+  objective = objectives.supervised(heads.classification_sums)
+  rng = np.random.default_rng(5)
+  batches = []
+  for _ in range(4):
+    ids, mask = _inputs(int(rng.integers(100)), batch=4, pad=(0, 3, 9, 0))
+    batches.append({"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
+                    "labels": rng.integers(0, 3, 4).astype(np.int32)})
+  trainer = trainer_lib.build(c, model, objective, batches[0], None)
+  with trainer.activate():
+    state = trainer.init()
+  state = state.replace(params=jax.tree.map(jnp.asarray, params))
+  decay, no_decay = [], []
+  for name, p in hf.named_parameters():
+    (no_decay if "LayerNorm" in name or name.endswith("bias") else decay).append(p)
+  start = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+  opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                           {"params": no_decay, "weight_decay": 0.0}], lr=1e-4,
+                          betas=(c.opt.b1, c.opt.b2), eps=c.opt.eps)
+  for step, batch in enumerate(batches):
+    with trainer.activate():
+      state, sums = trainer.train_step(state, trainer.to_global(batch), trainer.train_rng)
+    out = hf(input_ids=_torch(batch["input_ids"]), attention_mask=_torch(batch["input_mask"]),
+             labels=_torch(batch["labels"]))
+    opt.zero_grad()
+    out.loss.backward()
+    opt.step()
+    ours = float(sums["loss_sum"]) / float(sums["weight"])
+    loss = float(out.loss.detach())
+    assert abs(ours - loss) <= 1e-5, (step, ours, loss)
+  got, _ = roberta.params_to_hf(jax.device_get(state.params), cfg)
+  want = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+  moved = 0.0
+  for k, v in want.items():
+    if k in got:
+      assert np.abs(got[k] - v).max() <= 1e-5, k
+      moved = max(moved, float(np.abs(v - start[k]).max()))
+  assert moved > 1e-4  # the steps did move the weights
+  assert set(want) - set(got) <= {"roberta.embeddings.position_ids"}, set(want) - set(got)
+
+
+def test_squad_windows_put_the_answer_after_the_two_separators(tmp_path):
+  """SQuAD features with RoBERTa's `<s> q </s></s> c </s>`: the gold span's tokens are the
+  answer's, and the layout is transformers' for the same question and context."""
+  from input_pipeline import squad  # pylint: disable=g-import-not-at-top
+  d = _byte_bpe_dir(tmp_path)
+  tok = Tokenizer.from_path(str(d))
+  context = "The cat sat on the mat. A dog ran in the park, quickly!"
+  answer = "in the park"
+  ex = squad.QAExample("q", "Where did the dog run?", context, (answer,), context.index(answer))
+  feats = squad.convert_examples([ex], tok, max_seq_length=160, doc_stride=64,
+                                 max_query_length=64)
+  ids = feats["input_ids"][0][feats["input_mask"][0] > 0].tolist()
+  theirs = transformers.AutoTokenizer.from_pretrained(str(d))
+  assert ids == theirs(ex.question, context)["input_ids"]
+  s, e = int(feats["start_positions"][0]), int(feats["end_positions"][0])
+  assert tok.decode(ids[s:e + 1]).strip() == answer
+  chars = feats["token_chars"][0]
+  assert context[chars[s][0]:chars[e][1]].strip() == answer
+
+
+def test_pretrains_from_scratch_and_exports(tmp_path):
+  """config.model.family=roberta through the pre-training job (its own vocabulary; positions
+  from 2, one token type), resumed as a no-op, exported to RobertaForMaskedLM with every key."""
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  work = tmp_path / "run"
+  # (BERT's configs pin BERT's token types and activation: RoBERTa's given here)
+  args = tu.main_args(work, model__family="roberta", model__preset="base",
+                      model__max_position_embeddings=34, model__num_layers=2,
+                      model__intermediate_size=128, model__type_vocab_size=1,
+                      model__hidden_act="gelu", data__nsp=False)
+  tu.run(args)
+  cfg, params = loader.read(str(work))
+  assert (cfg.family, cfg.position_offset, cfg.type_vocab_size, cfg.num_layers) == (
+      "roberta", 2, 1, 2)
+  assert "seq_relationship" not in params
+  assert "Resumed" in tu.run(args).stderr or tu.checkpoint_steps(work) == [6]
+  families.of(cfg).export_hf(str(tmp_path / "hf"), cfg, params)  # (convert's, without vocab)
+  _, info = transformers.RobertaForMaskedLM.from_pretrained(tmp_path / "hf",
+                                                            output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
