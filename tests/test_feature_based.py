@@ -273,3 +273,14 @@ def test_the_suite_hands_the_feature_based_fields_to_every_task(task):
   c = suite.run_config(config, suite.Run(task, "s", (), 0, "d"))
   assert heads.FeatureBased.of(c) == heads.FeatureBased("sum_all", True, 16, 1)
   assert c.cache_features
+
+
+def test_freezing_pre_training_is_one_line_exit_2(tmp_path):
+  """Pre-training's heads need the encoder's gradients: its configs have no freeze_encoder,
+  and asking for it is one line naming the field, before any work."""
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  out = tu.run(tu.main_args(tmp_path / "w", freeze_encoder=True), check=False)
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  assert [l for l in out.stderr.splitlines() if "error" in l] == [
+      "main.py: error: --config.freeze_encoder: the config has no field 'freeze_encoder'."]
+  assert not (tmp_path / "w").exists()
