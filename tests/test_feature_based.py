@@ -188,10 +188,9 @@ def test_every_head_is_feature_based_and_a_frozen_encoder_gets_no_gradient(four_
                                                            else 0)
 
 
-def test_a_sentence_task_fine_tunes_frozen_and_predict_rebuilds_its_head(four_layers, tmp_path,
-                                                                         capsys):
-  """GLUE (CoLA) feature-based end to end: the encoder bit-identical after training, the
-  weighted sum and BiLSTM trained, predict --mode=classify reading best/'s head."""
+def _cola_config(four_layers, tmp_path):
+  """CoLA (tests/suite_data.py) feature-based on the four-layer checkpoint: the last four
+  layers' weighted sum, frozen, a BiLSTM of 8."""
   from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
   from tests import suite_data  # pylint: disable=g-import-not-at-top
   suite_data.make_glue(tmp_path / "glue")
@@ -200,6 +199,14 @@ def test_a_sentence_task_fine_tunes_frozen_and_predict_rebuilds_its_head(four_la
   c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
   c.features, c.freeze_encoder, c.bilstm_units = "sum_last4", True, 8
   c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 2, 8, 8, 1000
+  return c
+
+
+def test_a_sentence_task_fine_tunes_frozen_and_predict_rebuilds_its_head(four_layers, tmp_path,
+                                                                         capsys):
+  """GLUE (CoLA) feature-based end to end: the encoder bit-identical after training, the
+  weighted sum and BiLSTM trained, predict --mode=classify reading best/'s head."""
+  c = _cola_config(four_layers, tmp_path)
   c.opt.learning_rate = 1e-2
   best = finetune.finetune(c, str(tmp_path / "work"))
   assert "matthews_corrcoef" in best or "accuracy" in best
@@ -225,14 +232,7 @@ def test_cached_features_train_the_head_as_the_frozen_encoder_does(four_layers, 
   if task == "conll":
     c = _config(four_layers, tmp_path)
   else:
-    from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
-    from tests import suite_data  # pylint: disable=g-import-not-at-top
-    suite_data.make_glue(tmp_path / "glue")
-    c = glue.get_config("cola")
-    c.init_checkpoint, c.vocab_path = four_layers[0], four_layers[1]
-    c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
-    c.features, c.freeze_encoder, c.bilstm_units = "sum_last4", True, 8
-    c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 2, 8, 8, 1000
+    c = _cola_config(four_layers, tmp_path)
   c.model.hidden_dropout_rate = c.model.attention_dropout_rate = 0.0
   read = {}
   features = heads._features  # pylint: disable=protected-access

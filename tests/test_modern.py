@@ -233,60 +233,14 @@ def test_config_json_round_trip():
 def test_four_finetuning_steps_match_transformers(tmp_path, family):
   """Sequence classification, dropout off, the same batches, AdamW (bias-corrected, decay
   not on norms and biases), constant learning rate: loss and parameters as torch's."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from bert_jax import heads, objectives, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  from tests import hf_steps  # pylint: disable=g-import-not-at-top
   path, hf = _hf_dir(tmp_path, family, "ForSequenceClassification", num_labels=3)
-  hf.train()
   cfg, params = modern_formats.read_hf(path, "all")
-  c = glue.get_config("sst2")
-  c.global_batch_size, c.num_train_steps = 4, 4
-  # lr 1e-4: each step moves a weight by ~1e-4 (a wrong gradient shows 10x over the bound),
-  # while Adam's amplification of float rounding in near-zero gradients (m / (sqrt(v) +
-  # eps) with |g| ~ eps) stays below it (2.6e-5 seen at lr 1e-3).
-  c.opt.bias_correction, c.opt.learning_rate, c.opt.weight_decay = True, 1e-4, 0.01
-  c.opt.grad_clip_norm = 0.0
-  c.schedule = ml_collections.ConfigDict({"warmup_steps": 0, "decay_steps": 4,
-                                          "end_learning_rate": 1e-4})
-  model = heads.BertForSequenceClassification(cfg, num_labels=3)
-  objective = objectives.supervised(heads.classification_sums)
-  rng = np.random.default_rng(5)
-  batches = []
-  for _ in range(4):
-    ids, mask = _inputs(int(rng.integers(100)), batch=4, pad=(0, 3, 9, 0))
-    batches.append({"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
-                    "labels": rng.integers(0, 3, 4).astype(np.int32)})
-  trainer = trainer_lib.build(c, model, objective, batches[0], None)
-  with trainer.activate():
-    state = trainer.init()
-  state = state.replace(params=jax.tree.map(jnp.asarray, params))
-  decay, no_decay = [], []
-  for name, p in hf.named_parameters():
-    (no_decay if "norm" in name or name.endswith("bias") else decay).append(p)
-  start = {k.removeprefix("model."): v.detach().numpy().copy() for k, v in hf.state_dict().items()}
-  opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                           {"params": no_decay, "weight_decay": 0.0}], lr=1e-4,
-                          betas=(c.opt.b1, c.opt.b2), eps=c.opt.eps)
-  for step, batch in enumerate(batches):
-    with trainer.activate():
-      state, sums = trainer.train_step(state, trainer.to_global(batch), trainer.train_rng)
-    out = hf(input_ids=_torch(batch["input_ids"]), attention_mask=_torch(batch["input_mask"]),
-             labels=_torch(batch["labels"]))
-    opt.zero_grad()
-    out.loss.backward()
-    opt.step()
-    ours = float(sums["loss_sum"]) / float(sums["weight"])
-    assert abs(ours - float(out.loss)) <= 1e-5, (step, ours, float(out.loss))
-  got = modern_formats.params_to_hf(jax.device_get(state.params), cfg)
-  want = {k.removeprefix("model."): v.detach().numpy() for k, v in hf.state_dict().items()}
-  got = {k.removeprefix("model."): v for k, v in got.items()}
-  moved = 0.0
-  for k, v in want.items():
-    if k in got:
-      assert np.abs(got[k] - v).max() <= 1e-5, k
-      moved = max(moved, float(np.abs(v - start[k]).max()))
-  assert moved > 1e-4  # the steps did move the weights
-  assert set(want) - set(got) <= {"decoder.weight"}, set(want) - set(got)
+  untouched = hf_steps.four_steps_match(
+      hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
+      lambda p: modern_formats.params_to_hf(p, cfg),
+      lambda n: "norm" in n or n.endswith("bias"), name=lambda k: k.removeprefix("model."))
+  assert untouched <= {"decoder.weight"}, untouched
 
 
 def test_splash_attention_is_exact_and_trains_the_same():

@@ -265,61 +265,16 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
 
 
 def test_four_finetuning_steps_match_transformers(tmp_path):
-  """Sequence classification, dropout off, the same batches, AdamW (bias-corrected, decay
-  not on LayerNorms and biases), constant learning rate: loss and parameters as torch's."""
-  import ml_collections  # pylint: disable=g-import-not-at-top
-  from bert_jax import objectives, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  from tests import hf_steps  # pylint: disable=g-import-not-at-top
   path, hf = _hf_dir(tmp_path, "roberta", "ForSequenceClassification", num_labels=3,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  hf.train()
   cfg, params = loader.read(path, "all")
   cfg = cfg.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-  c = glue.get_config("sst2")
-  c.global_batch_size, c.num_train_steps = 4, 4
-  c.opt.bias_correction, c.opt.learning_rate, c.opt.weight_decay = True, 1e-4, 0.01
-  c.opt.grad_clip_norm = 0.0
-  c.schedule = ml_collections.ConfigDict({"warmup_steps": 0, "decay_steps": 4,
-                                          "end_learning_rate": 1e-4})
-  model = heads.BertForSequenceClassification(cfg, num_labels=3)
-  objective = objectives.supervised(heads.classification_sums)
-  rng = np.random.default_rng(5)
-  batches = []
-  for _ in range(4):
-    ids, mask = _inputs(int(rng.integers(100)), batch=4, pad=(0, 3, 9, 0))
-    batches.append({"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
-                    "labels": rng.integers(0, 3, 4).astype(np.int32)})
-  trainer = trainer_lib.build(c, model, objective, batches[0], None)
-  with trainer.activate():
-    state = trainer.init()
-  state = state.replace(params=jax.tree.map(jnp.asarray, params))
-  decay, no_decay = [], []
-  for name, p in hf.named_parameters():
-    (no_decay if "LayerNorm" in name or name.endswith("bias") else decay).append(p)
-  start = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
-  opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                           {"params": no_decay, "weight_decay": 0.0}], lr=1e-4,
-                          betas=(c.opt.b1, c.opt.b2), eps=c.opt.eps)
-  for step, batch in enumerate(batches):
-    with trainer.activate():
-      state, sums = trainer.train_step(state, trainer.to_global(batch), trainer.train_rng)
-    out = hf(input_ids=_torch(batch["input_ids"]), attention_mask=_torch(batch["input_mask"]),
-             labels=_torch(batch["labels"]))
-    opt.zero_grad()
-    out.loss.backward()
-    opt.step()
-    ours = float(sums["loss_sum"]) / float(sums["weight"])
-    loss = float(out.loss.detach())
-    assert abs(ours - loss) <= 1e-5, (step, ours, loss)
-  got, _ = roberta.params_to_hf(jax.device_get(state.params), cfg)
-  want = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
-  moved = 0.0
-  for k, v in want.items():
-    if k in got:
-      assert np.abs(got[k] - v).max() <= 1e-5, k
-      moved = max(moved, float(np.abs(v - start[k]).max()))
-  assert moved > 1e-4  # the steps did move the weights
-  assert set(want) - set(got) <= {"roberta.embeddings.position_ids"}, set(want) - set(got)
+  untouched = hf_steps.four_steps_match(
+      hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
+      lambda p: roberta.params_to_hf(p, cfg)[0],
+      lambda n: "LayerNorm" in n or n.endswith("bias"))
+  assert untouched <= {"roberta.embeddings.position_ids"}, untouched
 
 
 def test_squad_windows_put_the_answer_after_the_two_separators(tmp_path):

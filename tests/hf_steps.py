@@ -1,0 +1,72 @@
+"""Four fine-tuning steps of ours against transformers' (the families' parity tests):
+sequence classification, dropout off, the same batches, AdamW (bias-corrected, no decay on
+norms and biases), a constant learning rate; the loss of each step and every parameter
+after the last within 1e-5."""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import torch
+
+from bert_jax import heads, objectives
+from bert_jax import trainer as trainer_lib
+from bert_jax.configs import glue
+
+
+def four_steps_match(hf, cfg, params, make_inputs: Callable[[int], tuple[np.ndarray, np.ndarray]],
+                     to_hf: Callable[[dict], dict], no_decay: Callable[[str], bool],
+                     name: Callable[[str], str] = lambda k: k) -> set[str]:
+  """Runs both; returns transformers' parameter names that `to_hf` does not give (tied)."""
+  hf.train()
+  c = glue.get_config("sst2")
+  c.global_batch_size, c.num_train_steps = 4, 4
+  # lr 1e-4: each step moves a weight by ~1e-4 (a wrong gradient shows 10x over the bound),
+  # while Adam's amplification of float rounding in near-zero gradients (m / (sqrt(v) +
+  # eps) with |g| ~ eps) stays below it (2.6e-5 seen at lr 1e-3).
+  c.opt.bias_correction, c.opt.learning_rate, c.opt.weight_decay = True, 1e-4, 0.01
+  c.opt.grad_clip_norm = 0.0
+  c.schedule = ml_collections.ConfigDict({"warmup_steps": 0, "decay_steps": 4,
+                                          "end_learning_rate": 1e-4})
+  model = heads.BertForSequenceClassification(cfg, num_labels=3)
+  rng = np.random.default_rng(5)
+  batches = []
+  for _ in range(4):
+    ids, mask = make_inputs(int(rng.integers(100)))
+    batches.append({"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
+                    "labels": rng.integers(0, 3, 4).astype(np.int32)})
+  trainer = trainer_lib.build(c, model, objectives.supervised(heads.classification_sums),
+                              batches[0], None)
+  with trainer.activate():
+    state = trainer.init()
+  state = state.replace(params=jax.tree.map(jnp.asarray, params))
+  decay, no = [], []
+  for n, p in hf.named_parameters():
+    (no if no_decay(n) else decay).append(p)
+  start = {name(k): v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+  opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                           {"params": no, "weight_decay": 0.0}], lr=1e-4,
+                          betas=(c.opt.b1, c.opt.b2), eps=c.opt.eps)
+  tensor = lambda x: torch.tensor(np.asarray(x), dtype=torch.long)
+  for step, batch in enumerate(batches):
+    with trainer.activate():
+      state, sums = trainer.train_step(state, trainer.to_global(batch), trainer.train_rng)
+    out = hf(input_ids=tensor(batch["input_ids"]), attention_mask=tensor(batch["input_mask"]),
+             labels=tensor(batch["labels"]))
+    opt.zero_grad()
+    out.loss.backward()
+    opt.step()
+    ours, theirs = float(sums["loss_sum"]) / float(sums["weight"]), float(out.loss.detach())
+    assert abs(ours - theirs) <= 1e-5, (step, ours, theirs)
+  got = {name(k): v for k, v in to_hf(jax.device_get(state.params)).items()}
+  want = {name(k): v.detach().numpy() for k, v in hf.state_dict().items()}
+  moved = 0.0
+  for k, v in want.items():
+    if k in got:
+      assert np.abs(got[k] - v).max() <= 1e-5, k
+      moved = max(moved, float(np.abs(v - start[k]).max()))
+  assert moved > 1e-4  # the steps did move the weights
+  return set(want) - set(got)
