@@ -15,6 +15,7 @@ from bert_jax import modern_formats
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from tests import hf_parity  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 V, L = 96, 40
 
@@ -33,40 +34,17 @@ def _hf_config(family: str, **kw):
       attn_implementation="eager"), **kw})
 
 
-def _randomize(model, seed=0):
-  """Every weight random (norm scales around 1), so a mapping mistake cannot hide."""
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=g) * 0.1
-      p.copy_(1.0 + noise if "norm" in name and name.endswith("weight") else noise)
-  return model.eval()
-
-
 def _hf_dir(tmp_path, family, arch, seed=0, **kw):
   cls = getattr(transformers, {"modernbert": "ModernBert", "eurobert": "EuroBert"}[family] + arch)
-  cfg = _hf_config(family, **kw)
-  torch.manual_seed(seed)
-  model = _randomize(cls(cfg), seed)
-  d = tmp_path / f"{family}-{arch}"
-  model.save_pretrained(d)
-  return str(d), model
+  return hf_parity.hf_dir(tmp_path, cls, _hf_config(family, **kw),
+                          lambda name: "norm" in name, seed)
 
 
 def _inputs(seed=0, batch=3, pad=(0, 7, 19)):
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(4, V, (batch, L)).astype(np.int32)
-  ids[:, 0] = 1
-  mask = np.ones((batch, L), np.int32)
-  for b, p in enumerate(pad[:batch]):
-    if p:
-      mask[b, -p:] = 0
-      ids[b, -p:] = 0
-  return ids, mask
+  return hf_parity.padded_inputs(seed, batch, pad, V, L, first_id=1, pad_id=0)
 
 
-def _torch(x):
-  return torch.tensor(np.asarray(x), dtype=torch.long)
+_torch = hf_parity.to_torch
 
 
 @pytest.mark.parametrize("family", ["modernbert", "eurobert"])
@@ -233,10 +211,9 @@ def test_config_json_round_trip():
 def test_four_finetuning_steps_match_transformers(tmp_path, family):
   """Sequence classification, dropout off, the same batches, AdamW (bias-corrected, decay
   not on norms and biases), constant learning rate: loss and parameters as torch's."""
-  from tests import hf_steps  # pylint: disable=g-import-not-at-top
   path, hf = _hf_dir(tmp_path, family, "ForSequenceClassification", num_labels=3)
   cfg, params = modern_formats.read_hf(path, "all")
-  untouched = hf_steps.four_steps_match(
+  untouched = hf_parity.four_steps_match(
       hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
       lambda p: modern_formats.params_to_hf(p, cfg),
       lambda n: "norm" in n or n.endswith("bias"), name=lambda k: k.removeprefix("model."))

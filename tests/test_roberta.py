@@ -4,6 +4,7 @@ tokenizer.json with its vocab.json / merges.txt, tokenizer_config.json) with ran
 from __future__ import annotations
 
 import json
+import pathlib
 
 import flax.linen as nn
 import jax
@@ -18,6 +19,7 @@ from input_pipeline.tokenizer import Tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from tests import hf_parity  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 tokenizers = pytest.importorskip("tokenizers")
 
 V, L = 120, 24
@@ -34,39 +36,17 @@ def _hf_config(family, **kw):
                        attn_implementation="eager"), **kw})
 
 
-def _randomize(model, seed=0):
-  g = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=g) * 0.1
-      norm = ("LayerNorm" in name or "layer_norm" in name) and name.endswith("weight")
-      p.copy_(1.0 + noise if norm else noise)
-  return model.eval()
-
-
 def _hf_dir(tmp_path, family, arch, seed=0, **kw):
   cls = getattr(transformers, STEM[family] + arch)
-  torch.manual_seed(seed)
-  model = _randomize(cls(_hf_config(family, **kw)), seed)
-  d = tmp_path / f"{family}-{arch}"
-  model.save_pretrained(d)
-  return str(d), model
+  return hf_parity.hf_dir(tmp_path, cls, _hf_config(family, **kw),
+                          lambda name: "LayerNorm" in name or "layer_norm" in name, seed)
 
 
 def _inputs(seed=0, batch=3, pad=(0, 5, 11)):
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(4, V, (batch, L)).astype(np.int32)
-  ids[:, 0] = 0
-  mask = np.ones((batch, L), np.int32)
-  for b, p in enumerate(pad[:batch]):
-    if p:
-      mask[b, -p:] = 0
-      ids[b, -p:] = 1
-  return ids, mask
+  return hf_parity.padded_inputs(seed, batch, pad, V, L, first_id=0, pad_id=1)
 
 
-def _torch(x):
-  return torch.tensor(np.asarray(x), dtype=torch.long)
+_torch = hf_parity.to_torch
 
 
 @pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
@@ -224,7 +204,7 @@ def _roberta_model_dir(tmp_path):
   size = Tokenizer.from_path(str(tok_dir)).vocab_size
   path, _ = _hf_dir(tmp_path, "roberta", "ForMaskedLM", vocab_size=size)
   for f in tok_dir.iterdir():
-    (tmp_path / "roberta-ForMaskedLM" / f.name).write_bytes(f.read_bytes())
+    (pathlib.Path(path) / f.name).write_bytes(f.read_bytes())
   return path
 
 
@@ -265,12 +245,11 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
 
 
 def test_four_finetuning_steps_match_transformers(tmp_path):
-  from tests import hf_steps  # pylint: disable=g-import-not-at-top
   path, hf = _hf_dir(tmp_path, "roberta", "ForSequenceClassification", num_labels=3,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   cfg, params = loader.read(path, "all")
   cfg = cfg.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-  untouched = hf_steps.four_steps_match(
+  untouched = hf_parity.four_steps_match(
       hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
       lambda p: roberta.params_to_hf(p, cfg)[0],
       lambda n: "LayerNorm" in n or n.endswith("bias"))

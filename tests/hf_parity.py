@@ -1,7 +1,8 @@
-"""Four fine-tuning steps of ours against transformers' (the families' parity tests):
-sequence classification, dropout off, the same batches, AdamW (bias-corrected, no decay on
-norms and biases), a constant learning rate; the loss of each step and every parameter
-after the last within 1e-5."""
+"""What the families' parity tests against transformers share: a HuggingFace directory of a
+model with random weights, padded random inputs, and four fine-tuning steps of ours against
+transformers' (sequence classification, dropout off, the same batches, AdamW with bias
+correction and no decay on norms and biases, a constant learning rate: the loss of each step
+and every parameter after the last within 1e-5)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -15,6 +16,44 @@ import torch
 from bert_jax import heads, objectives
 from bert_jax import trainer as trainer_lib
 from bert_jax.configs import glue
+
+
+def randomize(model, seed: int, is_norm: Callable[[str], bool]):
+  """Every weight random (norm scales around 1), so a mapping mistake cannot hide."""
+  g = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=g) * 0.1
+      p.copy_(1.0 + noise if is_norm(name) and name.endswith("weight") else noise)
+  return model.eval()
+
+
+def hf_dir(tmp_path, cls, config, is_norm: Callable[[str], bool], seed: int = 0
+           ) -> tuple[str, object]:
+  """(directory, model): `cls(config)` with random weights (randomize), saved."""
+  torch.manual_seed(seed)
+  model = randomize(cls(config), seed, is_norm)
+  d = tmp_path / f"{config.model_type}-{cls.__name__}"
+  model.save_pretrained(d)
+  return str(d), model
+
+
+def padded_inputs(seed: int, batch: int, pad: tuple[int, ...], vocab: int, length: int,
+                  first_id: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """(ids, mask) [batch, length]: random ids after `first_id`, row b's last pad[b] padding."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(4, vocab, (batch, length)).astype(np.int32)
+  ids[:, 0] = first_id
+  mask = np.ones((batch, length), np.int32)
+  for b, p in enumerate(pad[:batch]):
+    if p:
+      mask[b, -p:] = 0
+      ids[b, -p:] = pad_id
+  return ids, mask
+
+
+def to_torch(x):
+  return torch.tensor(np.asarray(x), dtype=torch.long)
 
 
 def four_steps_match(hf, cfg, params, make_inputs: Callable[[int], tuple[np.ndarray, np.ndarray]],
@@ -50,12 +89,11 @@ def four_steps_match(hf, cfg, params, make_inputs: Callable[[int], tuple[np.ndar
   opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                            {"params": no, "weight_decay": 0.0}], lr=1e-4,
                           betas=(c.opt.b1, c.opt.b2), eps=c.opt.eps)
-  tensor = lambda x: torch.tensor(np.asarray(x), dtype=torch.long)
   for step, batch in enumerate(batches):
     with trainer.activate():
       state, sums = trainer.train_step(state, trainer.to_global(batch), trainer.train_rng)
-    out = hf(input_ids=tensor(batch["input_ids"]), attention_mask=tensor(batch["input_mask"]),
-             labels=tensor(batch["labels"]))
+    out = hf(input_ids=to_torch(batch["input_ids"]), attention_mask=to_torch(batch["input_mask"]),
+             labels=to_torch(batch["labels"]))
     opt.zero_grad()
     out.loss.backward()
     opt.step()
