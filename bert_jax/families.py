@@ -24,6 +24,7 @@ MODULES: dict[str, str] = {
     "bert": "bert_jax.formats",
     "modernbert": "bert_jax.modern_formats",  # ModernBERT, Ettin, mmBERT
     "eurobert": "bert_jax.modern_formats",
+    "electra": "bert_jax.electra",
     "roberta": "bert_jax.roberta",
     "xlm-roberta": "bert_jax.roberta",
 }

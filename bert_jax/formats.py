@@ -108,6 +108,8 @@ def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Cal
   for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
     add(f"embeddings.{name}.weight", emb + (name, "embedding"), same)
   layer_norm("embeddings.LayerNorm", emb + ("LayerNorm",))
+  if cfg.embedding_dim != cfg.hidden_size:  # ELECTRA's projection to the hidden size
+    linear("embeddings_project", root + ("embeddings_project",))
   for i in range(cfg.num_layers):
     hf, path = f"encoder.layer.{i}", root + ("encoder", f"layer_{i}")
     for name in ("query", "key", "value"):
@@ -471,6 +473,43 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   cfg = config_from_hf(read_config_json(fileio.path(path) / "config.json"))
   return cfg, canonical_to_params(read_hf_state(path), cfg, _canonical_target(target),
                                   require_mlm=require_mlm, source=f"HuggingFace checkpoint {path}")
+
+
+# transformers' task heads -> ours (checkpoints read as "all"): a sequence classifier's dense
+# layer (RoBERTa's, ELECTRA's classification head) is our pooler and its out_proj our
+# classifier; token, span and choice heads map to the classifier as they are.
+TASK_HEADS = ("classifier.out_proj", "classifier", "qa_outputs")
+
+
+def pop_task_head(state: dict[str, Array]) -> Params:
+  """In place on a canonical state: the classification head's dense moved to pooler.dense,
+  and the task head's output layer taken out as our `classifier` ({} when there is none)."""
+  for name in ("weight", "bias"):
+    if f"classifier.dense.{name}" in state:
+      state[f"pooler.dense.{name}"] = state.pop(f"classifier.dense.{name}")
+  hf = next((h for h in TASK_HEADS if f"{h}.weight" in state), None)
+  if hf is None:
+    return {}
+  return {"kernel": np.ascontiguousarray(np.asarray(state.pop(f"{hf}.weight"), np.float32).T),
+          "bias": np.asarray(state.pop(f"{hf}.bias"), np.float32)}
+
+
+def classifier_to_hf(state: dict[str, Array], head: Params, pooler: str) -> None:
+  """In place on a HuggingFace state: our pooler (named `pooler`) and classifier as a
+  ...ForSequenceClassification's classifier.dense / classifier.out_proj."""
+  for name in ("weight", "bias"):
+    state[f"classifier.dense.{name}"] = state.pop(f"{pooler}.{name}")
+  state["classifier.out_proj.weight"] = np.ascontiguousarray(np.asarray(head["kernel"]).T)
+  state["classifier.out_proj.bias"] = np.asarray(head["bias"])
+
+
+def label_fields(params: Params) -> dict[str, Any]:
+  """config.json's id2label / label2id for a tree with a classifier ({} without one)."""
+  if "classifier" not in params:
+    return {}
+  labels = params["classifier"]["kernel"].shape[-1]
+  return {"id2label": {str(i): f"LABEL_{i}" for i in range(labels)},
+          "label2id": {f"LABEL_{i}": i for i in range(labels)}}
 
 
 def _canonical_target(target: str) -> str:

@@ -113,6 +113,11 @@ class BertConfig(ModelConfig):
   # Positions start this far into the position table (RoBERTa: 2, after its padding index;
   # bert_jax/roberta.py), so the longest input is max_position_embeddings - position_offset.
   position_offset: int = 0
+  # ELECTRA: the embedding tables' width when it differs from hidden_size (projected to it by
+  # `embeddings_project`; the masked-LM head maps back to it), and the pooler's activation
+  # (its sequence classifier: gelu).
+  embedding_size: int | None = None
+  pooler_act: str = "tanh"
 
   def __post_init__(self):
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
@@ -154,6 +159,10 @@ class BertConfig(ModelConfig):
   @property
   def max_length(self) -> int:
     return self.max_position_embeddings - self.position_offset
+
+  @property
+  def embedding_dim(self) -> int:
+    return self.embedding_size or self.hidden_size
 
 
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> BertConfig:
@@ -314,7 +323,7 @@ class Embeddings(nn.Module):
 
   def setup(self):
     cfg = self.config
-    embed = functools.partial(nn.Embed, features=cfg.hidden_size, dtype=cfg.dtype,
+    embed = functools.partial(nn.Embed, features=cfg.embedding_dim, dtype=cfg.dtype,
                               param_dtype=cfg.param_dtype)
     self.word_embeddings = embed(cfg.vocab_size, embedding_init=_kernel_init(cfg, ("vocab", "embed")))
     self.position_embeddings = embed(cfg.max_position_embeddings,
@@ -567,9 +576,19 @@ class BertModel(nn.Module):
   def setup(self):
     cfg = self.config
     self.embeddings = Embeddings(cfg)
+    if cfg.embedding_dim != cfg.hidden_size:
+      self.embeddings_project = dense(cfg, cfg.hidden_size, (None, "embed"), "embeddings_project")
     self.encoder = Encoder(cfg)
     if self.add_pooler:
       self.pooler = dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
+
+  def _embed(self, input_ids, segment_ids, position_ids, deterministic):
+    x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    return self.embeddings_project(x) if self.config.embedding_dim != self.config.hidden_size else x
+
+  def _pool(self, cls_BD):
+    act = jnp.tanh if self.config.pooler_act == "tanh" else ACTIVATIONS[self.config.pooler_act]
+    return act(self.pooler(cls_BD))
 
   def __call__(self, input_ids, segment_ids=None, input_mask=None, deterministic: bool = True,
                position_ids=None, packed_example_ids=None, cls_positions=None,
@@ -598,7 +617,7 @@ class BertModel(nn.Module):
       input_mask = jnp.ones_like(input_ids)
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    x_BLD = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    x_BLD = self._embed(input_ids, segment_ids, position_ids, deterministic)
     if packed_example_ids is None:
       bias = attention_bias(input_mask, cfg.dtype)
     else:
@@ -619,7 +638,7 @@ class BertModel(nn.Module):
           [cls_BE, rows_at.astype(jnp.int32)], axis=1)
       out_BKD = self.encoder(x_BLD, bias, deterministic, last_positions_BE=wanted_BK)
       cls_BD = out_BKD[:, 0] if cls_positions is None or last is not None else out_BKD[:, :e]
-      return (None if rows_at is None else out_BKD[:, e:]), jnp.tanh(self.pooler(cls_BD))
+      return (None if rows_at is None else out_BKD[:, e:]), self._pool(cls_BD)
     if rows_at is not None:
       return self.encoder(x_BLD, bias, deterministic,
                           last_positions_BE=rows_at.astype(jnp.int32)), None
@@ -630,7 +649,7 @@ class BertModel(nn.Module):
       cls_BD = gather_positions(x_BLD, last)[:, 0]
     else:
       cls_BD = x_BLD[:, 0] if cls_positions is None else gather_positions(x_BLD, cls_positions)
-    pooled_BD = jnp.tanh(self.pooler(cls_BD))
+    pooled_BD = self._pool(cls_BD)
     return x_BLD, pooled_BD
 
   def hidden_states(self, input_ids, segment_ids, input_mask, deterministic: bool = True
@@ -640,7 +659,7 @@ class BertModel(nn.Module):
     cfg = self.config
     batch, length = input_ids.shape
     position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-    x_BLD = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    x_BLD = self._embed(input_ids, segment_ids, position_ids, deterministic)
     bias = attention_bias(input_mask, cfg.dtype)
     if cfg.causal:
       bias = jnp.minimum(bias, causal_bias(length, cfg.dtype))
@@ -675,7 +694,7 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     cfg = self.config
     self.bert = BertModel(cfg, add_pooler=self.nsp)
-    self.transform = dense(cfg, cfg.hidden_size, ("embed", None), "transform")
+    self.transform = dense(cfg, cfg.embedding_dim, ("embed", None), "transform")
     self.transform_LayerNorm = _layer_norm(cfg, "transform_LayerNorm")
     self.output_bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,),
                                   cfg.param_dtype)

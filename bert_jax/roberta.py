@@ -128,27 +128,13 @@ def config_to_hf(cfg: RobertaConfig, architecture: str) -> dict[str, Any]:
           "pad_token_id": pad, "bos_token_id": 0, "eos_token_id": 2}
 
 
-# A task head of transformers' -> ours: RobertaClassificationHead's dense is our pooler (dense +
-# tanh on the first token) and its out_proj our classifier; token, span and choice heads map
-# to the classifier as they are.
-_TASK_HEADS = ("classifier.out_proj", "classifier", "qa_outputs")
-
-
 def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
             ) -> tuple[RobertaConfig, dict]:
   """(config, unrolled params on the host) of a HuggingFace RoBERTa / XLM-R directory;
   "all" also reads a task head (sequence or token classification, spans, multiple choice)."""
   cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
   state = to_canonical(formats.read_hf_state(path))
-  head = {}
-  if target == "all":
-    for name in ("weight", "bias"):
-      if f"classifier.dense.{name}" in state:
-        state[f"pooler.dense.{name}"] = state.pop(f"classifier.dense.{name}")
-    hf = next((h for h in _TASK_HEADS if f"{h}.weight" in state), None)
-    if hf is not None:
-      head = {"kernel": np.ascontiguousarray(np.asarray(state.pop(f"{hf}.weight"), np.float32).T),
-              "bias": np.asarray(state.pop(f"{hf}.bias"), np.float32)}
+  head = formats.pop_task_head(state) if target == "all" else {}
   params = formats.canonical_to_params(
       state, cfg, "pretraining" if target == "all" else target,
       require_mlm=require_mlm and target != "all", source=f"HuggingFace checkpoint {path}")
@@ -165,10 +151,7 @@ def params_to_hf(params: dict, cfg: RobertaConfig) -> tuple[dict[str, np.ndarray
   state = from_canonical(formats.params_to_canonical(params, cfg),
                          "roberta." if kind != "Model" else "")
   if head is not None:
-    for name in ("weight", "bias"):
-      state[f"classifier.dense.{name}"] = state.pop(f"roberta.pooler.dense.{name}")
-    state["classifier.out_proj.weight"] = np.ascontiguousarray(np.asarray(head["kernel"]).T)
-    state["classifier.out_proj.bias"] = np.asarray(head["bias"])
+    formats.classifier_to_hf(state, head, "roberta.pooler.dense")
   return state, stem + kind
 
 
@@ -177,11 +160,7 @@ def export_hf(path: str, cfg: RobertaConfig, params: dict, tokenizer: Any = None
   without it is not read as a checkpoint)."""
   del tokenizer  # (RoBERTa's special ids are fixed: config_to_hf)
   state, architecture = params_to_hf(params, cfg)
-  config = config_to_hf(cfg, architecture)
-  if "classifier" in params:
-    labels = params["classifier"]["kernel"].shape[-1]
-    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
-    config["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
+  config = {**config_to_hf(cfg, architecture), **formats.label_fields(params)}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
   formats.write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})

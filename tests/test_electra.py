@@ -1,0 +1,156 @@
+"""ELECTRA (bert_jax/electra.py) against transformers in float32, on HuggingFace directories
+built here with random weights: the discriminator (ElectraForPreTraining), the generator
+(ElectraForMaskedLM, embeddings narrower than the hidden size), the task heads, and exports
+transformers loads with every key."""
+from __future__ import annotations
+
+import json
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import electra, families, heads, loader
+from bert_jax import model as model_lib
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from tests import hf_parity  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+V, L = 96, 20
+
+
+def _hf_dir(tmp_path, arch, embedding_size=16, hidden_size=32, seed=0, **kw):
+  config = transformers.ElectraConfig(**{**dict(
+      vocab_size=V, embedding_size=embedding_size, hidden_size=hidden_size,
+      num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+      max_position_embeddings=L, attn_implementation="eager"), **kw})
+  return hf_parity.hf_dir(tmp_path, getattr(transformers, "Electra" + arch), config,
+                          lambda name: "LayerNorm" in name, seed)
+
+
+def _inputs(seed=0, batch=3, pad=(0, 4, 9)):
+  return hf_parity.padded_inputs(seed, batch, pad, V, L, first_id=2, pad_id=0)
+
+
+@pytest.mark.parametrize("embedding_size", [16, 32])
+def test_generator_hidden_states_and_mlm_logits_match_transformers(tmp_path, embedding_size):
+  path, hf = _hf_dir(tmp_path, "ForMaskedLM", embedding_size)
+  cfg, params = loader.read(path)
+  assert (cfg.family, cfg.embedding_dim, cfg.pooler_act) == ("electra", embedding_size, "gelu")
+  ids, mask = _inputs()
+  with torch.no_grad():
+    out = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask),
+             output_hidden_states=True)
+  real = mask.astype(bool)
+  got = model_lib.BertModel(cfg, add_pooler=False).apply(
+      {"params": params["bert"]}, ids, np.zeros_like(ids), mask,
+      method=model_lib.BertModel.hidden_states)
+  for g, w in zip(got, out.hidden_states, strict=True):
+    assert np.abs(np.asarray(g)[real] - w.numpy()[real]).max() <= 1e-5
+  positions = np.broadcast_to(np.arange(L, dtype=np.int32), ids.shape)
+  logits = model_lib.BertForPreTraining(cfg, nsp=False).apply(
+      {"params": params}, ids, np.zeros_like(ids), mask, positions)["mlm_logits"]
+  assert np.abs(np.asarray(logits)[real] - out.logits.numpy()[real]).max() <= 1e-4
+
+
+def test_discriminator_logits_match_transformers(tmp_path):
+  path, hf = _hf_dir(tmp_path, "ForPreTraining", 16)
+  cfg, params = loader.read(path)
+  assert "discriminator_prediction" in params and "transform" not in params
+  ids, mask = _inputs(1)
+  got = electra.ElectraDiscriminator(cfg).apply({"params": params}, ids, np.zeros_like(ids),
+                                                mask)
+  with torch.no_grad():
+    want = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask)).logits
+  real = mask.astype(bool)
+  assert np.abs(np.asarray(got)[real] - want.numpy()[real]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch,head", [
+    ("ForSequenceClassification", "classify"), ("ForTokenClassification", "tag"),
+    ("ForQuestionAnswering", "qa")])
+def test_task_head_logits_match_transformers(tmp_path, arch, head):
+  path, hf = _hf_dir(tmp_path, arch, 16, num_labels=2 if head == "qa" else 3)
+  cfg, params = loader.read(path, "all")
+  ids, mask = _inputs(2)
+  model = {"classify": heads.BertForSequenceClassification(cfg, num_labels=3),
+           "tag": heads.BertForTokenClassification(cfg, num_labels=3),
+           "qa": heads.BertForQuestionAnswering(cfg)}[head]
+  fresh = nn.unbox(model.init(jax.random.key(0), ids, np.zeros_like(ids), mask))["params"]
+  params = {**fresh, **params, "bert": {**fresh["bert"], **params["bert"]}}  # (unused pooler)
+  got = model.apply({"params": params}, ids, np.zeros_like(ids), mask)
+  with torch.no_grad():
+    out = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask))
+  if head == "qa":
+    got, want = np.stack(got, -1), np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
+  else:
+    got, want = np.asarray(got), out.logits.numpy()
+  real = mask.astype(bool) if head in ("tag", "qa") else slice(None)
+  assert np.abs(got[real] - want[real]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["ForPreTraining", "ForMaskedLM", "Model",
+                                  "ForSequenceClassification"])
+def test_export_loads_in_transformers_with_every_key(tmp_path, arch):
+  path, hf = _hf_dir(tmp_path, arch, 16, num_labels=2)
+  cfg, params = loader.read(path, "all" if arch in ("Model", "ForSequenceClassification")
+                            else "pretraining", require_mlm=False)
+  families.of(cfg).export_hf(str(tmp_path / "out"), cfg, params)
+  config = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert config["model_type"] == "electra" and config["architectures"] == ["Electra" + arch]
+  back, info = getattr(transformers, "Electra" + arch).from_pretrained(
+      tmp_path / "out", output_loading_info=True, attn_implementation="eager")
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ids, mask = _inputs(3)
+  with torch.no_grad():
+    a = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask))[0]
+    b = back.eval()(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask))[0]
+  real = mask.astype(bool) if a.ndim >= 2 and a.shape[:2] == mask.shape else slice(None)
+  np.testing.assert_array_equal(a.numpy()[real], b.numpy()[real])
+
+
+def test_four_finetuning_steps_match_transformers(tmp_path):
+  path, hf = _hf_dir(tmp_path, "ForSequenceClassification", 16, num_labels=3,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  cfg, params = loader.read(path, "all")
+  cfg = cfg.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  untouched = hf_parity.four_steps_match(
+      hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
+      lambda p: electra.params_to_hf(p, cfg)[0],
+      lambda n: "LayerNorm" in n or n.endswith("bias"))
+  assert untouched <= {"electra.embeddings.position_ids"}, untouched
+
+
+def test_presets():
+  small = electra.ElectraConfig.from_preset("electra-small")
+  assert (small.embedding_dim, small.hidden_size, small.num_layers) == (128, 256, 12)
+  gen = electra.config_from_fields({"preset": "electra-base-generator"}, 30522)
+  assert (gen.embedding_dim, gen.hidden_size, gen.num_heads) == (768, 256, 4)
+  assert electra.config_from_fields({"preset": "large"}).num_layers == 24
+
+
+def test_fine_tunes_from_a_discriminator_and_predicts(tmp_path, capsys):
+  """CoLA from an ElectraForPreTraining directory (vocab.txt beside it) through the
+  fine-tuning job (the discriminator's head left out, the gelu classifier new), then predict."""
+  from bert_jax import finetune, predict  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  from tests.test_task_data import make_vocab  # pylint: disable=g-import-not-at-top
+  tok = make_vocab(tmp_path, ["the movie was very good great fine bad awful poor plot acting"])
+  path, _ = _hf_dir(tmp_path, "ForPreTraining", 16, vocab_size=tok.vocab_size)
+  (tmp_path / "vocab.txt").rename(f"{path}/vocab.txt")
+  suite_data.make_glue(tmp_path / "glue")
+  c = glue.get_config("cola")
+  c.init_checkpoint = c.vocab_path = path
+  c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
+  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 1, 8, 8, 1000
+  best = finetune.finetune(c, str(tmp_path / "work"))
+  assert "matthews_corrcoef" in best or "accuracy" in best
+  cfg, params = loader.read(str(tmp_path / "work" / "best"), "all")
+  assert cfg.family == "electra" and "classifier" in params
+  assert "discriminator_prediction" not in params
+  predict.main([f"--checkpoint={tmp_path / 'work'}", "--mode=classify",
+                "--text=the movie was very good"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in ("0", "1")
