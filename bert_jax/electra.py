@@ -96,15 +96,7 @@ _DISCRIMINATOR = {"discriminator_predictions.dense": "discriminator_dense",
 
 
 def to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  out = {}
-  for name, value in state.items():
-    name = name.removeprefix("electra.")
-    for hf, ours in _NAMES:
-      if name.startswith(hf):
-        name = ours + name[len(hf):]
-        break
-    out[name] = value
-  return out
+  return formats.renamed(state, _NAMES, strip="electra.")
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ElectraConfig:
@@ -151,15 +143,9 @@ def params_to_hf(params: dict, cfg: ElectraConfig) -> tuple[dict[str, np.ndarray
   mlm = formats.heads(params)["mlm"]
   kind = ("ForPreTraining" if discriminator else "ForSequenceClassification" if head is not None
           else "ForMaskedLM" if mlm else "Model")
-  state = {}
-  for name, value in formats.params_to_canonical(params, cfg).items():
-    for hf, ours in _NAMES:
-      if name.startswith(ours):
-        name = hf + name[len(ours):]
-        break
-    else:
-      name = ("electra." if kind != "Model" else "") + name
-    state[name] = value
+  state = formats.renamed(formats.params_to_canonical(params, cfg),
+                         tuple((b, a) for a, b in _NAMES),
+                         add="electra." if kind != "Model" else "")
   for hf, ours in _DISCRIMINATOR.items():
     if discriminator:
       state[f"{hf}.weight"] = np.ascontiguousarray(np.asarray(params[ours]["kernel"]).T)

@@ -475,6 +475,21 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
                                   require_mlm=require_mlm, source=f"HuggingFace checkpoint {path}")
 
 
+def renamed(state: Mapping[str, Array], pairs: tuple[tuple[str, str], ...], strip: str = "",
+            add: str = "") -> dict[str, Array]:
+  """`state` with each name that starts with a pair's first string starting with its second
+  instead, and every other name without the prefix `strip` and with the prefix `add` (a
+  family's HuggingFace names <-> BERT's canonical ones)."""
+  out = {}
+  for name, value in state.items():
+    old = next((a for a, _ in pairs if name.startswith(a)), None)
+    if old is None:
+      out[add + name.removeprefix(strip)] = value
+    else:
+      out[dict(pairs)[old] + name[len(old):]] = value
+  return out
+
+
 # transformers' task heads -> ours (checkpoints read as "all"): a sequence classifier's dense
 # layer (RoBERTa's, ELECTRA's classification head) is our pooler and its out_proj our
 # classifier; token, span and choice heads map to the classifier as they are.

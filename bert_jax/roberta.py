@@ -91,28 +91,11 @@ _NAMES = (("lm_head.dense.", "cls.predictions.transform.dense."),
 
 
 def to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  out = {}
-  for name, value in state.items():
-    name = name.removeprefix("roberta.")
-    for hf, ours in _NAMES:
-      if name.startswith(hf):
-        name = ours + name[len(hf):]
-        break
-    out[name] = value
-  return out
+  return formats.renamed(state, _NAMES, strip="roberta.")
 
 
 def from_canonical(state: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-  out = {}
-  for name, value in state.items():
-    for hf, ours in _NAMES:
-      if name.startswith(ours):
-        name = hf + name[len(ours):]
-        break
-    else:
-      name = prefix + name
-    out[name] = value
-  return out
+  return formats.renamed(state, tuple((b, a) for a, b in _NAMES), add=prefix)
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> RobertaConfig:

@@ -108,3 +108,33 @@ def four_steps_match(hf, cfg, params, make_inputs: Callable[[int], tuple[np.ndar
       moved = max(moved, float(np.abs(v - start[k]).max()))
   assert moved > 1e-4  # the steps did move the weights
   return set(want) - set(got)
+
+
+def task_head_matches(cfg, params, hf, ids, mask, head: str, tolerance: float = 1e-4) -> None:
+  """Our `head` (classify | tag | qa | choice) on `params` read from transformers' model `hf`
+  gives its logits (the pooler a token head never reads filled in fresh)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  model = {"classify": lambda: heads.BertForSequenceClassification(cfg, num_labels=3),
+           "tag": lambda: heads.BertForTokenClassification(cfg, num_labels=3),
+           "qa": lambda: heads.BertForQuestionAnswering(cfg),
+           "choice": lambda: heads.BertForMultipleChoice(cfg)}[head]()
+  fresh = nn.unbox(model.init(jax.random.key(0), ids, np.zeros_like(ids), mask))["params"]
+  params = {**fresh, **params, "bert": {**fresh["bert"], **params["bert"]}}
+  got = model.apply({"params": params}, ids, np.zeros_like(ids), mask)
+  with torch.no_grad():
+    out = hf(input_ids=to_torch(ids), attention_mask=to_torch(mask))
+  if head == "qa":
+    got, want = np.stack(got, -1), np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
+  else:
+    got, want = np.asarray(got), out.logits.numpy()
+  real = mask.astype(bool) if head in ("tag", "qa") else slice(None)
+  assert np.abs(got[real] - want[real]).max() <= tolerance
+
+
+def export_matches(hf, back, ids, mask) -> None:
+  """transformers' model `back`, loaded from our export of `hf`, gives `hf`'s outputs."""
+  with torch.no_grad():
+    a = hf(input_ids=to_torch(ids), attention_mask=to_torch(mask))[0].numpy()
+    b = back.eval()(input_ids=to_torch(ids), attention_mask=to_torch(mask))[0].numpy()
+  real = mask.astype(bool) if a.ndim >= 2 and a.shape[:2] == mask.shape else slice(None)
+  np.testing.assert_array_equal(a[real], b[real])

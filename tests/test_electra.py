@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
@@ -75,20 +73,7 @@ def test_task_head_logits_match_transformers(tmp_path, arch, head):
   path, hf = _hf_dir(tmp_path, arch, 16, num_labels=2 if head == "qa" else 3)
   cfg, params = loader.read(path, "all")
   ids, mask = _inputs(2)
-  model = {"classify": heads.BertForSequenceClassification(cfg, num_labels=3),
-           "tag": heads.BertForTokenClassification(cfg, num_labels=3),
-           "qa": heads.BertForQuestionAnswering(cfg)}[head]
-  fresh = nn.unbox(model.init(jax.random.key(0), ids, np.zeros_like(ids), mask))["params"]
-  params = {**fresh, **params, "bert": {**fresh["bert"], **params["bert"]}}  # (unused pooler)
-  got = model.apply({"params": params}, ids, np.zeros_like(ids), mask)
-  with torch.no_grad():
-    out = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask))
-  if head == "qa":
-    got, want = np.stack(got, -1), np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
-  else:
-    got, want = np.asarray(got), out.logits.numpy()
-  real = mask.astype(bool) if head in ("tag", "qa") else slice(None)
-  assert np.abs(got[real] - want[real]).max() <= 1e-4
+  hf_parity.task_head_matches(cfg, params, hf, ids, mask, head)
 
 
 @pytest.mark.parametrize("arch", ["ForPreTraining", "ForMaskedLM", "Model",
@@ -104,11 +89,7 @@ def test_export_loads_in_transformers_with_every_key(tmp_path, arch):
       tmp_path / "out", output_loading_info=True, attn_implementation="eager")
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   ids, mask = _inputs(3)
-  with torch.no_grad():
-    a = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask))[0]
-    b = back.eval()(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask))[0]
-  real = mask.astype(bool) if a.ndim >= 2 and a.shape[:2] == mask.shape else slice(None)
-  np.testing.assert_array_equal(a.numpy()[real], b.numpy()[real])
+  hf_parity.export_matches(hf, back, ids, mask)
 
 
 def test_four_finetuning_steps_match_transformers(tmp_path):

@@ -79,21 +79,7 @@ def test_task_head_logits_match_transformers(tmp_path, arch, head):
   ids, mask = _inputs(1)
   if head == "choice":
     ids, mask = ids[None], mask[None]
-  model = {"classify": heads.BertForSequenceClassification(cfg, num_labels=3),
-           "tag": heads.BertForTokenClassification(cfg, num_labels=3),
-           "qa": heads.BertForQuestionAnswering(cfg),
-           "choice": heads.BertForMultipleChoice(cfg)}[head]
-  fresh = nn.unbox(model.init(jax.random.key(0), ids, np.zeros_like(ids), mask))["params"]
-  params = {**fresh, **params, "bert": {**fresh["bert"], **params["bert"]}}  # (unused pooler)
-  got = model.apply({"params": params}, ids, np.zeros_like(ids), mask)
-  with torch.no_grad():
-    out = hf(input_ids=_torch(ids), attention_mask=_torch(mask))
-  if head == "qa":
-    got, want = np.stack(got, -1), np.stack([out.start_logits.numpy(), out.end_logits.numpy()], -1)
-  else:
-    got, want = np.asarray(got), out.logits.numpy()
-  real = mask.astype(bool) if head in ("tag", "qa") else slice(None)
-  assert np.abs(got[real] - want[real]).max() <= 1e-4
+  hf_parity.task_head_matches(cfg, params, hf, ids, mask, head)
 
 
 @pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
@@ -109,11 +95,7 @@ def test_export_loads_in_transformers_with_every_key(tmp_path, family, arch):
       tmp_path / "out", output_loading_info=True, attn_implementation="eager")
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   ids, mask = _inputs(2)
-  with torch.no_grad():
-    a = hf(input_ids=_torch(ids), attention_mask=_torch(mask))[0].numpy()
-    b = back.eval()(input_ids=_torch(ids), attention_mask=_torch(mask))[0].numpy()
-  real = mask.astype(bool) if a.ndim == 3 else slice(None)
-  np.testing.assert_array_equal(a[real], b[real])
+  hf_parity.export_matches(hf, back, ids, mask)
 
 
 def _byte_bpe_dir(tmp_path):
