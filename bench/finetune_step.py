@@ -62,10 +62,12 @@ def machine() -> str:
   return f"{info.get('Model name', '?').strip()}, {os.cpu_count()} cores; flags: {' '.join(shown)}"
 
 
-def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int) -> dict[str, str]:
+def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int,
+                shape: str = "minilm") -> dict[str, str]:
   """finetune_throughput's MiniLM-sized checkpoint and CoLA vocabulary, grown to
   `vocab_size` entries ([unusedN] after CoLA's words; 0 = as built) with the exact GELU
-  of all-MiniLM-L6-v2, plus the same weights as a HuggingFace directory for transformers."""
+  of all-MiniLM-L6-v2, plus the same weights as a HuggingFace directory for transformers.
+  shape "roberta-base": random roberta-base weights of that vocabulary instead."""
   from bert_jax import formats  # pylint: disable=g-import-not-at-top
   ckpt, vocab_dir = finetune_throughput.make_checkpoint(root, cola_dir)
   cfg, params = formats.read_native(ckpt)
@@ -80,9 +82,28 @@ def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int) -> dict[str,
         [emb, np.clip(rng.normal(0, 0.02, (extra, emb.shape[1])), -0.04, 0.04).astype(emb.dtype)])
     params["output_bias"] = np.concatenate([params["output_bias"], np.zeros(extra, np.float32)])
   cfg = cfg.replace(vocab_size=len(words) + extra, hidden_act="gelu")
+  if shape == "roberta-base":
+    return _roberta_assets(root, vocab_dir, cfg.vocab_size)
   formats.save_native(str(root / "minilm"), cfg, params)
   formats.export_huggingface(str(root / "minilm_hf"), cfg, params)
   return {"ckpt": str(root / "minilm"), "vocab": vocab_dir, "hf": str(root / "minilm_hf")}
+
+
+def _roberta_assets(root: pathlib.Path, vocab_dir: str, vocab_size: int) -> dict[str, str]:
+  """roberta-base's shape (12 layers, hidden 768, positions after the padding index, one
+  token type) with random weights, native and as a HuggingFace RoBERTa directory."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats, model as model_lib, roberta  # pylint: disable=g-import-not-at-top
+  cfg = roberta.RobertaConfig.from_preset("roberta-base", vocab_size=vocab_size)
+  ids = jnp.ones((1, 8), jnp.int32)
+  params = nn.unbox(model_lib.BertForPreTraining(cfg, nsp=False).init(
+      jax.random.key(0), ids, ids, ids, ids))["params"]
+  params = jax.tree.map(np.asarray, params)
+  formats.save_native(str(root / "roberta"), cfg, params)
+  roberta.export_hf(str(root / "roberta_hf"), cfg, params)
+  return {"ckpt": str(root / "roberta"), "vocab": vocab_dir, "hf": str(root / "roberta_hf")}
 
 
 def _features(vocab: str, cola_dir: str, seq_len: int) -> dict[str, np.ndarray]:
@@ -145,7 +166,7 @@ def torch_worker(args) -> None:
   feats = _features(args.vocab, args.cola_dir, args.seq_len)
   batches = _batches(feats, args.batch, False, args.seq_len)
   total = batches.steps_per_epoch[0]
-  model = transformers.BertForSequenceClassification.from_pretrained(args.hf, num_labels=2)
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(args.hf, num_labels=2)
   model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = 0.1
   model.train()
   no_decay = ("bias", "LayerNorm.weight")
@@ -234,6 +255,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--seq_len", type=int, default=64)
   parser.add_argument("--vocab_size", type=int, default=30522)
   parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+  parser.add_argument("--shape", default="minilm", choices=["minilm", "roberta-base"],
+                      help="the model: all-MiniLM-L6-v2's (BERT) or roberta-base's (RoBERTa; "
+                      "no KerasHub run)")
   parser.add_argument("--other", default="", help="also run the bert_jax job of this checkout")
   parser.add_argument("--other_label", default="other")
   parser.add_argument("--no_packed", action="store_true", help="skip the packing=True runs")
@@ -255,7 +279,7 @@ def main(argv=None) -> dict:
     print(f"CoLA not found at {args.cola_dir}: skipped (../shared/data is only on the project's machines).")
     return {}
   runs = [("bert_jax", REPO, False), ("transformers (PyTorch)", None, False)]
-  if not args.no_keras:
+  if not args.no_keras and args.shape == "minilm":
     runs.append(("KerasHub (BertTextClassifier)", "keras", False))
   if not args.no_packed:
     runs.append(("bert_jax packing=True", REPO, True))
@@ -266,7 +290,7 @@ def main(argv=None) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
     cola = _smoke_cola(tmp) if args.smoke else args.cola_dir
-    assets = make_assets(tmp, cola, args.vocab_size)
+    assets = make_assets(tmp, cola, args.vocab_size, args.shape)
     feats = _features(assets["vocab"], cola, args.seq_len)
     for r in range(args.rounds):
       shift = r % len(runs)
@@ -303,6 +327,8 @@ def main(argv=None) -> dict:
   import transformers  # pylint: disable=g-import-not-at-top
   cmd = "python -m bench.finetune_step" + (" --smoke" if args.smoke else
                                            f" --rounds={args.rounds} --steps={args.steps}") + (
+      f" --shape={args.shape} --vocab_size={args.vocab_size} --log_every={args.log_every}"
+      if args.shape != "minilm" else "") + (
       f" --other=<checkout of {args.other_label}>" if args.other else "")
   table = (
       f"\n## Fine-tuning step vs transformers, CoLA ({datetime.date.today()})\n\n"
@@ -311,8 +337,11 @@ def main(argv=None) -> dict:
       f"at the end ({time.time() - t_start:.0f} s); jax {jax.__version__}, torch "
       f"{torch.__version__}, transformers {transformers.__version__}.  \n"
       f"{'Smoke settings (synthetic data, tiny sizes): not a measurement.  ' if args.smoke else ''}"
-      f"MiniLM-L6 shape (6 layers, hidden 384, 12 heads, intermediate 1536, vocab "
-      f"{args.vocab_size or 'CoLA words'}, exact GELU), random weights; L={args.seq_len}, "
+      + (f"MiniLM-L6 shape (6 layers, hidden 384, 12 heads, intermediate 1536, vocab "
+         f"{args.vocab_size or 'CoLA words'}, exact GELU)" if args.shape == "minilm" else
+         f"roberta-base shape (RobertaForSequenceClassification vs configs/glue.py:cola on a "
+         f"RoBERTa checkpoint; 12 layers, hidden 768, vocab {args.vocab_size or 'CoLA words'})")
+      + f", random weights; L={args.seq_len}, "
       f"batch {args.batch}, fp32, dropout 0.1; steps {args.log_every + 1}-{args.steps} of each "
       f"run timed; {args.rounds} rounds, order rotating.\n\n"
       "| run | s/step (median) | s/step per round | examples/s (median) | transformers s/step / this (per round) | median | examples/s / KerasHub's (per round) |\n"

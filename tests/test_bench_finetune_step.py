@@ -38,3 +38,14 @@ def test_finetune_step_smoke():
     assert rows[keras]["vs_keras"] == [1.0] and rows["bert_jax"]["vs_keras"][0] > 0
   assert rows["transformers (PyTorch)"]["ratio"] == 1.0
   assert "| bert_jax packing=True |" in out["table"]
+
+
+@pytest.mark.slow
+def test_finetune_step_smoke_on_the_roberta_base_shape():
+  """--shape=roberta-base: the fine-tuning job on a RoBERTa checkpoint against
+  transformers' RobertaForSequenceClassification (AutoModel on the export)."""
+  out = finetune_step.main(["--smoke", "--no_record", "--shape=roberta-base", "--no_packed"])
+  rows = {r["impl"]: r for r in out["rows"]}
+  assert list(rows) == ["bert_jax", "transformers (PyTorch)"]
+  assert all(r["s_per_step"] > 0 for r in rows.values())
+  assert "roberta-base shape" in out["table"]

@@ -112,6 +112,7 @@ def test_presets():
   assert electra.config_from_fields({"preset": "large"}).num_layers == 24
 
 
+@pytest.mark.slow
 def test_fine_tunes_from_a_discriminator_and_predicts(tmp_path, capsys):
   """CoLA from an ElectraForPreTraining directory (vocab.txt beside it) through the
   fine-tuning job (the discriminator's head left out, the gelu classifier new), then predict."""

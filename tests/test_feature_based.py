@@ -149,7 +149,8 @@ HOWS = [heads.FeatureBased("sum_all", freeze=True, bilstm_units=4, bilstm_layers
 
 
 @pytest.mark.parametrize("family", ["bert", pytest.param("modern", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("head", ["classify", "qa", "tag", "choice"])
+@pytest.mark.parametrize("head", ["classify", "qa", "tag",
+                                  pytest.param("choice", marks=pytest.mark.slow)])
 def test_every_head_is_feature_based_and_a_frozen_encoder_gets_no_gradient(four_layers, family,
                                                                            head):
   """Each task's head takes heads.FeatureBased (issue 36: every task of the suite): its
