@@ -92,7 +92,7 @@ class LocalLock:
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except BlockingIOError:
-        info = _read_json_fd(fd)
+        info = _holder_of(fd)
         os.close(fd)
         raise _refusal(self.owner, info) from None
       try:
@@ -116,6 +116,16 @@ class LocalLock:
         os.unlink(self.path)
       os.close(self.fd)
       self.fd = None
+
+
+def _holder_of(fd: int, wait_s: float = 5.0) -> dict[str, Any]:
+  """The holder's JSON of a lock file that another process holds. A holder writes it just
+  after taking the lock: a file still empty (or half written) is read again for up to
+  `wait_s`, so the refusal names the holder."""
+  deadline = time.time() + wait_s
+  while not (info := _read_json_fd(fd)).get("pid") and time.time() < deadline:
+    time.sleep(0.05)
+  return info
 
 
 def _read_json_fd(fd: int) -> dict[str, Any]:

@@ -134,3 +134,26 @@ def test_a_workdir_holding_a_symlink_loop_is_one_line(tmp_path):
   assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   assert (f"--workdir={tmp_path / 'self'} cannot be used: it is a symbolic link that leads to "
           "no directory (it loops, or its target is gone)") in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_refusal_names_a_holder_that_is_still_writing_its_lock(tmp_path):
+  """Two fresh starts at once: the loser can find the winner's lock taken (flock) but its
+  JSON not yet written (between flock and pwrite). The refusal must still name the winner,
+  never 'process ? on host ?' (seen once in CI)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  from input_pipeline import dirlock  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "LOCK"
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, still empty
+  writer = threading.Timer(0.3, lambda: os.pwrite(fd, json.dumps(
+      {"host": "winner-host", "pid": 4242, "started": time.time()}).encode(), 0))
+  writer.start()
+  owner = dirlock.Owner("--workdir=W", "Two jobs would collide.", "another --workdir")
+  try:
+    with pytest.raises(dirlock.LockedError, match="in use by process 4242 on host winner-host"):
+      dirlock.LocalLock(str(tmp_path), owner).acquire(started=time.time())
+  finally:
+    writer.join()
+    os.close(fd)
