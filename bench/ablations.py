@@ -9,6 +9,11 @@ steps, batch and schedule for every row) as
   - MLM only   ("No NSP": data.nsp=False)
   - LTR        ("LTR & No NSP": --config.objective=ltr, data.nsp=False; a left-to-right LM,
                left-only attention at fine-tuning too)
+or, with --table=electra,
+  - MLM only   (data.nsp=False), --steps steps
+  - ELECTRA    (--config.objective=electra: the same network as the discriminator, ELECTRA's
+               embedding width and gelu, a generator of 1/4 its width), as many steps as
+               make the same pre-training FLOPs (objectives.Objective.flops of each step)
 then fine-tunes each on CoLA (../shared/data/cola/raw: in_domain_train -> in_domain_dev)
 through `configs/suite.py:cola` with one grid for all rows (--lrs x 3 epochs, batch 32,
 --seeds seeds, the best run on dev reported as the paper does, the median beside it).
@@ -18,6 +23,7 @@ bench/RESULTS.md unless --no_record. Skips when the CoLA data is absent.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import pathlib
@@ -33,6 +39,39 @@ COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 ROWS = {"MLM + NSP (BERT)": [],
         "No NSP (MLM only)": ["--config.data.nsp=False"],
         "LTR & No NSP": ["--config.objective=ltr", "--config.data.nsp=False"]}
+SLUGS = {"MLM + NSP (BERT)": "mlm_nsp", "No NSP (MLM only)": "mlm_only", "LTR & No NSP": "ltr",
+         "ELECTRA (replaced-token detection)": "electra"}
+# The tiny config's network as an ELECTRA discriminator (configs/tiny_pretrain.py: 2 layers,
+# hidden 128, 2 heads, feed-forward 512).
+ELECTRA = ["--config.objective=electra", "--config.data.nsp=False", "--config.model.family=electra",
+           "--config.model.preset=electra-small", "--config.model.num_layers=2",
+           "--config.model.hidden_size=128", "--config.model.num_heads=2",
+           "--config.model.intermediate_size=512", "--config.model.embedding_size=128"]
+ELECTRA_ROWS = {"No NSP (MLM only)": ["--config.data.nsp=False"],
+                "ELECTRA (replaced-token detection)": ELECTRA}
+
+
+def step_flops(flags: list[str]) -> float:
+  """Model FLOPs of one pre-training step of configs/tiny_pretrain.py with `flags` (the
+  objective's count, as the job's MFU uses)."""
+  from bert_jax import registry  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import tiny_pretrain  # pylint: disable=g-import-not-at-top
+  config = tiny_pretrain.get_config()
+  for flag in flags:
+    key, value = flag.removeprefix("--config.").split("=", 1)
+    *parents, leaf = key.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    try:
+      node[leaf] = ast.literal_eval(value)  # numbers and booleans, as the flag parser reads them
+    except (ValueError, SyntaxError):
+      node[leaf] = value  # a name
+  model, objective, _ = registry.pretraining(config, config.build.vocab_size)
+  data = config.data
+  shapes = {"input_ids": (config.global_batch_size, data.max_seq_length),
+            "masked_lm_positions": (config.global_batch_size, data.max_predictions_per_seq)}
+  return float(objective.flops(model, shapes))
 
 
 def _run(cmd: list[str], log: pathlib.Path) -> float:
@@ -52,49 +91,59 @@ def _last_eval(log: pathlib.Path) -> str:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--table", choices=("5", "electra"), default="5")
+  parser.add_argument("--cola", default=str(COLA), help="CoLA 1.1's raw files")
   parser.add_argument("--workdir", default="/tmp/bench_ablations")
   parser.add_argument("--steps", type=int, default=900)
   parser.add_argument("--lrs", default="1e-4,3e-4,1e-3")
   parser.add_argument("--seeds", type=int, default=2)
   parser.add_argument("--no_record", action="store_true")
   args = parser.parse_args(argv)
-  if not COLA.exists():
-    print(f"skipped: {COLA} is absent (CoLA 1.1's raw files)")
+  cola_dir = pathlib.Path(args.cola)
+  if not cola_dir.exists():
+    print(f"skipped: {cola_dir} is absent (CoLA 1.1's raw files)")
     return
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
+  table = ROWS if args.table == "5" else ELECTRA_ROWS
+  flops = {name: step_flops(flags) for name, flags in table.items()}
+  budget = args.steps * flops[next(iter(table))]  # the first row's steps set the FLOPs
   rows = []
-  for name, flags in ROWS.items():
-    slug = {"MLM + NSP (BERT)": "mlm_nsp", "No NSP (MLM only)": "mlm_only",
-            "LTR & No NSP": "ltr"}[name]
+  for name, flags in table.items():
+    slug = SLUGS[name]
+    steps = args.steps if args.table == "5" else max(1, round(budget / flops[name]))
     pre = root / slug / "pretrain"
     pre_s = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/tiny_pretrain.py",
-                  f"--workdir={pre}", f"--config.num_train_steps={args.steps}"] + flags,
+                  f"--workdir={pre}", f"--config.num_train_steps={steps}"] + flags,
                  root / f"{slug}_pretrain.log")
     suite = root / slug / "cola"
     ft_s = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/suite.py:cola",
                  f"--workdir={suite}", f"--config.init_checkpoint={pre}",
-                 f"--config.vocab_path={pre / 'vocab'}", f"--config.task_dirs.cola={COLA}",
+                 f"--config.vocab_path={pre / 'vocab'}", f"--config.task_dirs.cola={cola_dir}",
                  "--config.protocol=grid", f"--config.grid.learning_rate=({args.lrs},)",
                  "--config.grid.global_batch_size=(32,)", "--config.grid.num_epochs=(3,)",
                  f"--config.seeds={args.seeds}", "--config.max_seq_length=64",
                  "--config.submission=False"], root / f"{slug}_cola.log")
     report = json.loads((suite / "report.json").read_text())
     cola = report["tasks"]["cola"]
-    rows.append((name, _last_eval(root / f"{slug}_pretrain.log"), cola, pre_s, ft_s))
-  lines = [f"## Table 5 at tiny scale: pre-training tasks ablation ({datetime.date.today()})", "",
-           f"Command: `python -m bench.ablations --workdir={args.workdir} --steps={args.steps} "
-           f"--lrs={args.lrs} --seeds={args.seeds}`; machine: {finetune_step.machine()}.",
-           f"Tiny BERT (configs/tiny_pretrain.py: 2 layers, hidden 128, L=64), {args.steps} steps "
-           "of batch 64 on the built-in corpus; CoLA dev MCC through the suite (lr "
+    rows.append((name, steps, _last_eval(root / f"{slug}_pretrain.log"), cola, pre_s, ft_s))
+  title = ("Table 5 at tiny scale: pre-training tasks ablation" if args.table == "5" else
+           "ELECTRA vs masked LM at the same pre-training FLOPs, tiny scale")
+  lines = [f"## {title} ({datetime.date.today()})", "",
+           f"Command: `python -m bench.ablations --table={args.table} --workdir={args.workdir} "
+           f"--steps={args.steps} --lrs={args.lrs} --seeds={args.seeds}`; machine: "
+           f"{finetune_step.machine()}.",
+           f"Tiny BERT (configs/tiny_pretrain.py: 2 layers, hidden 128, L=64), batch 64 on the "
+           "built-in corpus; CoLA dev MCC through the suite (lr "
            f"{args.lrs} x 3 epochs, batch 32, L=64, {args.seeds} seeds; best run, median of "
            "the chosen setting).", "",
-           "| pre-training | held-out eval at the last step | CoLA dev MCC (best) | median | "
-           "chosen lr | pre-train s | suite s |", "|---|---|---|---|---|---|---|"]
-  for name, ev, cola, pre_s, ft_s in rows:
+           "| pre-training | steps | model GFLOPs a step | held-out eval at the last step | "
+           "CoLA dev MCC (best) | median | chosen lr | pre-train s | suite s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for name, steps, ev, cola, pre_s, ft_s in rows:
     median = (cola.get("spread") or {}).get("median")
-    lines.append(f"| {name} | {ev} | {cola['dev']['mcc']:.3g} | "
-                 f"{'-' if median is None else format(median, '.3g')} | "
+    lines.append(f"| {name} | {steps} | {flops[name] / 1e9:.1f} | {ev} | "
+                 f"{cola['dev']['mcc']:.3g} | {'-' if median is None else format(median, '.3g')} | "
                  f"{(cola.get('hparams') or {}).get('learning_rate')} | {pre_s:.0f} | {ft_s:.0f} |")
   text = "\n".join(lines) + "\n"
   print(text)

@@ -160,13 +160,14 @@ def main(argv: Iterable[str] | None = None) -> None:
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
   family = families.of(cfg)
-  if args.to == "huggingface":
-    family.export_hf(args.output, cfg, params, tok)
+  written = [args.output]
+  if args.to == "huggingface":  # (a family may write a companion model beside it)
+    written = family.export_hf(args.output, cfg, params, tok) or written
   else:
     formats.save_native(args.output, cfg, params)
   if tok is not None:
-    export_vocabulary(tok, args.output,
-                      name_specials=args.to == "huggingface" and family.names_specials)
+    for out in written:
+      export_vocabulary(tok, out, name_specials=args.to == "huggingface" and family.names_specials)
   n = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(params))
   print(f"Converted {args.input} -> {args.output} ({args.to}): "
         f"{formats.describe_heads(formats.heads(params))}, "

@@ -14,6 +14,7 @@ import json
 from typing import Any, Mapping
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -73,15 +74,87 @@ class ElectraDiscriminator(nn.Module):
   (positive: replaced), as transformers' ElectraForPreTraining."""
   config: ElectraConfig
 
-  @nn.compact
-  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+  def setup(self):
     cfg = self.config
-    x_BLD, _ = model_lib.BertModel(cfg, add_pooler=False, name="bert")(
-        input_ids, segment_ids, input_mask, deterministic)
-    x_BLD = model_lib.dense(cfg, cfg.hidden_size, ("embed", None), "discriminator_dense")(x_BLD)
-    x_BLD = model_lib.ACTIVATIONS[cfg.hidden_act](x_BLD)
-    logits_BL1 = model_lib.dense(cfg, 1, ("embed", None), "discriminator_prediction")(x_BLD)
-    return logits_BL1[..., 0].astype(jnp.float32)
+    self.bert = model_lib.BertModel(cfg, add_pooler=False)
+    self.discriminator_dense = model_lib.dense(cfg, cfg.hidden_size, ("embed", None),
+                                               "discriminator_dense")
+    self.discriminator_prediction = model_lib.dense(cfg, 1, ("embed", None),
+                                                    "discriminator_prediction")
+
+  def discriminate(self, input_ids, segment_ids, input_mask, deterministic: bool = True,
+                   position_ids=None, packed_example_ids=None):
+    x_BLD, _ = self.bert(input_ids, segment_ids, input_mask, deterministic,
+                         position_ids=position_ids, packed_example_ids=packed_example_ids)
+    x_BLD = model_lib.ACTIVATIONS[self.config.hidden_act](self.discriminator_dense(x_BLD))
+    return self.discriminator_prediction(x_BLD)[..., 0].astype(jnp.float32)
+
+  def __call__(self, input_ids, segment_ids, input_mask, deterministic: bool = True):
+    return self.discriminate(input_ids, segment_ids, input_mask, deterministic)
+
+
+def generator_of(cfg: ElectraConfig, size: float) -> ElectraConfig:
+  """The generator of a discriminator: `size` times its hidden width, heads and feed-forward
+  width (the ELECTRA paper's generator-size multiplier: 1/4 small, 1/3 base and large), the
+  same depth and embedding width (the embeddings are shared)."""
+  if not 0 < size <= 1:
+    raise errors.ConfigError(f"--config.electra.generator_size={size} must be in (0, 1]: the "
+                             "generator's width as a fraction of the discriminator's.")
+  heads = max(1, round(cfg.num_heads * size))
+  hidden = heads * round(cfg.hidden_size * size / heads)  # a whole number of heads
+  return cfg.replace(hidden_size=hidden, num_heads=heads, embedding_size=cfg.embedding_dim,
+                     intermediate_size=max(1, round(cfg.intermediate_size * size)))
+
+
+class ElectraPretraining(ElectraDiscriminator):
+  """Replaced-token detection (ELECTRA, Clark et al. 2020), what `--config.objective=electra`
+  trains: a small masked-LM generator (`generator`, BertForPreTraining(nsp=False)'s tree
+  without embeddings: it reads the discriminator's, and its output attends their word
+  embeddings) predicts the masked positions; a token is sampled from its distribution at
+  each (no gradient flows through the sampling: the "sample" random stream); the
+  discriminator (this module's own tree, ElectraDiscriminator's: fine-tuning and export read
+  it) sees the text with those samples in and predicts, per token, whether it was replaced
+  (a sample equal to the original counts as original). Outputs: "mlm_logits" [B, P, V] (the
+  generator's), "disc_logits" and "disc_labels" [B, L] (objectives.electra)."""
+  generator_size: float = 0.25
+
+  @property
+  def generator_config(self) -> ElectraConfig:
+    return generator_of(self.config, self.generator_size)
+
+  def setup(self):
+    super().setup()
+    self.generator = model_lib.BertForPreTraining(self.generator_config, nsp=False,
+                                                  embeddings_of=self.bert)
+
+  def __call__(self, input_ids, segment_ids, input_mask, masked_lm_positions, masked_lm_ids,
+               masked_lm_weights, deterministic: bool = True, position_ids=None,
+               packed_example_ids=None, cls_positions=None) -> dict[str, jax.Array]:
+    del cls_positions  # (no pooled output)
+    mlm_logits_BPV = self.generator(input_ids, segment_ids, input_mask, masked_lm_positions,
+                                    deterministic, position_ids=position_ids,
+                                    packed_example_ids=packed_example_ids)["mlm_logits"]
+    sampled_BP = jax.random.categorical(self.make_rng("sample"),
+                                        jax.lax.stop_gradient(mlm_logits_BPV), axis=-1)
+    input_ids = jnp.asarray(input_ids)
+    rows_B1 = jnp.arange(input_ids.shape[0])[:, None]
+    pos_BP = masked_lm_positions.astype(jnp.int32)
+    now_BP = input_ids[rows_B1, pos_BP]
+    masked_BP = masked_lm_weights > 0
+    original_BL = input_ids.at[rows_B1, pos_BP].set(
+        jnp.where(masked_BP, masked_lm_ids.astype(input_ids.dtype), now_BP))
+    replaced_BL = input_ids.at[rows_B1, pos_BP].set(
+        jnp.where(masked_BP, sampled_BP.astype(input_ids.dtype), now_BP))
+    disc_logits_BL = self.discriminate(replaced_BL, segment_ids, input_mask, deterministic,
+                                       position_ids, packed_example_ids)
+    return {"mlm_logits": mlm_logits_BPV, "disc_logits": disc_logits_BL,
+            "disc_labels": (replaced_BL != original_BL).astype(jnp.int32)}
+
+
+def replaced_token_detection(cfg: ElectraConfig, generator_size: float) -> ElectraPretraining:
+  """The model `--config.objective=electra` trains (a bad generator size: a ConfigError now)."""
+  generator_of(cfg, generator_size)
+  return ElectraPretraining(cfg, generator_size=generator_size)
 
 
 # ----------------------------------------------------------------------------
@@ -157,9 +230,24 @@ def params_to_hf(params: dict, cfg: ElectraConfig) -> tuple[dict[str, np.ndarray
   return state, "Electra" + kind
 
 
-def export_hf(path: str, cfg: ElectraConfig, params: dict, tokenizer: Any = None) -> None:
-  """model.safetensors + config.json of params_to_hf (config.json written last)."""
+def export_hf(path: str, cfg: ElectraConfig, params: dict, tokenizer: Any = None) -> list[str]:
+  """model.safetensors + config.json of params_to_hf (config.json written last). A run of
+  `--config.objective=electra` holds a generator too: it goes to PATH/generator as
+  ElectraForMaskedLM (with the discriminator's embeddings, as the published pairs). Returns
+  the directories written (each takes the vocabulary: bert_jax/convert.py)."""
   del tokenizer  # (a WordPiece vocabulary, as BERT's)
+  out = [path]
+  params = dict(params)
+  generator = params.pop("generator", None)
+  _write_hf(path, cfg, params)
+  if generator is not None:
+    tree = {**generator, "bert": {**generator["bert"], "embeddings": params["bert"]["embeddings"]}}
+    _write_hf(str(fileio.path(path) / "generator"), _generator_config(cfg, tree), tree)
+    out.append(str(fileio.path(path) / "generator"))
+  return out
+
+
+def _write_hf(path: str, cfg: ElectraConfig, params: dict) -> None:
   state, architecture = params_to_hf(params, cfg)
   config = {**config_to_hf(cfg, architecture), **formats.label_fields(params)}
   d = fileio.path(path)
@@ -168,9 +256,19 @@ def export_hf(path: str, cfg: ElectraConfig, params: dict, tokenizer: Any = None
   (d / "config.json").write_text(json.dumps(config, indent=2))
 
 
+def _generator_config(cfg: ElectraConfig, tree: dict) -> ElectraConfig:
+  """The generator's sizes, read from its (unrolled) weights."""
+  layers = tree["bert"]["encoder"]
+  hidden, heads, _ = np.shape(layers["layer_0"]["attention"]["query"]["kernel"])
+  return cfg.replace(hidden_size=hidden, num_heads=heads, num_layers=len(layers),
+                     intermediate_size=np.shape(layers["layer_0"]["intermediate"]["bias"])[0],
+                     embedding_size=cfg.embedding_dim)
+
+
 FAMILIES = {"electra": dataclasses.replace(
     formats.FAMILIES["bert"], name="electra", config=ElectraConfig,
     from_fields=config_from_fields, causal_lm=None, read_hf=read_hf, export_hf=export_hf,
     model_types=("electra",),
+    replaced_token_detection=replaced_token_detection,
     architecture_fields=formats.FAMILIES["bert"].architecture_fields + ("family",
                                                                          "embedding_size"))}

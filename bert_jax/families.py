@@ -43,7 +43,9 @@ class Family:
   read_hf: Callable[[str, str, bool], tuple[Any, dict]]
   # (path, part, require_mlm) -> the same of a bert_jax export (its tree as saved: read_native)
   read_native: Callable[[str, str, bool], tuple[Any, dict]]
-  export_hf: Callable[..., None]  # (path, cfg, params, tokenizer or None): what transformers loads
+  # (path, cfg, params, tokenizer or None): what transformers loads; returns the directories
+  # written when it writes more than `path` (ELECTRA's generator), else None
+  export_hf: Callable[..., list[str] | None]
   model_types: tuple[str, ...]  # HuggingFace config.json model_type values it reads
   architecture_fields: tuple[str, ...]  # fields a checkpoint and config.model must agree on
   dropout: Mapping[str, float | None]  # fine-tuning's dropout fields -> default (None: the model's)
@@ -51,6 +53,8 @@ class Family:
   padded_vocab: bool = False  # the embedding table may have more rows than the vocabulary
   names_specials: bool = False  # its HuggingFace tokenizer_config.json names the special tokens
   causal_lm: Callable[[Any], Any] | None = None  # the left-to-right LM (objective ltr), if any
+  # (cfg, generator size) -> ELECTRA's generator + discriminator (objective electra), if any
+  replaced_token_detection: Callable[[Any, float], Any] | None = None
 
 
 def names() -> list[str]:

@@ -572,18 +572,29 @@ class BertModel(nn.Module):
   config: BertConfig
   add_pooler: bool = True
   pooled_only: bool = False
+  # Another encoder whose embeddings this one reads and whose word embeddings its output
+  # attends (ELECTRA's generator shares the discriminator's: bert_jax/electra.py); None: its
+  # own. The embeddings projection, if any, stays this encoder's.
+  embeddings_of: nn.Module | None = None
 
   def setup(self):
     cfg = self.config
-    self.embeddings = Embeddings(cfg)
+    if self.embeddings_of is None:
+      self.embeddings = Embeddings(cfg)
     if cfg.embedding_dim != cfg.hidden_size:
       self.embeddings_project = dense(cfg, cfg.hidden_size, (None, "embed"), "embeddings_project")
     self.encoder = Encoder(cfg)
     if self.add_pooler:
       self.pooler = dense(cfg, cfg.hidden_size, ("embed", None), "pooler")
 
+  def embed(self, input_ids, segment_ids, position_ids, deterministic):
+    """The embeddings layer's output, [B, L, embedding_dim] (before any projection)."""
+    if self.embeddings_of is not None:
+      return self.embeddings_of.embed(input_ids, segment_ids, position_ids, deterministic)
+    return self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+
   def _embed(self, input_ids, segment_ids, position_ids, deterministic):
-    x = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+    x = self.embed(input_ids, segment_ids, position_ids, deterministic)
     return self.embeddings_project(x) if self.config.embedding_dim != self.config.hidden_size else x
 
   def _pool(self, cls_BD):
@@ -671,6 +682,8 @@ class BertModel(nn.Module):
 
   def attend_vocab(self, x_BPD):
     """Logits against the (tied) word-embedding matrix."""
+    if self.embeddings_of is not None:
+      return self.embeddings_of.attend_vocab(x_BPD)
     return self.embeddings.word_embeddings.attend(x_BPD)
 
 
@@ -687,13 +700,14 @@ class BertForPreTraining(nn.Module):
   """
   config: BertConfig
   nsp: bool = True
+  embeddings_of: nn.Module | None = None  # BertModel.embeddings_of
   # The last layer only at the rows the heads read (masked positions, [CLS]) when they are
   # fewer than the sequence: the same outputs and gradients (tests/test_model.py).
   head_rows: bool = True
 
   def setup(self):
     cfg = self.config
-    self.bert = BertModel(cfg, add_pooler=self.nsp)
+    self.bert = BertModel(cfg, add_pooler=self.nsp, embeddings_of=self.embeddings_of)
     self.transform = dense(cfg, cfg.embedding_dim, ("embed", None), "transform")
     self.transform_LayerNorm = _layer_norm(cfg, "transform_LayerNorm")
     self.output_bias = self.param("output_bias", _zeros(("vocab",)), (cfg.vocab_size,),

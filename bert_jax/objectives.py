@@ -11,6 +11,8 @@ new objective is one factory here plus its line in bert_jax/registry.py.
 
   pretraining()          masked LM, plus NSP when the model has the NSP head
   ltr()                  a left-to-right LM (the paper's LTR ablation)
+  electra(weight)        replaced-token detection: the generator's masked LM + `weight` x
+                         the discriminator's per-token loss (ELECTRA)
   supervised(sums_fn)    a fine-tuning head's sums (heads.*_sums): classification,
                          regression, span QA, tagging, multiple choice
 
@@ -218,6 +220,66 @@ def ltr() -> Objective:
       flops=_ltr_flops, console=(("lm_accuracy", "lm_acc"),),
       eval_console=(("lm_loss", "lm_loss"), ("lm_accuracy", "lm_acc")), count="num_examples",
       model_batch=restore_text)
+
+
+# ------------------------------------------------- replaced-token detection ----
+
+def electra_sums(outputs, batch) -> dict[str, jax.Array]:
+  """The generator's masked-LM sums (pretraining_sums) and the discriminator's: sigmoid
+  cross-entropy of "replaced" per real token, its accuracy, and how many were replaced."""
+  sums = pretraining_sums({"mlm_logits": outputs["mlm_logits"]}, batch)
+  z_BL = outputs["disc_logits"]
+  y_BL = outputs["disc_labels"].astype(jnp.float32)
+  w_BL = batch["input_mask"].astype(jnp.float32)
+  nll_BL = jnp.maximum(z_BL, 0.0) - z_BL * y_BL + jnp.log1p(jnp.exp(-jnp.abs(z_BL)))
+  sums.update(disc_loss_sum=jnp.sum(nll_BL * w_BL),
+              disc_correct_sum=jnp.sum(((z_BL > 0) == (y_BL > 0)) * w_BL),
+              disc_weight=jnp.sum(w_BL), replaced_sum=jnp.sum(y_BL * w_BL))
+  return sums
+
+
+def _electra_flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
+  """The generator's masked LM (the last layer at the masked rows only) + the discriminator
+  over every token with its per-token head."""
+  batch, length = shapes["input_ids"]
+  preds = shapes["masked_lm_positions"][-1]
+  gen = model.generator_config
+  gen_flops = flops_lib.train_flops_per_step(gen, batch, length, preds, nsp=False,
+                                             last_rows=preds if preds < length else None)
+  d = model.config.hidden_size
+  head = 3 * batch * length * (2 * d * d + 2 * d)
+  return gen_flops + flops_lib.train_flops_per_step(model.config, batch, length, 0,
+                                                    nsp=False) + head
+
+
+def electra(discriminator_weight: float = 50.0) -> Objective:
+  """ELECTRA's replaced-token detection (electra.ElectraPretraining): the generator's
+  masked-LM loss (per masked token) + `discriminator_weight` x the discriminator's (per
+  real token), the paper's lambda = 50."""
+  def loss(sums, d):
+    return (sums["mlm_loss_sum"] / d["mlm"]
+            + discriminator_weight * sums["disc_loss_sum"] / d["disc"])
+
+  def summarize(sums):
+    out = summarize_pretraining(sums)
+    w = max(sums["disc_weight"], 1e-8)
+    out.update(disc_loss=sums["disc_loss_sum"] / w, disc_accuracy=sums["disc_correct_sum"] / w,
+               replaced_fraction=sums["replaced_sum"] / w)
+    out["loss"] = out["mlm_loss"] + discriminator_weight * out["disc_loss"]
+    return out
+
+  def denominators(batch):
+    return {"mlm": jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1e-8),
+            "disc": jnp.maximum(jnp.sum(batch["input_mask"].astype(jnp.float32)), 1e-8)}
+
+  return Objective(
+      inputs=features.PRETRAINING + features.MLM_TARGETS, sums=electra_sums,
+      denominators=denominators, loss=loss, summarize=summarize, flops=_electra_flops,
+      console=(("mlm_accuracy", "gen_acc"), ("disc_accuracy", "disc_acc")),
+      eval_console=(("mlm_loss", "gen_loss"), ("mlm_accuracy", "gen_acc"),
+                    ("disc_loss", "disc_loss"), ("disc_accuracy", "disc_acc"),
+                    ("replaced_fraction", "replaced")),
+      count="num_examples", rng_streams=("sample",))
 
 
 # ------------------------------------------------------------ fine-tuning ----

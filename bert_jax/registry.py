@@ -31,8 +31,9 @@ def masked_lm(cfg: Any, nsp: bool) -> nn.Module:
 @dataclasses.dataclass(frozen=True)
 class Pretraining:
   """A pre-training objective and the model it trains."""
-  model: Callable[[Any, ml_collections.ConfigDict], nn.Module]  # (model config, data config)
-  objective: Callable[[], objectives.Objective]
+  # (model config, data config, the job's config) -> the model
+  model: Callable[[Any, ml_collections.ConfigDict, ml_collections.ConfigDict], nn.Module]
+  objective: Callable[[ml_collections.ConfigDict], objectives.Objective]  # the job's config ->
   # data config -> the per-row shape of each model input (what the init traces).
   inputs: Callable[[ml_collections.ConfigDict], dict[str, tuple[int, ...]]]
   about: str  # one line for --help and errors
@@ -51,8 +52,13 @@ def _text_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
   return {"input_ids": length, "segment_ids": length, "input_mask": length}
 
 
-def _ltr_model(cfg: Any, data_cfg) -> nn.Module:
-  del data_cfg
+def _electra_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
+  preds = (pretrain_data.predictions_per_row(data_cfg),)
+  return {**_mlm_inputs(data_cfg), "masked_lm_ids": preds, "masked_lm_weights": preds}
+
+
+def _ltr_model(cfg: Any, data_cfg, config) -> nn.Module:
+  del data_cfg, config
   causal_lm = families.of(cfg).causal_lm
   if causal_lm is None:
     raise errors.ConfigError("--config.objective=ltr is the paper's BERT ablation: it needs "
@@ -67,15 +73,43 @@ def _no_nsp(data_cfg) -> None:
                              "segments).")
 
 
+def _electra_model(cfg: Any, data_cfg, config) -> nn.Module:
+  del data_cfg
+  build = families.of(cfg).replaced_token_detection
+  if build is None:
+    raise errors.ConfigError("--config.objective=electra trains an ELECTRA generator and "
+                             "discriminator: set --config.model.family=electra (and a preset, "
+                             "e.g. --config.model.preset=electra-small).")
+  return build(cfg, float(_electra_fields(config).generator_size))
+
+
+def _electra_fields(config) -> ml_collections.ConfigDict:
+  return config.get("electra") or ml_collections.ConfigDict(
+      {"generator_size": 0.25, "discriminator_weight": 50.0})
+
+
+def _electra_data(data_cfg) -> None:
+  if data_cfg.nsp:
+    raise errors.ConfigError("--config.objective=electra trains no next-sentence prediction: "
+                             "set --config.data.nsp=False (single segments).")
+
+
 PRETRAINING: dict[str, Pretraining] = {
     "mlm": Pretraining(
-        model=lambda cfg, data_cfg: masked_lm(cfg, data_cfg.nsp),
-        objective=objectives.pretraining, inputs=_mlm_inputs,
+        model=lambda cfg, data_cfg, config: masked_lm(cfg, data_cfg.nsp),
+        objective=lambda config: objectives.pretraining(), inputs=_mlm_inputs,
         about="masked LM, with next-sentence prediction when data.nsp (BERT)"),
     "ltr": Pretraining(
         model=_ltr_model,
-        objective=objectives.ltr, inputs=_text_inputs, check=_no_nsp,
+        objective=lambda config: objectives.ltr(), inputs=_text_inputs, check=_no_nsp,
         about="left-to-right LM, left-only attention (the paper's LTR & No NSP ablation)"),
+    "electra": Pretraining(
+        model=_electra_model,
+        objective=lambda config: objectives.electra(
+            float(_electra_fields(config).discriminator_weight)),
+        inputs=_electra_inputs, check=_electra_data,
+        about="replaced-token detection: a generator's masked LM and a discriminator that "
+              "spots its samples (ELECTRA; config.electra)"),
 }
 
 
@@ -102,6 +136,6 @@ def pretraining(config: ml_collections.ConfigDict, vocab_size: int | None = None
   entry = _choose(PRETRAINING, config.get("objective", "mlm"), "objective")
   data_cfg = data_cfg if data_cfg is not None else config.data
   entry.check(data_cfg)
-  model = entry.model(model_config(config, vocab_size), data_cfg)
+  model = entry.model(model_config(config, vocab_size), data_cfg, config)
   sample = {k: np.ones((1,) + shape, np.int32) for k, shape in entry.inputs(data_cfg).items()}
-  return model, entry.objective(), sample
+  return model, entry.objective(config), sample

@@ -20,6 +20,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # What is optimised, with the model it needs (bert_jax/registry.py PRETRAINING): "mlm" =
   # masked LM, plus next-sentence prediction when data.nsp (BERT).
   c.objective = "mlm"
+  # objective=electra (replaced-token detection; --config.model.family=electra): the
+  # generator's width as a fraction of the discriminator's (hidden, heads, feed-forward; the
+  # ELECTRA paper: 1/4 small, 1/3 base and large) and the weight of the discriminator's loss.
+  c.electra = ml_collections.ConfigDict()
+  c.electra.generator_size = 0.25
+  c.electra.discriminator_weight = 50.0
 
   # Model: a preset of bert_jax.model.PRESETS; None fields keep the preset's value.
   c.model = ml_collections.ConfigDict()
@@ -30,9 +36,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.num_heads = config_dict.placeholder(int)
   c.model.intermediate_size = config_dict.placeholder(int)
   c.model.vocab_size = config_dict.placeholder(int)  # None: the vocabulary's size
+  # ELECTRA: embeddings narrower than the hidden size, projected (None: the preset's)
+  c.model.embedding_size = config_dict.placeholder(int)
   c.model.max_position_embeddings = 512  # phase 2 trains all 512 positions
-  c.model.type_vocab_size = 2
-  c.model.hidden_act = "gelu_tanh"  # original TF BERT; "gelu" = exact erf (HuggingFace)
+  # None: the family's (BERT: 2 segment types and "gelu_tanh", the original TF BERT's;
+  # RoBERTa: 1 and "gelu", exact erf as HuggingFace; ELECTRA: 2 and "gelu").
+  c.model.type_vocab_size = config_dict.placeholder(int)
+  c.model.hidden_act = config_dict.placeholder(str)
   c.model.hidden_dropout_rate = 0.1
   c.model.attention_dropout_rate = 0.1
   c.model.dtype = "bfloat16"  # compute dtype; master weights stay param_dtype
