@@ -168,8 +168,12 @@ _DISCRIMINATOR = {"discriminator_predictions.dense": "discriminator_dense",
                   "discriminator_predictions.dense_prediction": "discriminator_prediction"}
 
 
+# ElectraForMultipleChoice's summary of [CLS] (a dense layer, gelu) is our pooler.
+_READ_ONLY = (("sequence_summary.summary.", "pooler.dense."),)
+
+
 def to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return formats.renamed(state, _NAMES, strip="electra.")
+  return formats.renamed(state, _NAMES + _READ_ONLY, strip="electra.")
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ElectraConfig:

@@ -27,6 +27,7 @@ MODULES: dict[str, str] = {
     "electra": "bert_jax.electra",
     "roberta": "bert_jax.roberta",
     "xlm-roberta": "bert_jax.roberta",
+    "deberta-v2": "bert_jax.deberta",  # DeBERTa-v3
 }
 
 

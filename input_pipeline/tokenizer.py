@@ -250,6 +250,10 @@ class Tokenizer:
         lowercase = _read_json_beside(vocab_file, CONFIG_NAME).get("lowercase")
       backend = spm.SentencePieceProcessor(model_proto=data)
       tokens = [backend.id_to_piece(i) for i in range(backend.get_piece_size())]
+      if "[MASK]" not in tokens and set(SPECIAL_TOKENS) - set(tokens) == {"[MASK]"}:
+        # DeBERTa-v3's spm.model holds [PAD] [CLS] [SEP] [UNK]; transformers' tokenizer adds
+        # [MASK] after its pieces (id 128000 of 128100 rows), and so do we.
+        tokens.append("[MASK]")
       norm = Normalization(bool(lowercase), reason="SentencePiece")
     return cls(kind, vocab_file, norm.lowercase, tokens, backend, sha256, norm)
 
@@ -321,7 +325,20 @@ class Tokenizer:
     ids = [int(i) for i in ids]
     if self.kind in ("wordpiece", "hf"):
       return self._backend.decode(ids, skip_special_tokens=False)
-    return self._backend.decode(ids)
+    pieces = self._backend.get_piece_size()
+    if all(i < pieces for i in ids):
+      return self._backend.decode(ids)
+    out, run = [], []  # a token added after the model's pieces ([MASK]) is its own text
+    for i in ids + [-1]:
+      if 0 <= i < pieces:
+        run.append(i)
+        continue
+      if run:
+        out.append(self._backend.decode(run))
+        run = []
+      if i >= 0:
+        out.append(self.tokens[i])
+    return " ".join(out)
 
 
 class VocabularyError(errors.UserError, ValueError):

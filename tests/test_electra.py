@@ -76,6 +76,19 @@ def test_task_head_logits_match_transformers(tmp_path, arch, head):
   hf_parity.task_head_matches(cfg, params, hf, ids, mask, head)
 
 
+def test_multiple_choice_logits_match_transformers(tmp_path):
+  """ElectraForMultipleChoice: its sequence summary of [CLS] (dense, gelu) is read as our
+  pooler, its classifier as ours: BertForMultipleChoice's scores equal its logits."""
+  path, hf = _hf_dir(tmp_path, "ForMultipleChoice", 16)
+  cfg, params = loader.read(path, "all")
+  rows = [_inputs(s, batch=3) for s in (4, 5)]
+  ids, mask = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])  # [2, 3, L]
+  got = heads.BertForMultipleChoice(cfg).apply({"params": params}, ids, np.zeros_like(ids), mask)
+  with torch.no_grad():
+    want = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask)).logits
+  assert np.abs(np.asarray(got) - want.numpy()).max() <= 1e-4
+
+
 @pytest.mark.parametrize("arch", ["ForPreTraining", "ForMaskedLM", "Model",
                                   "ForSequenceClassification"])
 def test_export_loads_in_transformers_with_every_key(tmp_path, arch):

@@ -5,6 +5,9 @@ flows through the sampling, the loss is the paper's, the FLOPs are counted, and 
 pre-trains, resumes, fine-tunes from and exports the result."""
 from __future__ import annotations
 
+import signal
+import subprocess
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -14,6 +17,7 @@ import pytest
 from bert_jax import electra, flops as flops_lib, loader, objectives, registry, train
 from input_pipeline import errors
 from tests import test_train_utils as tu
+from tests.test_checkpoint import prepared  # noqa: F401  (module fixture)
 from tests.test_train import _batches
 
 tu.use_compilation_cache()
@@ -227,3 +231,33 @@ def test_export_writes_the_discriminator_and_its_generator(tmp_path):
                       attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
     assert np.abs(got[real] - want[real]).max() <= 1e-4, cls
     assert (directory / "vocab.txt").exists()
+
+
+@pytest.mark.slow
+def test_kill_then_rerun_is_bit_identical(tmp_path, prepared):  # noqa: F811
+  """ELECTRA on the built-in corpus (packed rows): a run killed -9 while its second
+  checkpoint is written, then rerun, ends with the straight run's weights, generator included
+  (the samples come from the step's own random stream)."""
+  args = lambda workdir: tu.main_args(workdir, **{
+      **prepared, "objective": "electra", "model.family": "electra",
+      "model.preset": "electra-small", "model.num_layers": 2, "model.intermediate_size": 128,
+      "model.embedding_size": 32, "data.nsp": False, "data.packing": True,
+      "num_train_steps": 6, "checkpoint_every_steps": 2, "keep_checkpoints": 20,
+      "eval_steps": 0})
+  straight, broken = tmp_path / "straight", tmp_path / "broken"
+  tu.run(args(straight))
+  proc = subprocess.Popen(args(broken), cwd=tu.REPO, env=tu.env(), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  ckpt_dir = broken / "checkpoints"
+  try:
+    tu.wait_for(lambda: ckpt_dir.is_dir() and any(p.name.startswith("4")
+                                                  for p in ckpt_dir.iterdir()), 180, "4", proc)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+  assert 6 not in tu.checkpoint_steps(broken)
+  tu.run(args(broken))
+  a, b = tu.flat(tu.load_checkpoint(straight, 6)), tu.flat(tu.load_checkpoint(broken, 6))
+  assert a.keys() == b.keys() and any("generator" in k for k in a)
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)

@@ -1,0 +1,253 @@
+"""DeBERTa-v3 (bert_jax/deberta.py, model_type deberta-v2) against transformers in float32, on
+HuggingFace directories built here with random weights: hidden states and masked-LM logits
+(v3's layout: log-bucketed relative positions, shared attention keys, no absolute positions
+or token types; and the v2 options: separate position projections, exact relative positions,
+absolute positions, token types, narrower embeddings), every task head, four fine-tuning
+steps, and exports transformers loads with every key."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bert_jax import deberta, families, heads, loader
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from tests import hf_parity  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+V, L = 96, 40
+V3 = dict(relative_attention=True, position_buckets=8, max_relative_positions=-1,
+          position_biased_input=False, share_att_key=True, pos_att_type="p2c|c2p",
+          norm_rel_ebd="layer_norm", type_vocab_size=0)
+V2 = dict(relative_attention=True, position_buckets=-1, max_relative_positions=16,
+          position_biased_input=True, share_att_key=False, pos_att_type="p2c|c2p",
+          norm_rel_ebd="none", type_vocab_size=2, embedding_size=24)
+
+
+def _hf_dir(tmp_path, arch, variant=None, seed=0, **kw):
+  config = transformers.DebertaV2Config(**{**dict(
+      vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=64, max_position_embeddings=L, layer_norm_eps=1e-7,
+      pooler_hidden_size=32), **(variant or V3), **kw})
+  return hf_parity.hf_dir(tmp_path, getattr(transformers, "DebertaV2" + arch), config,
+                          lambda name: "LayerNorm" in name, seed)
+
+
+def _inputs(seed=0, batch=3, pad=(0, 4, 19)):
+  return hf_parity.padded_inputs(seed, batch, pad, V, L, first_id=1, pad_id=0)
+
+
+@pytest.mark.parametrize("variant", ["v3", "v2"])
+def test_hidden_states_and_mlm_logits_match_transformers(tmp_path, variant):
+  path, hf = _hf_dir(tmp_path, "ForMaskedLM", {"v3": V3, "v2": V2}[variant])
+  cfg, params = loader.read(path)
+  assert cfg.family == "deberta-v2" and families.of(cfg).name == "deberta-v2"
+  ids, mask = _inputs()
+  segments = np.zeros_like(ids)
+  segments[:, 20:] = 1 if cfg.type_vocab_size else 0
+  with torch.no_grad():
+    out = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask),
+             token_type_ids=hf_parity.to_torch(segments), output_hidden_states=True)
+  real = mask.astype(bool)
+  got = deberta.DebertaModel(cfg, add_pooler=False).apply(
+      {"params": params["bert"]}, ids, segments, mask, method=deberta.DebertaModel.hidden_states)
+  assert len(got) == len(out.hidden_states)
+  for g, w in zip(got, out.hidden_states, strict=True):
+    assert np.abs(np.asarray(g)[real] - w.numpy()[real]).max() <= 1e-5
+  positions = np.broadcast_to(np.arange(L, dtype=np.int32), ids.shape)
+  logits = deberta.DebertaForMaskedLM(cfg).apply(
+      {"params": params}, ids, segments, mask, positions)["mlm_logits"]
+  assert np.abs(np.asarray(logits)[real] - out.logits.numpy()[real]).max() <= 1e-4
+
+
+def test_relative_buckets_match_transformers():
+  from transformers.models.deberta_v2 import modeling_deberta_v2 as m  # pylint: disable=g-import-not-at-top
+  rel = np.arange(-600, 601, dtype=np.int64)
+  want = m.make_log_bucket_position(torch.tensor(rel), 256, 512).long().numpy()
+  got = np.asarray(deberta.relative_buckets(rel.astype(np.int32), 256, 512))
+  np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("arch,head", [
+    ("ForSequenceClassification", "classify"), ("ForTokenClassification", "tag"),
+    ("ForQuestionAnswering", "qa")])
+def test_task_head_logits_match_transformers(tmp_path, arch, head):
+  path, hf = _hf_dir(tmp_path, arch, num_labels=2 if head == "qa" else 3)
+  cfg, params = loader.read(path, "all")
+  ids, mask = _inputs(2)
+  hf_parity.task_head_matches(cfg, params, hf, ids, mask, head)
+
+
+def test_multiple_choice_logits_match_transformers(tmp_path):
+  path, hf = _hf_dir(tmp_path, "ForMultipleChoice")
+  cfg, params = loader.read(path, "all")
+  rows = [_inputs(s, batch=3) for s in (4, 5)]
+  ids, mask = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])  # [2, 3, L]
+  got = heads.BertForMultipleChoice(cfg).apply({"params": params}, ids, np.zeros_like(ids), mask)
+  with torch.no_grad():
+    want = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask)).logits
+  assert np.abs(np.asarray(got) - want.numpy()).max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["ForMaskedLM", "Model", "ForSequenceClassification"])
+def test_export_loads_in_transformers_with_every_key(tmp_path, arch):
+  path, hf = _hf_dir(tmp_path, arch, num_labels=2)
+  cfg, params = loader.read(path, "pretraining" if arch == "ForMaskedLM" else "all",
+                            require_mlm=False)
+  families.of(cfg).export_hf(str(tmp_path / "out"), cfg, params)
+  config = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert config["model_type"] == "deberta-v2" and config["architectures"] == ["DebertaV2" + arch]
+  back, info = getattr(transformers, "DebertaV2" + arch).from_pretrained(
+      tmp_path / "out", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ids, mask = _inputs(3)
+  hf_parity.export_matches(hf, back, ids, mask)
+
+
+def test_four_finetuning_steps_match_transformers(tmp_path):
+  path, hf = _hf_dir(tmp_path, "ForSequenceClassification", num_labels=3,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  cfg, params = loader.read(path, "all")
+  cfg = cfg.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  untouched = hf_parity.four_steps_match(
+      hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
+      lambda p: deberta.params_to_hf(p, cfg)[0],
+      lambda n: "LayerNorm" in n or n.endswith("bias"))
+  assert not untouched, untouched
+
+
+def test_presets():
+  base = deberta.DebertaConfig.from_preset("deberta-v3-base")
+  assert (base.hidden_size, base.num_layers, base.vocab_size, base.relative_span,
+          base.type_vocab_size, base.position_biased_input) == (768, 12, 128100, 256, 0, False)
+  assert deberta.config_from_fields({"preset": "large"}, 128100).num_layers == 24
+  assert deberta.config_from_fields({"preset": "xsmall"}, 1000).hidden_size == 384
+
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "A cat sat on the mat, and then slept.",
+         "Tokenizers split words into pieces; rare words split more.",
+         "Numbers like 1234 and symbols & punctuation!", "DeBERTa reads SentencePiece models."] * 20
+
+
+def _spm_dir(tmp_path, vocab_size=64):
+  """A DeBERTa-v3 tokenizer as the Hub ships one: spm.model ([PAD] 0, [CLS] 1, [SEP] 2,
+  [UNK] 3; no [MASK]), tokenizer_config.json, config.json naming the model type."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  d = tmp_path / "deberta-tok"
+  d.mkdir()
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(TEXTS), model_writer=model, vocab_size=vocab_size,
+      pad_id=0, pad_piece="[PAD]", bos_id=1, bos_piece="[CLS]", eos_id=2, eos_piece="[SEP]",
+      unk_id=3, unk_piece="[UNK]", minloglevel=2)
+  (d / "spm.model").write_bytes(model.getvalue())
+  (d / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False,
+                                                       "vocab_type": "spm"}))
+  (d / "config.json").write_text(json.dumps(transformers.DebertaV2Config(
+      vocab_size=vocab_size + 8).to_dict()))
+  return d
+
+
+def test_tokenizer_ids_equal_autotokenizers_with_pairs(tmp_path):
+  from input_pipeline import features  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  d = _spm_dir(tmp_path)
+  ours = Tokenizer.from_path(str(d))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(d))
+  assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.unk_id) == (1, 2, 0, 3)
+  assert ours.mask_id == theirs.mask_token_id == 64 and ours.pair_seps == 1
+  for a, b in [("The cat sat.", None), ("A dog ran", "in the park!"), ("mat", "quick foxes")]:
+    ids, segments = features.encode_pair(ours, ours.encode(a),
+                                         None if b is None else ours.encode(b))
+    assert ids == theirs(a, b)["input_ids"], (a, b)
+    assert len(segments) == len(ids)
+  assert ours.decode([ours.cls_id] + ours.encode("The cat") + [ours.mask_id]).endswith("[MASK]")
+
+
+def _model_dir(tmp_path):
+  """A DeBERTa-v3 directory as the Hub ships one: a DebertaV2ForMaskedLM (random weights,
+  72 rows: the 64 pieces, [MASK] and padding) with the tokenizer files beside it."""
+  d = _spm_dir(tmp_path)
+  path, _ = _hf_dir(tmp_path, "ForMaskedLM", vocab_size=72)
+  for f in ("spm.model", "tokenizer_config.json"):
+    (tmp_path / path / f).write_bytes((d / f).read_bytes())
+  return path
+
+
+def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_path, capsys):
+  """CoLA from a DeBERTa-v3 directory (spm.model beside it) through the fine-tuning job,
+  predict --mode=classify on its best/, and convert --target=all --to=huggingface:
+  DebertaV2ForSequenceClassification with every key and the same logits, its tokenizer
+  AutoTokenizer's ids."""
+  from bert_jax import convert, finetune, predict  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
+  from input_pipeline import features  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  path = _model_dir(tmp_path)
+  suite_data.make_glue(tmp_path / "glue")
+  c = glue.get_config("cola")
+  c.init_checkpoint = c.vocab_path = path
+  c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
+  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 1, 8, 8, 1000
+  best = finetune.finetune(c, str(tmp_path / "work"))
+  assert "matthews_corrcoef" in best or "accuracy" in best
+  predict.main([f"--checkpoint={tmp_path / 'work'}", "--mode=classify",
+                "--text=the movie was very good"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in ("0", "1")
+  convert.main([f"--input={tmp_path / 'work' / 'best'}", f"--output={tmp_path / 'hf'}",
+                "--target=all", "--to=huggingface", f"--vocab={path}"])
+  back, info = transformers.DebertaV2ForSequenceClassification.from_pretrained(
+      tmp_path / "hf", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+  cfg, params, _, _ = predict.load_finetuned(str(tmp_path / "work"))
+  ours = Tokenizer.from_path(str(tmp_path / "hf"))
+  ids, _ = features.encode_pair(ours, ours.encode("the movie"), ours.encode("was good"))
+  assert ids == theirs("the movie", "was good")["input_ids"]
+  ids = np.asarray([ids])
+  got = heads.BertForSequenceClassification(cfg, num_labels=2).apply(
+      {"params": params}, ids, np.zeros_like(ids), np.ones_like(ids))
+  with torch.no_grad():
+    want = back.eval()(input_ids=hf_parity.to_torch(ids)).logits.numpy()
+  assert np.abs(np.asarray(got) - want).max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_the_suite_runs_on_deberta(tmp_path):
+  """configs/suite.py on a DeBERTa-v3 checkpoint: CoLA, MRPC (pairs) and STS-B reported."""
+  from bert_jax import main  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  path = _model_dir(tmp_path)
+  suite_data.make_glue(tmp_path / "data")
+  c = suite_config.get_config("cola,mrpc,stsb")
+  c.init_checkpoint = c.vocab_path = path
+  c.data_dir, c.protocol, c.seeds = str(tmp_path / "data"), "grid", 1
+  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = (1e-3,), (8,), (1,)
+  c.eval_batch_size, c.max_seq_length, c.log_every_steps, c.submission = 8, 24, 0, False
+  assert main.run(c, str(tmp_path / "suite")) is not None
+  text = (tmp_path / "suite" / "report.md").read_text()
+  assert all(t in text for t in ("CoLA", "MRPC", "STS-B")), text
+
+
+def test_pretrains_from_scratch_and_exports(tmp_path):
+  """config.model.family=deberta-v2 through the pre-training job (its own vocabulary, no
+  token types, relative positions), resumed as a no-op, exported to DebertaV2ForMaskedLM with
+  every key."""
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  work = tmp_path / "run"
+  args = tu.main_args(work, model__family="deberta-v2", model__preset="base",
+                      model__num_layers=2, model__intermediate_size=128, data__nsp=False)
+  tu.run(args)
+  cfg, params = loader.read(str(work))
+  assert (cfg.family, cfg.type_vocab_size, cfg.num_layers, cfg.relative_span) == (
+      "deberta-v2", 0, 2, 256)
+  assert "Resumed" in tu.run(args).stderr or tu.checkpoint_steps(work) == [6]
+  families.of(cfg).export_hf(str(tmp_path / "hf"), cfg, params)
+  _, info = transformers.DebertaV2ForMaskedLM.from_pretrained(tmp_path / "hf",
+                                                              output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
