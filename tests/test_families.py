@@ -31,8 +31,8 @@ def test_no_family_is_chosen_by_a_type_check_outside_its_modules():
 
 
 def test_each_family_is_found_by_name_config_and_model_type():
-  assert families.names() == ["bert", "electra", "eurobert", "modernbert", "roberta",
-                              "xlm-roberta"]
+  assert families.names() == ["bert", "deberta-v2", "electra", "eurobert", "modernbert",
+                              "roberta", "xlm-roberta"]
   assert families.of(model_lib.BertConfig()).name == "bert"
   assert families.of(modern.ModernConfig.from_preset("modernbert-base")).name == "modernbert"
   assert families.model_types() == {name: name for name in families.names()}
@@ -43,7 +43,8 @@ def test_each_family_is_found_by_name_config_and_model_type():
 
 def test_an_unknown_family_name_is_a_config_error():
   with pytest.raises(families.errors.ConfigError, match="'albert' is unknown: choose one of "
-                                                        "bert, electra, eurobert, modernbert, "
+                                                        "bert, deberta-v2, electra, eurobert, "
+                                                        "modernbert, "
                                                         "roberta, xlm-roberta"):
     families.get("albert")
 
@@ -77,6 +78,6 @@ def test_a_model_type_no_family_reads_is_one_line_exit_2(tmp_path, command):
   lines = [l for l in out.stderr.splitlines() if "albert" in l]
   assert len(lines) == 1, out.stderr[-3000:]
   assert "'albert' checkpoint (config.json model_type)" in lines[0]
-  assert ("the supported model types are bert, electra, eurobert, modernbert, roberta, "
-          "xlm-roberta" in lines[0])
+  assert ("the supported model types are bert, deberta-v2, electra, eurobert, modernbert, "
+          "roberta, xlm-roberta" in lines[0])
   assert not (tmp_path / "o").exists()
