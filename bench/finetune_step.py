@@ -84,6 +84,8 @@ def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int,
   cfg = cfg.replace(vocab_size=len(words) + extra, hidden_act="gelu")
   if shape == "roberta-base":
     return _roberta_assets(root, vocab_dir, cfg.vocab_size)
+  if shape == "deberta-v3-base":
+    return _deberta_assets(root, vocab_dir, cfg.vocab_size)
   formats.save_native(str(root / "minilm"), cfg, params)
   formats.export_huggingface(str(root / "minilm_hf"), cfg, params)
   return {"ckpt": str(root / "minilm"), "vocab": vocab_dir, "hf": str(root / "minilm_hf")}
@@ -104,6 +106,23 @@ def _roberta_assets(root: pathlib.Path, vocab_dir: str, vocab_size: int) -> dict
   formats.save_native(str(root / "roberta"), cfg, params)
   roberta.export_hf(str(root / "roberta_hf"), cfg, params)
   return {"ckpt": str(root / "roberta"), "vocab": vocab_dir, "hf": str(root / "roberta_hf")}
+
+
+def _deberta_assets(root: pathlib.Path, vocab_dir: str, vocab_size: int) -> dict[str, str]:
+  """deberta-v3-base's shape (12 layers, hidden 768, disentangled attention over 256 relative
+  buckets, no token types) with random weights, native and as a HuggingFace directory."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from bert_jax import deberta, formats  # pylint: disable=g-import-not-at-top
+  cfg = deberta.DebertaConfig.from_preset("deberta-v3-base", vocab_size=vocab_size)
+  ids = jnp.ones((1, 8), jnp.int32)
+  params = nn.unbox(deberta.DebertaForMaskedLM(cfg).init(
+      jax.random.key(0), ids, ids, ids, ids))["params"]
+  params = jax.tree.map(np.asarray, params)
+  formats.save_native(str(root / "deberta"), cfg, params)
+  deberta.export_hf(str(root / "deberta_hf"), cfg, params)
+  return {"ckpt": str(root / "deberta"), "vocab": vocab_dir, "hf": str(root / "deberta_hf")}
 
 
 def _features(vocab: str, cola_dir: str, seq_len: int) -> dict[str, np.ndarray]:
@@ -255,9 +274,10 @@ def main(argv=None) -> dict:
   parser.add_argument("--seq_len", type=int, default=64)
   parser.add_argument("--vocab_size", type=int, default=30522)
   parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
-  parser.add_argument("--shape", default="minilm", choices=["minilm", "roberta-base"],
-                      help="the model: all-MiniLM-L6-v2's (BERT) or roberta-base's (RoBERTa; "
-                      "no KerasHub run)")
+  parser.add_argument("--shape", default="minilm",
+                      choices=["minilm", "roberta-base", "deberta-v3-base"],
+                      help="the model: all-MiniLM-L6-v2's (BERT), roberta-base's (RoBERTa) or "
+                      "deberta-v3-base's (DeBERTa-v3; no KerasHub run for either)")
   parser.add_argument("--other", default="", help="also run the bert_jax job of this checkout")
   parser.add_argument("--other_label", default="other")
   parser.add_argument("--no_packed", action="store_true", help="skip the packing=True runs")
@@ -339,8 +359,9 @@ def main(argv=None) -> dict:
       f"{'Smoke settings (synthetic data, tiny sizes): not a measurement.  ' if args.smoke else ''}"
       + (f"MiniLM-L6 shape (6 layers, hidden 384, 12 heads, intermediate 1536, vocab "
          f"{args.vocab_size or 'CoLA words'}, exact GELU)" if args.shape == "minilm" else
-         f"roberta-base shape (RobertaForSequenceClassification vs configs/glue.py:cola on a "
-         f"RoBERTa checkpoint; 12 layers, hidden 768, vocab {args.vocab_size or 'CoLA words'})")
+         f"{args.shape} shape ({'RobertaFor' if args.shape == 'roberta-base' else 'DebertaV2For'}"
+         f"SequenceClassification vs configs/glue.py:cola on a checkpoint of that family; 12 "
+         f"layers, hidden 768, vocab {args.vocab_size or 'CoLA words'})")
       + f", random weights; L={args.seq_len}, "
       f"batch {args.batch}, fp32, dropout 0.1; steps {args.log_every + 1}-{args.steps} of each "
       f"run timed; {args.rounds} rounds, order rotating.\n\n"

@@ -41,11 +41,12 @@ def test_finetune_step_smoke():
 
 
 @pytest.mark.slow
-def test_finetune_step_smoke_on_the_roberta_base_shape():
-  """--shape=roberta-base: the fine-tuning job on a RoBERTa checkpoint against
-  transformers' RobertaForSequenceClassification (AutoModel on the export)."""
-  out = finetune_step.main(["--smoke", "--no_record", "--shape=roberta-base", "--no_packed"])
+@pytest.mark.parametrize("shape", ["roberta-base", "deberta-v3-base"])
+def test_finetune_step_smoke_on_the_family_shapes(shape):
+  """--shape=roberta-base / deberta-v3-base: the fine-tuning job on a checkpoint of that
+  family against transformers' ...ForSequenceClassification (AutoModel on the export)."""
+  out = finetune_step.main(["--smoke", "--no_record", f"--shape={shape}", "--no_packed"])
   rows = {r["impl"]: r for r in out["rows"]}
   assert list(rows) == ["bert_jax", "transformers (PyTorch)"]
   assert all(r["s_per_step"] > 0 for r in rows.values())
-  assert "roberta-base shape" in out["table"]
+  assert f"{shape} shape" in out["table"]

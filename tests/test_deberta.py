@@ -251,3 +251,26 @@ def test_pretrains_from_scratch_and_exports(tmp_path):
   _, info = transformers.DebertaV2ForMaskedLM.from_pretrained(tmp_path / "hf",
                                                               output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_analytic_flops_match_xla_cost_analysis():
+  """The pre-training step's model FLOPs (the relative-position terms included) within 10% of
+  XLA's count of the compiled step."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  from tests.test_train import _batches  # pylint: disable=g-import-not-at-top
+  config = tu.tiny_config(**{"model.family": "deberta-v2", "model.preset": "base",
+                             "model.num_layers": 2, "model.hidden_size": 256,
+                             "model.num_heads": 4, "model.intermediate_size": 1024,
+                             "model.vocab_size": 2048, "model.max_position_embeddings": 128,
+                             "data.max_seq_length": 128, "data.max_predictions_per_seq": 20,
+                             "data.nsp": False})
+  trainer = tu.pretraining_trainer(config, devices=jax.devices()[:1])
+  with trainer.activate():
+    state = trainer.init()
+    batch = trainer.to_global(_batches(config, 1)[0])
+    compiled = trainer.train_step.lower(state, batch, jax.random.key(0)).compile()
+  analytic = trainer.objective.flops(trainer.model, {k: v.shape for k, v in batch.items()})
+  xla = flops_lib.xla_flops(compiled)
+  assert 0.9 < analytic / xla < 1.1, (analytic, xla)
