@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import flops as flops_lib
-from bert_jax import modern
+from bert_jax.models import modern
 
 RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
 

@@ -97,7 +97,9 @@ def _roberta_assets(root: pathlib.Path, vocab_dir: str, vocab_size: int) -> dict
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bert_jax import formats, model as model_lib, roberta  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import roberta  # pylint: disable=g-import-not-at-top
   cfg = roberta.RobertaConfig.from_preset("roberta-base", vocab_size=vocab_size)
   ids = jnp.ones((1, 8), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg, nsp=False).init(
@@ -114,7 +116,8 @@ def _deberta_assets(root: pathlib.Path, vocab_dir: str, vocab_size: int) -> dict
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from bert_jax import deberta, formats  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import deberta  # pylint: disable=g-import-not-at-top
   cfg = deberta.DebertaConfig.from_preset("deberta-v3-base", vocab_size=vocab_size)
   ids = jnp.ones((1, 8), jnp.int32)
   params = nn.unbox(deberta.DebertaForMaskedLM(cfg).init(

@@ -36,7 +36,8 @@ def make_checkpoint(root: pathlib.Path, cola_dir: str) -> tuple[str, str]:
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from bert_jax import formats, model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert as model_lib  # pylint: disable=g-import-not-at-top
   words = set()
   for name in ("in_domain_train.tsv", "in_domain_dev.tsv"):
     for line in open(os.path.join(cola_dir, name), encoding="utf-8"):

@@ -32,7 +32,7 @@ import time
 RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_VENV = "/tmp/flaxpeer_venv"
-SIZES = {  # (layers, hidden, heads), as bert_jax.model.PRESETS (the venv cannot import it)
+SIZES = {  # (layers, hidden, heads), as bert_jax.models.bert.PRESETS (the venv cannot import it)
     "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
     "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
 

@@ -192,7 +192,7 @@ def child_torch(spec: dict) -> dict:
   from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
   autocast = lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=spec["dtype"] == "bfloat16")
   if "bert" in spec:
-    from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+    from bert_jax.models import bert as model_lib  # pylint: disable=g-import-not-at-top
     preset, L, batch, P = spec["bert"]
     p = model_lib.PRESETS[preset]
     hf = transformers.BertConfig(vocab_size=spec["vocab"], hidden_size=p["hidden_size"],

@@ -96,7 +96,7 @@ def _config(opts: dict):
 def model_config(opts: dict):
   """The ModernConfig the trainer builds (registry.model_config, without importing the
   input pipeline's TensorFlow here)."""
-  from bert_jax import modern
+  from bert_jax.models import modern
   return modern.config_from_fields(dict(_config(opts).model), None)
 
 
@@ -205,7 +205,7 @@ class Ours:
 
   def export(self, path: str) -> str:
     """Our initial weights as transformers' state dict (an .npz at `path`)."""
-    from bert_jax import modern_formats
+    from bert_jax.models import modern_formats
     state = modern_formats.params_to_hf(self.jax.device_get(self.state.params), self.cfg)
     np.savez(path, **state)
     return path
@@ -232,7 +232,7 @@ class Theirs:
   def __init__(self, opts: dict, steps: list[dict]):
     import torch
     import transformers
-    from bert_jax import modern_formats
+    from bert_jax.models import modern_formats
     self.torch, self.opts = torch, opts
     torch.set_num_threads(opts["threads"])
     torch.manual_seed(0)
@@ -436,7 +436,7 @@ def attention_at(length: int, budget: float) -> dict:
   (banded local layers, dense global layers), the exact band, every layer dense, and
   executed with the global layers' block-pair `budget` (when a packed batch fits it)."""
   from bert_jax import flops as flops_lib
-  from bert_jax import modern
+  from bert_jax.models import modern
   cfg = modern.ModernConfig.from_preset("modernbert-base")  # global_block_budget 0: dense
   executed = flops_lib.attention_flops(cfg, length, executed=True)
   band = flops_lib.attention_flops(cfg, length, executed=False)

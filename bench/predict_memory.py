@@ -44,7 +44,7 @@ def _build(root: str) -> tuple[str, str]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from bert_jax import formats, heads  # pylint: disable=g-import-not-at-top
-  from bert_jax import model as model_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert as model_lib  # pylint: disable=g-import-not-at-top
   tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
   tokens += [f"w{i}" for i in range(4096 - len(tokens))]
   cfg = model_lib.BertConfig(vocab_size=4096, hidden_size=128, num_layers=2, num_heads=2,

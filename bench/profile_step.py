@@ -34,9 +34,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _model_at(rev: str):
-  """bert_jax/model.py as of git `rev`, imported as a separate module."""
-  src = subprocess.run(["git", "show", f"{rev}:bert_jax/model.py"], cwd=REPO, check=True,
-                       capture_output=True, text=True).stdout
+  """bert_jax/models/bert.py as of git `rev` (bert_jax/model.py before the models/ folder),
+  imported as a separate module."""
+  for name in ("bert_jax/models/bert.py", "bert_jax/model.py"):
+    out = subprocess.run(["git", "show", f"{rev}:{name}"], cwd=REPO, capture_output=True, text=True)
+    if out.returncode == 0:
+      src = out.stdout
+      break
+  else:
+    raise SystemExit(f"{rev} holds neither bert_jax/models/bert.py nor bert_jax/model.py.")
   path = os.path.join(tempfile.mkdtemp(), f"model_{re.sub(r'[^0-9A-Za-z]', '_', rev)}.py")
   with open(path, "w") as f:
     f.write(src)
@@ -44,7 +50,7 @@ def _model_at(rev: str):
 
 
 def _model_file(path: str):
-  """A variant of bert_jax/model.py at `path`, imported as a separate module."""
+  """A variant of bert_jax/models/bert.py at `path`, imported as a separate module."""
   name = "variant_" + re.sub(r"[^0-9A-Za-z]", "_", path)
   spec = importlib.util.spec_from_file_location(name, path)
   mod = importlib.util.module_from_spec(spec)
@@ -299,7 +305,7 @@ def main(argv=None) -> None:
   import jax.numpy as jnp
   import optax
   from bert_jax import flops as flops_lib
-  from bert_jax import model as model_lib
+  from bert_jax.models import bert as model_lib
   from bert_jax import objectives, registry, trainer as trainer_lib
   objective = objectives.pretraining()
   config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)

@@ -135,7 +135,7 @@ def main(argv=None) -> list[dict]:
     _cpu_child(json.loads(args._child))
     return []
   from bert_jax import flops as flops_lib
-  from bert_jax.model import BertConfig
+  from bert_jax.models.bert import BertConfig
   targets = {k: dict(TARGETS[k]) for k in args.targets.split(",")}
   if args.smoke:
     args.presets, args.seq_lens, args.vocab = "tiny", "128", 512

@@ -120,7 +120,7 @@ def bench_ours(preset, seq_len, dtype, batch, steps, warmup, vocab):
 def bench_torch(preset, seq_len, dtype, batch, steps, warmup, vocab):
   import torch
   import transformers
-  from bert_jax.model import PRESETS
+  from bert_jax.models.bert import PRESETS
   torch.set_num_threads(os.cpu_count() or 1)
   p = PRESETS[preset]
   cfg = transformers.BertConfig(vocab_size=vocab, hidden_size=p["hidden_size"], num_hidden_layers=p["num_layers"],
@@ -167,7 +167,7 @@ def main(argv=None) -> None:
   if args.smoke:
     args.presets, args.seq_lens, args.batch, args.steps, args.warmup, args.vocab = "tiny", "32", 2, 2, 1, 500
   peers = [p for p in args.peers.split(",") if p]
-  from bert_jax.model import PRESETS  # pylint: disable=g-import-not-at-top (peers import _batch)
+  from bert_jax.models.bert import PRESETS  # pylint: disable=g-import-not-at-top (peers import _batch)
   width = max(PRESETS[p]["hidden_size"] for p in args.presets.split(","))
   peak_tokens = args.batch * min(map(int, args.seq_lens.split(",")))
   peak = robust_peak(width, peak_tokens)

@@ -22,12 +22,12 @@ from input_pipeline import fileio
 # family name -> the module whose FAMILIES dict holds its record.
 MODULES: dict[str, str] = {
     "bert": "bert_jax.formats",
-    "modernbert": "bert_jax.modern_formats",  # ModernBERT, Ettin, mmBERT
-    "eurobert": "bert_jax.modern_formats",
-    "electra": "bert_jax.electra",
-    "roberta": "bert_jax.roberta",
-    "xlm-roberta": "bert_jax.roberta",
-    "deberta-v2": "bert_jax.deberta",  # DeBERTa-v3
+    "modernbert": "bert_jax.models.modern_formats",  # ModernBERT, Ettin, mmBERT
+    "eurobert": "bert_jax.models.modern_formats",
+    "electra": "bert_jax.models.electra",
+    "roberta": "bert_jax.models.roberta",
+    "xlm-roberta": "bert_jax.models.roberta",
+    "deberta-v2": "bert_jax.models.deberta",  # DeBERTa-v3
 }
 
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import families
-from bert_jax import modern
-from bert_jax.model import BertConfig
+from bert_jax.models import modern
+from bert_jax.models.bert import BertConfig
 
 # Dense bf16 peak FLOP/s per device (chip; per GPU), from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
@@ -87,7 +87,7 @@ def attention_flops(cfg: modern.ModernConfig, seq_len: int, executed: bool = Fal
 def modern_forward_flops_per_sequence(cfg: modern.ModernConfig, seq_len: int,
                                       num_predictions: int, nsp: bool = False,
                                       last_rows: int | None = None) -> int:
-  """The same for a modern encoder (bert_jax/modern.py): grouped q/k/v, gated MLP (three
+  """The same for a modern encoder (bert_jax/models/modern.py): grouped q/k/v, gated MLP (three
   matmuls), local layers over their band, the prediction head and vocabulary projection at
   the P gathered positions."""
   del nsp, last_rows  # (no NSP head; every layer computes every row)

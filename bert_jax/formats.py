@@ -29,8 +29,8 @@ import safetensors.numpy
 
 from bert_jax import families
 from bert_jax import flops
-from bert_jax import model as model_lib
-from bert_jax.model import BertConfig
+from bert_jax.models import bert as model_lib
+from bert_jax.models.bert import BertConfig
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import records

@@ -2,7 +2,7 @@
 
 Every model holds the encoder under `bert` (so `loader.load_into(..., part="encoder")` drops
 a pre-trained one in) and its new layer under `classifier`. The encoder is the config's
-family's (`encoder`): BERT's, or the modern encoders' (bert_jax/modern.py), whose pooled
+family's (`encoder`): BERT's, or the modern encoders' (bert_jax/models/modern.py), whose pooled
 output and token features (`tokens`) are their own heads' (ModernBERT's prediction head).
 Axis legend as in model.py; C = classes (or choices).
 """
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import families
-from bert_jax.model import BertConfig, dense
+from bert_jax.models.bert import BertConfig, dense
 from input_pipeline import errors
 
 

@@ -40,8 +40,8 @@ import orbax.checkpoint as ocp
 
 from bert_jax import families
 from bert_jax import formats
-from bert_jax import model as model_lib
-from bert_jax.model import BertConfig
+from bert_jax.models import bert as model_lib
+from bert_jax.models.bert import BertConfig
 from input_pipeline import fileio
 
 Keys = tuple[str, ...]

@@ -20,7 +20,7 @@ import optax
 
 # As google-research/bert optimization.py: exclude_from_weight_decay, searched
 # anywhere in the parameter's full name; the last two are the modern encoders' norms
-# (attn_norm, final_norm, head/norm, ...: bert_jax/modern.py), as ModernBERT excludes them.
+# (attn_norm, final_norm, head/norm, ...: bert_jax/models/modern.py), as ModernBERT excludes them.
 NO_DECAY_PATTERNS = ("LayerNorm", "layer_norm", "bias", r"_norm/", r"(^|/)norm/")
 
 

@@ -6,7 +6,7 @@ model takes (its feature schema); the objective counts its FLOPs (objectives.Obj
     trainer = trainer.build(config, model, objective, sample, workdir)
 
 A new pre-training objective is one `Pretraining` entry here, its factory in
-bert_jax/objectives.py and, if it needs one, its model (bert_jax/model.py); a new model
+bert_jax/objectives.py and, if it needs one, its model (bert_jax/models/bert.py); a new model
 family is a Family record (bert_jax/families.py).
 """
 from __future__ import annotations

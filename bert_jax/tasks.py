@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from bert_jax import heads, objectives, scoring
-from bert_jax.model import BertConfig
+from bert_jax.models.bert import BertConfig
 from input_pipeline import features, fileio
 from input_pipeline import glue, squad, swag, tagging
 

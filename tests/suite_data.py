@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import formats
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from tests.test_task_data import CONTEXT, make_vocab
 
 POS, NEG = ("good", "great", "fine"), ("bad", "awful", "poor")

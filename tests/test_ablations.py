@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import heads, loader, objectives, registry, train
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 from tests import test_train_utils as tu
 from tests.test_finetune import _common, pretrained  # noqa: F401  (module fixture)

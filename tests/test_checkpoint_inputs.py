@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from bert_jax import convert, formats, loader, predict
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 from tests.test_task_data import make_vocab
 

@@ -147,7 +147,7 @@ class _ReadTracker:
 def _named_in_code(field: str) -> bool:
   leaf = field.rsplit(".", 1)[-1]
   return any(leaf in p.read_text() for d in ("bert_jax", "input_pipeline")
-             for p in (tu.REPO / d).glob("*.py"))
+             for p in (tu.REPO / d).rglob("*.py"))
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 
 from bert_jax import convert, formats, loader  # noqa: E402
-from bert_jax import model as model_lib  # noqa: E402
+from bert_jax.models import bert as model_lib  # noqa: E402
 from bert_jax import objectives  # noqa: E402
 
 SHAPES = {

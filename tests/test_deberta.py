@@ -1,4 +1,4 @@
-"""DeBERTa-v3 (bert_jax/deberta.py, model_type deberta-v2) against transformers in float32, on
+"""DeBERTa-v3 (bert_jax/models/deberta.py, model_type deberta-v2) against transformers in float32, on
 HuggingFace directories built here with random weights: hidden states and masked-LM logits
 (v3's layout: log-bucketed relative positions, shared attention keys, no absolute positions
 or token types; and the v2 options: separate position projections, exact relative positions,
@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax import deberta, families, heads, loader
+from bert_jax import families, heads, loader
+from bert_jax.models import deberta
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""ELECTRA (bert_jax/electra.py) against transformers in float32, on HuggingFace directories
+"""ELECTRA (bert_jax/models/electra.py) against transformers in float32, on HuggingFace directories
 built here with random weights: the discriminator (ElectraForPreTraining), the generator
 (ElectraForMaskedLM, embeddings narrower than the hidden size), the task heads, and exports
 transformers loads with every key."""
@@ -9,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax import electra, families, heads, loader
-from bert_jax import model as model_lib
+from bert_jax import families, heads, loader
+from bert_jax.models import electra
+from bert_jax.models import bert as model_lib
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

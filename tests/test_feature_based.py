@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune, formats, heads, loader, modern, optim, predict
-from bert_jax import model as model_lib
+from bert_jax import finetune, formats, heads, loader, optim, predict
+from bert_jax.models import modern
+from bert_jax.models import bert as model_lib
 from bert_jax.configs import conll
 from input_pipeline import errors
 from tests.test_task_data import make_vocab

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune, formats, loader, tasks
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from bert_jax.configs import classify_custom, conll, glue, squad, swag
 from input_pipeline import errors
 from tests.test_task_data import CONTEXT, _squad_file, make_vocab

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune, heads, objectives, sharding, tasks
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from bert_jax.configs import classify_custom, squad
 from input_pipeline import epochs, features, packing
 from input_pipeline.tokenizer import Tokenizer

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from bert_jax import flash
-from bert_jax import model as model_lib
-from bert_jax import modern
+from bert_jax.models import bert as model_lib
+from bert_jax.models import modern
 from tests import test_fused_attention
 from tests import test_train_utils as tu
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 
 SMALL = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax import formats, heads, loader, objectives
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 
 CFG = model_lib.BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
                            intermediate_size=32, max_position_embeddings=16)

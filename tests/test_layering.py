@@ -14,7 +14,7 @@ import ast
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("bert_jax", "bert_jax.configs", "input_pipeline")
+PACKAGES = ("bert_jax", "bert_jax.configs", "bert_jax.models", "input_pipeline")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -93,8 +93,8 @@ def test_configs_import_no_tensorflow_or_jax():
 
 def test_layers_import_downward_only():
   _, graph, _, _ = _graph()
-  order = ["bert_jax.model", "bert_jax.modern", "bert_jax.heads", "bert_jax.formats",
-           "bert_jax.modern_formats", "bert_jax.loader",
+  order = ["bert_jax.models.bert", "bert_jax.models.modern", "bert_jax.heads",
+           "bert_jax.formats", "bert_jax.models.modern_formats", "bert_jax.loader",
            "bert_jax.checkpointing", "bert_jax.objectives", "bert_jax.registry",
            "bert_jax.tasks", "bert_jax.trainer", "bert_jax.convert", "bert_jax.train", "bert_jax.finetune",
            "bert_jax.suite", "bert_jax.main"]

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import formats, loader  # noqa: E402
-from bert_jax import model as model_lib  # noqa: E402
+from bert_jax.models import bert as model_lib  # noqa: E402
 from bert_jax import predict, train  # noqa: E402
 from input_pipeline import testing  # noqa: E402
 from input_pipeline import tokenizer as tokenizer_lib  # noqa: E402

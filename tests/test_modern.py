@@ -1,4 +1,4 @@
-"""The modern encoders (bert_jax/modern.py) against transformers in float32, on HuggingFace
+"""The modern encoders (bert_jax/models/modern.py) against transformers in float32, on HuggingFace
 directories built here with random weights: ModernBERT (global + sliding-window layers) and
 EuroBERT (RMSNorm, SwiGLU, grouped-query attention)."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import modern
-from bert_jax import modern_formats
+from bert_jax.models import modern
+from bert_jax.models import modern_formats
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -10,7 +10,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from bert_jax import convert, finetune, loader, modern, predict, train
+from bert_jax import convert, finetune, loader, predict, train
+from bert_jax.models import modern
 from bert_jax.configs import conll, glue, modern_pretrain, squad, swag
 from tests import test_finetune as ft
 from tests.test_modern_tokenizer import make_bpe_dir

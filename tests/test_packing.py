@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from bert_jax import objectives
 from input_pipeline.packing import pack_examples
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax import formats, predict
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from tests import test_train_utils as tu
 from tests.test_task_data import make_vocab
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from bert_jax import objectives
 from bert_jax import trainer
 from input_pipeline import data_config

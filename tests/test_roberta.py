@@ -1,4 +1,4 @@
-"""RoBERTa and XLM-RoBERTa (bert_jax/roberta.py) against transformers in float32, on
+"""RoBERTa and XLM-RoBERTa (bert_jax/models/roberta.py) against transformers in float32, on
 HuggingFace directories built here as the Hub ships them (config.json, model.safetensors,
 tokenizer.json with its vocab.json / merges.txt, tokenizer_config.json) with random weights."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import families, formats, heads, loader, roberta
-from bert_jax import model as model_lib
+from bert_jax import families, formats, heads, loader
+from bert_jax.models import roberta
+from bert_jax.models import bert as model_lib
 from input_pipeline import features
 from input_pipeline.tokenizer import Tokenizer
 

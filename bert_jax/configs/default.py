@@ -27,7 +27,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.electra.generator_size = 0.25
   c.electra.discriminator_weight = 50.0
 
-  # Model: a preset of bert_jax.model.PRESETS; None fields keep the preset's value.
+  # Model: a preset of bert_jax.models.bert.PRESETS; None fields keep the preset's value.
   c.model = ml_collections.ConfigDict()
   c.model.family = "bert"  # bert_jax/registry.py FAMILIES
   c.model.preset = "base"  # tiny | mini | small | medium | base | large

@@ -2,7 +2,7 @@ r"""python -m bert_jax.main --config=configs/modern_pretrain.py:modernbert-tiny 
 
 Pre-trains (or, with --config.init_checkpoint, continues pre-training) a modern encoder:
 ModernBERT's architecture (presets modernbert-*, ettin-*, mmbert-*) or EuroBERT's
-(eurobert-*), bert_jax/modern.py. The argument is a preset of modern.PRESETS (default
+(eurobert-*), bert_jax/models/modern.py. The argument is a preset of modern.PRESETS (default
 modernbert-tiny: 3 layers, hidden 128, 16-token sliding windows). Masked LM only (no NSP),
 packed rows (attention within each example). Without init_checkpoint or data paths it
 trains on the built-in corpus with its own WordPiece vocabulary, like tiny_pretrain.py.

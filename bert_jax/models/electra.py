@@ -1,4 +1,4 @@
-"""ELECTRA (HuggingFace model_type `electra`): BERT's encoder (bert_jax/model.py) whose
+"""ELECTRA (HuggingFace model_type `electra`): BERT's encoder (bert_jax/models/bert.py) whose
 embedding tables may be narrower than the hidden size (`embedding_size`, projected by
 `embeddings_project`), exact GELU, and a gelu pooler (its sequence classifier's dense layer).
 Two kinds of checkpoint: the discriminator (`ElectraForPreTraining`: a per-token
@@ -20,7 +20,7 @@ import numpy as np
 
 from bert_jax import families
 from bert_jax import formats
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 from input_pipeline import fileio
 

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import flash
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names

@@ -26,7 +26,7 @@ import numpy as np
 from bert_jax import families
 from bert_jax import flops as flops_lib
 from bert_jax import formats
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 from input_pipeline import fileio
 

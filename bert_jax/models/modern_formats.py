@@ -1,5 +1,5 @@
 """HuggingFace checkpoints of the modern encoders (model_type "modernbert": ModernBERT, Ettin,
-mmBERT; "eurobert": EuroBERT) <-> bert_jax parameter trees (bert_jax/modern.py), on the host.
+mmBERT; "eurobert": EuroBERT) <-> bert_jax parameter trees (bert_jax/models/modern.py), on the host.
 
 One table (`_rules`) maps transformers' names (the `model.` prefix stripped, PyTorch layout)
 onto our tree; a rule may cut one tensor into several of ours (ModernBERT's fused `Wqkv` and
@@ -24,8 +24,8 @@ import numpy as np
 from bert_jax import families
 from bert_jax import flops
 from bert_jax import formats
-from bert_jax import modern
-from bert_jax.modern import GLOBAL, LOCAL, ModernConfig
+from bert_jax.models import modern
+from bert_jax.models.modern import GLOBAL, LOCAL, ModernConfig
 from input_pipeline import errors
 from input_pipeline import fileio
 

@@ -111,7 +111,7 @@ class BertConfig(ModelConfig):
   # then the last real token's, the one that sees the whole input.
   causal: bool = False
   # Positions start this far into the position table (RoBERTa: 2, after its padding index;
-  # bert_jax/roberta.py), so the longest input is max_position_embeddings - position_offset.
+  # bert_jax/models/roberta.py), so the longest input is max_position_embeddings - position_offset.
   position_offset: int = 0
   # ELECTRA: the embedding tables' width when it differs from hidden_size (projected to it by
   # `embeddings_project`; the masked-LM head maps back to it), and the pooler's activation
@@ -573,7 +573,7 @@ class BertModel(nn.Module):
   add_pooler: bool = True
   pooled_only: bool = False
   # Another encoder whose embeddings this one reads and whose word embeddings its output
-  # attends (ELECTRA's generator shares the discriminator's: bert_jax/electra.py); None: its
+  # attends (ELECTRA's generator shares the discriminator's: bert_jax/models/electra.py); None: its
   # own. The embeddings projection, if any, stays this encoder's.
   embeddings_of: nn.Module | None = None
 

@@ -1,5 +1,5 @@
 """RoBERTa and XLM-RoBERTa (HuggingFace model_type `roberta`, `xlm-roberta`): BERT's encoder
-(bert_jax/model.py) with positions counted from after the padding index (`position_offset`
+(bert_jax/models/bert.py) with positions counted from after the padding index (`position_offset`
 2), one token type, no next-sentence head and a byte-level BPE (RoBERTa) or SentencePiece
 (XLM-R) vocabulary read from the checkpoint's tokenizer.json (pairs as `<s> A </s></s> B
 </s>`). This module holds their config and presets, their HuggingFace format both ways and
@@ -19,7 +19,7 @@ import numpy as np
 
 from bert_jax import families
 from bert_jax import formats
-from bert_jax import model as model_lib
+from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 from input_pipeline import fileio
 
