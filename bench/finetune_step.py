@@ -352,7 +352,8 @@ def main(argv=None) -> dict:
                                            f" --rounds={args.rounds} --steps={args.steps}") + (
       f" --shape={args.shape} --vocab_size={args.vocab_size} --log_every={args.log_every}"
       if args.shape != "minilm" else "") + (
-      f" --other=<checkout of {args.other_label}>" if args.other else "")
+      f" --other=<checkout of {args.other_label}>" if args.other else "") + (
+      " --no_packed" if args.no_packed else "")
   table = (
       f"\n## Fine-tuning step vs transformers, CoLA ({datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"

@@ -138,3 +138,20 @@ def export_matches(hf, back, ids, mask) -> None:
     b = back.eval()(input_ids=to_torch(ids), attention_mask=to_torch(mask))[0].numpy()
   real = mask.astype(bool) if a.ndim >= 2 and a.shape[:2] == mask.shape else slice(None)
   np.testing.assert_array_equal(a[real], b[real])
+
+
+def suite_runs_on(tmp_path, path: str) -> None:
+  """configs/suite.py (CoLA, MRPC: pairs, STS-B: regression) on the checkpoint at `path` (its
+  vocabulary beside it), one grid point, one seed: every task reported."""
+  from bert_jax import main  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  suite_data.make_glue(tmp_path / "data")
+  c = suite_config.get_config("cola,mrpc,stsb")
+  c.init_checkpoint = c.vocab_path = path
+  c.data_dir, c.protocol, c.seeds = str(tmp_path / "data"), "grid", 1
+  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = (1e-3,), (8,), (1,)
+  c.eval_batch_size, c.max_seq_length, c.log_every_steps, c.submission = 8, 24, 0, False
+  assert main.run(c, str(tmp_path / "suite")) is not None
+  text = (tmp_path / "suite" / "report.md").read_text()
+  assert all(t in text for t in ("CoLA", "MRPC", "STS-B")), text

@@ -63,6 +63,23 @@ def test_hidden_states_and_mlm_logits_match_transformers(tmp_path, variant):
   assert np.abs(np.asarray(logits)[real] - out.logits.numpy()[real]).max() <= 1e-4
 
 
+def test_short_inputs_use_fewer_table_rows_and_match_transformers(tmp_path):
+  """At L=10 of 40 positions the model projects and scores only the table's rows within
+  bucket(9) of the centre (transformers: all 16): the hidden states are still its."""
+  path, hf = _hf_dir(tmp_path, "Model")
+  cfg, params = loader.read(path, "encoder")
+  lo, hi = deberta.relative_rows(cfg, 10)
+  assert 0 < lo and hi - lo < 2 * cfg.relative_span
+  ids, mask = hf_parity.padded_inputs(7, 3, (0, 2, 5), V, 10, first_id=1, pad_id=0)
+  with torch.no_grad():
+    want = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask)
+              ).last_hidden_state.numpy()
+  got = np.asarray(deberta.DebertaModel(cfg, add_pooler=False).apply(
+      {"params": params}, ids, np.zeros_like(ids), mask)[0])
+  real = mask.astype(bool)
+  assert np.abs(got[real] - want[real]).max() <= 1e-5
+
+
 def test_relative_buckets_match_transformers():
   from transformers.models.deberta_v2 import modeling_deberta_v2 as m  # pylint: disable=g-import-not-at-top
   rel = np.arange(-600, 601, dtype=np.int64)
@@ -220,19 +237,8 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
 @pytest.mark.slow
 def test_the_suite_runs_on_deberta(tmp_path):
   """configs/suite.py on a DeBERTa-v3 checkpoint: CoLA, MRPC (pairs) and STS-B reported."""
-  from bert_jax import main  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
-  from tests import suite_data  # pylint: disable=g-import-not-at-top
   path = _model_dir(tmp_path)
-  suite_data.make_glue(tmp_path / "data")
-  c = suite_config.get_config("cola,mrpc,stsb")
-  c.init_checkpoint = c.vocab_path = path
-  c.data_dir, c.protocol, c.seeds = str(tmp_path / "data"), "grid", 1
-  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = (1e-3,), (8,), (1,)
-  c.eval_batch_size, c.max_seq_length, c.log_every_steps, c.submission = 8, 24, 0, False
-  assert main.run(c, str(tmp_path / "suite")) is not None
-  text = (tmp_path / "suite" / "report.md").read_text()
-  assert all(t in text for t in ("CoLA", "MRPC", "STS-B")), text
+  hf_parity.suite_runs_on(tmp_path, path)
 
 
 def test_pretrains_from_scratch_and_exports(tmp_path):

@@ -155,20 +155,9 @@ def test_fine_tunes_from_a_discriminator_and_predicts(tmp_path, capsys):
 @pytest.mark.slow
 def test_the_suite_runs_on_electra(tmp_path):
   """configs/suite.py on an ELECTRA discriminator: CoLA, MRPC (pairs) and STS-B reported."""
-  from bert_jax import main  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
-  from tests import suite_data  # pylint: disable=g-import-not-at-top
   from tests.test_task_data import make_vocab  # pylint: disable=g-import-not-at-top
   tok = make_vocab(tmp_path, ["the movie was very good great fine bad awful poor plot acting"])
   path, _ = _hf_dir(tmp_path, "ForPreTraining", 16, vocab_size=tok.vocab_size,
                     max_position_embeddings=32)
   (tmp_path / "vocab.txt").rename(f"{path}/vocab.txt")
-  suite_data.make_glue(tmp_path / "data")
-  c = suite_config.get_config("cola,mrpc,stsb")
-  c.init_checkpoint = c.vocab_path = path
-  c.data_dir, c.protocol, c.seeds = str(tmp_path / "data"), "grid", 1
-  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = (1e-3,), (8,), (1,)
-  c.eval_batch_size, c.max_seq_length, c.log_every_steps, c.submission = 8, 24, 0, False
-  assert main.run(c, str(tmp_path / "suite")) is not None
-  text = (tmp_path / "suite" / "report.md").read_text()
-  assert all(t in text for t in ("CoLA", "MRPC", "STS-B")), text
+  hf_parity.suite_runs_on(tmp_path, path)

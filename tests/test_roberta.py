@@ -285,16 +285,5 @@ def test_pretrains_from_scratch_and_exports(tmp_path):
 def test_the_suite_runs_on_roberta(tmp_path):
   """configs/suite.py on a RoBERTa checkpoint: CoLA, MRPC (pairs: two separators) and STS-B
   reported."""
-  from bert_jax import main  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
-  from tests import suite_data  # pylint: disable=g-import-not-at-top
   path = _roberta_model_dir(tmp_path)
-  suite_data.make_glue(tmp_path / "data")
-  c = suite_config.get_config("cola,mrpc,stsb")
-  c.init_checkpoint = c.vocab_path = path
-  c.data_dir, c.protocol, c.seeds = str(tmp_path / "data"), "grid", 1
-  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = (1e-3,), (8,), (1,)
-  c.eval_batch_size, c.max_seq_length, c.log_every_steps, c.submission = 8, 24, 0, False
-  assert main.run(c, str(tmp_path / "suite")) is not None
-  text = (tmp_path / "suite" / "report.md").read_text()
-  assert all(t in text for t in ("CoLA", "MRPC", "STS-B")), text
+  hf_parity.suite_runs_on(tmp_path, path)

@@ -100,17 +100,18 @@ def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None)
 # ----------------------------------------------------------------------------
 # The model.
 
-def relative_buckets(rel: jax.Array, buckets: int, max_position: int) -> jax.Array:
+def relative_buckets(rel, buckets: int, max_position: int, xp=jnp):
   """Relative distances -> their buckets (transformers' make_log_bucket_position): exact
-  within +-buckets/2, logarithmic beyond, up to max_position."""
+  within +-buckets/2, logarithmic beyond, up to max_position. `xp`: jax.numpy, or numpy for
+  static lengths."""
   if buckets <= 0:
     return rel
   mid = buckets // 2
-  sign = jnp.sign(rel)
-  abs_pos = jnp.where((rel < mid) & (rel > -mid), mid - 1, jnp.abs(rel))
-  log_pos = jnp.ceil(jnp.log(abs_pos.astype(jnp.float32) / mid)
-                     / jnp.log(jnp.float32((max_position - 1) / mid)) * (mid - 1)) + mid
-  return jnp.where(abs_pos <= mid, rel, (log_pos * sign).astype(rel.dtype))
+  sign = xp.sign(rel)
+  abs_pos = xp.where((rel < mid) & (rel > -mid), mid - 1, xp.abs(rel))
+  log_pos = xp.ceil(xp.log(abs_pos.astype(xp.float32) / xp.float32(mid))
+                    / xp.log(xp.float32((max_position - 1) / mid)) * xp.float32(mid - 1)) + mid
+  return xp.where(abs_pos <= mid, rel, (log_pos * sign).astype(rel.dtype))
 
 
 def relative_index(cfg: DebertaConfig, position_ids_BL: jax.Array) -> jax.Array:
@@ -120,6 +121,14 @@ def relative_index(cfg: DebertaConfig, position_ids_BL: jax.Array) -> jax.Array:
   rel = relative_buckets(p[:, :, None] - p[:, None, :], cfg.position_buckets, cfg.max_relative)
   span = cfg.relative_span
   return jnp.clip(rel + span, 0, 2 * span - 1)
+
+
+def relative_rows(cfg: DebertaConfig, length: int) -> tuple[int, int]:
+  """[lo, hi): the rows of the relative table that sequences of `length` reach."""
+  span = cfg.relative_span
+  reach = int(np.max(np.abs(relative_buckets(np.arange(length, dtype=np.int32),
+                                              cfg.position_buckets, cfg.max_relative, np))))
+  return max(span - reach, 0), min(span + reach, 2 * span - 1) + 1
 
 
 def _dense(cfg, features, axes, name, use_bias=True):
@@ -217,7 +226,12 @@ class Encoder(nn.Module):
     table = self.param("rel_embeddings", nn.with_logical_partitioning(
         nn.initializers.normal(cfg.initializer_range), (None, "embed")),
         (2 * cfg.relative_span, cfg.hidden_size), cfg.param_dtype)
-    rel_RD = jnp.asarray(table, cfg.dtype)
+    # Only the rows some (query, key) pair of this length reaches: |p_i - p_j| <= L - 1, so
+    # rows span +- bucket(L - 1) (at L=64 of deberta-v3: 127 of 512; transformers projects
+    # and scores all of them). The same rows are gathered: the outputs do not change.
+    lo, hi = relative_rows(cfg, x_BLD.shape[1])
+    rel_RD = jnp.asarray(table[lo:hi], cfg.dtype)
+    index_BLM = index_BLM - lo
     if cfg.norm_rel_ebd:
       rel_RD = _layer_norm(cfg, "LayerNorm")(rel_RD)
     rel_RD = model_lib.Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(rel_RD, deterministic)
@@ -317,10 +331,11 @@ def forward_flops(cfg: DebertaConfig, seq_len: int, num_predictions: int, nsp: b
                   last_rows: int | None = None) -> int:
   """BERT's count (every row of the last layer: DeBERTa computes them all) plus, per layer,
   the two position terms: each query (c2p) and key (p2c) against every row of the relative
-  table. The table's projections run once per batch, not per sequence, and are left out
+  table that the length reaches (`relative_rows`). The table's projections run once per batch, not per sequence, and are left out
   (a conservative count: at batch 8 they would add ~1/8 of the position terms' share)."""
   del last_rows, nsp
-  L, D, R = seq_len, cfg.hidden_size, 2 * cfg.relative_span
+  lo, hi = relative_rows(cfg, seq_len)  # the table's rows the model computes with
+  L, D, R = seq_len, cfg.hidden_size, hi - lo
   per_layer = len(cfg.pos_att_type) * 2 * L * R * D
   return flops_lib.bert_forward_flops(cfg, seq_len, num_predictions, nsp=False) \
       + cfg.num_layers * per_layer
