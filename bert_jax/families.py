@@ -58,6 +58,23 @@ class Family:
   replaced_token_detection: Callable[[Any, float], Any] | None = None
 
 
+def preset_and_overrides(fields: Mapping[str, Any], vocab_size: int | None, prefix: str,
+                         sizes: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+  """A config's `model` section -> (preset name, the fields that override it) for a family
+  whose presets are `{prefix}-{size}`: BERT's size names in `sizes` name the family's
+  (base -> roberta-base); None fields keep the preset's; `vocab_size` is the vocabulary's
+  unless the fields set one, which must hold the whole vocabulary (a ConfigError)."""
+  overrides = {k: v for k, v in fields.items()
+               if k not in ("preset", "family") and v is not None}
+  if vocab_size is not None:
+    overrides.setdefault("vocab_size", vocab_size)
+    if overrides["vocab_size"] < vocab_size:
+      raise errors.ConfigError(f"config.model.vocab_size={overrides['vocab_size']} is smaller "
+                               f"than the vocabulary ({vocab_size} entries).")
+  preset = fields.get("preset") or "base"
+  return (f"{prefix}-{preset}" if preset in sizes else preset), overrides
+
+
 def names() -> list[str]:
   return sorted(MODULES)
 

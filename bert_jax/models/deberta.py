@@ -87,13 +87,8 @@ class DebertaConfig(model_lib.BertConfig):
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> DebertaConfig:
   """A config's `model` section (a preset + overrides; None = the preset's value) ->
   DebertaConfig; `vocab_size` is the vocabulary's unless the fields set one."""
-  overrides = {k: v for k, v in fields.items()
-               if k not in ("preset", "family") and v is not None}
-  if vocab_size is not None:
-    overrides.setdefault("vocab_size", vocab_size)
-  preset = fields.get("preset") or "base"
-  if preset in ("xsmall", "small", "base", "large"):
-    preset = f"deberta-v3-{preset}"
+  preset, overrides = families.preset_and_overrides(fields, vocab_size, "deberta-v3",
+                                                    ("xsmall", "small", "base", "large"))
   return DebertaConfig.from_preset(preset, **overrides)
 
 

@@ -59,13 +59,8 @@ class ElectraConfig(model_lib.BertConfig):
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> ElectraConfig:
   """A config's `model` section (a preset + overrides; None = the preset's value) ->
   ElectraConfig; `vocab_size` is the vocabulary's unless the fields set one."""
-  overrides = {k: v for k, v in fields.items()
-               if k not in ("preset", "family") and v is not None}
-  if vocab_size is not None:
-    overrides.setdefault("vocab_size", vocab_size)
-  preset = fields.get("preset") or "base"
-  if preset in ("small", "base", "large"):  # the size names of BERT's configs
-    preset = f"electra-{preset}"
+  preset, overrides = families.preset_and_overrides(fields, vocab_size, "electra",
+                                                    ("small", "base", "large"))
   return ElectraConfig.from_preset(preset, **overrides)
 
 

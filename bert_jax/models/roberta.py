@@ -68,16 +68,7 @@ def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
   """A config's `model` section (a preset + overrides; None = the preset's value) ->
   RobertaConfig; `vocab_size` is the vocabulary's (it replaces the preset's unless the fields
   set one)."""
-  overrides = {k: v for k, v in fields.items()
-               if k not in ("preset", "family") and v is not None}
-  if vocab_size is not None:
-    overrides.setdefault("vocab_size", vocab_size)
-    if overrides["vocab_size"] < vocab_size:
-      raise errors.ConfigError(f"config.model.vocab_size={overrides['vocab_size']} is smaller "
-                               f"than the vocabulary ({vocab_size} entries).")
-  preset = fields.get("preset") or "base"
-  if preset in ("base", "large"):  # the size names of BERT's configs: the family's sizes
-    preset = f"{family}-{preset}"
+  preset, overrides = families.preset_and_overrides(fields, vocab_size, family, ("base", "large"))
   return RobertaConfig.from_preset(preset, **{**overrides, "family": family})
 
 
