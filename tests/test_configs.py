@@ -99,6 +99,8 @@ MODE_ONLY = {
     "data.max_predictions_per_row": "data.packing=True",
     "max_examples_per_row": "packing=True (glue)",
     "tfds_name": "data_dir=tfds",
+    "electra.generator_size": "objective=electra",
+    "electra.discriminator_weight": "objective=electra",
 }
 
 
