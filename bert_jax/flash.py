@@ -68,8 +68,15 @@ def _program(keys_ref):
            pl.program_id(1).astype(jnp.uint32) + keys_ref[3]))
 
 
+def _dot(a, b, *, trans_a=False, trans_b=False):
+  """a @ b (either side transposed) accumulated in float32: what `pl.dot` did before JAX
+  0.11 removed it."""
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
 def _scores(q, k, q_seg, k_seg, q_pos, k_idx, *, scale, causal, window):
-  s = pl.dot(q, k, trans_b=True) * scale
+  s = _dot(q, k, trans_b=True) * scale
   allowed = q_seg[:, None] == k_seg[None, :]
   if causal:
     allowed &= k_idx[None, :] <= q_pos[:, None]
@@ -99,7 +106,7 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref,
                    kv_length=cfg["kv_length"], rate=cfg["rate"])
       p = jnp.where(keep, p / (1.0 - cfg["rate"]), 0.0)
     v = v_ref[cols, :]
-    acc = acc * correction[:, None] + pl.dot(p.astype(v.dtype), v)
+    acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v)
     return acc, m_new, l
 
   init = (jnp.zeros((bq, q.shape[1]), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
@@ -123,7 +130,7 @@ def _dkv_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_
     s = _scores(q, k, qseg_ref[rows], k_seg, q_pos, k_idx, scale=cfg["scale"],
                 causal=cfg["causal"], window=cfg["window"])
     p = jnp.exp(s - lse_ref[rows][:, None])
-    dp = pl.dot(do, v, trans_b=True)
+    dp = _dot(do, v, trans_b=True)
     if cfg["rate"] > 0:
       keep = _keep(keys, bh, q_pos, k_idx, heads=cfg["heads"], full_length=cfg["full_length"],
                    kv_length=cfg["kv_length"], rate=cfg["rate"])
@@ -131,9 +138,9 @@ def _dkv_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_
       dp = jnp.where(keep, dp / (1.0 - cfg["rate"]), 0.0)
     else:
       p_dropped = p
-    dv = dv + pl.dot(p_dropped.astype(do.dtype), do, trans_a=True)
+    dv = dv + _dot(p_dropped.astype(do.dtype), do, trans_a=True)
     ds = p * (dp - delta_ref[rows][:, None])
-    dk = dk + pl.dot(ds.astype(q.dtype), q, trans_a=True) * cfg["scale"]
+    dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True) * cfg["scale"]
     return dk, dv
 
   zeros = jnp.zeros(k.shape, jnp.float32)
@@ -156,13 +163,13 @@ def _dq_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_r
     s = _scores(q, k, q_seg, kseg_ref[cols], q_pos, k_idx, scale=cfg["scale"],
                 causal=cfg["causal"], window=cfg["window"])
     p = jnp.exp(s - lse[:, None])
-    dp = pl.dot(do, v, trans_b=True)
+    dp = _dot(do, v, trans_b=True)
     if cfg["rate"] > 0:
       keep = _keep(keys, bh, q_pos, k_idx, heads=cfg["heads"], full_length=cfg["full_length"],
                    kv_length=cfg["kv_length"], rate=cfg["rate"])
       dp = jnp.where(keep, dp / (1.0 - cfg["rate"]), 0.0)
     ds = p * (dp - delta[:, None])
-    return dq + pl.dot(ds.astype(k.dtype), k) * cfg["scale"]
+    return dq + _dot(ds.astype(k.dtype), k) * cfg["scale"]
 
   dq = lax.fori_loop(0, k_ref.shape[0] // bk, body, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = dq.astype(dq_ref.dtype)

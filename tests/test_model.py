@@ -264,3 +264,51 @@ def test_hash_bits_of_rows_are_the_rows_of_the_full_draw():
   pos = jnp.asarray([[0, 4], [6, 6], [2, 0]], jnp.int32)
   rows = model_lib.hash_bits(key, (3, 2, 5), model_lib.Rows(1, pos, 7))
   np.testing.assert_array_equal(rows, np.take_along_axis(full, np.asarray(pos)[:, :, None], 1))
+
+
+def _embeddings_and_grads(dtype, batch):
+  cfg = SMALL.replace(dtype=dtype, hidden_dropout_rate=0.0)
+  emb = model_lib.Embeddings(cfg)
+  ids, seg = batch["input_ids"], batch["segment_ids"]
+  pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+  params = nn.unbox(emb.init(jax.random.key(0), ids, seg, pos, True))
+  g = jnp.asarray(np.random.default_rng(1).normal(size=ids.shape + (32,)), jnp.float32)
+  loss = lambda p: jnp.sum(emb.apply(p, ids, seg, pos, True).astype(jnp.float32) * g)
+  return emb, params, (ids, seg, pos), loss
+
+
+def test_small_embedding_tables_take_no_scatter_add_in_the_gradient():
+  """The gradient of a gather is a scatter-add whose rows collide when the table is small
+  (all of a batch's tokens land on the 2 token-type rows): on an H200 that scatter took 138 ms
+  of BERT-base's 134 ms step (L=128, batch 256, bf16). Only the word table may scatter."""
+  batch = _batch(2)
+  emb, params, _, loss = _embeddings_and_grads(jnp.bfloat16, batch)
+  hlo = jax.jit(jax.grad(loss)).lower(params).as_text()
+  scatters = hlo.count('"stablehlo.scatter"(')
+  assert scatters == 1, f"{scatters} scatter-adds in the embeddings' gradient"
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_small_embedding_tables_look_up_exactly_and_sum_their_gradients(dtype):
+  """The lookups' values are the table's rows bit for bit, and each row's gradient is the sum
+  of the output gradients of the tokens that read it."""
+  batch = _batch(3)
+  emb, params, (ids, seg, pos), loss = _embeddings_and_grads(dtype, batch)
+  tables = params["params"]
+  ln_free = emb.bind(params)
+  got_pos = np.asarray(ln_free.position_lookup(pos), np.float32)
+  got_seg = np.asarray(ln_free.token_type_lookup(seg), np.float32)
+  want_pos = np.asarray(tables["position_embeddings"]["embedding"].astype(dtype), np.float32)[pos]
+  want_seg = np.asarray(tables["token_type_embeddings"]["embedding"].astype(dtype), np.float32)[seg]
+  np.testing.assert_array_equal(got_pos, want_pos)
+  np.testing.assert_array_equal(got_seg, want_seg)
+  g = np.asarray(np.random.default_rng(4).normal(size=ids.shape + (32,)), np.float32)
+  def table_grads(p):
+    b = emb.bind(p)
+    return jnp.sum((b.position_lookup(pos) + b.token_type_lookup(seg)).astype(jnp.float32) * g)
+  grads = jax.grad(table_grads)(params)["params"]
+  for name, idx in (("position_embeddings", np.asarray(pos)), ("token_type_embeddings", np.asarray(seg))):
+    want = np.zeros(tables[name]["embedding"].shape, np.float64)
+    np.add.at(want, idx.reshape(-1), g.reshape(-1, 32).astype(np.float64))
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(grads[name]["embedding"]), want, rtol=tol, atol=tol)
