@@ -202,9 +202,9 @@ class Embeddings(nn.Module):
     cfg = self.config
     x = self.word_embeddings(input_ids)
     if cfg.position_biased_input:
-      x = x + self.position_embeddings(position_ids)
+      x = x + model_lib.one_hot_lookup(self.position_embeddings, position_ids)
     if cfg.type_vocab_size > 0:
-      x = x + self.token_type_embeddings(segment_ids)
+      x = x + model_lib.one_hot_lookup(self.token_type_embeddings, segment_ids)
     if cfg.embedding_dim != cfg.hidden_size:
       x = self.embed_proj(x)
     x = self.LayerNorm(x) * input_mask[..., None].astype(cfg.dtype)
