@@ -18,7 +18,8 @@ Systems: bert_jax (the trainer's jitted train_step, as bench.train_step runs it)
 AdamW, global-norm clipping), compile (the same under torch.compile). Each (workload, system)
 runs in its own process; the systems of a workload run one after another (rounds alternate
 their order). A row: median ms/step over --steps steps after --warmup, tokens/s, seconds to
-the first step (compilation included), peak device memory, MFU against the chip's dense bf16
+the first step (compilation included; bert_jax's JSON rows split off setup_s: imports,
+initialisation, batches), peak device memory, MFU against the chip's dense bf16
 peak (bert_jax.flops.PEAK_BF16_FLOPS) and against a bf16 matmul measured in the run.
 
 --variants adds bert_jax rows with config overrides and/or XLA flags, each its own process;
@@ -139,7 +140,9 @@ def child_bert_jax(spec: dict) -> dict:
     state = trainer.init()
     batches = [trainer.to_global(b) for b in host_batches]
     rng = jax.random.key(0)
+    jax.block_until_ready((state, batches))
     t = time.perf_counter()
+    setup_s = t - START  # imports, the model's and optimizer's initialisation, the batches
     compiled = trainer.train_step.lower(state, batches[0], rng).compile()
     compile_s = time.perf_counter() - t
     box, cycle = [state, None], itertools.cycle(batches)
@@ -163,7 +166,7 @@ def child_bert_jax(spec: dict) -> dict:
   else:
     flops = statistics.mean(modern_step.useful_flops(cfg, s) for s in steps)
   return dict(step_s=statistics.median(times), first_s=first_s, compile_s=compile_s,
-              mem_gib=mem / 2**30, flops=flops, tokens=statistics.mean(tokens),
+              setup_s=setup_s, mem_gib=mem / 2**30, flops=flops, tokens=statistics.mean(tokens),
               loss=float(box[1]["loss"]), versions=f"jax {jax.__version__}",
               device=jax.devices()[0].device_kind)
 

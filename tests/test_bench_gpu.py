@@ -100,6 +100,8 @@ def test_gpu_step_smoke_on_cpu(tmp_path):
   assert not bad, bad
   for r in rows:
     assert r["step_s"] > 0 and r["first_s"] > 0 and r["tokens"] > 0 and r["flops"] > 0
+    if r["system"].startswith("bert_jax"):
+      assert 0 < r["setup_s"] < r["first_s"] - r["compile_s"], r
   assert "| bert-base-128 | bert_jax |" in proc.stdout
 
 
