@@ -83,3 +83,26 @@ def test_a_model_type_no_family_reads_is_one_line_exit_2(tmp_path, command):
   assert ("the supported model types are bert, deberta-v2, electra, eurobert, modernbert, "
           "roberta, xlm-roberta" in lines[0])
   assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", families.names())
+def test_every_family_shards_through_the_one_rules_table(name):
+  """A family has no sharding rules of its own: its parameters carry only the logical axis
+  names that config.logical_axis_rules maps (a new name would be silently replicated)."""
+  import flax.linen as nn
+  import jax
+  import ml_collections
+  from bert_jax import registry
+  from tests import test_train_utils as tu
+  config = tu.tiny_config()
+  config.model = ml_collections.ConfigDict(dict(
+      family=name, preset="tiny" if name == "bert" else None, dtype="float32",
+      param_dtype="float32"))
+  config.data.nsp = False
+  model, _, sample = registry.pretraining(config, vocab_size=64)
+  shapes = jax.eval_shape(lambda: model.init(
+      {"params": jax.random.key(0), "dropout": jax.random.key(1)}, **sample, deterministic=True))
+  specs = jax.tree.leaves(nn.get_partition_spec(shapes),
+                          is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  used = {axis for spec in specs for axis in spec if axis is not None}
+  assert used and used <= {rule for rule, _ in config.logical_axis_rules}, used
