@@ -5,6 +5,8 @@ with a fine-tuned one (the `workdir` of a fine-tuning run: its `best/` parameter
         --text="The capital of France is [MASK]."
     python -m bert_jax.predict --checkpoint=DIR --vocab=vocab.txt --mode=features \
         --input_file=texts.txt --layers=-1,-2 --output=features.npy
+    python -m bert_jax.predict --checkpoint=DIR --mode=embed --input_file=texts.txt \
+        --output=embeddings.npy [--pooling=mean|cls|last] [--normalize]
 
     python -m bert_jax.predict --checkpoint=FINETUNE_WORKDIR --vocab=vocab.txt --mode=classify \
         --text="The book was good." [--text_pair=...]
@@ -12,9 +14,9 @@ with a fine-tuned one (the `workdir` of a fine-tuning run: its `best/` parameter
         --question="Who?" --context="..."
     python -m bert_jax.predict --checkpoint=FINETUNE_WORKDIR --vocab=vocab.txt --mode=tag --text="EU rejects it"
 
-For fill_mask / features, `--checkpoint` is anything `bert_jax.loader.read` reads (a bert_jax
-export, a HuggingFace directory, a Google TF checkpoint) or a bert_jax training
-workdir.
+For fill_mask / features / embed, `--checkpoint` is anything `bert_jax.loader.read` reads (a bert_jax
+export, a HuggingFace directory, a Google TF checkpoint, for embed a sentence-transformers
+directory too: its pooling and normalisation are the defaults) or a bert_jax training workdir.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import convert
+from bert_jax import embed
 from bert_jax import families
 from bert_jax import formats
 from bert_jax import heads
@@ -233,20 +236,26 @@ def write_features_jsonl(f, batches, tokenizer, layers: Sequence[int], pooled: b
   return n
 
 
-def write_features_npy(out: str, batches, num_texts: int) -> tuple[int, ...]:
-  """Streams the batches into OUT.npy (features) and OUT_mask.npy, their headers written
-  first for `num_texts` rows (memory flat in the number of texts); returns the shape."""
-  mask_out = out.removesuffix(".npy") + "_mask.npy"
+def write_features_npy(out: str, batches, num_texts: int, masks: bool = True) -> tuple[int, ...]:
+  """Streams the batches into OUT.npy (features) and, with `masks`, OUT_mask.npy, their
+  headers written first for `num_texts` rows (memory flat in the number of texts); returns
+  the shape."""
+  import contextlib  # pylint: disable=g-import-not-at-top
   shape = None
-  with fileio.path(out).open("wb") as f, fileio.path(mask_out).open("wb") as fm:
+  with contextlib.ExitStack() as files:
+    f = files.enter_context(fileio.path(out).open("wb"))
+    fm = files.enter_context(fileio.path(out.removesuffix(".npy") + "_mask.npy").open("wb")
+                             ) if masks else None
     written = 0
     for _, feats, mask in batches:
       if shape is None:
         shape = (num_texts,) + feats.shape[1:]
         f.write(_npy_header(feats.dtype, shape))
-        fm.write(_npy_header(mask.dtype, (num_texts,) + mask.shape[1:]))
+        if fm:
+          fm.write(_npy_header(mask.dtype, (num_texts,) + mask.shape[1:]))
       f.write(np.ascontiguousarray(feats).tobytes())
-      fm.write(np.ascontiguousarray(mask).tobytes())
+      if fm:
+        fm.write(np.ascontiguousarray(mask).tobytes())
       written += len(feats)
   if written != num_texts:
     raise PredictError(f"--input_file changed while it was read ({num_texts} lines counted, "
@@ -275,8 +284,8 @@ def _flags():
   flags.DEFINE_bool("lowercase", None, "Override the vocabulary's casing (--lowercase / "
                     "--nolowercase; default: as the files beside it say, e.g. do_lower_case "
                     "in a HuggingFace tokenizer_config.json).", flag_values=fv)
-  flags.DEFINE_enum("mode", "fill_mask", ["fill_mask", "features", "classify", "qa", "tag"],
-                    "What to predict.", flag_values=fv)
+  flags.DEFINE_enum("mode", "fill_mask", ["fill_mask", "features", "embed", "classify", "qa",
+                                          "tag"], "What to predict.", flag_values=fv)
   flags.DEFINE_multi_string("text", [], "Input text (repeatable).", flag_values=fv)
   flags.DEFINE_multi_string("text_pair", [], "classify: second segment per --text.",
                             flag_values=fv)
@@ -289,14 +298,20 @@ def _flags():
   flags.DEFINE_string("layers", "-1", "features: comma-separated layer indices.", flag_values=fv)
   flags.DEFINE_bool("pooled", False, "features: write the pooled output instead.",
                     flag_values=fv)
+  flags.DEFINE_enum("pooling", None, list(embed.POOLINGS), "embed: how token vectors become "
+                    "a text's (default: a sentence-transformers checkpoint's own, else mean).",
+                    flag_values=fv)
+  flags.DEFINE_bool("normalize", None, "embed: L2-normalise the vectors (default: as a "
+                    "sentence-transformers checkpoint says, else not).", flag_values=fv)
   flags.DEFINE_integer("max_seq_length", 128, "Tokens per input, [CLS] and [SEP] included "
                        f"(longer ones are cut); at least {MIN_SEQ_LENGTH}.",
                        lower_bound=MIN_SEQ_LENGTH, flag_values=fv)
   flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass.", lower_bound=1,
                        flag_values=fv)
-  flags.DEFINE_string("output", None, "features: the file to write: .npy (default "
-                      "features.npy, with FILE_mask.npy beside it) or .jsonl (Google's "
-                      "extract_features.py format).",
+  flags.DEFINE_string("output", None, "features / embed: the file to write: .npy (default "
+                      "features.npy / embeddings.npy; features with FILE_mask.npy beside it) or "
+                      ".jsonl (features: Google's extract_features.py format; embed: "
+                      "{\"line_index\", \"embedding\"} a line).",
                       flag_values=fv)
   return fv
 
@@ -388,11 +403,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                        "each (not with --input_file).")
   has_input = bool(args.text or args.input_file)
   texts = itertools.chain(args.text, _input_lines(args.input_file) if args.input_file else ())
-  out = args.output or "features.npy"
-  if args.mode == "features":
+  out = args.output or ("embeddings.npy" if args.mode == "embed" else "features.npy")
+  if args.mode in ("features", "embed"):
     _check_output(out)
   # The checkpoint's own vocabulary by default, read once the checkpoint is known good.
-  vocabulary = lambda: Tokenizer.from_path(args.vocab or convert.checkpoint_vocab(args.checkpoint),
+  model_dir = embed.transformer_dir(args.checkpoint) if args.mode == "embed" else args.checkpoint
+  vocabulary = lambda: Tokenizer.from_path(args.vocab or convert.checkpoint_vocab(model_dir),
                                            args.lowercase)
   B = args.batch_size
   if args.mode in ("classify", "qa", "tag"):
@@ -436,6 +452,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     progress.done()
     if not any_mask:
       raise PredictError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
+  elif args.mode == "embed":
+    _embed(args, texts, out, vocabulary)
   else:
     layers = parse_layers(args.layers)
     cfg, params = load_checkpoint(args.checkpoint, "encoder")
@@ -455,6 +473,36 @@ def main(argv: Sequence[str] | None = None) -> None:
       shape = list(write_features_npy(out, batches, count))
     progress.done()
     print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled}))
+
+
+def _embed(args, texts: Iterable[str], out: str, vocabulary) -> None:
+  """--mode=embed: one vector a text, streamed into a .npy or .jsonl file."""
+  spec = embed.read_spec(args.checkpoint) or embed.Spec()
+  given = args["max_seq_length"].present or not spec.max_seq_length
+  spec = embed.Spec(args.pooling or spec.pooling,
+                    spec.normalize if args.normalize is None else args.normalize,
+                    args.max_seq_length if given else spec.max_seq_length, spec.similarity)
+  cfg, params = load_checkpoint(embed.transformer_dir(args.checkpoint), "encoder")
+  tokenizer = vocabulary()
+  _check_vocab(cfg, tokenizer)
+  progress = _Progress(texts, "texts")
+  vectors = embed.iter_embeddings(cfg, params, tokenizer, progress, spec, args.batch_size)
+  if out.endswith(".jsonl"):
+    with fileio.path(out).open("wb") as f:
+      n = 0
+      for batch in vectors:
+        for v in batch:
+          f.write((json.dumps({"line_index": n, "embedding": [float(x) for x in v]}) + "\n"
+                   ).encode("utf-8"))
+          n += 1
+    shape = [n, cfg.hidden_size]
+  else:
+    count = len(args.text) + (sum(1 for _ in _input_lines(args.input_file))
+                              if args.input_file else 0)
+    shape = list(write_features_npy(out, ((None, v, None) for v in vectors), count, masks=False))
+  progress.done()
+  print(json.dumps({"output": out, "shape": shape, "pooling": spec.pooling,
+                    "normalize": spec.normalize}))
 
 
 def _check_mode(mode: str, task: dict, checkpoint: str) -> None:

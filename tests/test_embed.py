@@ -125,3 +125,28 @@ def test_a_plain_checkpoint_is_no_sentence_transformers_directory(tmp_path):
   assert embed.transformer_dir(str(tmp_path)) == str(tmp_path)
   with pytest.raises(embed.EmbedError, match="pooling 'max' is unknown"):
     embed.Spec("max")
+
+
+def test_predict_embed_streams_sentence_transformers_vectors_to_npy_and_jsonl(tmp_path, capsys):
+  from bert_jax import predict
+  path = _minilm()
+  lines = tmp_path / "texts.txt"
+  lines.write_text("\n".join(TEXTS[1:] * 3) + "\n")
+  want = _st(path).encode([TEXTS[0]] + TEXTS[1:] * 3, convert_to_numpy=True)
+  out = tmp_path / "e.npy"
+  predict.main([f"--checkpoint={path}", "--mode=embed", f"--text={TEXTS[0]}",
+                f"--input_file={lines}", f"--output={out}", "--batch_size=4"])
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert report == {"output": str(out), "shape": [len(want), 384], "pooling": "mean",
+                    "normalize": True}
+  np.testing.assert_allclose(np.load(out), want, atol=1e-5, rtol=0)
+  assert not (tmp_path / "e_mask.npy").exists()
+  predict.main([f"--checkpoint={path}", "--mode=embed", f"--input_file={lines}",
+                f"--output={tmp_path / 'e.jsonl'}", "--pooling=cls", "--nonormalize",
+                "--max_seq_length=8"])
+  rows = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
+  assert [r["line_index"] for r in rows] == list(range(len(want) - 1))
+  cfg, params = loader.read(path, "encoder")
+  cls = embed.embed_texts(cfg, params, Tokenizer.from_path(path), TEXTS[1:] * 3,
+                          embed.Spec("cls", False, 8))
+  np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), cls, atol=1e-6, rtol=0)
