@@ -1,0 +1,173 @@
+"""How good an embedding model is: STS-B Spearman of cosine similarity (GLUE's STS-B files)
+and retrieval nDCG@10 / Recall@100 / MRR@10 on a BEIR-layout directory (corpus.jsonl,
+queries.jsonl, qrels/<split>.tsv) by exact search, the corpus read and scored in chunks so
+that memory stays flat in its size.
+
+    scores = embed_eval.sts(cfg, params, tokenizer, spec, glue.read_glue("stsb", dir, "dev"))
+    scores = embed_eval.retrieval(cfg, params, tokenizer, spec, beir_dir, split="test")
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import scipy.stats
+
+from bert_jax import embed
+from input_pipeline import errors
+from input_pipeline import fileio
+from input_pipeline import glue
+
+NDCG_AT, RECALL_AT, MRR_AT = 10, 100, 10
+
+
+class RetrievalDataError(errors.UserError, ValueError):
+  """A BEIR-layout directory that cannot be evaluated: the message names the file and row."""
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def sts(cfg: Any, params: Any, tokenizer, spec: embed.Spec, examples: Sequence[glue.Example],
+        batch_size: int = 32) -> dict[str, float]:
+  """Spearman and Pearson correlation (x100, as GLUE reports) between the gold scores and the
+  cosine similarity of each pair's two embeddings."""
+  a = embed.embed_texts(cfg, params, tokenizer, (e.text_a for e in examples), spec, batch_size)
+  b = embed.embed_texts(cfg, params, tokenizer, (e.text_b or "" for e in examples), spec,
+                        batch_size)
+  cosine = np.sum(_unit(a) * _unit(b), axis=-1)
+  gold = np.asarray([float(e.label) for e in examples])
+  return {"spearman": 100 * float(scipy.stats.spearmanr(gold, cosine).statistic),
+          "pearson": 100 * float(scipy.stats.pearsonr(gold, cosine).statistic)}
+
+
+# ---- BEIR layout --------------------------------------------------------------------------
+
+def _jsonl(path: str, fields: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
+  """(line number, record) of each non-blank line; a line that is not a JSON object with
+  `fields` is a RetrievalDataError naming the file and line."""
+  with fileio.path(path).open("r") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise RetrievalDataError(f"{path}:{n}: not a JSON object ({e}).") from None
+      missing = [k for k in fields if not isinstance(record, dict) or k not in record]
+      if missing:
+        raise RetrievalDataError(f"{path}:{n}: no {', '.join(map(repr, missing))} field (a BEIR "
+                                 f"line holds {', '.join(fields)}).")
+      yield n, record
+
+
+def _doc_text(record: dict) -> str:
+  title = str(record.get("title") or "").strip()
+  return f"{title} {record['text']}".strip() if title else str(record["text"])
+
+
+def read_qrels(path: str) -> dict[str, dict[str, int]]:
+  """qrels/<split>.tsv (query-id, corpus-id, score; a header line) -> {query: {doc: score}}."""
+  file = fileio.path(path)
+  if not file.exists():
+    qrels = file.parent
+    found = sorted(p.name for p in qrels.glob("*.tsv")) if qrels.exists() else []
+    raise RetrievalDataError(f"{path} does not exist: a BEIR directory holds its relevance "
+                             f"judgements in qrels/<split>.tsv"
+                             + (f" (found: {', '.join(found)})." if found else "; none found."))
+  qrels: dict[str, dict[str, int]] = {}
+  with file.open("r") as f:
+    for n, line in enumerate(f, 1):
+      cols = line.rstrip("\r\n").split("\t")
+      if n == 1 and cols[:2] == ["query-id", "corpus-id"] or not line.strip():
+        continue
+      try:
+        query, doc, score = cols[0], cols[1], int(float(cols[2]))
+      except (IndexError, ValueError):
+        raise RetrievalDataError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>score, got "
+                                 f"{line.strip()[:80]!r}.") from None
+      qrels.setdefault(query, {})[doc] = score
+  if not qrels:
+    raise RetrievalDataError(f"{path} holds no judgements.")
+  return qrels
+
+
+def _top_k(scores_QC: np.ndarray, ids: list[str], best: tuple[np.ndarray, np.ndarray] | None,
+           k: int) -> tuple[np.ndarray, np.ndarray]:
+  """The k best (score, doc id) of each query over the chunk and what was best before."""
+  chunk_ids = np.broadcast_to(np.asarray(ids, dtype=object), scores_QC.shape)
+  if best is not None:
+    scores_QC = np.concatenate([best[0], scores_QC], axis=1)
+    chunk_ids = np.concatenate([best[1], chunk_ids], axis=1)
+  keep = np.argsort(-scores_QC, axis=1, kind="stable")[:, :k]
+  return np.take_along_axis(scores_QC, keep, 1), np.take_along_axis(chunk_ids, keep, 1)
+
+
+def search(cfg: Any, params: Any, tokenizer, spec: embed.Spec, queries: list[str],
+           corpus: Iterator[tuple[str, str]], k: int = RECALL_AT, chunk: int = 4096,
+           batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+  """Exact search: (scores [Q, k], doc ids [Q, k]) of each query's k most similar documents
+  (the spec's similarity), the corpus embedded and scored `chunk` documents at a time."""
+  q = embed.embed_texts(cfg, params, tokenizer, queries, spec, batch_size)
+  if spec.similarity == "cosine":
+    q = _unit(q)
+  best = None
+  while docs := list(itertools.islice(corpus, chunk)):
+    d = embed.embed_texts(cfg, params, tokenizer, (t for _, t in docs), spec, batch_size)
+    if spec.similarity == "cosine":
+      d = _unit(d)
+    best = _top_k(q @ d.T, [i for i, _ in docs], best, k)
+  if best is None:
+    raise RetrievalDataError("the corpus holds no documents.")
+  return best
+
+
+def metrics(ranked: np.ndarray, qrels: dict[str, dict[str, int]], query_ids: list[str]
+            ) -> dict[str, float]:
+  """nDCG@10 (linear gain, as trec_eval), Recall@100 and MRR@10, x100, averaged over the
+  queries, from each query's ranked doc ids."""
+  ndcg, recall, mrr = [], [], []
+  for query, docs in zip(query_ids, ranked):
+    judged = qrels[query]
+    gains = [judged.get(d, 0) for d in docs]
+    ideal = sorted((g for g in judged.values() if g > 0), reverse=True)
+    dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:NDCG_AT]) if g > 0)
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal[:NDCG_AT]))
+    ndcg.append(dcg / idcg if idcg else 0.0)
+    relevant = sum(1 for g in judged.values() if g > 0)
+    recall.append(sum(1 for g in gains[:RECALL_AT] if g > 0) / relevant if relevant else 0.0)
+    first = next((i for i, g in enumerate(gains[:MRR_AT]) if g > 0), None)
+    mrr.append(0.0 if first is None else 1.0 / (first + 1))
+  return {f"ndcg@{NDCG_AT}": 100 * float(np.mean(ndcg)),
+          f"recall@{RECALL_AT}": 100 * float(np.mean(recall)),
+          f"mrr@{MRR_AT}": 100 * float(np.mean(mrr))}
+
+
+def retrieval(cfg: Any, params: Any, tokenizer, spec: embed.Spec, path: str,
+              split: str = "test", chunk: int = 4096, batch_size: int = 32) -> dict[str, float]:
+  """The retrieval metrics of the model on the BEIR-layout directory `path`: the queries of
+  qrels/<split>.tsv (a judged query missing from queries.jsonl is a RetrievalDataError naming
+  it) against every document of corpus.jsonl."""
+  root = fileio.path(path)
+  qrels = read_qrels(str(root / "qrels" / f"{split}.tsv"))
+  for name in ("corpus.jsonl", "queries.jsonl"):
+    if not (root / name).exists():
+      raise RetrievalDataError(f"{root / name} does not exist: a BEIR directory holds "
+                               "corpus.jsonl, queries.jsonl and qrels/<split>.tsv.")
+  texts = {str(r["_id"]): str(r["text"])
+           for _, r in _jsonl(str(root / "queries.jsonl"), ("_id", "text"))
+           if str(r["_id"]) in qrels}
+  missing = [q for q in qrels if q not in texts]
+  if missing:
+    raise RetrievalDataError(f"{root / 'qrels' / (split + '.tsv')}: query {missing[0]!r} "
+                             f"(and {len(missing) - 1} more) is not in {root / 'queries.jsonl'}.")
+  query_ids = list(qrels)
+  corpus = ((str(r["_id"]), _doc_text(r)) for _, r in _jsonl(str(root / "corpus.jsonl"),
+                                                             ("_id", "text")))
+  _, ranked = search(cfg, params, tokenizer, spec, [texts[q] for q in query_ids], corpus,
+                     chunk=chunk, batch_size=batch_size)
+  return metrics(ranked, qrels, query_ids)
