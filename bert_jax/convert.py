@@ -20,6 +20,7 @@ from absl import logging
 import jax
 import numpy as np
 
+from bert_jax import embed
 from bert_jax import families
 from bert_jax import formats
 from bert_jax import loader
@@ -122,14 +123,31 @@ def export_vocabulary(tok: tokenizer_lib.Tokenizer, out: str, *,
   return name
 
 
+def export_sentence_transformers(path: str, cfg: Any, params: Any, tok: tokenizer_lib.Tokenizer,
+                                 spec: embed.Spec) -> None:
+  """A sentence-transformers directory at `path`: the encoder as transformers saves it, the
+  tokenizer, and the modules that pool (and normalise) its last layer per `spec`."""
+  family = families.of(cfg)
+  family.export_hf(path, cfg, embed.encoder_params(params)[0], tok)
+  export_vocabulary(tok, path, name_specials=family.names_specials)
+  length = min(spec.max_seq_length or cfg.max_length, cfg.max_length)
+  embed.write_spec(path, spec, cfg.hidden_size, length)
+
+
 def _flags():
   """convert's flags, in their own FlagValues (absl syntax; importing adds no global flags)."""
   fv = flags.FlagValues()
   flags.DEFINE_string("input", None, "HuggingFace dir, TF checkpoint, bert_jax export dir, or "
                       "a workdir of ours (its newest checkpoint).", flag_values=fv)
   flags.DEFINE_string("output", None, "Directory to write.", flag_values=fv)
-  flags.DEFINE_enum("to", "bert_jax", ["bert_jax", "huggingface"], "Format to write.",
-                    flag_values=fv)
+  flags.DEFINE_enum("to", "bert_jax", ["bert_jax", "huggingface", "sentence_transformers"],
+                    "Format to write (sentence_transformers: the encoder, its tokenizer and the "
+                    "pooling modules SentenceTransformer(dir) loads).", flag_values=fv)
+  flags.DEFINE_enum("pooling", None, list(embed.POOLINGS), "sentence_transformers: how token "
+                    "vectors become a text's (default: the input's own, e.g. what a "
+                    "config.task=embed run trained with, else mean).", flag_values=fv)
+  flags.DEFINE_bool("normalize", None, "sentence_transformers: L2-normalise (default: the "
+                    "input's own, else not).", flag_values=fv)
   flags.DEFINE_string("vocab", None, "The vocabulary to put in the export (vocab.txt, a "
                       "SentencePiece model, or the directory holding it). Default: the input's "
                       "own (a HuggingFace or export directory's, the one a workdir recorded).",
@@ -153,10 +171,21 @@ def main(argv: Iterable[str] | None = None) -> None:
     try:
       vocab = checkpoint_vocab(args.input)
     except formats.CheckpointNotFoundError as e:
-      if args.to == "huggingface":  # transformers needs the tokenizer files beside the weights
+      if args.to != "bert_jax":  # transformers needs the tokenizer files beside the weights
         raise formats.CheckpointNotFoundError(f"{e} A HuggingFace export holds its vocabulary.") from None
       logging.warning("%s The export holds no vocabulary: predict and fine-tuning then need "
                       "--vocab.", e)
+  if args.to == "sentence_transformers":
+    given = embed.read_spec(args.input) or embed.Spec()
+    spec = embed.Spec(args.pooling or given.pooling,
+                      given.normalize if args.normalize is None else args.normalize,
+                      given.max_seq_length, given.similarity)
+    cfg, params = loader.read(embed.transformer_dir(args.input), "encoder", require_mlm=False)
+    export_sentence_transformers(args.output, cfg, params, vocabulary_of(vocab, cfg), spec)
+    print(f"Converted {args.input} -> {args.output} (sentence_transformers): {spec.pooling} "
+          f"pooling{', normalised' if spec.normalize else ''}, {cfg.num_layers} layers, hidden "
+          f"{cfg.hidden_size}, vocab {cfg.vocab_size}.")
+    return
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
   family = families.of(cfg)

@@ -7,7 +7,7 @@ is one `SentenceTransformer(dir)` loads.
     spec = embed.read_spec(path) or embed.Spec()         # a sentence-transformers dir's own
     cfg, params = loader.read(embed.transformer_dir(path), "encoder")
     for vectors in embed.iter_embeddings(cfg, params, tokenizer, texts, spec): ...
-    embed.export(out, cfg, params, tokenizer, spec)        # model + tokenizer + modules.json
+    convert.export_sentence_transformers(out, cfg, params, tokenizer, spec)  # the other way
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import convert
 from bert_jax import families
 from input_pipeline import errors
 from input_pipeline import features
@@ -118,7 +117,7 @@ def read_spec(path: str) -> Spec | None:
   than mean / cls / last token) is an EmbedError naming it."""
   modules = _modules(path)
   if modules is None:
-    return None
+    return _finetuned_spec(path)
   root = fileio.path(path)
   pooling, normalize = None, False
   for m in modules:
@@ -158,6 +157,21 @@ def read_spec(path: str) -> Spec | None:
   return Spec(pooling, normalize, length, similarity)
 
 
+def _finetuned_spec(path: str) -> Spec | None:
+  """The Spec a contrastive fine-tuning run (config.task=embed) recorded in its best/."""
+  marker = fileio.path(path) / "config.json"
+  if not marker.exists():
+    return None
+  try:
+    task = json.loads(marker.read_text()).get("task")
+  except (ValueError, AttributeError):
+    return None
+  if not isinstance(task, dict) or task.get("task") != "embed":
+    return None
+  return Spec(task.get("pooling", "mean"), bool(task.get("normalize", False)),
+              task.get("max_seq_length"), task.get("similarity", "cosine"))
+
+
 def write_spec(path: str, spec: Spec, dim: int, max_seq_length: int) -> None:
   """modules.json (Transformer at the directory itself, Pooling, Normalize), the pooling
   module's config, sentence_bert_config.json and config_sentence_transformers.json (the
@@ -181,20 +195,9 @@ def write_spec(path: str, spec: Spec, dim: int, max_seq_length: int) -> None:
   (root / MODULES_FILE).write_text(json.dumps(modules, indent=2))  # last: marks it complete
 
 
-def export(path: str, cfg: Any, params: Any, tokenizer, spec: Spec) -> None:
-  """A sentence-transformers directory at `path`: the encoder as transformers saves it, the
-  tokenizer, and the modules that pool (and normalise) its last layer per `spec`."""
-  family = families.of(cfg)
-  encoder = _encoder_params(params)[0]
-  family.export_hf(path, cfg, encoder, tokenizer)
-  convert.export_vocabulary(tokenizer, path, name_specials=family.names_specials)
-  length = min(spec.max_seq_length or cfg.max_length, cfg.max_length)
-  write_spec(path, spec, cfg.hidden_size, length)
-
-
 # ---- embedding many texts -------------------------------------------------------------------
 
-def _encoder_params(params: Any) -> tuple[Any, bool]:
+def encoder_params(params: Any) -> tuple[Any, bool]:
   """(the encoder's parameters, whether they hold a pooler) of a checkpoint's tree."""
   encoder = params["bert"] if "bert" in params else params
   return encoder, bool({"pooler", "head"} & set(encoder))
@@ -232,7 +235,7 @@ def iter_embeddings(cfg: Any, params: Any, tokenizer, texts: Iterable[str], spec
                     batch_size: int = 32) -> Iterator[np.ndarray]:
   """[b, D] float32 vectors per batch of `batch_size` texts, read as they come (memory flat in
   their number); each batch padded to `batch_size` rows so that few shapes compile."""
-  encoder, has_pooler = _encoder_params(params)
+  encoder, has_pooler = encoder_params(params)
   fn = _embed_fn(cfg, has_pooler, spec)
   max_len = min(spec.max_seq_length or cfg.max_length, cfg.max_length)
   texts = iter(texts)

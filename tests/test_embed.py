@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from bert_jax import embed, loader
+from bert_jax import convert, embed, loader
 from input_pipeline.tokenizer import Tokenizer
 
 TEXTS = ["A man is playing a guitar.", "The new movie is awesome!", "hello",
@@ -67,7 +67,7 @@ def test_export_is_a_sentence_transformers_directory_with_our_embeddings(tmp_pat
   tokenizer = Tokenizer.from_path(source)
   ours = embed.embed_texts(cfg, params, tokenizer, TEXTS, spec, batch_size=4)
   out = str(tmp_path / "st")
-  embed.export(out, cfg, params, tokenizer, spec)
+  convert.export_sentence_transformers(out, cfg, params, tokenizer, spec)
   assert embed.read_spec(out) == dataclass_with_length(spec, cfg)
   model = _st(out)
   theirs = model.encode(TEXTS, convert_to_numpy=True)
@@ -150,3 +150,16 @@ def test_predict_embed_streams_sentence_transformers_vectors_to_npy_and_jsonl(tm
   cls = embed.embed_texts(cfg, params, Tokenizer.from_path(path), TEXTS[1:] * 3,
                           embed.Spec("cls", False, 8))
   np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), cls, atol=1e-6, rtol=0)
+
+
+def test_convert_to_sentence_transformers_keeps_or_sets_the_pooling(tmp_path, capsys):
+  path = _minilm()
+  out = tmp_path / "st"
+  convert.main([f"--input={path}", f"--output={out}", "--to=sentence_transformers"])
+  assert "mean pooling, normalised" in capsys.readouterr().out
+  assert embed.read_spec(str(out)) == embed.read_spec(path)
+  np.testing.assert_allclose(_st(str(out)).encode(TEXTS[:2]), _st(path).encode(TEXTS[:2]),
+                             atol=1e-6, rtol=0)
+  convert.main([f"--input={path}", f"--output={tmp_path / 'cls'}", "--to=sentence_transformers",
+                "--pooling=cls", "--nonormalize"])
+  assert embed.read_spec(str(tmp_path / "cls")) == embed.Spec("cls", False, 256)
