@@ -102,9 +102,17 @@ def _modules(path: str) -> list[dict] | None:
   return modules
 
 
+def _run_best(path: str) -> str:
+  """A fine-tuning workdir's best/ (what it keeps of the run), else `path`."""
+  best = fileio.path(path) / "best"
+  return str(best) if (best / "config.json").exists() else path
+
+
 def transformer_dir(path: str) -> str:
   """Where the encoder of `path` lies: its Transformer module's folder in a
-  sentence-transformers directory (usually the directory itself), else `path`."""
+  sentence-transformers directory (usually the directory itself), a fine-tuning workdir's
+  best/, else `path`."""
+  path = _run_best(path)
   for m in _modules(path) or ():
     if m["type"].rsplit(".", 1)[-1] == "Transformer" and m.get("path"):
       return str(fileio.path(path) / m["path"])
@@ -115,6 +123,7 @@ def read_spec(path: str) -> Spec | None:
   """The pooling, normalisation, length and similarity of a sentence-transformers directory
   (None: `path` is not one). A module bert_jax does not compute (Dense, a pooling mode other
   than mean / cls / last token) is an EmbedError naming it."""
+  path = _run_best(path)
   modules = _modules(path)
   if modules is None:
     return _finetuned_spec(path)

@@ -14,9 +14,9 @@ import math
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import scipy.stats
 
 from bert_jax import embed
+from bert_jax import scoring
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import glue
@@ -41,8 +41,8 @@ def sts(cfg: Any, params: Any, tokenizer, spec: embed.Spec, examples: Sequence[g
                         batch_size)
   cosine = np.sum(_unit(a) * _unit(b), axis=-1)
   gold = np.asarray([float(e.label) for e in examples])
-  return {"spearman": 100 * float(scipy.stats.spearmanr(gold, cosine).statistic),
-          "pearson": 100 * float(scipy.stats.pearsonr(gold, cosine).statistic)}
+  return {"spearman": 100 * scoring.spearman(cosine, gold),
+          "pearson": 100 * scoring.pearson(cosine, gold)}
 
 
 # ---- BEIR layout --------------------------------------------------------------------------

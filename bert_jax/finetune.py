@@ -1,4 +1,5 @@
-"""Fine-tuning: GLUE / custom classification, SQuAD v1.1/v2.0, CoNLL NER, SWAG.
+"""Fine-tuning: GLUE / custom classification, SQuAD v1.1/v2.0, CoNLL NER, SWAG, and
+contrastive fine-tuning into an embedding model (task embed, bert_jax/contrastive.py).
 
     python -m bert_jax.main --config=configs/glue.py:cola --config.init_checkpoint=DIR \
         --config.data_dir=glue/CoLA --config.vocab_path=vocab.txt --workdir=/tmp/cola
@@ -170,7 +171,8 @@ def fingerprint(tree: Any) -> str:
   for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
     a = np.ascontiguousarray(np.asarray(leaf))
     h.update(f"{jax.tree_util.keystr(path)}:{a.dtype}:{a.shape};".encode())
-    h.update(memoryview(a).cast("B"))
+    if a.size:  # (memoryview cannot cast an empty array; it adds no bytes anyway)
+      h.update(memoryview(a).cast("B"))
   return h.hexdigest()
 
 

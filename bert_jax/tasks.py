@@ -19,10 +19,11 @@ import flax.linen as nn
 import ml_collections
 import numpy as np
 
-from bert_jax import heads, objectives, scoring
+from bert_jax import contrastive, embed, heads, objectives, scoring
+from bert_jax.contrastive import SentenceEncoder
 from bert_jax.models.bert import BertConfig
 from input_pipeline import features, fileio
-from input_pipeline import glue, squad, swag, tagging
+from input_pipeline import errors, glue, pairs, squad, swag, tagging
 
 @dataclasses.dataclass
 class TaskData:
@@ -191,6 +192,69 @@ def swag_task(config, tok, cfg: BertConfig) -> TaskData:
                   swag.encode_swag(train_ex, tok, L), eval_feats, evaluate, "accuracy")
 
 
+def _columns(text) -> tuple[str, ...]:
+  """config.negative_columns: "a,b" or a tuple -> the column names."""
+  items = text.split(",") if isinstance(text, str) else text
+  return tuple(c.strip() for c in items if c.strip())
+
+
+def _read_pairs(config) -> tuple[list, list]:
+  negatives = _columns(config.negative_columns)
+  train = pairs.read_pairs(config.train_file, config.anchor_column, config.positive_column,
+                           negatives)
+  dev = pairs.read_pairs(config.eval_file, config.eval_anchor_column or config.anchor_column,
+                         config.eval_positive_column or config.positive_column, (),
+                         config.score_column)
+  return train, dev
+
+
+def embed_task(config, tok, cfg: BertConfig) -> TaskData:
+  """Contrastive fine-tuning (bert_jax/contrastive.py). Dev: with a score column (STS-B's dev
+  file: config.eval_anchor_column=sentence1, eval_positive_column=sentence2), the Spearman
+  correlation of the pairs' cosine similarity with the scores; else each dev anchor's own
+  positive ranked among every dev positive (MRR@10, recall@1)."""
+  contrastive.check_scale(config.scale)
+  if config.grad_accum_steps != 1:
+    raise errors.ConfigError(
+        f"--config.grad_accum_steps={config.grad_accum_steps} with task=embed: in-batch "
+        "negatives are the whole batch, which micro-batches would split; set it to 1.")
+  if config.global_batch_size < 2:
+    raise errors.ConfigError(
+        f"--config.global_batch_size={config.global_batch_size} with task=embed: each anchor's "
+        "negatives are the batch's other rows; use 2 rows at least (e.g. 64).")
+  train_p, dev_p = _read_pairs(config)
+  L = config.max_seq_length
+  logging.info("Embedding model: %s (what best/ records for predict --mode=embed and the "
+               "sentence-transformers export).", embed.Spec(config.pooling, config.normalize, L))
+  train = pairs.encode_pairs(train_p, tok, L)
+  dev = pairs.encode_pairs(dev_p, tok, L, num_negatives=0 if "negative_ids" in train else None)
+  scored = dev_p[0].score is not None
+
+  def evaluate(outputs):
+    a, c = (embed.l2_normalize(np.asarray(x, np.float32)) for x in outputs)
+    if scored:
+      cosine = np.sum(a * c[:, 0], -1)
+      gold = np.array([p.score for p in dev_p])
+      result = {"spearman": 100 * scoring.spearman(cosine, gold),
+                "pearson": 100 * scoring.pearson(cosine, gold)}
+      rows = [f"{p.line}\t{x:.6f}\n" for p, x in zip(dev_p, cosine)]
+    else:
+      sims = a @ c[:, 0].T  # every anchor against every dev positive
+      rank = (sims > np.diag(sims)[:, None]).sum(-1)  # 0: its own positive first
+      result = {"mrr@10": 100 * float(np.mean(np.where(rank < 10, 1 / (rank + 1), 0))),
+                "recall@1": 100 * float(np.mean(rank == 0))}
+      rows = [f"{p.line}\t{int(r) + 1}\n" for p, r in zip(dev_p, rank)]
+
+    def write(out_dir):
+      header = "line\tcosine\n" if scored else "line\trank_of_positive\n"
+      (out_dir / "dev_similarities.tsv").write_text(header + "".join(rows))
+    return result, write
+
+  return TaskData(SentenceEncoder(cfg, config.pooling),
+                  contrastive.objective(config.scale, config.symmetric), train, dev, evaluate,
+                  "spearman" if scored else "mrr@10")
+
+
 def _log_labels(config, labels: tuple, train_ex) -> None:
   """The classes and how many training examples each has (a declared class without any
   is a warning)."""
@@ -279,6 +343,14 @@ TASKS: dict[str, Task] = {
                   {"data_dir": _IN_DATA_DIR + " (train.txt, valid.txt)"},
                   files=_files_in("train_file", "eval_file", directory=True), mode="tag",
                   predictions=lambda config: ("predictions.txt",)),
+    "embed": Task(embed_task, _read_pairs, lambda cfg, config, labels: SentenceEncoder(
+                      cfg, config["pooling"]), {
+        "train_file": "the training pairs: JSON Lines, CSV / TSV with a header, or Parquet, "
+                      "with config.anchor_column, positive_column and any negative_columns",
+        "eval_file": "the dev pairs, or scored pairs (STS-B's dev.tsv) whose Spearman "
+                     "correlation picks best/"},
+        files=_files_in("train_file", "eval_file"), mode="embed",
+        predictions=lambda config: ("dev_similarities.tsv",)),
     "swag": Task(swag_task, _read_swag, lambda cfg, config, labels: heads.BertForMultipleChoice(
                      cfg, how=heads.FeatureBased.of(config)),
                  {"data_dir": _IN_DATA_DIR + " (train.csv, val.csv)"},

@@ -277,6 +277,22 @@ def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -
   keeps the line it starts on; a file without rows is a DataError naming it. Numeric labels
   are compared as numbers (`1` and `1.0`, as pandas writes once a column held NaN, are one
   class: `canonical_label`); a text that is null or not a string is a DataError."""
+  records = read_records(path)
+  out = []
+  for i, (line, r) in enumerate(records):
+    for key in (text_a, label) + ((text_b,) if text_b else ()):
+      if key not in r:
+        raise DataError(f"{path}:{line}: record {i} has no field {key!r}; fields are {sorted(r)}. "
+                        "Set text_a_column / text_b_column / label_column in the config.")
+    texts = [text_field(r, key, path, line) for key in (text_a, text_b) if key]
+    out.append(Example(str(i), texts[0], texts[1] if text_b else None,
+                       None if r[label] in (None, "") else canonical_label(r[label]), line))
+  return out
+
+
+def read_records(path: str) -> list[tuple[int, dict]]:
+  """(line, {field: value}) of each record of a .csv / .tsv file (with a header) or a .jsonl
+  (.json) file, optionally .gz; a file without records is a DataError naming it."""
   kind = path.removesuffix(".gz")
   if kind.endswith(".jsonl") or kind.endswith(".json"):
     records = []
@@ -298,19 +314,11 @@ def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -
     records = [(line, dict(zip(header, r))) for line, r in rows[1:] if r]
   if not records:
     raise _no_examples(path)
-  out = []
-  for i, (line, r) in enumerate(records):
-    for key in (text_a, label) + ((text_b,) if text_b else ()):
-      if key not in r:
-        raise DataError(f"{path}:{line}: record {i} has no field {key!r}; fields are {sorted(r)}. "
-                        "Set text_a_column / text_b_column / label_column in the config.")
-    texts = [_text(r, key, path, line) for key in (text_a, text_b) if key]
-    out.append(Example(str(i), texts[0], texts[1] if text_b else None,
-                       None if r[label] in (None, "") else canonical_label(r[label]), line))
-  return out
+  return records
 
 
-def _text(record: dict, key: str, path: str, line: int) -> str:
+def text_field(record: dict, key: str, path: str, line: int) -> str:
+  """record[key] as a text; null or not a string is a DataError naming the file and line."""
   value = record[key]
   if isinstance(value, str):
     return value

@@ -158,8 +158,8 @@ def test_every_field_of_every_shipped_config_is_read_by_its_job(tmp_path, monkey
   """Pre-training (the README job, then packed) and every fine-tuning task run under a
   tracker; each leaf of each shipped config must be read by its job (or, for MODE_ONLY
   fields, be named in the code of the mode that reads it)."""
-  from bert_jax.configs import classify_custom, conll, glue, squad, swag, tiny_pretrain  # pylint: disable=g-import-not-at-top
-  from tests import test_finetune, test_finetune_packing, test_main  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import classify_custom, conll, embed, glue, squad, swag, tiny_pretrain  # pylint: disable=g-import-not-at-top
+  from tests import test_contrastive, test_finetune, test_finetune_packing, test_main  # pylint: disable=g-import-not-at-top
   tracker = _ReadTracker()
   tracker.install(monkeypatch)
 
@@ -190,7 +190,8 @@ def test_every_field_of_every_shipped_config_is_read_by_its_job(tmp_path, monkey
   test_finetune.test_conll_end_to_end(fresh("conll"), pretrained, capsys)
   test_finetune.test_swag_end_to_end(fresh("swag"), pretrained)
   test_finetune_packing.test_packed_finetuning_end_to_end(fresh("packed_ft"), pretrained)
-  for module in (glue, classify_custom, squad, conll, swag):
+  test_contrastive.test_embed_job_learns_keeps_best_and_exports(fresh("embed"), pretrained)
+  for module in (glue, classify_custom, squad, conll, swag, embed):
     unread = [f for f in tracker.unread(module.get_config()) if f not in MODE_ONLY]
     assert not unread, f"{module.__name__} fields the fine-tuning job never reads: {unread}"
   for field, mode in MODE_ONLY.items():

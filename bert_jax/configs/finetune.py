@@ -18,7 +18,7 @@ from bert_jax.configs import common
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
   c = common.get_config()
-  c.task = "glue"  # glue | custom | squad | conll | swag
+  c.task = "glue"  # glue | custom | squad | conll | swag | embed
   c.vocab_path = ""  # vocab.txt / SentencePiece model (or a HuggingFace model dir) of the checkpoint
   # None: cased or uncased as the files beside the vocabulary say (a HuggingFace
   # tokenizer_config.json's do_lower_case, ...); True/False overrides them.

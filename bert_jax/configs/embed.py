@@ -1,0 +1,40 @@
+r"""Contrastive fine-tuning into an embedding model (sentence embeddings, retrieval).
+
+  python -m bert_jax.main --config=configs/embed.py --config.init_checkpoint=DIR \
+      --config.vocab_path=DIR --config.train_file=pairs.jsonl \
+      --config.eval_file=glue_data/STS-B/dev.tsv --workdir=/tmp/embed
+
+Training pairs: one (anchor, positive) a record, optionally hard negatives (JSON Lines,
+CSV / TSV with a header, or Parquet). The loss is InfoNCE with in-batch negatives over the
+whole global batch (every device's rows; bert_jax/contrastive.py). Dev: STS-B's dev.tsv
+(scored pairs: Spearman of cosine similarity, x100) or held-out pairs (MRR@10 of each
+anchor's positive among all dev positives); best/ keeps the best epoch and is what
+`predict --mode=embed` and `convert --to=sentence_transformers` read.
+"""
+import ml_collections
+
+from bert_jax.configs import finetune
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  del arg
+  c = finetune.get_config()
+  c.task = "embed"
+  c.train_file = ""  # full paths
+  c.eval_file = ""
+  c.anchor_column = "anchor"  # the training file's columns
+  c.positive_column = "positive"
+  c.negative_columns = ""  # hard negatives, comma-separated columns ("" = in-batch only)
+  # The dev file's columns ("" = the training file's); STS-B: sentence1, sentence2, score.
+  c.eval_anchor_column = "sentence1"
+  c.eval_positive_column = "sentence2"
+  c.score_column = "score"  # when the dev file has it: Spearman picks best/, else MRR@10
+  c.pooling = "mean"  # mean | cls | last (the token vectors -> one vector a text)
+  c.normalize = True  # the exported model L2-normalises (the loss uses cosine either way)
+  c.scale = 20.0  # cosine similarity x scale = logits (1 / temperature)
+  c.symmetric = False  # also each positive towards its own anchor among the batch's anchors
+  c.max_seq_length = 128
+  c.global_batch_size = 64  # each anchor's negatives: the other 63 positives (and negatives)
+  c.num_epochs = 1
+  c.opt.learning_rate = 2e-5
+  return c

@@ -1,0 +1,102 @@
+"""Contrastive fine-tuning of an encoder into an embedding model (config.task=embed).
+
+The model embeds each row's anchor, positive and hard negatives with one encoder (one call on
+all of them, row-major, so a device keeps its own rows) and pools them (bert_jax/embed.py).
+The loss is InfoNCE with in-batch negatives (sentence-transformers' MultipleNegativesRanking
+loss): each anchor's cosine similarity, times `scale`, to every positive and hard negative of
+the batch, cross-entropy towards its own positive; `symmetric` adds the positives' loss over
+the anchors. The similarity matrix is computed on the whole global batch: under jit on a mesh
+the candidates of every data-parallel device are gathered, so the global batch is each
+anchor's negative pool, whatever the number of devices.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax import embed
+from bert_jax import flops as flops_lib
+from bert_jax import heads
+from bert_jax import objectives
+from input_pipeline import errors
+
+INPUTS = ("input_ids", "segment_ids", "input_mask", "positive_ids", "positive_mask")
+NEGATIVES = ("negative_ids", "negative_mask")
+
+
+class SentenceEncoder(nn.Module):
+  """(anchors [B, D], candidates [B, 1 + K, D]: each row's positive, then its K hard
+  negatives), pooled per `pooling`, in float32 and not normalised (the loss normalises)."""
+  config: Any
+  pooling: str = "mean"
+
+  @nn.compact
+  def __call__(self, input_ids, segment_ids, input_mask, positive_ids, positive_mask,
+               deterministic: bool = True, negative_ids=None, negative_mask=None):
+    del segment_ids  # one segment a text
+    texts = [input_ids[:, None], positive_ids[:, None]]
+    masks = [input_mask[:, None], positive_mask[:, None]]
+    if negative_ids is not None:
+      texts.append(negative_ids)
+      masks.append(negative_mask)
+    ids_BTL, mask_BTL = jnp.concatenate(texts, 1), jnp.concatenate(masks, 1)
+    B, T, L = ids_BTL.shape
+    ids, mask = ids_BTL.reshape(B * T, L), mask_BTL.reshape(B * T, L)
+    seq, _ = heads.encoder(self.config, add_pooler=False)(ids, jnp.zeros_like(ids), mask,
+                                                          deterministic)
+    pooled = embed.pool(seq, mask, self.pooling).reshape(B, T, -1)
+    return pooled[:, 0], pooled[:, 1:]
+
+
+_MASKED = -1e9  # the score of a padding row's candidates (finite: no inf - inf anywhere)
+
+
+def _unit(x):
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def info_nce_sums(anchors_BD, candidates_BCD, batch: Mapping[str, jax.Array], *, scale: float,
+                  symmetric: bool) -> dict[str, jax.Array]:
+  """Sums of the InfoNCE loss and of "the own positive ranks first" over the batch's rows;
+  rows weighing 0 (evaluation padding) neither count nor serve as negatives."""
+  B, C, D = candidates_BCD.shape
+  w_B = batch.get("example_weights", jnp.ones((B,))).astype(jnp.float32)
+  a_BD = _unit(anchors_BD)
+  cand_ND = _unit(jnp.swapaxes(candidates_BCD, 0, 1).reshape(C * B, D))  # positives first
+  valid_N = jnp.tile(w_B > 0, C)
+  logits_BN = jnp.where(valid_N[None], scale * a_BD @ cand_ND.T, _MASKED)
+  own_B = jnp.arange(B)
+  loss_B = jax.nn.logsumexp(logits_BN, -1) - logits_BN[own_B, own_B]
+  correct_B = (jnp.argmax(logits_BN, -1) == own_B).astype(jnp.float32)
+  if symmetric:  # each positive towards its anchor, among the batch's anchors
+    back_BB = jnp.where((w_B > 0)[None], scale * cand_ND[:B] @ a_BD.T, _MASKED)
+    loss_B = 0.5 * (loss_B + jax.nn.logsumexp(back_BB, -1) - back_BB[own_B, own_B])
+  loss_B = jnp.where(w_B > 0, loss_B, 0.0)
+  return {"loss_sum": jnp.sum(loss_B * w_B), "correct_sum": jnp.sum(correct_B * w_B),
+          "weight": jnp.sum(w_B)}
+
+
+def _flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
+  """The encoder's training FLOPs over every text of the batch (anchor, positive, negatives)."""
+  B, L = shapes["input_ids"]
+  texts = 2 + (shapes["negative_ids"][1] if "negative_ids" in shapes else 0)
+  return flops_lib.train_flops_per_step(model.config, B * texts, L, 0, nsp=False)
+
+
+def objective(scale: float, symmetric: bool) -> objectives.Objective:
+  """objectives.supervised's sums and summaries over InfoNCE (train_acc: the share of anchors
+  whose own positive ranks first in the batch)."""
+  base = objectives.supervised(
+      lambda a, c, batch: info_nce_sums(a, c, batch, scale=scale, symmetric=symmetric),
+      "example_weights", inputs=INPUTS)
+  return base.replace(keyword_inputs=NEGATIVES, flops=_flops)
+
+
+def check_scale(scale: float) -> None:
+  if not (scale > 0 and math.isfinite(scale)):
+    raise errors.ConfigError(f"--config.scale={scale}: the similarity scale (1 / temperature) "
+                             "must be positive, e.g. 20 (sentence-transformers' default).")

@@ -1,0 +1,94 @@
+"""Text pairs for contrastive fine-tuning (config.task=embed): (anchor, positive) with
+optional hard negatives, or scored pairs (STS-B style) for evaluation, from JSON Lines, CSV,
+TSV (with a header) or Parquet, and their features.
+
+Every problem with a file is one DataError naming the file and the row (a missing column,
+an empty text, a score that is not a number).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from input_pipeline import features
+from input_pipeline import fileio
+from input_pipeline import glue
+
+DataError = glue.DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  anchor: str
+  positive: str
+  negatives: tuple[str, ...] = ()
+  score: float | None = None  # a scored pair (evaluation): how similar, e.g. STS-B's 0-5
+  line: int = 0  # the record's line (row for Parquet) in its file, 1-based
+
+
+def _parquet_records(path: str) -> list[tuple[int, dict]]:
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  with fileio.path(path).open("rb") as f:
+    table = pq.read_table(f)
+  return [(i + 1, r) for i, r in enumerate(table.to_pylist())]
+
+
+def read_pairs(path: str, anchor: str, positive: str, negatives: Sequence[str] = (),
+               score: str | None = None) -> list[Pair]:
+  """The pairs of a .jsonl / .csv / .tsv (optionally .gz) or .parquet file: the columns
+  `anchor`, `positive`, each of `negatives` and, when given and present in the file's first
+  record, `score`."""
+  records = (_parquet_records(path) if path.endswith(".parquet") else glue.read_records(path))
+  if not records:
+    raise DataError(f"{path} holds no pairs.")
+  scored = bool(score) and score in records[0][1]
+  out = []
+  for line, r in records:
+    for key in (anchor, positive, *negatives) + ((score,) if scored else ()):
+      if key not in r:
+        raise DataError(f"{path}:{line}: no column {key!r}; the columns are {sorted(r)}: set "
+                        "config.anchor_column / positive_column / negative_columns.")
+    texts = [glue.text_field(r, key, path, line) for key in (anchor, positive, *negatives)]
+    for key, text in zip((anchor, positive, *negatives), texts):
+      if not text.strip():
+        raise DataError(f"{path}:{line}: {key!r} is empty: every pair needs both texts (and "
+                        "each hard negative): fix or remove the row.")
+    value = None
+    if scored:
+      try:
+        value = float(r[score])
+      except (TypeError, ValueError):
+        raise DataError(f"{path}:{line}: score {r[score]!r} is not a number.") from None
+    out.append(Pair(texts[0], texts[1], tuple(texts[2:]), value, line))
+  return out
+
+
+def _encode(tokenizer, texts: list[str], max_seq_length: int) -> tuple[np.ndarray, np.ndarray]:
+  """ids and mask [len(texts), max_seq_length] of [CLS] text [SEP], cut to fit."""
+  ids = np.zeros((len(texts), max_seq_length), np.int32)
+  mask = np.zeros_like(ids)
+  for i, tokens in enumerate(tokenizer.encode_batch(texts)):
+    row = features.encode_pair(tokenizer, list(tokens)[:max_seq_length - 2])[0]
+    ids[i, :len(row)], mask[i, :len(row)] = row, 1
+  return ids, mask
+
+
+def encode_pairs(pairs: Sequence[Pair], tokenizer, max_seq_length: int,
+                 num_negatives: int | None = None) -> dict[str, np.ndarray]:
+  """input_ids / segment_ids / input_mask [N, L] of the anchors, positive_ids /
+  positive_mask [N, L], and, when the pairs have negatives (or `num_negatives` asks for a
+  shape, 0 included), negative_ids / negative_mask [N, K, L]."""
+  ids, mask = _encode(tokenizer, [p.anchor for p in pairs], max_seq_length)
+  pos_ids, pos_mask = _encode(tokenizer, [p.positive for p in pairs], max_seq_length)
+  out = {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
+         "positive_ids": pos_ids, "positive_mask": pos_mask}
+  k = len(pairs[0].negatives) if num_negatives is None else num_negatives
+  if k or num_negatives is not None:
+    texts = [n for p in pairs for n in (p.negatives + ("",) * k)[:k]]
+    neg_ids, neg_mask = _encode(tokenizer, texts, max_seq_length) if texts else (
+        np.zeros((0, max_seq_length), np.int32),) * 2
+    out["negative_ids"] = neg_ids.reshape(len(pairs), k, max_seq_length)
+    out["negative_mask"] = neg_mask.reshape(len(pairs), k, max_seq_length)
+  return out

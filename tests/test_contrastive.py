@@ -1,0 +1,206 @@
+"""Contrastive fine-tuning (config.task=embed, bert_jax/contrastive.py): the InfoNCE loss as
+its formula, the same loss with the batch on 2 devices as on one (negatives gathered across
+them), the job end to end (learns, best/, resume), and bad pair files as one line."""
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import contrastive, convert, embed, finetune, loader
+from bert_jax.configs import embed as embed_config
+from input_pipeline import errors, pairs
+from input_pipeline.tokenizer import Tokenizer
+from tests import test_train_utils as tu
+from tests.test_finetune import WORDS, pretrained  # noqa: F401  pylint: disable=unused-import
+
+
+def _reference(a, c, w, scale, symmetric):
+  """InfoNCE in float64 numpy, row by row."""
+  a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+  c = c / np.linalg.norm(c, axis=-1, keepdims=True)
+  B, C, _ = c.shape
+  real = [i for i in range(B) if w[i] > 0]
+  cands = [(j, k) for k in range(C) for j in real]
+  loss = correct = 0.0
+  for i in real:
+    s = np.array([scale * a[i] @ c[j, k] for j, k in cands])
+    own = cands.index((i, 0))
+    li = np.log(np.exp(s).sum()) - s[own]
+    if symmetric:
+      back = np.array([scale * c[i, 0] @ a[j] for j in real])
+      li = 0.5 * (li + np.log(np.exp(back).sum()) - back[real.index(i)])
+    loss += w[i] * li
+    correct += w[i] * float(np.argmax(s) == own)
+  return loss, correct, float(sum(w))
+
+
+@pytest.mark.parametrize("negatives", [0, 2])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_info_nce_is_its_formula_and_padding_rows_are_not_negatives(negatives, symmetric):
+  rng = np.random.default_rng(negatives + 3 * symmetric)
+  a = rng.normal(size=(5, 8))
+  c = rng.normal(size=(5, 1 + negatives, 8))
+  c[:, 0] += 0.5 * a  # positives nearer their anchors
+  w = np.array([1, 1, 0, 1, 1], np.float32)
+  got = contrastive.info_nce_sums(jnp.asarray(a, jnp.float32), jnp.asarray(c, jnp.float32),
+                                  {"example_weights": jnp.asarray(w)}, scale=20.0,
+                                  symmetric=symmetric)
+  loss, correct, weight = _reference(a, c, w, 20.0, symmetric)
+  assert float(got["loss_sum"]) == pytest.approx(loss, rel=1e-5, abs=1e-5)
+  assert float(got["correct_sum"]) == correct and float(got["weight"]) == weight
+
+
+_DEVICES = r"""
+import json, ml_collections, numpy as np, jax
+from bert_jax import contrastive, trainer as trainer_lib
+from bert_jax.models import bert
+from tests import test_train_utils as tu
+cfg = bert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                      intermediate_size=32, max_position_embeddings=16, hidden_dropout_rate=0.0,
+                      attention_dropout_rate=0.0)
+config = tu.tiny_config()
+config.global_batch_size = 8
+config.mesh_shape = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+rng = np.random.default_rng(0)
+ids = rng.integers(5, 50, (8, 3, 12)).astype(np.int32)
+mask = np.ones_like(ids)
+mask[:, :, 9:] = 0
+batch = {"input_ids": ids[:, 0], "segment_ids": np.zeros_like(ids[:, 0]), "input_mask": mask[:, 0],
+         "positive_ids": ids[:, 1], "positive_mask": mask[:, 1],
+         "negative_ids": ids[:, 2:], "negative_mask": mask[:, 2:]}
+out = {}
+for n in (1, 2):
+  model = contrastive.SentenceEncoder(cfg, "mean")
+  trainer = trainer_lib.build(config, model, contrastive.objective(20.0, True), batch, None,
+                              devices=jax.devices()[:n], total_steps=2, eval_outputs=True)
+  with trainer.activate():
+    state = trainer.init()
+    sums, _ = trainer.eval_step(state.params, trainer.to_global(batch), jax.random.key(0))
+    state, metrics = trainer.train_step(state, trainer.to_global(batch), jax.random.key(1))
+    sums2, _ = trainer.eval_step(state.params, trainer.to_global(batch), jax.random.key(0))
+  out[n] = [float(sums["loss_sum"]), float(metrics["loss"]), float(sums2["loss_sum"])]
+print(json.dumps(out))
+"""
+
+
+def test_two_devices_give_the_one_device_loss_of_the_global_batch():
+  """Each anchor's negatives are the whole global batch: with its rows split over 2 devices
+  the loss (and the step it takes) equals one device's on the same batch."""
+  out = json.loads(tu.run_python(_DEVICES, devices=2).strip().splitlines()[-1])
+  np.testing.assert_allclose(out["2"], out["1"], rtol=1e-5)
+
+
+def _pairs_file(path, n, rng, negatives=False):
+  """Pairs built from words: a positive repeats two of its anchor's words in another order."""
+  rows = []
+  for _ in range(n):
+    w = list(rng.choice(WORDS, 4, replace=False))
+    row = {"anchor": " ".join(w), "positive": f"{w[1]} {w[0]}"}
+    if negatives:
+      row["negative"] = " ".join(rng.choice([x for x in WORDS if x not in w], 2, replace=False))
+    rows.append(row)
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  return str(path)
+
+
+def _config(tmp_path, pretrained, **overrides):  # noqa: F811
+  c = embed_config.get_config()
+  c.init_checkpoint, c.vocab_path = pretrained
+  rng = np.random.default_rng(0)
+  c.train_file = _pairs_file(tmp_path / "train.jsonl", 96, rng, negatives=True)
+  c.eval_file = _pairs_file(tmp_path / "dev.jsonl", 24, rng)
+  c.eval_anchor_column = c.eval_positive_column = ""
+  c.negative_columns = "negative"
+  c.max_seq_length = 16
+  c.global_batch_size = 16
+  c.eval_batch_size = 16
+  c.num_epochs = 3
+  c.opt.learning_rate = 1e-3
+  c.log_every_steps = 1000
+  c.model.hidden_dropout_rate = 0.0
+  c.model.attention_dropout_rate = 0.0
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
+def test_embed_job_learns_keeps_best_and_exports(tmp_path, pretrained):  # noqa: F811
+  config = _config(tmp_path, pretrained)
+  workdir = tmp_path / "run"
+  best = finetune.finetune(config, str(workdir))
+  metrics = json.loads((workdir / "metrics.json").read_text())
+  assert metrics["main_metric"] == "mrr@10" and len(metrics["epochs"]) == 3
+  # ... better than the encoder it started from, on the same dev pairs
+  cfg, params = loader.read(config.init_checkpoint, "encoder")
+  tok = Tokenizer.from_path(config.vocab_path)
+  dev = pairs.read_pairs(config.eval_file, "anchor", "positive")
+  spec = embed.Spec("mean", True, 16)
+  a = embed.embed_texts(cfg, params, tok, [p.anchor for p in dev], spec)
+  p = embed.embed_texts(cfg, params, tok, [p.positive for p in dev], spec)
+  sims = a @ p.T
+  before = 100 * np.mean(1 / (1 + (sims > np.diag(sims)[:, None]).sum(-1)))
+  assert best["mrr@10"] > before + 10, (best, before)
+  # best/ is an embedding model: its spec, predict's and sentence-transformers' vectors agree
+  assert embed.read_spec(str(workdir / "best")) == spec
+  out = tmp_path / "st"
+  convert.main([f"--input={workdir / 'best'}", f"--output={out}", "--to=sentence_transformers",
+                f"--vocab={config.vocab_path}"])
+  cfg2, params2 = loader.read(str(workdir / "best"), "encoder")
+  ours = embed.embed_texts(cfg2, params2, tok, [d.anchor for d in dev[:5]], spec)
+  st = pytest.importorskip("sentence_transformers")
+  theirs = st.SentenceTransformer(str(out), device="cpu").encode([d.anchor for d in dev[:5]])
+  np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_scored_dev_file_picks_best_by_spearman(tmp_path, pretrained):  # noqa: F811
+  rng = np.random.default_rng(1)
+  lines = ["sentence1\tsentence2\tscore"] + [
+      f"{' '.join(rng.choice(WORDS, 3))}\t{' '.join(rng.choice(WORDS, 3))}\t{rng.uniform(0, 5):.2f}"
+      for _ in range(20)]
+  (tmp_path / "sts.tsv").write_text("\n".join(lines) + "\n")
+  config = _config(tmp_path, pretrained, num_epochs=1)
+  config.eval_file = str(tmp_path / "sts.tsv")
+  config.eval_anchor_column, config.eval_positive_column = "sentence1", "sentence2"
+  finetune.finetune(config, str(tmp_path / "run"))
+  metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+  assert metrics["main_metric"] == "spearman" and "pearson" in metrics["best"]
+  assert (tmp_path / "run" / "dev_similarities.tsv").read_text().startswith("line\tcosine\n")
+
+
+@pytest.mark.parametrize("rows,match", [
+    ([{"anchor": "good movie"}], r"train.jsonl:1: no column 'positive'"),
+    ([{"anchor": "good movie", "positive": "  "}], r"train.jsonl:1: 'positive' is empty"),
+    ([{"anchor": "good", "positive": "great"}, {"anchor": None, "positive": "x"}],
+     r"train.jsonl:2: field 'anchor' is null"),
+])
+def test_bad_pair_files_are_one_line_exit_2(tmp_path, pretrained, rows, match):  # noqa: F811
+  config = _config(tmp_path, pretrained, negative_columns="")
+  (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  with pytest.raises(errors.UserError, match=match):
+    finetune.finetune(config, str(tmp_path / "run"))
+  args = [sys.executable, "-m", "bert_jax.main", "--config=configs/embed.py",
+          f"--config.init_checkpoint={config.init_checkpoint}",
+          f"--config.vocab_path={config.vocab_path}", f"--config.train_file={config.train_file}",
+          f"--config.eval_file={config.eval_file}", "--config.eval_anchor_column=",
+          "--config.eval_positive_column=", f"--workdir={tmp_path / 'cli'}"]
+  proc = subprocess.run(args, cwd=tu.REPO, env=tu.env(), capture_output=True, text=True,
+                        timeout=240)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert len([l for l in proc.stderr.splitlines() if "Error" in l or "error" in l]) <= 1
+
+
+def test_parquet_pairs_and_a_batch_of_one(tmp_path, pretrained):  # noqa: F811
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq
+  pq.write_table(pa.table({"q": ["good movie", "bad plot"], "d": ["great movie", "poor plot"]}),
+                 tmp_path / "p.parquet")
+  got = pairs.read_pairs(str(tmp_path / "p.parquet"), "q", "d")
+  assert [(p.anchor, p.positive, p.line) for p in got] == [
+      ("good movie", "great movie", 1), ("bad plot", "poor plot", 2)]
+  config = _config(tmp_path, pretrained, global_batch_size=1)
+  with pytest.raises(errors.ConfigError, match="global_batch_size=1"):
+    finetune.finetune(config, str(tmp_path / "run"))
