@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import embed
+from bert_jax import families
 from bert_jax import flops as flops_lib
-from bert_jax import heads
 from bert_jax import objectives
 from input_pipeline import errors
 
@@ -30,11 +30,20 @@ NEGATIVES = ("negative_ids", "negative_mask")
 
 class SentenceEncoder(nn.Module):
   """(anchors [B, D], candidates [B, 1 + K, D]: each row's positive, then its K hard
-  negatives), pooled per `pooling`, in float32 and not normalised (the loss normalises)."""
+  negatives), pooled per `pooling`, in float32 and not normalised (the loss normalises).
+
+  `chunk` > 0 (training only): the gradient cache. The texts are encoded `chunk` at a time
+  in a loop whose body is rematerialised, so the forward pass keeps only the pooled vectors;
+  the backward pass encodes each chunk again and sends it its vectors' gradient. The loss and
+  the gradients are the plain batch's, at the activation memory of one chunk (Gao et al.,
+  2021, "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup")."""
   config: Any
   pooling: str = "mean"
+  chunk: int = 0
 
-  @nn.compact
+  def setup(self):
+    self.bert = families.of(self.config).encoder(self.config, add_pooler=False)
+
   def __call__(self, input_ids, segment_ids, input_mask, positive_ids, positive_mask,
                deterministic: bool = True, negative_ids=None, negative_mask=None):
     del segment_ids  # one segment a text
@@ -46,10 +55,36 @@ class SentenceEncoder(nn.Module):
     ids_BTL, mask_BTL = jnp.concatenate(texts, 1), jnp.concatenate(masks, 1)
     B, T, L = ids_BTL.shape
     ids, mask = ids_BTL.reshape(B * T, L), mask_BTL.reshape(B * T, L)
-    seq, _ = heads.encoder(self.config, add_pooler=False)(ids, jnp.zeros_like(ids), mask,
-                                                          deterministic)
-    pooled = embed.pool(seq, mask, self.pooling).reshape(B, T, -1)
+    if self.chunk and not deterministic and not self.is_initializing() and B * T > self.chunk:
+      pooled = self._chunked(ids, mask)
+    else:
+      seq, _ = self.bert(ids, jnp.zeros_like(ids), mask, deterministic)
+      pooled = embed.pool(seq, mask, self.pooling)
+    pooled = pooled.reshape(B, T, -1)
     return pooled[:, 0], pooled[:, 1:]
+
+  def _chunked(self, ids_NL, mask_NL):
+    n, c = ids_NL.shape[0] // self.chunk, self.chunk
+    if n * c != ids_NL.shape[0]:
+      raise errors.ConfigError(
+          f"--config.grad_cache_chunk={c} does not divide the {ids_NL.shape[0]} texts of a "
+          "batch (rows x (2 + hard negatives)): choose a divisor.")
+    params = self.bert.variables["params"]
+    rng = self.make_rng("dropout")
+    encoder, pooling = self.bert.clone(parent=None), self.pooling
+    # Chunk j holds texts j, n + j, 2n + j, ...: a data-parallel device keeps its own texts.
+    ids_nCL = ids_NL.reshape(c, n, -1).swapaxes(0, 1)
+    mask_nCL = mask_NL.reshape(c, n, -1).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def body(p, x):
+      j, ids, mask = x
+      seq, _ = encoder.apply({"params": p}, ids, jnp.zeros_like(ids), mask, False,
+                             rngs={"dropout": jax.random.fold_in(rng, j)})
+      return embed.pool(seq, mask, pooling)
+
+    pooled_nCD = jax.lax.map(lambda x: body(params, x), (jnp.arange(n), ids_nCL, mask_nCL))
+    return pooled_nCD.swapaxes(0, 1).reshape(n * c, -1)
 
 
 _MASKED = -1e9  # the score of a padding row's candidates (finite: no inf - inf anywhere)

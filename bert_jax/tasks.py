@@ -250,7 +250,10 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
       (out_dir / "dev_similarities.tsv").write_text(header + "".join(rows))
     return result, write
 
-  return TaskData(SentenceEncoder(cfg, config.pooling),
+  if config.grad_cache_chunk < 0:
+    raise errors.ConfigError(f"--config.grad_cache_chunk={config.grad_cache_chunk}: texts a "
+                             "chunk (0: off).")
+  return TaskData(SentenceEncoder(cfg, config.pooling, config.grad_cache_chunk),
                   contrastive.objective(config.scale, config.symmetric), train, dev, evaluate,
                   "spearman" if scored else "mrr@10")
 

@@ -73,8 +73,8 @@ batch = {"input_ids": ids[:, 0], "segment_ids": np.zeros_like(ids[:, 0]), "input
          "positive_ids": ids[:, 1], "positive_mask": mask[:, 1],
          "negative_ids": ids[:, 2:], "negative_mask": mask[:, 2:]}
 out = {}
-for n in (1, 2):
-  model = contrastive.SentenceEncoder(cfg, "mean")
+for n, chunk in ((1, 0), (2, 0), (2, 8)):
+  model = contrastive.SentenceEncoder(cfg, "mean", chunk)
   trainer = trainer_lib.build(config, model, contrastive.objective(20.0, True), batch, None,
                               devices=jax.devices()[:n], total_steps=2, eval_outputs=True)
   with trainer.activate():
@@ -82,16 +82,18 @@ for n in (1, 2):
     sums, _ = trainer.eval_step(state.params, trainer.to_global(batch), jax.random.key(0))
     state, metrics = trainer.train_step(state, trainer.to_global(batch), jax.random.key(1))
     sums2, _ = trainer.eval_step(state.params, trainer.to_global(batch), jax.random.key(0))
-  out[n] = [float(sums["loss_sum"]), float(metrics["loss"]), float(sums2["loss_sum"])]
+  out[f"{n}:{chunk}"] = [float(sums["loss_sum"]), float(metrics["loss"]), float(sums2["loss_sum"])]
 print(json.dumps(out))
 """
 
 
 def test_two_devices_give_the_one_device_loss_of_the_global_batch():
   """Each anchor's negatives are the whole global batch: with its rows split over 2 devices
-  the loss (and the step it takes) equals one device's on the same batch."""
+  the loss (and the step it takes) equals one device's on the same batch, with the gradient
+  cache too."""
   out = json.loads(tu.run_python(_DEVICES, devices=2).strip().splitlines()[-1])
-  np.testing.assert_allclose(out["2"], out["1"], rtol=1e-5)
+  np.testing.assert_allclose(out["2:0"], out["1:0"], rtol=1e-5)
+  np.testing.assert_allclose(out["2:8"], out["1:0"], rtol=1e-5)
 
 
 def _pairs_file(path, n, rng, negatives=False):
@@ -204,3 +206,34 @@ def test_parquet_pairs_and_a_batch_of_one(tmp_path, pretrained):  # noqa: F811
   config = _config(tmp_path, pretrained, global_batch_size=1)
   with pytest.raises(errors.ConfigError, match="global_batch_size=1"):
     finetune.finetune(config, str(tmp_path / "run"))
+
+
+def test_gradient_cache_gives_the_plain_batchs_loss_and_gradients_in_less_memory():
+  from bert_jax.models import bert
+  cfg = bert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                        intermediate_size=32, max_position_embeddings=32, hidden_dropout_rate=0.0,
+                        attention_dropout_rate=0.0)
+  rng = np.random.default_rng(0)
+  B, L = 16, 32
+  ids = rng.integers(5, 50, (B, 3, L)).astype(np.int32)
+  mask = (np.arange(L)[None, None] < rng.integers(4, L, (B, 3, 1))).astype(np.int32)
+  batch = {"input_ids": ids[:, 0], "segment_ids": np.zeros_like(ids[:, 0]),
+           "input_mask": mask[:, 0], "positive_ids": ids[:, 1], "positive_mask": mask[:, 1],
+           "negative_ids": ids[:, 2:], "negative_mask": mask[:, 2:]}
+  objective = contrastive.objective(20.0, True)
+  plain = contrastive.SentenceEncoder(cfg, "mean")
+  params = plain.init(jax.random.key(0), *(batch[k] for k in contrastive.INPUTS))["params"]
+
+  def loss_fn(model):
+    return jax.jit(jax.value_and_grad(lambda p: objective.batch_loss(
+        objective.apply(model, p, batch, deterministic=False,
+                        rngs={"dropout": jax.random.key(1)}), batch)))
+
+  want, want_g = loss_fn(plain)(params)
+  cached = contrastive.SentenceEncoder(cfg, "mean", chunk=8)
+  got, got_g = loss_fn(cached)(params)
+  assert float(got) == pytest.approx(float(want), rel=1e-6)
+  for (path, g), h in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(g, h, atol=1e-5, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+  memory = lambda model: loss_fn(model).lower(params).compile().memory_analysis().temp_size_in_bytes
+  assert memory(cached) < 0.6 * memory(plain), (memory(cached), memory(plain))

@@ -33,6 +33,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.normalize = True  # the exported model L2-normalises (the loss uses cosine either way)
   c.scale = 20.0  # cosine similarity x scale = logits (1 / temperature)
   c.symmetric = False  # also each positive towards its own anchor among the batch's anchors
+  # The gradient cache: > 0 encodes a batch's texts (rows x (2 + hard negatives)) this many
+  # at a time, the forward pass keeping only their vectors and the backward pass encoding
+  # each chunk again: a batch of thousands of pairs in the memory of a chunk, the same loss
+  # and gradients (bert_jax/contrastive.py). It must divide the batch's texts. 0: off.
+  c.grad_cache_chunk = 0
   c.max_seq_length = 128
   c.global_batch_size = 64  # each anchor's negatives: the other 63 positives (and negatives)
   c.num_epochs = 1
