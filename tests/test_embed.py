@@ -163,3 +163,17 @@ def test_convert_to_sentence_transformers_keeps_or_sets_the_pooling(tmp_path, ca
   convert.main([f"--input={path}", f"--output={tmp_path / 'cls'}", "--to=sentence_transformers",
                 "--pooling=cls", "--nonormalize"])
   assert embed.read_spec(str(tmp_path / "cls")) == embed.Spec("cls", False, 256)
+
+
+@pytest.mark.parametrize("family,spec", [("modernbert", embed.Spec("mean", True, 64)),
+                                         ("eurobert", embed.Spec("last", False, 64))])
+def test_modern_encoders_export_as_sentence_transformers(tmp_path, family, spec):
+  from tests.test_modern_jobs import make_hub_dir
+  source = make_hub_dir(tmp_path, family)
+  cfg, params = loader.read(source, "encoder", require_mlm=False)
+  tokenizer = Tokenizer.from_path(source)
+  ours = embed.embed_texts(cfg, params, tokenizer, TEXTS, spec, batch_size=4)
+  out = str(tmp_path / "st")
+  convert.export_sentence_transformers(out, cfg, params, tokenizer, spec)
+  theirs = _st(out).encode(TEXTS, convert_to_numpy=True)
+  np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
