@@ -121,9 +121,21 @@ def test_finetune_classification_learns_and_predicts(tmp_path, hub, packing, cap
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["squad", "conll", "swag"])
+@pytest.mark.parametrize("task", ["squad", "conll", "swag", "embed"])
 def test_finetune_every_task_type(tmp_path, hub, task):
-  if task == "squad":
+  if task == "embed":
+    from bert_jax.configs import embed as embed_config  # pylint: disable=g-import-not-at-top
+    from tests.test_contrastive import _pairs_file  # pylint: disable=g-import-not-at-top
+    rng = np.random.default_rng(0)
+    c = embed_config.get_config()
+    c.train_file = _pairs_file(tmp_path / "train.jsonl", 32, rng)
+    c.eval_file = _pairs_file(tmp_path / "dev.jsonl", 16, rng)
+    c.eval_anchor_column = c.eval_positive_column = ""
+    c.max_seq_length, c.grad_cache_chunk = 16, 8
+    c.global_batch_size = 8
+    best = _ft(c, hub, tmp_path / "work")
+    assert 0.0 <= best["mrr@10"] <= 100.0
+  elif task == "squad":
     c = squad.get_config("v2")
     c.train_file = c.eval_file = _squad_file(tmp_path, version_2=True)
     c.max_seq_length, c.doc_stride, c.max_query_length = 64, 24, 12
