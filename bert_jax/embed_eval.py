@@ -1,7 +1,12 @@
-"""How good an embedding model is: STS-B Spearman of cosine similarity (GLUE's STS-B files)
+r"""How good an embedding model is: STS-B Spearman of cosine similarity (GLUE's STS-B files)
 and retrieval nDCG@10 / Recall@100 / MRR@10 on a BEIR-layout directory (corpus.jsonl,
 queries.jsonl, qrels/<split>.tsv) by exact search, the corpus read and scored in chunks so
 that memory stays flat in its size.
+
+    python -m bert_jax.embed_eval --checkpoint=DIR [--sts_file=glue_data/STS-B/dev.tsv]         [--beir_dir=scifact --split=test]
+
+`--checkpoint`: a sentence-transformers directory, a contrastive fine-tuning workdir (its
+best/), or any checkpoint predict reads (mean pooling unless --pooling says otherwise).
 
     scores = embed_eval.sts(cfg, params, tokenizer, spec, glue.read_glue("stsb", dir, "dev"))
     scores = embed_eval.retrieval(cfg, params, tokenizer, spec, beir_dir, split="test")
@@ -11,15 +16,20 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from typing import Any, Iterator, Sequence
 
+from absl import flags
 import numpy as np
 
+from bert_jax import convert
 from bert_jax import embed
+from bert_jax import loader
 from bert_jax import scoring
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import glue
+from input_pipeline.tokenizer import Tokenizer
 
 NDCG_AT, RECALL_AT, MRR_AT = 10, 100, 10
 
@@ -171,3 +181,61 @@ def retrieval(cfg: Any, params: Any, tokenizer, spec: embed.Spec, path: str,
   _, ranked = search(cfg, params, tokenizer, spec, [texts[q] for q in query_ids], corpus,
                      chunk=chunk, batch_size=batch_size)
   return metrics(ranked, qrels, query_ids)
+
+
+def load(checkpoint: str, vocab: str | None = None, lowercase: bool | None = None,
+         pooling: str | None = None, normalize: bool | None = None,
+         max_seq_length: int | None = None) -> tuple[Any, Any, Any, embed.Spec]:
+  """(model config, params, tokenizer, Spec) of an embedding model: the checkpoint's own
+  spec (a sentence-transformers directory's, a task=embed run's) unless overridden."""
+  spec = embed.read_spec(checkpoint) or embed.Spec()
+  spec = embed.Spec(pooling or spec.pooling, spec.normalize if normalize is None else normalize,
+                    max_seq_length or spec.max_seq_length, spec.similarity)
+  model_dir = embed.transformer_dir(checkpoint)
+  cfg, params = loader.read(model_dir, "encoder", require_mlm=False)
+  tokenizer = Tokenizer.from_path(vocab or convert.checkpoint_vocab(model_dir), lowercase)
+  return cfg.replace(scan_layers=False, remat="none"), params, tokenizer, spec
+
+
+def _flags():
+  fv = flags.FlagValues()
+  flags.DEFINE_string("checkpoint", None, "The embedding model (see the module doc).",
+                      flag_values=fv)
+  flags.DEFINE_string("vocab", None, "Its vocabulary (default: the checkpoint's own).",
+                      flag_values=fv)
+  flags.DEFINE_string("sts_file", None, "STS-B's dev.tsv (GLUE's layout): Spearman / Pearson "
+                      "of cosine similarity, x100.", flag_values=fv)
+  flags.DEFINE_string("beir_dir", None, "A BEIR-layout directory: nDCG@10, Recall@100, MRR@10.",
+                      flag_values=fv)
+  flags.DEFINE_string("split", "test", "beir_dir: the qrels/<split>.tsv to score.",
+                      flag_values=fv)
+  flags.DEFINE_enum("pooling", None, list(embed.POOLINGS), "Override the checkpoint's pooling.",
+                    flag_values=fv)
+  flags.DEFINE_integer("max_seq_length", None, "Tokens a text (default: the checkpoint's).",
+                       lower_bound=3, flag_values=fv)
+  flags.DEFINE_integer("batch_size", 64, "Texts a forward pass.", lower_bound=1, flag_values=fv)
+  return fv
+
+
+@errors.reported
+def main(argv: Sequence[str] | None = None) -> None:
+  """`argv`: the flags (without the program name; default sys.argv[1:])."""
+  args = _flags()
+  errors.parse_flags(args, ["embed_eval"] + list(sys.argv[1:] if argv is None else argv), __doc__)
+  errors.require_flags(args, "checkpoint")
+  if not (args.sts_file or args.beir_dir):
+    raise errors.UserError("Give --sts_file and/or --beir_dir: what to evaluate on.")
+  cfg, params, tok, spec = load(args.checkpoint, args.vocab, pooling=args.pooling,
+                                max_seq_length=args.max_seq_length)
+  result: dict[str, Any] = {"checkpoint": args.checkpoint, "pooling": spec.pooling}
+  if args.sts_file:
+    result["sts"] = sts(cfg, params, tok, spec, glue.read_glue_file("stsb", args.sts_file, "dev"),
+                        args.batch_size)
+  if args.beir_dir:
+    result["retrieval"] = retrieval(cfg, params, tok, spec, args.beir_dir, args.split,
+                                    batch_size=args.batch_size)
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()

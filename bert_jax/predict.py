@@ -20,6 +20,7 @@ directory too: its pooling and normalisation are the defaults) or a bert_jax tra
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -35,6 +36,7 @@ import numpy as np
 
 from bert_jax import convert
 from bert_jax import embed
+from bert_jax import embed_eval
 from bert_jax import families
 from bert_jax import formats
 from bert_jax import heads
@@ -407,8 +409,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.mode in ("features", "embed"):
     _check_output(out)
   # The checkpoint's own vocabulary by default, read once the checkpoint is known good.
-  model_dir = embed.transformer_dir(args.checkpoint) if args.mode == "embed" else args.checkpoint
-  vocabulary = lambda: Tokenizer.from_path(args.vocab or convert.checkpoint_vocab(model_dir),
+  vocabulary = lambda: Tokenizer.from_path(args.vocab or convert.checkpoint_vocab(args.checkpoint),
                                            args.lowercase)
   B = args.batch_size
   if args.mode in ("classify", "qa", "tag"):
@@ -453,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not any_mask:
       raise PredictError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
   elif args.mode == "embed":
-    _embed(args, texts, out, vocabulary)
+    _embed(args, texts, out)
   else:
     layers = parse_layers(args.layers)
     cfg, params = load_checkpoint(args.checkpoint, "encoder")
@@ -475,15 +476,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled}))
 
 
-def _embed(args, texts: Iterable[str], out: str, vocabulary) -> None:
+def _embed(args, texts: Iterable[str], out: str) -> None:
   """--mode=embed: one vector a text, streamed into a .npy or .jsonl file."""
-  spec = embed.read_spec(args.checkpoint) or embed.Spec()
-  given = args["max_seq_length"].present or not spec.max_seq_length
-  spec = embed.Spec(args.pooling or spec.pooling,
-                    spec.normalize if args.normalize is None else args.normalize,
-                    args.max_seq_length if given else spec.max_seq_length, spec.similarity)
-  cfg, params = load_checkpoint(embed.transformer_dir(args.checkpoint), "encoder")
-  tokenizer = vocabulary()
+  cfg, params, tokenizer, spec = embed_eval.load(
+      args.checkpoint, args.vocab, args.lowercase, args.pooling, args.normalize,
+      args.max_seq_length if args["max_seq_length"].present else None)
+  if spec.max_seq_length is None:
+    spec = dataclasses.replace(spec, max_seq_length=args.max_seq_length)
   _check_vocab(cfg, tokenizer)
   progress = _Progress(texts, "texts")
   vectors = embed.iter_embeddings(cfg, params, tokenizer, progress, spec, args.batch_size)

@@ -99,3 +99,20 @@ def test_bad_beir_directories_are_one_line_naming_the_file(tmp_path, change, mat
   _, cfg, params, tok, spec = _minilm()
   with pytest.raises(embed_eval.RetrievalDataError, match=match):
     embed_eval.retrieval(cfg, params, tok, spec, _beir(tmp_path, **change))
+
+
+def test_the_command_scores_a_checkpoint_on_sts_and_beir(tmp_path, capsys):
+  path, cfg, params, tok, spec = _minilm()
+  (tmp_path / "sts.tsv").write_text(
+      "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+      + "".join(f"{i}\tm\tx\t2012\t{i}\tn\tn\t{SENTENCES[i]}\t{SENTENCES[i + 1]}\t{s}\n"
+                for i, s in enumerate([4.8, 0.5, 4.6, 0.2, 1.0, 0.4])))
+  beir = _beir(tmp_path)
+  embed_eval.main([f"--checkpoint={path}", f"--sts_file={tmp_path / 'sts.tsv'}",
+                   f"--beir_dir={beir}", "--batch_size=8"])
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert out["pooling"] == "mean" and set(out["sts"]) == {"spearman", "pearson"}
+  assert out["retrieval"] == pytest.approx(embed_eval.retrieval(cfg, params, tok, spec, beir))
+  with pytest.raises(SystemExit) as e:
+    embed_eval.main([f"--checkpoint={path}"])
+  assert e.value.code == 2 and "--sts_file and/or --beir_dir" in capsys.readouterr().err
