@@ -21,6 +21,7 @@ ENTRY_POINTS = {
     "bert_jax.main": ["--config", "--workdir"],
     "bert_jax.predict": ["--checkpoint", "--vocab", "--mode"],
     "bert_jax.convert": ["--input", "--output", "--to"],
+    "bert_jax.embed_eval": ["--checkpoint", "--sts_file", "--beir_dir"],
 }
 
 
