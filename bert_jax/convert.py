@@ -37,7 +37,8 @@ TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "special_tokens_ma
 
 def checkpoint_vocab(checkpoint: str) -> str:
   """The vocabulary a checkpoint comes with: a directory holding vocab.txt / a SentencePiece
-  model (HuggingFace, export), the vocab_path a fine-tuning run recorded in best/, or the
+  model (HuggingFace, export), the vocab_path a fine-tuning run recorded in best/ (given the
+  run or its best/), or the
   data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir)."""
   root = fileio.path(checkpoint)
   recorded = []
@@ -47,9 +48,10 @@ def checkpoint_vocab(checkpoint: str) -> str:
       return os.fspath(directory)
     except (FileNotFoundError, OSError):
       pass
-  saved = _json_or_empty(root / "best" / "config.json").get("task") or {}
-  if saved.get("vocab_path"):
-    recorded.append(saved["vocab_path"])
+  for best in (root, root / "best"):  # a fine-tuning run's best/, or the run
+    saved = _json_or_empty(best / "config.json").get("task")
+    if isinstance(saved, dict) and saved.get("vocab_path"):
+      recorded.append(saved["vocab_path"])
   steps = root / "checkpoints"
   if steps.is_dir():
     for step in sorted((p for p in steps.iterdir() if p.name.isdigit()),

@@ -149,8 +149,7 @@ def test_embed_job_learns_keeps_best_and_exports(tmp_path, pretrained):  # noqa:
   # best/ is an embedding model: its spec, predict's and sentence-transformers' vectors agree
   assert embed.read_spec(str(workdir / "best")) == spec
   out = tmp_path / "st"
-  convert.main([f"--input={workdir / 'best'}", f"--output={out}", "--to=sentence_transformers",
-                f"--vocab={config.vocab_path}"])
+  convert.main([f"--input={workdir / 'best'}", f"--output={out}", "--to=sentence_transformers"])
   cfg2, params2 = loader.read(str(workdir / "best"), "encoder")
   ours = embed.embed_texts(cfg2, params2, tok, [d.anchor for d in dev[:5]], spec)
   st = pytest.importorskip("sentence_transformers")
