@@ -1,0 +1,24 @@
+"""bench/embed_quality.py runs end to end (--smoke: 4 books, a 4-step encoder, one epoch)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench import embed_quality
+from tests import test_train_utils as tu
+
+
+@pytest.mark.slow
+def test_embed_quality_smoke(tmp_path):
+  if not embed_quality.GUTENBERG.is_dir():
+    pytest.skip("../shared/data/gutenberg is absent")
+  proc = subprocess.run([sys.executable, "-m", "bench.embed_quality", "--smoke", "--no_record",
+                         f"--workdir={tmp_path}"], cwd=tu.REPO, env=tu.env(), capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [l for l in proc.stdout.splitlines() if l.startswith("| ")]
+  assert len(rows) == 2 + 3 and "seed 1" in rows[-1], proc.stdout
+  assert (tmp_path / "data" / "beir" / "qrels" / "test.tsv").exists()
+  first = json.loads((tmp_path / "data" / "train.jsonl").read_text().splitlines()[0])
+  assert set(first) == {"anchor", "positive"} and first["anchor"] and first["positive"]
