@@ -157,6 +157,7 @@ def test_embed_job_learns_keeps_best_and_exports(tmp_path, pretrained):  # noqa:
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_scored_dev_file_picks_best_by_spearman(tmp_path, pretrained):  # noqa: F811
   rng = np.random.default_rng(1)
   lines = ["sentence1\tsentence2\tscore"] + [

@@ -152,6 +152,7 @@ def test_predict_embed_streams_sentence_transformers_vectors_to_npy_and_jsonl(tm
   np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), cls, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_convert_to_sentence_transformers_keeps_or_sets_the_pooling(tmp_path, capsys):
   path = _minilm()
   out = tmp_path / "st"
@@ -165,6 +166,7 @@ def test_convert_to_sentence_transformers_keeps_or_sets_the_pooling(tmp_path, ca
   assert embed.read_spec(str(tmp_path / "cls")) == embed.Spec("cls", False, 256)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,spec", [("modernbert", embed.Spec("mean", True, 64)),
                                          ("eurobert", embed.Spec("last", False, 64))])
 def test_modern_encoders_export_as_sentence_transformers(tmp_path, family, spec):

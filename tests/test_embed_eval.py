@@ -101,6 +101,7 @@ def test_bad_beir_directories_are_one_line_naming_the_file(tmp_path, change, mat
     embed_eval.retrieval(cfg, params, tok, spec, _beir(tmp_path, **change))
 
 
+@pytest.mark.slow
 def test_the_command_scores_a_checkpoint_on_sts_and_beir(tmp_path, capsys):
   path, cfg, params, tok, spec = _minilm()
   (tmp_path / "sts.tsv").write_text(
