@@ -94,13 +94,10 @@ def _unit(x):
   return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def info_nce_sums(anchors_BD, candidates_BCD, batch: Mapping[str, jax.Array], *, scale: float,
-                  symmetric: bool) -> dict[str, jax.Array]:
-  """Sums of the InfoNCE loss and of "the own positive ranks first" over the batch's rows;
-  rows weighing 0 (evaluation padding) neither count nor serve as negatives."""
+def _info_nce(a_BD, candidates_BCD, w_B, scale, symmetric):
+  """(per-row loss, per-row "own positive ranks first") of one embedding width."""
   B, C, D = candidates_BCD.shape
-  w_B = batch.get("example_weights", jnp.ones((B,))).astype(jnp.float32)
-  a_BD = _unit(anchors_BD)
+  a_BD = _unit(a_BD)
   cand_ND = _unit(jnp.swapaxes(candidates_BCD, 0, 1).reshape(C * B, D))  # positives first
   valid_N = jnp.tile(w_B > 0, C)
   logits_BN = jnp.where(valid_N[None], scale * a_BD @ cand_ND.T, _MASKED)
@@ -110,6 +107,22 @@ def info_nce_sums(anchors_BD, candidates_BCD, batch: Mapping[str, jax.Array], *,
   if symmetric:  # each positive towards its anchor, among the batch's anchors
     back_BB = jnp.where((w_B > 0)[None], scale * cand_ND[:B] @ a_BD.T, _MASKED)
     loss_B = 0.5 * (loss_B + jax.nn.logsumexp(back_BB, -1) - back_BB[own_B, own_B])
+  return loss_B, correct_B
+
+
+def info_nce_sums(anchors_BD, candidates_BCD, batch: Mapping[str, jax.Array], *, scale: float,
+                  symmetric: bool, dims: tuple[int, ...] = ()) -> dict[str, jax.Array]:
+  """Sums of the InfoNCE loss and of "the own positive ranks first" over the batch's rows;
+  rows weighing 0 (evaluation padding) neither count nor serve as negatives. `dims`
+  (Matryoshka): the loss is the sum of the losses of the vectors' first d components for
+  each d (as sentence-transformers' MatryoshkaLoss), the ranking that of the first d."""
+  w_B = batch.get("example_weights", jnp.ones(anchors_BD.shape[:1])).astype(jnp.float32)
+  loss_B = correct_B = None
+  for d in dims or (anchors_BD.shape[-1],):
+    loss_d, correct_d = _info_nce(anchors_BD[:, :d], candidates_BCD[..., :d], w_B, scale,
+                                  symmetric)
+    loss_B = loss_d if loss_B is None else loss_B + loss_d
+    correct_B = correct_d if correct_B is None else correct_B
   loss_B = jnp.where(w_B > 0, loss_B, 0.0)
   return {"loss_sum": jnp.sum(loss_B * w_B), "correct_sum": jnp.sum(correct_B * w_B),
           "weight": jnp.sum(w_B)}
@@ -122,13 +135,28 @@ def _flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
   return flops_lib.train_flops_per_step(model.config, B * texts, L, 0, nsp=False)
 
 
-def objective(scale: float, symmetric: bool) -> objectives.Objective:
+def objective(scale: float, symmetric: bool, dims: tuple[int, ...] = ()) -> objectives.Objective:
   """objectives.supervised's sums and summaries over InfoNCE (train_acc: the share of anchors
   whose own positive ranks first in the batch)."""
   base = objectives.supervised(
-      lambda a, c, batch: info_nce_sums(a, c, batch, scale=scale, symmetric=symmetric),
-      "example_weights", inputs=INPUTS)
+      lambda a, c, batch: info_nce_sums(a, c, batch, scale=scale, symmetric=symmetric,
+                                        dims=dims), "example_weights", inputs=INPUTS)
   return base.replace(keyword_inputs=NEGATIVES, flops=_flops)
+
+
+def matryoshka_dims(text, hidden_size: int) -> tuple[int, ...]:
+  """config.matryoshka_dims ("768,256,64" or a tuple; "" = off) -> the widths, largest first;
+  one outside 1..hidden_size is a ConfigError."""
+  items = text.split(",") if isinstance(text, str) else text
+  try:
+    dims = tuple(sorted({int(x) for x in items if str(x).strip()}, reverse=True))
+  except ValueError:
+    raise errors.ConfigError(f"--config.matryoshka_dims={text!r}: comma-separated widths, e.g. "
+                             f"{hidden_size},256,64.") from None
+  if any(not 0 < d <= hidden_size for d in dims):
+    raise errors.ConfigError(f"--config.matryoshka_dims={text!r}: each width must lie in "
+                             f"1..{hidden_size} (the model's hidden size).")
+  return dims
 
 
 def check_scale(scale: float) -> None:

@@ -254,7 +254,10 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
     raise errors.ConfigError(f"--config.grad_cache_chunk={config.grad_cache_chunk}: texts a "
                              "chunk (0: off).")
   return TaskData(SentenceEncoder(cfg, config.pooling, config.grad_cache_chunk),
-                  contrastive.objective(config.scale, config.symmetric), train, dev, evaluate,
+                  contrastive.objective(config.scale, config.symmetric,
+                                        contrastive.matryoshka_dims(config.matryoshka_dims,
+                                                                    cfg.hidden_size)),
+                  train, dev, evaluate,
                   "spearman" if scored else "mrr@10")
 
 

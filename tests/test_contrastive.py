@@ -237,3 +237,18 @@ def test_gradient_cache_gives_the_plain_batchs_loss_and_gradients_in_less_memory
     np.testing.assert_allclose(g, h, atol=1e-5, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
   memory = lambda model: loss_fn(model).lower(params).compile().memory_analysis().temp_size_in_bytes
   assert memory(cached) < 0.6 * memory(plain), (memory(cached), memory(plain))
+
+
+def test_matryoshka_loss_is_the_sum_over_the_truncated_widths():
+  rng = np.random.default_rng(5)
+  a, c = rng.normal(size=(6, 8)), rng.normal(size=(6, 2, 8))
+  c[:, 0] += 0.5 * a
+  w = np.ones(6, np.float32)
+  args = dict(scale=20.0, symmetric=False)
+  got = contrastive.info_nce_sums(jnp.asarray(a), jnp.asarray(c), {}, dims=(8, 4, 2), **args)
+  want = sum(_reference(a[:, :d], c[..., :d], w, 20.0, False)[0] for d in (8, 4, 2))
+  assert float(got["loss_sum"]) == pytest.approx(want, rel=1e-5, abs=1e-5)
+  assert float(got["correct_sum"]) == _reference(a, c, w, 20.0, False)[1]
+  assert contrastive.matryoshka_dims("64, 256,128", 256) == (256, 128, 64)
+  with pytest.raises(errors.ConfigError, match="1..256"):
+    contrastive.matryoshka_dims("512", 256)

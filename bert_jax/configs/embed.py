@@ -33,6 +33,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.normalize = True  # the exported model L2-normalises (the loss uses cosine either way)
   c.scale = 20.0  # cosine similarity x scale = logits (1 / temperature)
   c.symmetric = False  # also each positive towards its own anchor among the batch's anchors
+  # Matryoshka: "768,256,64" trains the vectors' first 768, 256 and 64 components each as an
+  # embedding (the losses summed), so that truncated vectors work too. "" = off.
+  c.matryoshka_dims = ""
   # The gradient cache: > 0 encodes a batch's texts (rows x (2 + hard negatives)) this many
   # at a time, the forward pass keeping only their vectors and the backward pass encoding
   # each chunk again: a batch of thousands of pairs in the memory of a chunk, the same loss
