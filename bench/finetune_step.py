@@ -165,18 +165,7 @@ def run_bert_jax(repo: pathlib.Path, assets: dict, cola_dir: str, workdir: str, 
          f"--config.max_steps_per_run={args.steps}", "--config.checkpoint_every_steps=1000000",
          f"--config.seed={SEED}", f"--config.packing={packed}"]
   env = dict(os.environ, PYTHONPATH=str(repo), TF_CPP_MIN_LOG_LEVEL="3")
-  proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=3600)
-  times = {}
-  for line in proc.stderr.splitlines():
-    m = finetune_throughput.STEP_LINE.match(line)
-    if m:
-      h, mi, s, step = m.groups()
-      times[int(step)] = int(h) * 3600 + int(mi) * 60 + float(s)
-  if args.log_every not in times or args.steps not in times:
-    raise RuntimeError(f"{' '.join(cmd)}\nno progress lines at steps {args.log_every} and "
-                       f"{args.steps} (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-  elapsed = times[args.steps] - times[args.log_every]
-  return {"s_per_step": elapsed / (args.steps - args.log_every), "elapsed": elapsed}
+  return finetune_throughput.job_seconds_per_step(cmd, repo, env, args.log_every, args.steps)
 
 
 def torch_worker(args) -> None:

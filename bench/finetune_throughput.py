@@ -31,6 +31,29 @@ DEFAULT_COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 STEP_LINE = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*\bstep (\d+)/\d+ \|")
 
 
+def step_times(log: str) -> dict[int, float]:
+  """step -> seconds since midnight of each progress line in a job's log."""
+  times = {}
+  for line in log.splitlines():
+    m = STEP_LINE.match(line)
+    if m:
+      h, mi, sec, step = m.groups()
+      times[int(step)] = int(h) * 3600 + int(mi) * 60 + float(sec)
+  return times
+
+
+def job_seconds_per_step(cmd: list[str], cwd, env: dict, first: int, last: int) -> dict:
+  """Runs a training job `cmd`; its s/step from the timestamps of its progress lines at steps
+  `first` and `last` (compilation and start-up before `first` excluded)."""
+  proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
+  times = step_times(proc.stderr)
+  if first not in times or last not in times:
+    raise RuntimeError(f"{' '.join(cmd)}\nno progress lines at steps {first} and {last} (rc "
+                       f"{proc.returncode}):\n{proc.stderr[-3000:]}")
+  elapsed = (times[last] - times[first]) % 86400  # across midnight too
+  return {"s_per_step": elapsed / (last - first), "elapsed": elapsed}
+
+
 def make_checkpoint(root: pathlib.Path, cola_dir: str) -> tuple[str, str]:
   """A random MiniLM-sized native checkpoint and a word-level vocabulary of CoLA."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -74,12 +97,7 @@ def run_once(repo: pathlib.Path, ckpt: str, vocab: str, cola_dir: str, workdir: 
           "--config.num_epochs=1", "--config.checkpoint_every_steps=100000"]
   env = dict(os.environ, PYTHONPATH=str(repo), TF_CPP_MIN_LOG_LEVEL="3")
   proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=3600)
-  times = {}
-  for line in proc.stderr.splitlines():
-    m = STEP_LINE.match(line)
-    if m:
-      h, mi, s, step = m.groups()
-      times[int(step)] = int(h) * 3600 + int(mi) * 60 + float(s)
+  times = step_times(proc.stderr)
   done = sorted(s for s in times if s <= steps)
   if len(done) < 3:
     raise RuntimeError(f"{repo}: too few progress lines (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
