@@ -252,3 +252,22 @@ def test_matryoshka_loss_is_the_sum_over_the_truncated_widths():
   assert contrastive.matryoshka_dims("64, 256,128", 256) == (256, 128, 64)
   with pytest.raises(errors.ConfigError, match="1..256"):
     contrastive.matryoshka_dims("512", 256)
+
+
+@pytest.mark.slow
+def test_an_interrupted_embed_run_resumes_to_the_same_model(tmp_path, pretrained):  # noqa: F811
+  """Stopped after 3 steps (a checkpoint, as SIGTERM or a kill after a save leaves it), then
+  rerun: the best/ parameters equal those of one uninterrupted run, bit for bit."""
+  def run(name, **overrides):
+    config = _config(tmp_path, pretrained, num_epochs=1, **overrides)
+    config.checkpoint_every_steps = 3
+    return finetune.finetune(config, str(tmp_path / name))
+
+  run("whole")
+  run("parts", max_steps_per_run=3)
+  assert not (tmp_path / "parts" / "best").exists()  # stopped before the epoch's end
+  run("parts")
+  whole = loader.read(str(tmp_path / "whole" / "best"), "encoder")[1]
+  parts = loader.read(str(tmp_path / "parts" / "best"), "encoder")[1]
+  for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
+    np.testing.assert_array_equal(a, b)
