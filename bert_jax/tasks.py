@@ -208,6 +208,13 @@ def _read_pairs(config) -> tuple[list, list]:
   return train, dev
 
 
+def _ranks_of_own(anchors: np.ndarray, positives: np.ndarray, first: int) -> np.ndarray:
+  """For anchors first, first + 1, ...: how many positives score above their own."""
+  sims = anchors @ positives.T
+  own = sims[np.arange(len(anchors)), first + np.arange(len(anchors))]
+  return (sims > own[:, None]).sum(-1)
+
+
 def embed_task(config, tok, cfg: BertConfig) -> TaskData:
   """Contrastive fine-tuning (bert_jax/contrastive.py). Dev: with a score column (STS-B's dev
   file: config.eval_anchor_column=sentence1, eval_positive_column=sentence2), the Spearman
@@ -239,8 +246,8 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
                 "pearson": 100 * scoring.pearson(cosine, gold)}
       rows = [f"{p.line}\t{x:.6f}\n" for p, x in zip(dev_p, cosine)]
     else:
-      sims = a @ c[:, 0].T  # every anchor against every dev positive
-      rank = (sims > np.diag(sims)[:, None]).sum(-1)  # 0: its own positive first
+      rank = np.concatenate([_ranks_of_own(a[i:i + 1024], c[:, 0], i)
+                             for i in range(0, len(a), 1024)])  # 0: its own positive first
       result = {"mrr@10": 100 * float(np.mean(np.where(rank < 10, 1 / (rank + 1), 0))),
                 "recall@1": 100 * float(np.mean(rank == 0))}
       rows = [f"{p.line}\t{int(r) + 1}\n" for p, r in zip(dev_p, rank)]

@@ -87,6 +87,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_two_devices_give_the_one_device_loss_of_the_global_batch():
   """Each anchor's negatives are the whole global batch: with its rows split over 2 devices
   the loss (and the step it takes) equals one device's on the same batch, with the gradient
@@ -130,6 +131,7 @@ def _config(tmp_path, pretrained, **overrides):  # noqa: F811
   return c
 
 
+@pytest.mark.slow
 def test_embed_job_learns_keeps_best_and_exports(tmp_path, pretrained):  # noqa: F811
   config = _config(tmp_path, pretrained)
   workdir = tmp_path / "run"
@@ -271,3 +273,14 @@ def test_an_interrupted_embed_run_resumes_to_the_same_model(tmp_path, pretrained
   parts = loader.read(str(tmp_path / "parts" / "best"), "encoder")[1]
   for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_dev_ranks_are_computed_a_block_of_anchors_at_a_time():
+  from bert_jax import tasks
+  rng = np.random.default_rng(7)
+  a, p = rng.normal(size=(2500, 8)), rng.normal(size=(2500, 8))
+  sims = a @ p.T
+  whole = (sims > np.diag(sims)[:, None]).sum(-1)
+  blocks = np.concatenate([tasks._ranks_of_own(a[i:i + 1024], p, i)  # pylint: disable=protected-access
+                           for i in range(0, len(a), 1024)])
+  np.testing.assert_array_equal(blocks, whole)

@@ -127,6 +127,7 @@ def test_a_plain_checkpoint_is_no_sentence_transformers_directory(tmp_path):
     embed.Spec("max")
 
 
+@pytest.mark.slow
 def test_predict_embed_streams_sentence_transformers_vectors_to_npy_and_jsonl(tmp_path, capsys):
   from bert_jax import predict
   path = _minilm()

@@ -28,6 +28,7 @@ def _minilm():
   return path, cfg, params, Tokenizer.from_path(path), embed.read_spec(path)
 
 
+@pytest.mark.slow
 def test_sts_spearman_equals_sentence_transformers_on_the_same_file(tmp_path):
   path, cfg, params, tok, spec = _minilm()
   pairs = [(a, b) for i, a in enumerate(SENTENCES) for b in SENTENCES[i + 1:]]
