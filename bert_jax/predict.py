@@ -191,8 +191,7 @@ def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence
   of `batch_size` texts, read from `texts` as they come (memory flat in their number)."""
   check_layers(layers, cfg.num_layers)
   max_len = min(max_len, cfg.max_length)
-  encoder_params = params["bert"] if "bert" in params else params
-  has_pooler = bool({"pooler", "head"} & set(encoder_params))
+  encoder_params, has_pooler = embed.encoder_params(params)
   if pooled and not has_pooler:
     raise PredictError("The checkpoint has no pooler (e.g. a BertForMaskedLM checkpoint): "
                        "--pooled is not available; take a layer's [CLS] vector instead.")
@@ -469,11 +468,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         n = write_features_jsonl(f, batches, tokenizer, layers, args.pooled)
       shape = [n]
     else:  # .npy: the rows are counted first, so that the file is written as they come
-      count = len(args.text) + (sum(1 for _ in _input_lines(args.input_file))
-                                if args.input_file else 0)
-      shape = list(write_features_npy(out, batches, count))
+      shape = list(write_features_npy(out, batches, _count_inputs(args)))
     progress.done()
     print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled}))
+
+
+def _count_inputs(args) -> int:
+  """The texts given (--text, then the lines of --input_file): a .npy header's row count."""
+  return len(args.text) + (sum(1 for _ in _input_lines(args.input_file))
+                           if args.input_file else 0)
 
 
 def _embed(args, texts: Iterable[str], out: str) -> None:
@@ -496,9 +499,8 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
           n += 1
     shape = [n, cfg.hidden_size]
   else:
-    count = len(args.text) + (sum(1 for _ in _input_lines(args.input_file))
-                              if args.input_file else 0)
-    shape = list(write_features_npy(out, ((None, v, None) for v in vectors), count, masks=False))
+    shape = list(write_features_npy(out, ((None, v, None) for v in vectors), _count_inputs(args),
+                                    masks=False))
   progress.done()
   print(json.dumps({"output": out, "shape": shape, "pooling": spec.pooling,
                     "normalize": spec.normalize}))
