@@ -18,7 +18,10 @@ def test_embed_quality_smoke(tmp_path):
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [l for l in proc.stdout.splitlines() if l.startswith("| ")]
-  assert len(rows) == 2 + 3 and "seed 1" in rows[-1], proc.stdout
+  # the header, then "before" and one row per seed (the |---| rule does not start with "| ")
+  assert [r.split(" | ")[0] for r in rows[1:]] == [
+      "| before (the encoder, mean pooling)", "| contrastive fine-tuning, seed 0",
+      "| contrastive fine-tuning, seed 1"], proc.stdout
   assert (tmp_path / "data" / "beir" / "qrels" / "test.tsv").exists()
   first = json.loads((tmp_path / "data" / "train.jsonl").read_text().splitlines()[0])
   assert set(first) == {"anchor", "positive"} and first["anchor"] and first["positive"]
