@@ -24,7 +24,6 @@ from bert_jax import embed
 from bert_jax import families
 from bert_jax import formats
 from bert_jax import loader
-from input_pipeline import data_config
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import tokenizer as tokenizer_lib
@@ -33,52 +32,6 @@ from input_pipeline import tokenizer as tokenizer_lib
 # Vocabularies: the one a checkpoint comes with, and the files an export carries.
 
 TOKENIZER_FILES = ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")
-
-
-def checkpoint_vocab(checkpoint: str) -> str:
-  """The vocabulary a checkpoint comes with: a directory holding vocab.txt / a SentencePiece
-  model (HuggingFace, export), the vocab_path a fine-tuning run recorded in best/ (given the
-  run or its best/), or the
-  data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir)."""
-  root = fileio.path(checkpoint)
-  recorded = []
-  for directory in (root, root / "best"):
-    try:
-      tokenizer_lib.resolve_vocab_path(os.fspath(directory))
-      return os.fspath(directory)
-    except (FileNotFoundError, OSError):
-      pass
-  for best in (root, root / "best"):  # a fine-tuning run's best/, or the run
-    saved = _json_or_empty(best / "config.json").get("task")
-    if isinstance(saved, dict) and saved.get("vocab_path"):
-      recorded.append(saved["vocab_path"])
-  steps = root / "checkpoints"
-  if steps.is_dir():
-    for step in sorted((p for p in steps.iterdir() if p.name.isdigit()),
-                       key=lambda p: -int(p.name)):
-      data = (_json_or_empty(step / "config" / "metadata").get("data") or {})
-      if data.get("vocab_path"):
-        recorded.append(data_config.in_workdir(data["vocab_path"], os.fspath(root)))
-        break
-  for path in recorded:
-    try:
-      tokenizer_lib.resolve_vocab_path(path)
-      return path
-    except (FileNotFoundError, OSError):
-      pass
-  raise formats.CheckpointNotFoundError(
-      f"--vocab is not set and {checkpoint} holds no vocabulary"
-      + (f" (the run recorded {', '.join(recorded)}, which is not there)" if recorded else "")
-      + ": pass --vocab=PATH (the vocab.txt / SentencePiece model the model was trained with, "
-      "or the directory holding it).")
-
-
-def _json_or_empty(path) -> dict:
-  try:
-    value = json.loads(path.read_text())
-    return value if isinstance(value, dict) else {}
-  except (OSError, ValueError):
-    return {}
 
 
 def vocabulary_of(vocab: str, cfg: Any) -> tokenizer_lib.Tokenizer:
@@ -171,7 +124,7 @@ def main(argv: Iterable[str] | None = None) -> None:
   vocab = args.vocab
   if vocab is None:
     try:
-      vocab = checkpoint_vocab(args.input)
+      vocab = loader.checkpoint_vocab(args.input)
     except formats.CheckpointNotFoundError as e:
       if args.to != "bert_jax":  # transformers needs the tokenizer files beside the weights
         raise formats.CheckpointNotFoundError(f"{e} A HuggingFace export holds its vocabulary.") from None

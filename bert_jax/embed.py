@@ -46,8 +46,14 @@ class Spec:
   normalize: bool = False  # L2-normalise (then cosine similarity is a dot product)
   max_seq_length: int | None = None  # tokens a text, [CLS] and [SEP] included (None: the model's)
   similarity: str = "cosine"
+  # Matryoshka: keep the vectors' first components only (normalised after the cut when
+  # `normalize`), as sentence-transformers' truncate_dim with normalize_embeddings. None: all.
+  truncate_dim: int | None = None
 
   def __post_init__(self):
+    if self.truncate_dim is not None and self.truncate_dim < 1:
+      raise EmbedError(f"truncate_dim {self.truncate_dim}: keep 1 component at least (or none "
+                       "to keep them all).")
     if self.pooling not in POOLINGS:
       raise EmbedError(f"pooling {self.pooling!r} is unknown: choose one of {', '.join(POOLINGS)}.")
     if self.similarity not in SIMILARITIES:
@@ -74,8 +80,8 @@ def l2_normalize(x: jax.Array) -> jax.Array:
 
 
 def embeddings(hidden_BLD: jax.Array, mask_BL: jax.Array, spec: Spec) -> jax.Array:
-  """The pooled (and, per `spec`, normalised) vectors of a batch's last layer."""
-  pooled = pool(hidden_BLD, mask_BL, spec.pooling)
+  """The pooled (per `spec`, truncated and normalised) vectors of a batch's last layer."""
+  pooled = pool(hidden_BLD, mask_BL, spec.pooling)[:, :spec.truncate_dim]
   return l2_normalize(pooled) if spec.normalize else pooled
 
 
@@ -244,6 +250,9 @@ def iter_embeddings(cfg: Any, params: Any, tokenizer, texts: Iterable[str], spec
                     batch_size: int = 32) -> Iterator[np.ndarray]:
   """[b, D] float32 vectors per batch of `batch_size` texts, read as they come (memory flat in
   their number); each batch padded to `batch_size` rows so that few shapes compile."""
+  if (spec.truncate_dim or 0) > cfg.hidden_size:
+    raise EmbedError(f"truncate_dim {spec.truncate_dim} is more than the model's "
+                     f"{cfg.hidden_size} dimensions: give at most {cfg.hidden_size}.")
   encoder, has_pooler = encoder_params(params)
   fn = _embed_fn(cfg, has_pooler, spec)
   max_len = min(spec.max_seq_length or cfg.max_length, cfg.max_length)
@@ -257,4 +266,9 @@ def embed_texts(cfg: Any, params: Any, tokenizer, texts: Iterable[str], spec: Sp
                 batch_size: int = 32) -> np.ndarray:
   """[N, D]: every text's vector (iter_embeddings, gathered)."""
   out = list(iter_embeddings(cfg, params, tokenizer, texts, spec, batch_size))
-  return np.concatenate(out) if out else np.zeros((0, cfg.hidden_size), np.float32)
+  return np.concatenate(out) if out else np.zeros((0, dim(cfg, spec)), np.float32)
+
+
+def dim(cfg: Any, spec: Spec) -> int:
+  """The length of the model's vectors under `spec`."""
+  return min(spec.truncate_dim or cfg.hidden_size, cfg.hidden_size)

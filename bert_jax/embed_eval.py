@@ -3,7 +3,8 @@ and retrieval nDCG@10 / Recall@100 / MRR@10 on a BEIR-layout directory (corpus.j
 queries.jsonl, qrels/<split>.tsv) by exact search, the corpus read and scored in chunks so
 that memory stays flat in its size.
 
-    python -m bert_jax.embed_eval --checkpoint=DIR [--sts_file=glue_data/STS-B/dev.tsv]         [--beir_dir=scifact --split=test]
+    python -m bert_jax.embed_eval --checkpoint=DIR [--sts_file=glue_data/STS-B/dev.tsv] \
+        [--beir_dir=scifact --split=test] [--truncate_dim=256]
 
 `--checkpoint`: a sentence-transformers directory, a contrastive fine-tuning workdir (its
 best/), or any checkpoint predict reads (mean pooling unless --pooling says otherwise).
@@ -22,7 +23,6 @@ from typing import Any, Iterator, Sequence
 from absl import flags
 import numpy as np
 
-from bert_jax import convert
 from bert_jax import embed
 from bert_jax import loader
 from bert_jax import scoring
@@ -157,11 +157,11 @@ def metrics(ranked: np.ndarray, qrels: dict[str, dict[str, int]], query_ids: lis
           f"mrr@{MRR_AT}": 100 * float(np.mean(mrr))}
 
 
-def retrieval(cfg: Any, params: Any, tokenizer, spec: embed.Spec, path: str,
-              split: str = "test", chunk: int = 4096, batch_size: int = 32) -> dict[str, float]:
-  """The retrieval metrics of the model on the BEIR-layout directory `path`: the queries of
-  qrels/<split>.tsv (a judged query missing from queries.jsonl is a RetrievalDataError naming
-  it) against every document of corpus.jsonl."""
+def read_queries(path: str, split: str = "test"
+                 ) -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
+  """(qrels, query ids, their texts) of the BEIR-layout directory `path`: the judged queries of
+  qrels/<split>.tsv, each of which must be in queries.jsonl (else a RetrievalDataError naming
+  it); corpus.jsonl must exist. Read before any training, so that bad input costs nothing."""
   root = fileio.path(path)
   qrels = read_qrels(str(root / "qrels" / f"{split}.tsv"))
   for name in ("corpus.jsonl", "queries.jsonl"):
@@ -176,24 +176,35 @@ def retrieval(cfg: Any, params: Any, tokenizer, spec: embed.Spec, path: str,
     raise RetrievalDataError(f"{root / 'qrels' / (split + '.tsv')}: query {missing[0]!r} "
                              f"(and {len(missing) - 1} more) is not in {root / 'queries.jsonl'}.")
   query_ids = list(qrels)
-  corpus = ((str(r["_id"]), _doc_text(r)) for _, r in _jsonl(str(root / "corpus.jsonl"),
-                                                             ("_id", "text")))
-  _, ranked = search(cfg, params, tokenizer, spec, [texts[q] for q in query_ids], corpus,
-                     chunk=chunk, batch_size=batch_size)
+  return qrels, query_ids, [texts[q] for q in query_ids]
+
+
+def retrieval(cfg: Any, params: Any, tokenizer, spec: embed.Spec, path: str,
+              split: str = "test", chunk: int = 4096, batch_size: int = 32,
+              queries: tuple | None = None) -> dict[str, float]:
+  """The retrieval metrics of the model on the BEIR-layout directory `path`: the queries of
+  qrels/<split>.tsv (`queries`: read_queries' result, if read already) against every document
+  of corpus.jsonl."""
+  qrels, query_ids, texts = queries or read_queries(path, split)
+  corpus = ((str(r["_id"]), _doc_text(r))
+            for _, r in _jsonl(str(fileio.path(path) / "corpus.jsonl"), ("_id", "text")))
+  _, ranked = search(cfg, params, tokenizer, spec, texts, corpus, chunk=chunk,
+                     batch_size=batch_size)
   return metrics(ranked, qrels, query_ids)
 
 
 def load(checkpoint: str, vocab: str | None = None, lowercase: bool | None = None,
          pooling: str | None = None, normalize: bool | None = None,
-         max_seq_length: int | None = None) -> tuple[Any, Any, Any, embed.Spec]:
+         max_seq_length: int | None = None, truncate_dim: int | None = None
+         ) -> tuple[Any, Any, Any, embed.Spec]:
   """(model config, params, tokenizer, Spec) of an embedding model: the checkpoint's own
   spec (a sentence-transformers directory's, a task=embed run's) unless overridden."""
   spec = embed.read_spec(checkpoint) or embed.Spec()
   spec = embed.Spec(pooling or spec.pooling, spec.normalize if normalize is None else normalize,
-                    max_seq_length or spec.max_seq_length, spec.similarity)
+                    max_seq_length or spec.max_seq_length, spec.similarity, truncate_dim)
   model_dir = embed.transformer_dir(checkpoint)
   cfg, params = loader.read(model_dir, "encoder", require_mlm=False)
-  tokenizer = Tokenizer.from_path(vocab or convert.checkpoint_vocab(model_dir), lowercase)
+  tokenizer = Tokenizer.from_path(vocab or loader.checkpoint_vocab(model_dir), lowercase)
   return cfg.replace(scan_layers=False, remat="none"), params, tokenizer, spec
 
 
@@ -214,6 +225,8 @@ def _flags():
   flags.DEFINE_integer("max_seq_length", None, "Tokens a text (default: the checkpoint's).",
                        lower_bound=3, flag_values=fv)
   flags.DEFINE_integer("batch_size", 64, "Texts a forward pass.", lower_bound=1, flag_values=fv)
+  flags.DEFINE_integer("truncate_dim", None, "Score the vectors' first N components only (a "
+                       "Matryoshka model's smaller embedding).", lower_bound=1, flag_values=fv)
   return fv
 
 
@@ -226,8 +239,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   if not (args.sts_file or args.beir_dir):
     raise errors.UserError("Give --sts_file and/or --beir_dir: what to evaluate on.")
   cfg, params, tok, spec = load(args.checkpoint, args.vocab, pooling=args.pooling,
-                                max_seq_length=args.max_seq_length)
-  result: dict[str, Any] = {"checkpoint": args.checkpoint, "pooling": spec.pooling}
+                                max_seq_length=args.max_seq_length, truncate_dim=args.truncate_dim)
+  result: dict[str, Any] = {"checkpoint": args.checkpoint, "pooling": spec.pooling,
+                            "dim": embed.dim(cfg, spec)}
   if args.sts_file:
     result["sts"] = sts(cfg, params, tok, spec, glue.read_glue_file("stsb", args.sts_file, "dev"),
                         args.batch_size)

@@ -244,6 +244,10 @@ class _DevEvaluation:
     sums, outputs = _dev_outputs(self.trainer, state.params, task.eval, list(task.train),
                                  config.eval_batch_size)
     result, write = task.evaluate(outputs)
+    if task.evaluate_params:  # every host evaluates the whole model (its params gathered)
+      params = state.params if jax.process_count() == 1 else \
+          multihost_utils.process_allgather(state.params, tiled=True)
+      result = {**result, **task.evaluate_params(params)}
     result = {k: float(v) for k, v in result.items()}
     loss = task.objective.summarize(sums)["loss"]
     logging.info("epoch %d dev: %s (loss %.4f)", epoch, result, loss)

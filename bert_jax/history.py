@@ -18,7 +18,7 @@ from typing import Any
 from absl import logging
 import ml_collections
 
-from bert_jax import convert, loader, suite
+from bert_jax import loader, suite
 from bert_jax import metrics as metrics_lib
 from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, fileio
@@ -83,7 +83,7 @@ def run_history(config, workdir: str) -> dict[str, Any] | None:
   history report; None when stopped early (a rerun continues)."""
   runs = _runs(config)
   plan = [(name, run, step) for name, run in runs for step in steps_of(run, config.checkpoint_steps)]
-  vocab = {run: config.vocab_path or convert.checkpoint_vocab(run) for _, run in runs}
+  vocab = {run: config.vocab_path or loader.checkpoint_vocab(run) for _, run in runs}
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   cache = trainer_lib.compilation_cache(config, workdir, min_compile_secs=0.0,
                                         users_first=False) or "none"

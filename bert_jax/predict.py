@@ -6,7 +6,7 @@ with a fine-tuned one (the `workdir` of a fine-tuning run: its `best/` parameter
     python -m bert_jax.predict --checkpoint=DIR --vocab=vocab.txt --mode=features \
         --input_file=texts.txt --layers=-1,-2 --output=features.npy
     python -m bert_jax.predict --checkpoint=DIR --mode=embed --input_file=texts.txt \
-        --output=embeddings.npy [--pooling=mean|cls|last] [--normalize]
+        --output=embeddings.npy [--pooling=mean|cls|last] [--normalize] [--truncate_dim=N]
 
     python -m bert_jax.predict --checkpoint=FINETUNE_WORKDIR --vocab=vocab.txt --mode=classify \
         --text="The book was good." [--text_pair=...]
@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import convert
 from bert_jax import embed
 from bert_jax import embed_eval
 from bert_jax import families
@@ -304,6 +303,9 @@ def _flags():
                     flag_values=fv)
   flags.DEFINE_bool("normalize", None, "embed: L2-normalise the vectors (default: as a "
                     "sentence-transformers checkpoint says, else not).", flag_values=fv)
+  flags.DEFINE_integer("truncate_dim", None, "embed: keep the vectors' first N components (a "
+                       "Matryoshka model's smaller embedding; normalised after the cut).",
+                       lower_bound=1, flag_values=fv)
   flags.DEFINE_integer("max_seq_length", 128, "Tokens per input, [CLS] and [SEP] included "
                        f"(longer ones are cut); at least {MIN_SEQ_LENGTH}.",
                        lower_bound=MIN_SEQ_LENGTH, flag_values=fv)
@@ -408,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.mode in ("features", "embed"):
     _check_output(out)
   # The checkpoint's own vocabulary by default, read once the checkpoint is known good.
-  vocabulary = lambda: Tokenizer.from_path(args.vocab or convert.checkpoint_vocab(args.checkpoint),
+  vocabulary = lambda: Tokenizer.from_path(args.vocab or loader.checkpoint_vocab(args.checkpoint),
                                            args.lowercase)
   B = args.batch_size
   if args.mode in ("classify", "qa", "tag"):
@@ -483,7 +485,7 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
   """--mode=embed: one vector a text, streamed into a .npy or .jsonl file."""
   cfg, params, tokenizer, spec = embed_eval.load(
       args.checkpoint, args.vocab, args.lowercase, args.pooling, args.normalize,
-      args.max_seq_length if args["max_seq_length"].present else None)
+      args.max_seq_length if args["max_seq_length"].present else None, args.truncate_dim)
   if spec.max_seq_length is None:
     spec = dataclasses.replace(spec, max_seq_length=args.max_seq_length)
   _check_vocab(cfg, tokenizer)
@@ -497,13 +499,13 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
           f.write((json.dumps({"line_index": n, "embedding": [float(x) for x in v]}) + "\n"
                    ).encode("utf-8"))
           n += 1
-    shape = [n, cfg.hidden_size]
+    shape = [n, embed.dim(cfg, spec)]
   else:
     shape = list(write_features_npy(out, ((None, v, None) for v in vectors), _count_inputs(args),
                                     masks=False))
   progress.done()
   print(json.dumps({"output": out, "shape": shape, "pooling": spec.pooling,
-                    "normalize": spec.normalize}))
+                    "normalize": spec.normalize, "truncate_dim": spec.truncate_dim}))
 
 
 def _check_mode(mode: str, task: dict, checkpoint: str) -> None:

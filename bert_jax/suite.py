@@ -43,6 +43,7 @@ from bert_jax import checkpointing, finetune, predict, tasks
 from bert_jax import metrics as metrics_lib
 from bert_jax import trainer as trainer_lib
 from bert_jax.configs import conll as conll_config
+from bert_jax.configs import embed as embed_config
 from bert_jax.configs import glue as glue_config
 from bert_jax.configs import squad as squad_config
 from bert_jax.configs import suite as suite_config
@@ -51,12 +52,13 @@ from input_pipeline import errors, fileio
 from input_pipeline import glue
 from input_pipeline.tokenizer import Tokenizer
 
-TASKS = suite_config.GLUE_TASKS + ("squad1", "squad2", "swag", "conll")
+TASKS = suite_config.GLUE_TASKS + ("squad1", "squad2", "swag", "conll", "embed")
 # Each task's directory under config.data_dir, as the downloads lay them out (the GLUE
 # download script's names; diagnostic/ holds AX).
 DIRECTORIES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
                "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI", "ax": "diagnostic",
-               "squad1": "squad", "squad2": "squad", "swag": "swag", "conll": "conll2003"}
+               "squad1": "squad", "squad2": "squad", "swag": "swag", "conll": "conll2003",
+               "embed": "embed"}
 SQUAD_FILES = {"squad1": ("train-v1.1.json", "dev-v1.1.json"),
                "squad2": ("train-v2.0.json", "dev-v2.0.json")}
 AX_FILE = "diagnostic.tsv"
@@ -66,8 +68,9 @@ METRICS = {"cola": ("mcc",), "sst2": ("accuracy",), "mrpc": ("f1", "accuracy"),
            "stsb": ("spearman", "pearson"), "qqp": ("f1", "accuracy"),
            "mnli": ("accuracy", "accuracy_mismatched"), "qnli": ("accuracy",),
            "rte": ("accuracy",), "wnli": ("accuracy",), "squad1": ("f1", "exact"),
-           "squad2": ("f1", "exact"), "swag": ("accuracy",), "conll": ("f1",)}
-_PERCENT_ALREADY = ("squad1", "squad2")  # scoring.squad_scores gives percentages
+           "squad2": ("f1", "exact"), "swag": ("accuracy",), "conll": ("f1",),
+           "embed": ("spearman", "pearson") + tuple(f"beir_{m}" for m in tasks.BEIR_METRICS)}
+_PERCENT_ALREADY = ("squad1", "squad2", "embed")  # their jobs report percentages
 # The paper's rows (Devlin et al. 2019): GLUE test (Table 1), SQuAD v1.1 dev (Table 2),
 # SQuAD v2.0 dev (Table 3, BERT-large only), SWAG dev (Table 4), CoNLL-2003 dev (Table 7).
 REFERENCES = {
@@ -93,7 +96,10 @@ SUBMISSION_FILES = {"cola": {"test": "CoLA.tsv"}, "sst2": {"test": "SST-2.tsv"},
                     "wnli": {"test": "WNLI.tsv"}}
 # Dev predictions of the chosen run copied to submission/ (SQuAD's in the official format).
 DEV_PREDICTIONS = {"squad1": ("predictions.json",), "squad2": ("predictions.json", "null_odds.json"),
-                   "swag": ("predictions.csv",), "conll": ("predictions.txt",)}
+                   "swag": ("predictions.csv",), "conll": ("predictions.txt",),
+                   "embed": ("dev_similarities.tsv",)}
+# task=embed's training pairs in its directory: the first of these names found.
+EMBED_TRAIN_FILES = ("train.jsonl", "train.csv", "train.tsv", "train.parquet")
 RESULT_FILE = "result.json"
 ZIP_NAME = "glue_submission.zip"
 # Run-config fields that do not change a run's result (a rerun may change them).
@@ -224,7 +230,8 @@ def run_config(config, run: Run, init_checkpoint: str | None = None) -> ml_colle
   """The fine-tuning config of one run: the task's own config, the suite's shared fields,
   the protocol's setting and the run's seed."""
   module, arg = {"squad1": (squad_config, "v1"), "squad2": (squad_config, "v2"),
-                 "swag": (swag_config, None), "conll": (conll_config, None)}.get(
+                 "swag": (swag_config, None), "conll": (conll_config, None),
+                 "embed": (embed_config, None)}.get(
                      run.task, (glue_config, run.task))
   c = module.get_config(arg)
   for key, value in config.items():
@@ -240,6 +247,8 @@ def run_config(config, run: Run, init_checkpoint: str | None = None) -> ml_colle
   directory = task_dir(config, run.task)
   if run.task in SQUAD_FILES:
     c.train_file, c.eval_file = (fileio.join(directory, f) for f in SQUAD_FILES[run.task])
+  elif run.task == "embed":
+    _embed_files(config, c, directory)
   else:
     c.data_dir = directory
   for field, value in run.hparams:
@@ -251,6 +260,17 @@ def run_config(config, run: Run, init_checkpoint: str | None = None) -> ml_colle
   if init_checkpoint:
     c.init_checkpoint = init_checkpoint
   return c
+
+
+def _embed_files(config, c: ml_collections.ConfigDict, directory: str) -> None:
+  """task=embed's inputs: the pairs in `directory`, STS-B's dev.tsv (best/ chosen on its
+  Spearman) and `directory`/beir when there (retrieval among the dev metrics)."""
+  root = fileio.path(directory)
+  c.train_file = next((str(root / n) for n in EMBED_TRAIN_FILES if (root / n).exists()),
+                      str(root / EMBED_TRAIN_FILES[0]))  # (missing: the reader names it)
+  c.eval_file = fileio.join(task_dir(config, "stsb"), "dev.tsv")
+  c.beir_dir = str(root / "beir") if (root / "beir").is_dir() else ""
+  c.best_metric = "spearman"
 
 
 def _identity(c: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -749,6 +769,8 @@ def _comparison(report: dict) -> list[tuple[str, float | None]]:
   out = []
   for task, t in report["tasks"].items():
     key = task
+    if key not in REFERENCES["BERT-large"]:
+      continue  # not a task of the paper (embed)
     out.append((key, t.get("dev", {}).get(t["metric"])))
     if task == "mnli":
       out.append(("mnli_mm", t.get("dev", {}).get("accuracy_mismatched")))

@@ -19,7 +19,7 @@ import flax.linen as nn
 import ml_collections
 import numpy as np
 
-from bert_jax import contrastive, embed, heads, objectives, scoring
+from bert_jax import contrastive, embed, embed_eval, heads, objectives, scoring
 from bert_jax.contrastive import SentenceEncoder
 from bert_jax.models.bert import BertConfig
 from input_pipeline import features, fileio
@@ -35,6 +35,9 @@ class TaskData:
   evaluate: Callable[[Any], tuple[dict[str, float], Callable[[str], None]]]  # outputs -> (metrics, writer)
   main_metric: str
   labels: tuple | None = None  # class / tag names, saved beside the best params for predict
+  # Dev metrics that need the model itself, not its outputs on the dev features (retrieval
+  # over a corpus): the trained parameters -> metrics, merged with evaluate's.
+  evaluate_params: Callable[[Any], dict[str, float]] | None = None
 
 
 def _glue_metrics(names, preds, labels, scores=None):
@@ -205,6 +208,8 @@ def _read_pairs(config) -> tuple[list, list]:
   dev = pairs.read_pairs(config.eval_file, config.eval_anchor_column or config.anchor_column,
                          config.eval_positive_column or config.positive_column, (),
                          config.score_column)
+  if config.get("beir_dir"):  # checked with the other inputs, before any work
+    embed_eval.read_queries(config.beir_dir, config.beir_split)
   return train, dev
 
 
@@ -219,7 +224,10 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
   """Contrastive fine-tuning (bert_jax/contrastive.py). Dev: with a score column (STS-B's dev
   file: config.eval_anchor_column=sentence1, eval_positive_column=sentence2), the Spearman
   correlation of the pairs' cosine similarity with the scores; else each dev anchor's own
-  positive ranked among every dev positive (MRR@10, recall@1)."""
+  positive ranked among every dev positive (MRR@10, recall@1). With config.beir_dir, also
+  nDCG@10 / Recall@100 / MRR@10 of exact search on that BEIR-layout directory's
+  config.beir_split (prefixed beir_). best/ is chosen on config.best_metric: by default
+  beir_ndcg@10 with a BEIR directory, else spearman (scored dev pairs) or mrr@10."""
   contrastive.check_scale(config.scale)
   if config.grad_accum_steps != 1:
     raise errors.ConfigError(
@@ -260,12 +268,38 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
   if config.grad_cache_chunk < 0:
     raise errors.ConfigError(f"--config.grad_cache_chunk={config.grad_cache_chunk}: texts a "
                              "chunk (0: off).")
+  retrieval = _beir_metrics(config, tok, cfg, embed.Spec(config.pooling, config.normalize, L))
+  metrics = (("spearman", "pearson") if scored else ("mrr@10", "recall@1")) + (
+      tuple(f"beir_{k}" for k in BEIR_METRICS) if retrieval else ())
+  best = config.get("best_metric") or (metrics[2] if retrieval else metrics[0])
+  if best not in metrics:
+    raise errors.ConfigError(f"--config.best_metric={best!r}: this run's dev metrics are "
+                             f"{', '.join(metrics)}.")
   return TaskData(SentenceEncoder(cfg, config.pooling, config.grad_cache_chunk),
                   contrastive.objective(config.scale, config.symmetric,
                                         contrastive.matryoshka_dims(config.matryoshka_dims,
                                                                     cfg.hidden_size)),
-                  train, dev, evaluate,
-                  "spearman" if scored else "mrr@10")
+                  train, dev, evaluate, best, evaluate_params=retrieval)
+
+
+BEIR_METRICS = (f"ndcg@{embed_eval.NDCG_AT}", f"recall@{embed_eval.RECALL_AT}",
+                f"mrr@{embed_eval.MRR_AT}")
+
+
+def _beir_metrics(config, tok, cfg: BertConfig, spec: embed.Spec):
+  """config.beir_dir's retrieval metrics as a function of the parameters (None without one);
+  its queries and judgements read (and checked) now, before any training."""
+  if not config.get("beir_dir"):
+    return None
+  queries = embed_eval.read_queries(config.beir_dir, config.beir_split)
+  logging.info("Dev retrieval: %d queries of %s (qrels/%s.tsv) after every epoch.",
+               len(queries[1]), config.beir_dir, config.beir_split)
+
+  def retrieval(params):
+    got = embed_eval.retrieval(cfg, params, tok, spec, config.beir_dir, config.beir_split,
+                               batch_size=config.eval_batch_size, queries=queries)
+    return {f"beir_{k}": v for k, v in got.items()}
+  return retrieval
 
 
 def _log_labels(config, labels: tuple, train_ex) -> None:

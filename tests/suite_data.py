@@ -130,3 +130,24 @@ def make_checkpoint(root: pathlib.Path, texts=()) -> tuple[str, str]:
                                                             ids))["params"]
   formats.save_native(str(root / "ckpt"), cfg, params)
   return str(root / "ckpt"), str(root / "vocab.txt")
+
+
+def make_embed(root: pathlib.Path, n_train: int = 24, n_docs: int = 12) -> pathlib.Path:
+  """root/embed: train.jsonl (anchor, positive: the same sentiment's sentence) and beir/
+  (queries, a corpus, qrels/dev.tsv), as the suite's `embed` task reads them."""
+  rng = np.random.default_rng(3)
+  d = root / "embed"
+  (d / "beir" / "qrels").mkdir(parents=True, exist_ok=True)
+  rows = []
+  for _ in range(n_train):
+    y = int(rng.integers(0, 2))
+    rows.append({"anchor": _sentence(rng, y), "positive": f"a {rng.choice(POS if y else NEG)} film"})
+  (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  docs = [f"a {rng.choice(POS if i % 2 else NEG)} film number {i}" for i in range(n_docs)]
+  (d / "beir" / "corpus.jsonl").write_text("".join(
+      json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(docs)))
+  (d / "beir" / "queries.jsonl").write_text("".join(
+      json.dumps({"_id": f"q{y}", "text": _sentence(rng, y)}) + "\n" for y in (0, 1)))
+  (d / "beir" / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+      f"q{i % 2}\td{i}\t1\n" for i in range(n_docs)))
+  return d

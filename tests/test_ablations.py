@@ -101,6 +101,7 @@ def test_ltr_loss_is_next_token_cross_entropy_on_the_restored_text():
                                                         masked)), nll / weight, rtol=1e-5)
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_ltr_pretrains_through_the_main_job_and_resumes(tmp_path):
   """--config.objective=ltr: the registry's left-to-right model, learning; its checkpoint
   records causal=True, so fine-tuning and predict build the left-only encoder."""
@@ -143,6 +144,7 @@ def test_bilstm_head_reads_the_encoder_through_a_bidirectional_lstm():
                                     b["input_mask"])["params"]
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_squad_with_bilstm_fine_tunes_saves_and_predicts(tmp_path, pretrained, capsys):  # noqa: F811
   """config.bilstm_units: the head option through the whole job (sharded training, best/,
   predict --mode=qa, which builds the head from the task record and the saved config)."""

@@ -1,8 +1,11 @@
 """bench/packing.py in its --smoke setting (no timing asserted): both modes run from the
 real pipeline and the table reports them."""
+import pytest
+
 from bench import packing
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_packing_bench_smoke(capsys, tmp_path):
   rows = packing.main(["--smoke", "--no_record", f"--data_dir={tmp_path}"])
   out = capsys.readouterr().out

@@ -191,6 +191,7 @@ def test_every_field_of_every_shipped_config_is_read_by_its_job(tmp_path, monkey
   test_finetune.test_swag_end_to_end(fresh("swag"), pretrained)
   test_finetune_packing.test_packed_finetuning_end_to_end(fresh("packed_ft"), pretrained)
   test_contrastive.test_embed_job_learns_keeps_best_and_exports(fresh("embed"), pretrained)
+  test_contrastive.test_beir_retrieval_is_a_dev_metric_and_picks_best(fresh("beir"), pretrained)
   for module in (glue, classify_custom, squad, conll, swag, embed):
     unread = [f for f in tracker.unread(module.get_config()) if f not in MODE_ONLY]
     assert not unread, f"{module.__name__} fields the fine-tuning job never reads: {unread}"

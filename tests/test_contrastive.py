@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import contrastive, convert, embed, finetune, loader
+from bert_jax import contrastive, convert, embed, embed_eval, finetune, loader
 from bert_jax.configs import embed as embed_config
 from input_pipeline import errors, pairs
 from input_pipeline.tokenizer import Tokenizer
@@ -284,3 +284,49 @@ def test_dev_ranks_are_computed_a_block_of_anchors_at_a_time():
   blocks = np.concatenate([tasks._ranks_of_own(a[i:i + 1024], p, i)  # pylint: disable=protected-access
                            for i in range(0, len(a), 1024)])
   np.testing.assert_array_equal(blocks, whole)
+
+
+def _beir_from_pairs(tmp_path, dev_file: str, qrels=True) -> str:
+  """A BEIR-layout directory: the dev pairs' anchors as queries, their positives as documents."""
+  d = tmp_path / "beir"
+  (d / "qrels").mkdir(parents=True)
+  dev = pairs.read_pairs(dev_file, "anchor", "positive")
+  (d / "queries.jsonl").write_text("".join(
+      json.dumps({"_id": f"q{i}", "text": p.anchor}) + "\n" for i, p in enumerate(dev)))
+  (d / "corpus.jsonl").write_text("".join(
+      json.dumps({"_id": f"d{i}", "text": p.positive}) + "\n" for i, p in enumerate(dev)))
+  if qrels:
+    (d / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{i}\td{i}\t1\n" for i in range(len(dev))))
+  return str(d)
+
+
+@pytest.mark.slow
+def test_beir_retrieval_is_a_dev_metric_and_picks_best(tmp_path, pretrained):  # noqa: F811
+  config = _config(tmp_path, pretrained, num_epochs=2)
+  config.beir_dir = _beir_from_pairs(tmp_path, config.eval_file)
+  workdir = tmp_path / "run"
+  best = finetune.finetune(config, str(workdir))
+  metrics = json.loads((workdir / "metrics.json").read_text())
+  assert metrics["main_metric"] == "beir_ndcg@10"
+  assert [set(e) >= {"mrr@10", "beir_ndcg@10", "beir_recall@100", "beir_mrr@10"}
+          for e in metrics["epochs"]] == [True, True]
+  assert best["beir_ndcg@10"] == max(e["beir_ndcg@10"] for e in metrics["epochs"])
+  # the figure is embed_eval's on best/'s parameters
+  cfg, params = loader.read(str(workdir / "best"), "encoder")
+  tok = Tokenizer.from_path(config.vocab_path)
+  again = embed_eval.retrieval(cfg, params, tok, embed.Spec("mean", True, 16), config.beir_dir,
+                               "dev")
+  assert again["ndcg@10"] == pytest.approx(best["beir_ndcg@10"], abs=1e-3)
+  # best_metric chooses among the run's dev metrics, and names them when it is not one
+  config.best_metric = "beir_recall@1"
+  with pytest.raises(errors.ConfigError, match="beir_ndcg@10, beir_recall@100"):
+    finetune.finetune(config, str(tmp_path / "other"))
+
+
+def test_a_beir_directory_without_qrels_fails_before_training(tmp_path, pretrained):  # noqa: F811
+  config = _config(tmp_path, pretrained)
+  config.beir_dir = _beir_from_pairs(tmp_path, config.eval_file, qrels=False)
+  with pytest.raises(errors.UserError, match=r"qrels/dev.tsv does not exist"):
+    finetune.finetune(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run" / "checkpoints").exists()

@@ -300,7 +300,7 @@ def test_a_huggingface_export_is_a_complete_model_directory(tmp_path, capsys):
   transformers.AutoTokenizer.from_pretrained(tmp_path / "again")
 
 
-@pytest.mark.parametrize("scanned", [False, True])
+@pytest.mark.parametrize("scanned", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_config_from_params_reads_every_size_from_the_shapes(scanned):
   """Checkpoints written before runs recorded their BertConfig: the sizes come from the
   parameters (any heads, scanned or not), the other fields from the base config."""

@@ -136,6 +136,7 @@ def test_loss_and_its_gradients():
       g_gen["discriminator_prediction"]))
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_the_discriminator_learns_what_context_gives_away():
   """Rows of one repeated token, 5 of 32 masked: a replacement differs from its neighbours, so
   a working discriminator ends far above the prior (1 - replaced, ~0.85; the toy generator
@@ -179,6 +180,7 @@ def _config(**overrides):
                            "data.nsp": False, **overrides})
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_analytic_flops_match_xla_cost_analysis():
   config = _config(**{"model.vocab_size": 2048, "model.hidden_size": 256,
                       "model.intermediate_size": 1024, "model.embedding_size": 128,
@@ -226,6 +228,7 @@ def test_pretrains_resumes_and_fine_tunes_from_the_discriminator(tmp_path):
   assert any(not np.array_equal(first[k], last[k]) for k in first if k.startswith("['generator']"))
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_export_writes_the_discriminator_and_its_generator(tmp_path):
   """convert --to=huggingface of an ELECTRA run: the discriminator (ElectraForPreTraining) and
   beside it generator/ (ElectraForMaskedLM, the shared embeddings in), each loaded by

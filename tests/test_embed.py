@@ -2,6 +2,7 @@
 ships it) gives sentence-transformers' embeddings, an export of ours is a directory
 SentenceTransformer loads with the same embeddings, and a sentence-transformers directory
 bert_jax cannot compute is one clear error."""
+import dataclasses
 import json
 import pathlib
 
@@ -44,6 +45,18 @@ def test_all_minilm_l6_v2_gives_sentence_transformers_embeddings():
   got = _ours(path)
   assert got.shape == want.shape == (len(TEXTS), 384)
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_truncate_dim_is_sentence_transformers_truncate_dim():
+  path = _minilm()
+  want = _st(path).encode(TEXTS, truncate_dim=96, normalize_embeddings=True)
+  got = _ours(path, dataclasses.replace(embed.read_spec(path), truncate_dim=96))
+  assert got.shape == want.shape == (len(TEXTS), 96)
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  with pytest.raises(embed.EmbedError, match="truncate_dim 385 is more than the model's 384"):
+    _ours(path, dataclasses.replace(embed.read_spec(path), truncate_dim=385))
+  with pytest.raises(embed.EmbedError, match="truncate_dim 0"):
+    embed.Spec(truncate_dim=0)
 
 
 def _random_bert_dir(tmp_path) -> str:
@@ -139,9 +152,15 @@ def test_predict_embed_streams_sentence_transformers_vectors_to_npy_and_jsonl(tm
                 f"--input_file={lines}", f"--output={out}", "--batch_size=4"])
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert report == {"output": str(out), "shape": [len(want), 384], "pooling": "mean",
-                    "normalize": True}
+                    "normalize": True, "truncate_dim": None}
   np.testing.assert_allclose(np.load(out), want, atol=1e-5, rtol=0)
   assert not (tmp_path / "e_mask.npy").exists()
+  predict.main([f"--checkpoint={path}", "--mode=embed", f"--input_file={lines}",
+                f"--output={tmp_path / 'e64.npy'}", "--truncate_dim=64"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shape"] == [
+      len(want) - 1, 64]
+  short = _st(path).encode(TEXTS[1:] * 3, truncate_dim=64, normalize_embeddings=True)
+  np.testing.assert_allclose(np.load(tmp_path / "e64.npy"), short, atol=1e-5, rtol=0)
   predict.main([f"--checkpoint={path}", "--mode=embed", f"--input_file={lines}",
                 f"--output={tmp_path / 'e.jsonl'}", "--pooling=cls", "--nonormalize",
                 "--max_seq_length=8"])

@@ -2,6 +2,7 @@
 sentence-transformers' evaluator on the same file, retrieval metrics as trec_eval defines
 them, exact search that does not depend on the chunk size, and bad BEIR directories as one
 clear error."""
+import dataclasses
 import json
 import math
 import pathlib
@@ -115,6 +116,12 @@ def test_the_command_scores_a_checkpoint_on_sts_and_beir(tmp_path, capsys):
   out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert out["pooling"] == "mean" and set(out["sts"]) == {"spearman", "pearson"}
   assert out["retrieval"] == pytest.approx(embed_eval.retrieval(cfg, params, tok, spec, beir))
+  assert out["dim"] == 384
+  embed_eval.main([f"--checkpoint={path}", f"--beir_dir={beir}", "--truncate_dim=32"])
+  out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  short = dataclasses.replace(spec, truncate_dim=32)
+  assert out["dim"] == 32 and out["retrieval"] == pytest.approx(
+      embed_eval.retrieval(cfg, params, tok, short, beir))
   with pytest.raises(SystemExit) as e:
     embed_eval.main([f"--checkpoint={path}"])
   assert e.value.code == 2 and "--sts_file and/or --beir_dir" in capsys.readouterr().err

@@ -45,6 +45,7 @@ def _config(four_layers, tmp_path, **fields):
   return c
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 @pytest.mark.parametrize("features", ["concat_last4", pytest.param("sum_all", marks=pytest.mark.slow)])
 def test_a_frozen_encoder_is_bit_identical_after_training(four_layers, tmp_path, features, capsys):
   c = _config(four_layers, tmp_path, features=features)
@@ -150,7 +151,7 @@ HOWS = [heads.FeatureBased("sum_all", freeze=True, bilstm_units=4, bilstm_layers
 
 
 @pytest.mark.parametrize("family", ["bert", pytest.param("modern", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("head", ["classify", "qa", "tag",
+@pytest.mark.parametrize("head", [pytest.param("classify", marks=pytest.mark.slow), "qa", "tag",
                                   pytest.param("choice", marks=pytest.mark.slow)])
 def test_every_head_is_feature_based_and_a_frozen_encoder_gets_no_gradient(four_layers, family,
                                                                            head):

@@ -44,6 +44,7 @@ def _loss_fn(model, objective, batch):
   return loss
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 @pytest.mark.parametrize("num_labels", [pytest.param(3, marks=pytest.mark.slow), 1])  # 3: ~40 s
 def test_packed_loss_and_gradients_equal_unpacked(num_labels):
   f = _examples(num_labels=num_labels)
@@ -126,6 +127,7 @@ def test_packed_finetuning_end_to_end(tmp_path, pretrained):
   assert best["accuracy"] >= 0.9, best  # It learns (the label is one word).
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_packed_finetuning_resumes_mid_epoch(tmp_path, pretrained, monkeypatch):
   c = _config(tmp_path, pretrained, n=32, epochs=2)
   full = finetune.finetune(c, str(tmp_path / "full"))

@@ -250,6 +250,7 @@ print(json.dumps({"equal": equal, "copied": copied}))
 """
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_gs_corpus_host_copies_only_its_documents(gcs, tmp_path):  # noqa: F811
   """A gs:// prepared corpus: each host (its own machine: its own cache) copies the byte
   ranges of its documents, and its batches equal those read from a local copy."""

@@ -37,6 +37,7 @@ def _config(root, vocab, **overrides):
   return c
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_the_suite_from_every_saved_step(pretrained_run, tmp_path):
   root, vocab = pretrained_run
   out = tmp_path / "fig2"

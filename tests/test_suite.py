@@ -85,6 +85,7 @@ def _strip_times(obj):
   return obj
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_glue_suite_reports_every_task_with_its_seed_spread(glue_run):
   work, report = glue_run
   saved = json.loads((work / "report.json").read_text())
@@ -124,6 +125,7 @@ def test_glue_suite_reports_every_task_with_its_seed_spread(glue_run):
   assert len(steps) == 3, steps
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_malformed_glue_rows_are_counted_in_the_report(glue_run):
   """QQP's train.tsv holds a row with columns missing: skipped as the original code does,
   and counted in report.json and report.md (issue 35 item 8)."""
@@ -147,6 +149,7 @@ def test_a_second_suite_on_the_same_model_compiles_nothing(inputs, tmp_path):
   assert sorted(os.listdir(cache)) == compiled  # every program came from the cache
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_glue_submission_zip_holds_every_file_with_its_rows_and_labels(glue_run, inputs):
   work, report = glue_run
   z = zipfile.ZipFile(work / "submission" / suite.ZIP_NAME)
@@ -169,6 +172,7 @@ def test_glue_submission_zip_holds_every_file_with_its_rows_and_labels(glue_run,
       assert set(preds) <= GLUE_LABELS[name], name
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_rerun_skips_finished_runs_and_writes_the_identical_report(glue_run, inputs, monkeypatch):
   work, _ = glue_run
   before = {p: (work / p).read_bytes() for p in ("report.json", "report.md",
@@ -182,6 +186,7 @@ def test_rerun_skips_finished_runs_and_writes_the_identical_report(glue_run, inp
     assert (work / p).read_bytes() == data, p
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_a_failed_run_is_reported_and_the_suite_goes_on(inputs, tmp_path, monkeypatch):
   real = finetune.finetune
 
@@ -218,6 +223,25 @@ def test_squad2_suite_writes_the_official_prediction_json(inputs, tmp_path):
   assert all(isinstance(v, str) for v in preds.values())
   assert (work / "submission" / "squad2_dev_null_odds.json").exists()
   assert "glue_score" not in report and not (work / "submission" / suite.ZIP_NAME).exists()
+
+
+@pytest.mark.slow  # (the default suite's time: ~12 minutes on 2 cores)
+def test_embed_suite_reports_sts_and_retrieval_with_its_seed_spread(inputs, tmp_path):
+  work = tmp_path / "w"
+  c = _config(inputs, tasks="embed", lrs=(1e-3,), seeds=2)
+  c.task_dirs.embed = str(suite_data.make_embed(tmp_path / "data"))
+  report = main.run(c, str(work))
+  t = report["tasks"]["embed"]
+  assert t["status"] == "done" and t["metric"] == "spearman" and t["spread"]["n"] == 2
+  assert set(t["dev"]) >= {"spearman", "pearson", "beir_ndcg@10", "beir_recall@100",
+                           "beir_mrr@10"}, t["dev"]
+  run = json.loads((work / t["best_run"]["dir"] / "metrics.json").read_text())
+  assert run["main_metric"] == "spearman"  # best/ and the suite choose on the same metric
+  assert t["dev"]["spearman"] == pytest.approx(run["best"]["spearman"])
+  assert (work / "submission" / "embed_dev_dev_similarities.tsv").read_text().startswith("line\t")
+  markdown = (work / "report.md").read_text()
+  assert re.search(r"\| embed \| spearman \| -?[0-9.]+ \(pearson", markdown), markdown
+  assert "glue_score" not in report
 
 
 @pytest.mark.slow  # (the default suite's time: ~12 minutes on 2 cores)

@@ -8,7 +8,8 @@ Training pairs: one (anchor, positive) a record, optionally hard negatives (JSON
 CSV / TSV with a header, or Parquet). The loss is InfoNCE with in-batch negatives over the
 whole global batch (every device's rows; bert_jax/contrastive.py). Dev: STS-B's dev.tsv
 (scored pairs: Spearman of cosine similarity, x100) or held-out pairs (MRR@10 of each
-anchor's positive among all dev positives); best/ keeps the best epoch and is what
+anchor's positive among all dev positives), and with `beir_dir` retrieval on a BEIR-layout
+directory (nDCG@10, which then picks best/); best/ keeps the best epoch and is what
 `predict --mode=embed` and `convert --to=sentence_transformers` read.
 """
 import ml_collections
@@ -29,6 +30,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_anchor_column = "sentence1"
   c.eval_positive_column = "sentence2"
   c.score_column = "score"  # when the dev file has it: Spearman picks best/, else MRR@10
+  # A BEIR-layout directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) searched after
+  # every epoch: beir_ndcg@10, beir_recall@100, beir_mrr@10 among the dev metrics. "" = none.
+  c.beir_dir = ""
+  c.beir_split = "dev"
+  # The dev metric that picks best/ ("" = beir_ndcg@10 with beir_dir, else spearman with
+  # scored dev pairs, else mrr@10).
+  c.best_metric = ""
   c.pooling = "mean"  # mean | cls | last (the token vectors -> one vector a text)
   c.normalize = True  # the exported model L2-normalises (the loss uses cosine either way)
   c.scale = 20.0  # cosine similarity x scale = logits (1 / temperature)

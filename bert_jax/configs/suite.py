@@ -3,12 +3,16 @@ r"""The paper's evaluation in one command: fine-tune every task of a suite with 
   python -m bert_jax.main --config=configs/suite.py:glue --config.init_checkpoint=CKPT \
       --config.vocab_path=VOCAB --config.data_dir=glue_data --workdir=/tmp/glue
 
-`:ARG` names a suite (glue, squad1, squad2, swag, conll, paper = all of them) or a
+`:ARG` names a suite (glue, squad1, squad2, swag, conll, paper = all of them, embed) or a
 comma-separated task list (`:cola,mrpc`); `--config.tasks=cola,rte` overrides it. Each
 task's data sits in `data_dir/<directory>` as the downloads lay it out (the GLUE download
 script's CoLA/, SST-2/, ..., diagnostic/; squad/ with train-v1.1.json ...; swag/;
 conll2003/), or wherever `--config.task_dirs.<task>=DIR` says; `data_dir=tfds[:DIR]`
-reads GLUE from a locally prepared TFDS copy.
+reads GLUE from a locally prepared TFDS copy. `embed` (contrastive fine-tuning into an
+embedding model, configs/embed.py) trains on embed/train.jsonl (or .csv, .tsv, .parquet:
+anchor, positive and optional negative columns), picks best/ on STS-B's dev.tsv (Spearman
+of cosine similarity) and, when embed/beir/ holds a BEIR-layout directory, also reports
+nDCG@10, Recall@100 and MRR@10 on its qrels/dev.tsv.
 
 `protocol` picks the hyper-parameter grid of each task from PROTOCOLS below (data, not
 code): `paper` (section 4 and appendix A.3 of the paper), `paper_grid` (the appendix's
@@ -37,6 +41,9 @@ PROTOCOLS = {
         "swag": {"learning_rate": (2e-5,), "global_batch_size": (16,), "num_epochs": (3,)},
         # Section 5.3 gives no NER setting: the GLUE one.
         "conll": _PAPER_GLUE,
+        # Not in the paper: contrastive fine-tuning (configs/embed.py's defaults, those of
+        # sentence-transformers' in-batch negatives recipes).
+        "embed": {"learning_rate": (2e-5,), "global_batch_size": (64,), "num_epochs": (1,)},
     },
     # Appendix A.3: "the following range of possible values should work well across all tasks".
     "paper_grid": {"*": {"learning_rate": (5e-5, 3e-5, 2e-5), "global_batch_size": (16, 32),
@@ -48,7 +55,8 @@ PROTOCOLS = {
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 SUITES = {"glue": GLUE_TASKS, "squad1": ("squad1",), "squad2": ("squad2",), "swag": ("swag",),
-          "conll": ("conll",), "paper": GLUE_TASKS + ("squad1", "squad2", "swag", "conll")}
+          "conll": ("conll",), "paper": GLUE_TASKS + ("squad1", "squad2", "swag", "conll"),
+          "embed": ("embed",)}
 # The GLUE tasks the paper restarts several times for BERT-large ("small datasets").
 SMALL_TASKS = ("cola", "mrpc", "stsb", "rte", "wnli")
 
@@ -75,7 +83,7 @@ def get_config(arg: str | None = "glue") -> ml_collections.ConfigDict:
   c.checkpoint_steps = ""
   c.data_dir = ""  # the directory holding every task's directory; tfds[:DIR] for GLUE via TFDS
   c.task_dirs = ml_collections.ConfigDict(
-      {t: "" for t in GLUE_TASKS + ("ax", "squad1", "squad2", "swag", "conll")})
+      {t: "" for t in GLUE_TASKS + ("ax", "squad1", "squad2", "swag", "conll", "embed")})
   c.max_seq_length = 0  # 0 = each task's own (128; SQuAD 384); else every task's
   c.submission = True  # GLUE test-set predictions (and AX) for the server, zipped
   c.retry_failed = False  # rerun runs recorded as failed (e.g. diverged to NaN)
