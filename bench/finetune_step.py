@@ -42,24 +42,12 @@ import time
 import numpy as np
 
 from bench import finetune_throughput
+from bench.hostinfo import machine  # also read here by bench/ablations.py, paper.py, suite_cola.py
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_COLA = finetune_throughput.DEFAULT_COLA
 SEED = 0  # configs/common.py: data order and dropout
-
-
-def machine() -> str:
-  """lscpu's model name and the SIMD/matrix flags that matter for XLA:CPU and oneDNN."""
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-  except (OSError, subprocess.CalledProcessError):
-    return "lscpu unavailable"
-  info = dict(l.split(":", 1) for l in out.splitlines() if ":" in l)
-  flags = info.get("Flags", "").split()
-  shown = [f for f in flags if f.startswith(("avx512f", "avx512bw", "avx512_bf16", "avx512_fp16",
-                                             "avx512_vnni", "amx", "avx2", "fma"))]
-  return f"{info.get('Model name', '?').strip()}, {os.cpu_count()} cores; flags: {' '.join(shown)}"
 
 
 def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int,
@@ -255,7 +243,7 @@ def _load() -> str:
     return "?"
 
 
-def main(argv=None) -> dict:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--cola_dir", default=str(DEFAULT_COLA))
@@ -281,15 +269,11 @@ def main(argv=None) -> dict:
   parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
   parser.add_argument("--hf", default="", help=argparse.SUPPRESS)
   parser.add_argument("--vocab", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
-  if args.worker == "torch":
-    return torch_worker(args)
-  if args.smoke:
-    args.rounds, args.steps, args.log_every, args.batch, args.seq_len = 1, 4, 2, 4, 16
-    args.vocab_size = 0
-  elif not os.path.isdir(args.cola_dir):
-    print(f"CoLA not found at {args.cola_dir}: skipped (../shared/data is only on the project's machines).")
-    return {}
+  return parser
+
+
+def _runs(args) -> list[tuple]:
+  """(name, repo, packed) of each run of a round: repo None is transformers, "keras" KerasHub."""
   runs = [("bert_jax", REPO, False), ("transformers (PyTorch)", None, False)]
   if not args.no_keras and args.shape == "minilm":
     runs.append(("KerasHub (BertTextClassifier)", "keras", False))
@@ -297,7 +281,11 @@ def main(argv=None) -> dict:
     runs.append(("bert_jax packing=True", REPO, True))
   if args.other:
     runs.append((f"bert_jax {args.other_label}", pathlib.Path(args.other), False))
-  load_start, t_start = _load(), time.time()
+  return runs
+
+
+def _run_rounds(args, runs: list[tuple]) -> dict[str, list[dict]]:
+  """Every run once a round, the order rotating: {name: [its output each round]}."""
   results = {name: [] for name, _, _ in runs}
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
@@ -321,6 +309,11 @@ def main(argv=None) -> dict:
         results[name].append(out)
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
               f"{out['examples_per_s']:.1f} examples/s (load {_load()})", flush=True)
+  return results
+
+
+def _rows(results: dict[str, list[dict]], batch: int) -> list[dict]:
+  """One table row a run with outputs: medians, and its ratios to transformers and KerasHub."""
   torch_s = [o["s_per_step"] for o in results["transformers (PyTorch)"]]
   keras = [o for name, outs in results.items() if name.startswith("KerasHub") for o in outs]
   rows = []
@@ -330,10 +323,15 @@ def main(argv=None) -> dict:
     s = [o["s_per_step"] for o in outs]
     ratios = [t / x for t, x in zip(torch_s, s)]
     ex = [o["examples_per_s"] for o in outs]
-    vs_keras = [x / (args.batch / k["s_per_step"]) for x, k in zip(ex, keras)]
+    vs_keras = [x / (batch / k["s_per_step"]) for x, k in zip(ex, keras)]
     rows.append({"impl": name, "s_per_step": statistics.median(s), "runs": s,
                  "examples_per_s": statistics.median(ex), "ratio": statistics.median(ratios),
                  "ratios": ratios, "vs_keras": vs_keras})
+  return rows
+
+
+def _table(args, rows: list[dict], load_start: str, t_start: float) -> str:
+  """The RESULTS.md section: command, machine, setup and the table."""
   import jax  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
@@ -343,7 +341,7 @@ def main(argv=None) -> dict:
       if args.shape != "minilm" else "") + (
       f" --other=<checkout of {args.other_label}>" if args.other else "") + (
       " --no_packed" if args.no_packed else "")
-  table = (
+  return (
       f"\n## Fine-tuning step vs transformers, CoLA ({datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"
       f"Machine: {machine()}; load average (1/5/15 min) {load_start} at the start, {_load()} "
@@ -364,6 +362,22 @@ def main(argv=None) -> dict:
                 f"{r['examples_per_s']:.1f} | {', '.join(f'{x:.2f}' for x in r['ratios'])} | "
                 f"{r['ratio']:.2f}x | {', '.join(f'{x:.2f}' for x in r['vs_keras']) or 'n/a'} |\n"
                 for r in rows))
+
+
+def main(argv=None) -> dict:
+  args = _parser().parse_args(argv)
+  if args.worker == "torch":
+    return torch_worker(args)
+  if args.smoke:
+    args.rounds, args.steps, args.log_every, args.batch, args.seq_len = 1, 4, 2, 4, 16
+    args.vocab_size = 0
+  elif not os.path.isdir(args.cola_dir):
+    print(f"CoLA not found at {args.cola_dir}: skipped (../shared/data is only on the project's machines).")
+    return {}
+  runs = _runs(args)
+  load_start, t_start = _load(), time.time()
+  rows = _rows(_run_rounds(args, runs), args.batch)
+  table = _table(args, rows, load_start, t_start)
   print(table)
   if not args.no_record:
     with open(RESULTS, "a") as f:

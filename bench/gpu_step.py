@@ -105,9 +105,9 @@ def _time_steps(step, n_warmup: int, n: int, sync) -> list[float]:
   return times
 
 
-def child_bert_jax(spec: dict) -> dict:
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import flops as flops_lib, registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+def _bert_jax_workload(spec: dict):
+  """The trainer's config (the row's overrides applied), the host batches, their useful
+  tokens and, for ModernBERT, modern_step's steps (None for BERT)."""
   if "bert" in spec:
     from bench.train_step import bench_config  # pylint: disable=g-import-not-at-top
     preset, L, batch, P = spec["bert"]
@@ -116,6 +116,7 @@ def child_bert_jax(spec: dict) -> dict:
       config.model.max_position_embeddings = max(L, 32)
     host_batches = [_bert_batch(spec)]
     tokens = [batch * L]
+    steps = None
   else:
     from bench import modern_step  # pylint: disable=g-import-not-at-top
     opts = spec["modern"]
@@ -133,6 +134,13 @@ def child_bert_jax(spec: dict) -> dict:
     elif scope == family:
       fields[rest] = value
   config.update_from_flattened_dict(fields)
+  return config, host_batches, tokens, steps
+
+
+def child_bert_jax(spec: dict) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import flops as flops_lib, registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  config, host_batches, tokens, steps = _bert_jax_workload(spec)
   model, objective, sample = registry.pretraining(config)
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
                               devices=jax.devices()[:1])
@@ -164,6 +172,7 @@ def child_bert_jax(spec: dict) -> dict:
     preset, L, batch, P = spec["bert"]
     flops = flops_lib.train_flops_per_step(cfg, batch, L, P)
   else:
+    from bench import modern_step  # pylint: disable=g-import-not-at-top
     flops = statistics.mean(modern_step.useful_flops(cfg, s) for s in steps)
   return dict(step_s=statistics.median(times), first_s=first_s, compile_s=compile_s,
               setup_s=setup_s, mem_gib=mem / 2**30, flops=flops, tokens=statistics.mean(tokens),
@@ -189,11 +198,11 @@ def _adamw(torch, params, device):
     return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, eps=1e-6)
 
 
-def child_torch(spec: dict) -> dict:
-  torch, device = _torch_setup(spec)
+def _torch_workload(spec: dict, torch, device: str):
+  """transformers' model on `device` and the step's inputs: (model, [(model kwargs, weight
+  of its loss)], FLOPs a step, useful tokens a step)."""
   import transformers  # pylint: disable=g-import-not-at-top
   from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
-  autocast = lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=spec["dtype"] == "bfloat16")
   if "bert" in spec:
     from bert_jax.models import bert as model_lib  # pylint: disable=g-import-not-at-top
     preset, L, batch, P = spec["bert"]
@@ -213,18 +222,26 @@ def child_torch(spec: dict) -> dict:
                    next_sentence_label=tt(b["next_sentence_labels"])), 1.0)]
     cfg = model_lib.BertConfig.from_preset(preset, vocab_size=spec["vocab"])
     flops, tokens = flops_lib.train_flops_per_step(cfg, batch, L, P), batch * L
-  else:
-    from bench import modern_step  # pylint: disable=g-import-not-at-top
-    opts = spec["modern"]
-    steps, _ = modern_step.make_steps(opts, modern_step.model_config(opts).vocab_size)
-    theirs = modern_step.Theirs(opts, steps)
-    model = theirs.model.to(device)
-    to_dev = lambda v: ({k: to_dev(x) for k, x in v.items()} if isinstance(v, dict)
-                        else v.to(device) if hasattr(v, "to") else v)
-    parts = [({k: to_dev(v) for k, v in kw.items()}, w)
-             for kw, w in theirs._inputs(spec["torch_mode"], 0)]  # pylint: disable=protected-access
-    cfg = modern_step.model_config(opts)
-    flops, tokens = modern_step.useful_flops(cfg, steps[0]), steps[0]["tokens"]
+    return model, parts, flops, tokens
+  from bench import modern_step  # pylint: disable=g-import-not-at-top
+  opts = spec["modern"]
+  steps, _ = modern_step.make_steps(opts, modern_step.model_config(opts).vocab_size)
+  theirs = modern_step.Theirs(opts, steps)
+  model = theirs.model.to(device)
+  to_dev = lambda v: ({k: to_dev(x) for k, x in v.items()} if isinstance(v, dict)
+                      else v.to(device) if hasattr(v, "to") else v)
+  parts = [({k: to_dev(v) for k, v in kw.items()}, w)
+           for kw, w in theirs._inputs(spec["torch_mode"], 0)]  # pylint: disable=protected-access
+  cfg = modern_step.model_config(opts)
+  flops, tokens = modern_step.useful_flops(cfg, steps[0]), steps[0]["tokens"]
+  return model, parts, flops, tokens
+
+
+def child_torch(spec: dict) -> dict:
+  torch, device = _torch_setup(spec)
+  import transformers  # pylint: disable=g-import-not-at-top
+  autocast = lambda: torch.autocast(device, dtype=torch.bfloat16, enabled=spec["dtype"] == "bfloat16")
+  model, parts, flops, tokens = _torch_workload(spec, torch, device)
   opt = _adamw(torch, model.parameters(), device)
   forward = torch.compile(model) if spec["system"] == "compile" else model
 
@@ -328,7 +345,7 @@ def _fmt(row: dict, dense_peak: float, measured_peak: float) -> str:
           f"{row.get('vs_best', float('nan')):.2f} | {row['loss']:.3f} |")
 
 
-def main(argv=None) -> list[dict]:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workloads", default=",".join(PRIORITY))
@@ -347,6 +364,66 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--json", default="", help="also write the rows here")
   parser.add_argument("--no_record", action="store_true")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+  return parser
+
+
+def _spec(args, workload: str, system: str, overrides: dict) -> dict:
+  """What a child runs: one (workload, system) at the run's settings."""
+  spec = dict(system=system.split("[")[0], dtype=args.dtype, steps=args.steps, warmup=args.warmup,
+              vocab=500 if args.smoke else VOCAB, smoke=args.smoke, overrides=overrides,
+              torch_mode=args.modern_torch_mode)
+  if workload in BERT:
+    preset, L, batch, P = BERT[workload]
+    spec["bert"] = ("tiny", 32, 2, 5) if args.smoke else (preset, L, batch, P)
+  else:
+    spec["modern"] = modern_opts(workload, args.smoke)
+  return spec
+
+
+def _run_rows(args, workloads: list[str], systems: list[tuple], start: float) -> list[dict]:
+  """Every (workload, system) once a round, each in its own process, the systems' order
+  alternating; the rows that would start after --budget_s are not run."""
+  rows = []
+  for r in range(args.rounds):
+    for i, workload in enumerate(workloads):
+      order = systems if (r + i) % 2 == 0 else systems[::-1]
+      for system, overrides, flags in order:
+        spec = _spec(args, workload, system, overrides)
+        row = dict(workload=workload, system=system, round=r, xla_flags=flags)
+        if time.perf_counter() - start > args.budget_s:
+          row["error"] = f"budget of {args.budget_s:.0f} s spent"
+        else:
+          row.update(run_child(spec, args.child_timeout_s, flags))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+  return rows
+
+
+def _vs_best_peer(rows: list[dict], workloads: list[str]) -> None:
+  """Each bert_jax row's vs_best: the fastest peer's step time over its own."""
+  ok = [r for r in rows if "error" not in r]
+  for w in workloads:
+    best_peer = min((r["step_s"] for r in ok if r["workload"] == w and not r["system"].startswith("bert_jax")),
+                    default=None)
+    for r in ok:
+      if r["workload"] == w and r["system"].startswith("bert_jax") and best_peer:
+        r["vs_best"] = best_peer / r["step_s"]
+
+
+def _write(args, argv, summary: str, table: str, rows: list[dict]) -> None:
+  """--json's rows; the RESULTS.md section unless --no_record or --smoke."""
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(summary=summary, rows=rows), f, indent=1)
+  if not args.no_record and not args.smoke:
+    cmd = "python -m bench.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:])
+    with open(RESULTS, "a") as f:
+      f.write(f"\n## GPU step ({datetime.date.today()})\n\nCommand: `{cmd}`  \n{summary}\n\n"
+              f"{table}\n")
+
+
+def main(argv=None) -> list[dict]:
+  parser = _parser()
   args = parser.parse_args(argv)
   if args.child:
     child(json.loads(args.child))
@@ -366,34 +443,9 @@ def main(argv=None) -> list[dict]:
   device = mm.get("device", "?")
   from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
   dense = flops_lib.PEAK_BF16_FLOPS.get(device, 0.0)
-  rows = []
-  for r in range(args.rounds):
-    for i, workload in enumerate(workloads):
-      order = systems if (r + i) % 2 == 0 else systems[::-1]
-      for system, overrides, flags in order:
-        base = system.split("[")[0]
-        spec = dict(system=base, dtype=args.dtype, steps=args.steps, warmup=args.warmup,
-                    vocab=500 if args.smoke else VOCAB, smoke=args.smoke, overrides=overrides,
-                    torch_mode=args.modern_torch_mode)
-        if workload in BERT:
-          preset, L, batch, P = BERT[workload]
-          spec["bert"] = ("tiny", 32, 2, 5) if args.smoke else (preset, L, batch, P)
-        else:
-          spec["modern"] = modern_opts(workload, args.smoke)
-        row = dict(workload=workload, system=system, round=r, xla_flags=flags)
-        if time.perf_counter() - start > args.budget_s:
-          row["error"] = f"budget of {args.budget_s:.0f} s spent"
-        else:
-          row.update(run_child(spec, args.child_timeout_s, flags))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+  rows = _run_rows(args, workloads, systems, start)
+  _vs_best_peer(rows, workloads)
   ok = [r for r in rows if "error" not in r]
-  for w in workloads:
-    best_peer = min((r["step_s"] for r in ok if r["workload"] == w and not r["system"].startswith("bert_jax")),
-                    default=None)
-    for r in ok:
-      if r["workload"] == w and r["system"].startswith("bert_jax") and best_peer:
-        r["vs_best"] = best_peer / r["step_s"]
   versions = sorted({r["versions"] for r in ok} | ({mm["versions"]} if "versions" in mm else set()))
   header = ("| workload | system | tokens/s | ms/step | first step s | peak mem GiB | MFU (dense peak) "
             "| MFU (measured matmul) | bert_jax vs best peer | loss |")
@@ -403,14 +455,7 @@ def main(argv=None) -> list[dict]:
              f"of {args.steps} steps after {args.warmup}; {time.perf_counter() - start:.0f} s in all.")
   print(summary)
   print(table)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(summary=summary, rows=rows), f, indent=1)
-  if not args.no_record and not args.smoke:
-    cmd = "python -m bench.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:])
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## GPU step ({datetime.date.today()})\n\nCommand: `{cmd}`  \n{summary}\n\n"
-              f"{table}\n")
+  _write(args, argv, summary, table, rows)
   return rows
 
 

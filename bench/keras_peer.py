@@ -223,8 +223,87 @@ def _grouped_blocks(spec: dict, tokenizer):
   return flat[:n * spec["L"]].reshape(n, spec["L"])
 
 
-def _hf_child(spec: dict) -> None:
+def _hf_torch(spec: dict, cfg, tokenizer, blocks, stamps: list) -> tuple[float, float, str]:
+  """transformers' BertForMaskedLM + torch AdamW on run_mlm's batches (its 15% collator);
+  a stamp a step into `stamps`; (model build start, fit start, versions)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  B, steps = spec["batch"], spec["warmup"] + spec["steps"]
+  torch.set_num_threads(os.cpu_count() or 1)
+  torch.manual_seed(0)
+  collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15,
+                                                          return_tensors="pt")
+  t0 = time.perf_counter()
+  model = transformers.BertForMaskedLM(cfg).train()
+  no_decay = ("bias", "LayerNorm.weight")
+  opt = torch.optim.AdamW(
+      [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
+        "weight_decay": 0.01},
+       {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)],
+        "weight_decay": 0.0}], lr=1e-4, eps=1e-6, fused=True)
+  t_fit = time.perf_counter()
+  for i in range(steps):
+    batch = collator([{"input_ids": r} for r in blocks[i * B:(i + 1) * B].tolist()])
+    loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    float(loss)
+    stamps.append(time.perf_counter())
+  versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
+  return t0, t_fit, versions
+
+
+def _hf_flax(spec: dict, cfg, tokenizer, blocks, stamps: list) -> tuple[float, float, str]:
+  """transformers' FlaxBertForMaskedLM + optax AdamW in a jitted step on run_mlm_flax's
+  batches; a stamp a step into `stamps`; (model build start, fit start, versions)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  B, steps = spec["batch"], spec["warmup"] + spec["steps"]
+  t0 = time.perf_counter()
+  model = transformers.FlaxBertForMaskedLM(cfg, seed=0, dtype=jnp.float32)
+  params = model.params
+  mask = jax.tree_util.tree_map_with_path(
+      lambda path, _: not any(s in jax.tree_util.keystr(path) for s in ("LayerNorm", "bias")),
+      params)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
+      1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask))
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def step(p, o, ids, labels, rng):
+    def loss_fn(p):
+      logits = model(ids, params=p, dropout_rng=rng, train=True).logits
+      w = (labels >= 0).astype(jnp.float32)
+      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(labels, 0)[..., None],
+                                 -1)[..., 0]
+      return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
+    loss, grads = jax.value_and_grad(loss_fn)(p)
+    updates, o = tx.update(grads, o, p)
+    return optax.apply_updates(p, updates), o, loss
+  t_fit = time.perf_counter()
+  rng = np.random.default_rng(0)
+  special = np.asarray([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
+  for i in range(steps):  # run_mlm_flax's collator: 15% of non-special, 80/10/10
+    ids = blocks[i * B:(i + 1) * B].copy()
+    chosen = (rng.random(ids.shape) < 0.15) & ~np.isin(ids, special)
+    labels = np.where(chosen, ids, -100)
+    r = rng.random(ids.shape)
+    ids = np.where(chosen & (r < 0.8), tokenizer.mask_token_id, ids)
+    ids = np.where(chosen & (r >= 0.8) & (r < 0.9), rng.integers(0, spec["vocab"], ids.shape), ids)
+    params, opt_state, loss = step(params, opt_state, ids.astype(np.int32),
+                                   labels.astype(np.int32), jax.random.PRNGKey(i))
+    float(loss)
+    stamps.append(time.perf_counter())
+  versions = f"transformers {transformers.__version__}, jax {jax.__version__}"
+  return t0, t_fit, versions
+
+
+def _hf_child(spec: dict) -> None:
   import transformers  # pylint: disable=g-import-not-at-top
   tokenizer = transformers.AutoTokenizer.from_pretrained(spec["tokenizer_dir"])
   blocks = _grouped_blocks(spec, tokenizer)
@@ -232,75 +311,11 @@ def _hf_child(spec: dict) -> None:
   cfg = transformers.BertConfig(vocab_size=spec["vocab"], hidden_size=hidden,
                                 num_hidden_layers=layers, num_attention_heads=heads,
                                 intermediate_size=4 * hidden, max_position_embeddings=512)
-  B, steps = spec["batch"], spec["warmup"] + spec["steps"]
   stamps = []
-  if spec["impl"] == "torch":
-    import torch  # pylint: disable=g-import-not-at-top
-    torch.set_num_threads(os.cpu_count() or 1)
-    torch.manual_seed(0)
-    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15,
-                                                            return_tensors="pt")
-    t0 = time.perf_counter()
-    model = transformers.BertForMaskedLM(cfg).train()
-    no_decay = ("bias", "LayerNorm.weight")
-    opt = torch.optim.AdamW(
-        [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
-          "weight_decay": 0.01},
-         {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)],
-          "weight_decay": 0.0}], lr=1e-4, eps=1e-6, fused=True)
-    t_fit = time.perf_counter()
-    for i in range(steps):
-      batch = collator([{"input_ids": r} for r in blocks[i * B:(i + 1) * B].tolist()])
-      loss = model(**batch).loss
-      loss.backward()
-      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-      opt.step()
-      opt.zero_grad(set_to_none=True)
-      float(loss)
-      stamps.append(time.perf_counter())
-    versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
-  else:
-    import jax  # pylint: disable=g-import-not-at-top
-    import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    import optax  # pylint: disable=g-import-not-at-top
-    t0 = time.perf_counter()
-    model = transformers.FlaxBertForMaskedLM(cfg, seed=0, dtype=jnp.float32)
-    params = model.params
-    mask = jax.tree_util.tree_map_with_path(
-        lambda path, _: not any(s in jax.tree_util.keystr(path) for s in ("LayerNorm", "bias")),
-        params)
-    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-        1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask))
-    opt_state = tx.init(params)
-
-    @jax.jit
-    def step(p, o, ids, labels, rng):
-      def loss_fn(p):
-        logits = model(ids, params=p, dropout_rng=rng, train=True).logits
-        w = (labels >= 0).astype(jnp.float32)
-        nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(labels, 0)[..., None],
-                                   -1)[..., 0]
-        return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
-      loss, grads = jax.value_and_grad(loss_fn)(p)
-      updates, o = tx.update(grads, o, p)
-      return optax.apply_updates(p, updates), o, loss
-    t_fit = time.perf_counter()
-    rng = np.random.default_rng(0)
-    special = np.asarray([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
-    for i in range(steps):  # run_mlm_flax's collator: 15% of non-special, 80/10/10
-      ids = blocks[i * B:(i + 1) * B].copy()
-      chosen = (rng.random(ids.shape) < 0.15) & ~np.isin(ids, special)
-      labels = np.where(chosen, ids, -100)
-      r = rng.random(ids.shape)
-      ids = np.where(chosen & (r < 0.8), tokenizer.mask_token_id, ids)
-      ids = np.where(chosen & (r >= 0.8) & (r < 0.9), rng.integers(0, spec["vocab"], ids.shape), ids)
-      params, opt_state, loss = step(params, opt_state, ids.astype(np.int32),
-                                     labels.astype(np.int32), jax.random.PRNGKey(i))
-      float(loss)
-      stamps.append(time.perf_counter())
-    versions = f"transformers {transformers.__version__}, jax {jax.__version__}"
+  run = _hf_torch if spec["impl"] == "torch" else _hf_flax
+  t0, t_fit, versions = run(spec, cfg, tokenizer, blocks, stamps)
   elapsed = stamps[-1] - stamps[spec["warmup"] - 1]
-  tokens = B * spec["L"] * spec["steps"]  # blocks hold no padding
+  tokens = spec["batch"] * spec["L"] * spec["steps"]  # blocks hold no padding
   _result(step_s=elapsed / spec["steps"], useful_tok_s=tokens / elapsed, tok_s=tokens / elapsed,
           build_s=t_fit - t0, first_step_s=stamps[0] - t_fit, versions=versions)
 
@@ -473,7 +488,7 @@ def _median(outs: list[dict], key: str) -> float:
   return statistics.median(vals) if vals else float("nan")
 
 
-def main(argv=None) -> dict:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("what", nargs="?", default="step", choices=("step", "real"))
@@ -495,7 +510,80 @@ def main(argv=None) -> dict:
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
   parser.add_argument("--no_record", action="store_true")
   parser.add_argument("--_child", nargs=2, default=None, help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
+  return parser
+
+
+def _run_step(args, me: str, keras_py: str, load0: str, t_start: float) -> dict:
+  """`step`: bert_jax and KerasHub on the synthetic batches, the order alternating by round."""
+  L = 128 if not args.smoke else 32
+  spec = dict(mode="step", preset=args.preset, L=L, preds=PREDICTIONS.get(L, max(1, L * 15 // 100)),
+              batch=args.batch, vocab=args.vocab, steps=args.steps, warmup=args.warmup)
+  runs = [("bert_jax", me, "ours_step"), ("KerasHub", keras_py, "keras")]
+  results = {name: [] for name, _, _ in runs}
+  peak = _peak(args.preset, args.batch * L)
+  for r in range(args.rounds):
+    order = runs if r % 2 == 0 else runs[::-1]
+    for name, python, kind in order:
+      out = _run_child(python, kind, spec, args.timeout)
+      results[name].append(out)
+      print(f"round {r + 1} {name}: {out} (load {_load()})", flush=True)
+  peak = max(peak, _peak(args.preset, args.batch * L))
+  return _report_step(args, spec, results, peak, load0, t_start)
+
+
+def _real_rounds(args, tmp: str, assets: dict, runs: list[tuple]) -> dict:
+  """`real` at each length: every run once a round, the order rotating;
+  {L: (spec, {name: [its output each round]})}."""
+  results = {}
+  for L, batch in zip(map(int, args.seq_lens.split(",")), map(int, args.batches.split(","))):
+    spec = dict(mode="real", preset=args.preset, L=L, batch=batch, vocab=assets["vocab"],
+                preds=PREDICTIONS.get(L, max(1, L * 15 // 100)), steps=args.steps,
+                warmup=args.warmup, **{k: assets[k] for k in (
+                    "vocab_file", "prepared", "tokenizer_dir", "paragraphs")})
+    res = {name: [] for name, _, _ in runs}
+    for r in range(args.rounds):
+      shift = r % len(runs)
+      for i, (name, python, kind) in enumerate(runs[shift:] + runs[:shift]):
+        if python is None:
+          try:
+            out = _ours_real(spec, os.path.join(tmp, f"run_{L}_{r}_{i}"), kind)
+          except RuntimeError as e:
+            out = dict(error=str(e)[-300:])
+        elif kind == "keras":
+          out = _run_child(python, "keras", spec, args.timeout)
+        else:
+          out = _run_child(python, "hf", dict(spec, impl=kind), args.timeout)
+        res[name].append(out)
+        print(f"L={L} round {r + 1} {name}: {out} (load {_load()})", flush=True)
+    results[L] = (spec, res)
+  return results
+
+
+def _run_real(args, me: str, keras_py: str, flax_py: str, load0: str, t_start: float) -> dict:
+  """`real`: the Gutenberg books through bert_jax (plain and packed) and the peers."""
+  if not os.path.isdir(args.gutenberg):
+    print(f"Gutenberg books not found at {args.gutenberg}: skipped (../shared/data is only on "
+          "the project's machines).")
+    return {}
+  with tempfile.TemporaryDirectory() as tmp:
+    files = books(args.gutenberg, args.books_mb)
+    t = time.perf_counter()
+    assets = prepare_assets(tmp, files, args.vocab)
+    print(f"{len(files)} books, {assets['n_paragraphs']} paragraphs, vocabulary {assets['vocab']}: "
+          f"{time.perf_counter() - t:.0f} s", flush=True)
+    peers = [p for p in args.peers.split(",") if p]
+    runs = [("bert_jax", None, False), ("bert_jax packing=True", None, True)]
+    runs += [(n, p, k) for n, p, k in (("KerasHub", keras_py, "keras"),
+                                       ("HF PyTorch", me, "torch"), ("HF Flax", flax_py, "flax"))
+             if k in peers]
+    peak = _peak(args.preset, 1024)
+    results = _real_rounds(args, tmp, assets, runs)
+    peak = max(peak, _peak(args.preset, 1024))
+  return _report_real(args, assets, files, results, peak, load0, t_start)
+
+
+def main(argv=None) -> dict:
+  args = _parser().parse_args(argv)
   if args._child:
     kind, spec = args._child[0], json.loads(args._child[1])
     {"keras": _keras_child, "ours_step": _ours_step_child, "hf": _hf_child,
@@ -511,60 +599,8 @@ def main(argv=None) -> dict:
   keras_py = os.path.join(KERAS_VENV, "bin", "python")
   flax_py = os.path.join(FLAX_VENV, "bin", "python")
   if args.what == "step":
-    L = 128 if not args.smoke else 32
-    spec = dict(mode="step", preset=args.preset, L=L, preds=PREDICTIONS.get(L, max(1, L * 15 // 100)),
-                batch=args.batch, vocab=args.vocab, steps=args.steps, warmup=args.warmup)
-    runs = [("bert_jax", me, "ours_step"), ("KerasHub", keras_py, "keras")]
-    results = {name: [] for name, _, _ in runs}
-    peak = _peak(args.preset, args.batch * L)
-    for r in range(args.rounds):
-      order = runs if r % 2 == 0 else runs[::-1]
-      for name, python, kind in order:
-        out = _run_child(python, kind, spec, args.timeout)
-        results[name].append(out)
-        print(f"round {r + 1} {name}: {out} (load {_load()})", flush=True)
-    peak = max(peak, _peak(args.preset, args.batch * L))
-    return _report_step(args, spec, results, peak, load0, t_start)
-  if not os.path.isdir(args.gutenberg):
-    print(f"Gutenberg books not found at {args.gutenberg}: skipped (../shared/data is only on "
-          "the project's machines).")
-    return {}
-  results = {}
-  with tempfile.TemporaryDirectory() as tmp:
-    files = books(args.gutenberg, args.books_mb)
-    t = time.perf_counter()
-    assets = prepare_assets(tmp, files, args.vocab)
-    print(f"{len(files)} books, {assets['n_paragraphs']} paragraphs, vocabulary {assets['vocab']}: "
-          f"{time.perf_counter() - t:.0f} s", flush=True)
-    peers = [p for p in args.peers.split(",") if p]
-    runs = [("bert_jax", None, False), ("bert_jax packing=True", None, True)]
-    runs += [(n, p, k) for n, p, k in (("KerasHub", keras_py, "keras"),
-                                       ("HF PyTorch", me, "torch"), ("HF Flax", flax_py, "flax"))
-             if k in peers]
-    peak = _peak(args.preset, 1024)
-    for L, batch in zip(map(int, args.seq_lens.split(",")), map(int, args.batches.split(","))):
-      spec = dict(mode="real", preset=args.preset, L=L, batch=batch, vocab=assets["vocab"],
-                  preds=PREDICTIONS.get(L, max(1, L * 15 // 100)), steps=args.steps,
-                  warmup=args.warmup, **{k: assets[k] for k in (
-                      "vocab_file", "prepared", "tokenizer_dir", "paragraphs")})
-      res = {name: [] for name, _, _ in runs}
-      for r in range(args.rounds):
-        shift = r % len(runs)
-        for i, (name, python, kind) in enumerate(runs[shift:] + runs[:shift]):
-          if python is None:
-            try:
-              out = _ours_real(spec, os.path.join(tmp, f"run_{L}_{r}_{i}"), kind)
-            except RuntimeError as e:
-              out = dict(error=str(e)[-300:])
-          elif kind == "keras":
-            out = _run_child(python, "keras", spec, args.timeout)
-          else:
-            out = _run_child(python, "hf", dict(spec, impl=kind), args.timeout)
-          res[name].append(out)
-          print(f"L={L} round {r + 1} {name}: {out} (load {_load()})", flush=True)
-      results[L] = (spec, res)
-    peak = max(peak, _peak(args.preset, 1024))
-  return _report_real(args, assets, files, results, peak, load0, t_start)
+    return _run_step(args, me, keras_py, load0, t_start)
+  return _run_real(args, me, keras_py, flax_py, load0, t_start)
 
 
 def _report_step(args, spec, results, peak, load0, t_start) -> dict:
@@ -657,8 +693,8 @@ def _report_real(args, assets, files, results, peak, load0, t_start) -> dict:
 
 
 def _machine() -> str:
-  from bench import finetune_step  # pylint: disable=g-import-not-at-top
-  return finetune_step.machine()
+  from bench import hostinfo  # pylint: disable=g-import-not-at-top
+  return hostinfo.machine()
 
 
 if __name__ == "__main__":

@@ -459,7 +459,7 @@ def machine() -> str:
     return platform.processor() or platform.machine()
 
 
-def main(argv=None) -> dict:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--preset", default="modernbert-base")
@@ -493,7 +493,12 @@ def main(argv=None) -> dict:
   parser.add_argument("--smoke", action="store_true", help="tiny model, seconds")
   parser.add_argument("--no_record", action="store_true")
   parser.add_argument("--section_to", default="", help="also write the RESULTS.md section here")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def _options(args) -> dict:
+  """The workload's and both sides' options (make_steps, Ours, Theirs); --smoke shrinks
+  them and the race (in `args`)."""
   opts = dict(preset=args.preset, num_layers=args.layers, seq_len=args.seq_len, rows=args.rows,
               preds=args.preds, examples_per_row=args.examples_per_row, mask_prob=args.mask_prob,
               median_len=args.median_len, sigma=args.sigma, min_len=args.min_len,
@@ -503,109 +508,127 @@ def main(argv=None) -> dict:
     opts.update(preset="modernbert-tiny", num_layers=4, vocab_size=512, seq_len=128, preds=40,
                 median_len=40, min_len=8, batches=2, peak_n=256)
     args.pairs, args.steps_per_round, args.select_steps = 2, 1, 1
-  modes = [m for m in args.torch_modes.split(",") if m]
-  unknown = set(modes) - set(TORCH_MODES)
-  if unknown:
-    parser.error(f"--torch_modes: unknown {sorted(unknown)}; choose from {TORCH_MODES}")
+  return opts
+
+
+def _workload(opts: dict) -> dict:
+  """The model config, the steps and what the report says of them."""
   cfg = model_config(opts)
   steps, stats = make_steps(opts, cfg.vocab_size)
   tokens = [s["tokens"] for s in steps]
-  examples = [len(s["examples"]) for s in steps]
-  fill = sum(tokens) / (len(steps) * opts["rows"] * opts["seq_len"])
-  paths = [global_path(cfg, s["batch"]) for s in steps]
+  return dict(cfg=cfg, steps=steps, stats=stats, tokens=tokens,
+              examples=[len(s["examples"]) for s in steps],
+              fill=sum(tokens) / (len(steps) * opts["rows"] * opts["seq_len"]),
+              paths=[global_path(cfg, s["batch"]) for s in steps])
 
-  ours = Remote("bert_jax", opts, steps)
-  theirs = Remote("transformers", opts, steps)
-  try:
-    notes = []
-    if args.parity:
-      path = os.path.join("/tmp", f"bench_modern_step_{os.getpid()}.npz")
-      try:
-        theirs("load", ours("export", path))
-      finally:
-        if os.path.exists(path):
-          os.remove(path)
-      want = ours("initial_loss", 0)
-    else:
-      want = None
-    losses = {m: theirs("initial_loss", m, 0) for m in modes}
-    ref = losses[modes[0]]
-    for m, l in losses.items():  # every mode computes the same function
-      assert abs(l - ref) <= 1e-4 * max(1.0, abs(ref)), (m, losses)
-    if want is not None:
-      assert abs(ref - want) <= 1e-3 * max(1.0, abs(want)), ("bert_jax vs transformers", want, ref)
-      notes.append(f"first-batch loss at the same weights: bert_jax {want:.5f}, transformers "
-                   + ", ".join(f"{m} {l:.5f}" for m, l in losses.items()))
 
-    # Warm-up, then choose transformers' fastest mode.
-    ours("run", 0, args.warmup)
+def _check_losses(ours: Remote, theirs: Remote, modes: list[str], parity: bool) -> list[str]:
+  """Every torch mode's first-batch loss agrees; with `parity`, at our initial weights, and
+  with ours. The notes for the report."""
+  notes = []
+  if parity:
+    path = os.path.join("/tmp", f"bench_modern_step_{os.getpid()}.npz")
+    try:
+      theirs("load", ours("export", path))
+    finally:
+      if os.path.exists(path):
+        os.remove(path)
+    want = ours("initial_loss", 0)
+  else:
+    want = None
+  losses = {m: theirs("initial_loss", m, 0) for m in modes}
+  ref = losses[modes[0]]
+  for m, l in losses.items():  # every mode computes the same function
+    assert abs(l - ref) <= 1e-4 * max(1.0, abs(ref)), (m, losses)
+  if want is not None:
+    assert abs(ref - want) <= 1e-3 * max(1.0, abs(want)), ("bert_jax vs transformers", want, ref)
+    notes.append(f"first-batch loss at the same weights: bert_jax {want:.5f}, transformers "
+                 + ", ".join(f"{m} {l:.5f}" for m, l in losses.items()))
+  return notes
+
+
+def _select(ours: Remote, theirs: Remote, modes: list[str], args) -> tuple[dict, str]:
+  """Warm-up, then transformers' fastest mode: ({mode: its step time and inputs}, fastest)."""
+  ours("run", 0, args.warmup)
+  for m in modes:
+    theirs("run", m, 0, args.warmup)
+  picks = {m: [] for m in modes}
+  for _ in range(args.select_steps):  # round-robin, as the race
     for m in modes:
-      theirs("run", m, 0, args.warmup)
-    picks = {m: [] for m in modes}
-    for _ in range(args.select_steps):  # round-robin, as the race
-      for m in modes:
-        picks[m] += theirs("run", m, 0, 1)["times"]
-    select = {m: dict(step_s=statistics.median(t), **theirs("describe", m, 0))
-              for m, t in picks.items()}
-    mode = min(select, key=lambda m: select[m]["step_s"])
+      picks[m] += theirs("run", m, 0, 1)["times"]
+  select = {m: dict(step_s=statistics.median(t), **theirs("describe", m, 0))
+            for m, t in picks.items()}
+  return select, min(select, key=lambda m: select[m]["step_s"])
 
-    rounds = []
-    for r in range(args.pairs):
-      index = r % len(steps)
-      a = ours("run", index, args.steps_per_round)
-      b = theirs("run", mode, index, args.steps_per_round)
-      peak = ours("peak")
-      ta, tb = statistics.median(a["times"]), statistics.median(b["times"])
-      rounds.append(dict(pair=r + 1, batch=index, tokens=tokens[index], ours_s=ta, theirs_s=tb,
-                         ours_tok_s=tokens[index] / ta, theirs_tok_s=tokens[index] / tb,
-                         ratio=tb / ta, ours_loss=a["loss"], theirs_loss=b["loss"]))
-      print(f"pair {r + 1}: batch {index}, {tokens[index]} useful tokens; bert_jax "
-            f"{1e3 * ta:.0f} ms ({tokens[index] / ta:.0f} tok/s), transformers[{mode}] "
-            f"{1e3 * tb:.0f} ms ({tokens[index] / tb:.0f} tok/s), ratio {tb / ta:.2f}x", flush=True)
-  finally:
-    info_ours, info_theirs = ours.info, theirs.info
-    ours.close()
-    theirs.close()
 
+def _race(ours: Remote, theirs: Remote, mode: str, tokens: list[int], args) -> tuple[list, float]:
+  """--pairs alternating rounds over the steps: (a row a round, the matmul peak)."""
+  rounds, peak = [], float("nan")  # no pairs: no peak (and no medians)
+  for r in range(args.pairs):
+    index = r % len(tokens)
+    a = ours("run", index, args.steps_per_round)
+    b = theirs("run", mode, index, args.steps_per_round)
+    peak = ours("peak")
+    ta, tb = statistics.median(a["times"]), statistics.median(b["times"])
+    rounds.append(dict(pair=r + 1, batch=index, tokens=tokens[index], ours_s=ta, theirs_s=tb,
+                       ours_tok_s=tokens[index] / ta, theirs_tok_s=tokens[index] / tb,
+                       ratio=tb / ta, ours_loss=a["loss"], theirs_loss=b["loss"]))
+    print(f"pair {r + 1}: batch {index}, {tokens[index]} useful tokens; bert_jax "
+          f"{1e3 * ta:.0f} ms ({tokens[index] / ta:.0f} tok/s), transformers[{mode}] "
+          f"{1e3 * tb:.0f} ms ({tokens[index] / tb:.0f} tok/s), ratio {tb / ta:.2f}x", flush=True)
+  return rounds, peak
+
+
+def _summary(work: dict, rounds: list[dict], peak: float, info_ours: dict, attn_len: int) -> dict:
+  """Medians, MFUs (each round's FLOPs over its median step time) and attention FLOPs."""
+  cfg = work["cfg"]
   med = lambda k: statistics.median(r[k] for r in rounds)
   step_flops_counted = info_ours["counted_flops"]
-  useful = [useful_flops(cfg, s) for s in steps]
-  # MFU from each round: the round's FLOPs over its median step time.
-  mfu_counted = statistics.median(step_flops_counted / r["ours_s"] / peak for r in rounds)
-  mfu_useful = statistics.median(useful[r["batch"]] / r["ours_s"] / peak for r in rounds)
-  mfu_theirs = statistics.median(useful[r["batch"]] / r["theirs_s"] / peak for r in rounds)
-  attn = attention_at(args.attn_len, cfg.global_block_budget)
-  result = dict(rounds=rounds, mode=mode, select=select, ours_tok_s=med("ours_tok_s"),
-                theirs_tok_s=med("theirs_tok_s"), ratio=med("ratio"), peak=peak,
-                mfu_counted=mfu_counted, mfu_useful=mfu_useful, mfu_theirs=mfu_theirs,
-                attention=attn, info_ours=info_ours, info_theirs=info_theirs, fill=fill,
-                tokens=tokens, examples=examples, stats=stats, notes=notes,
-                counted_flops=step_flops_counted, useful_flops=useful)
+  useful = [useful_flops(cfg, s) for s in work["steps"]]
+  return dict(
+      ours_tok_s=med("ours_tok_s"), theirs_tok_s=med("theirs_tok_s"), ratio=med("ratio"),
+      peak=peak,
+      mfu_counted=statistics.median(step_flops_counted / r["ours_s"] / peak for r in rounds),
+      mfu_useful=statistics.median(useful[r["batch"]] / r["ours_s"] / peak for r in rounds),
+      mfu_theirs=statistics.median(useful[r["batch"]] / r["theirs_s"] / peak for r in rounds),
+      attention=attention_at(attn_len, cfg.global_block_budget),
+      counted_flops=step_flops_counted, useful_flops=useful)
 
+
+def _setup_text(args, opts: dict, work: dict) -> str:
+  cfg, stats, steps, paths = work["cfg"], work["stats"], work["steps"], work["paths"]
+  tokens, examples, fill = work["tokens"], work["examples"], work["fill"]
   layers = cfg.num_layers
-  setup = (f"{opts['preset']} shape ({layers} layers{' (cut from the preset: both sides)' if args.layers else ''}, "
-           f"hidden {cfg.hidden_size}, {cfg.num_heads} heads, intermediate {cfg.intermediate_size}, "
-           f"local window {cfg.local_window}, global every {cfg.global_every}, vocab {cfg.vocab_size}), "
-           f"float32, L={opts['seq_len']}, {opts['rows']} packed rows a step (<= {opts['examples_per_row']} "
-           f"examples, <= {opts['preds'] + opts['examples_per_row']} predictions a row), masking "
-           f"{opts['mask_prob']:.0%}. Documents: log-normal lengths, median {opts['median_len']:g}, "
-           f"sigma {opts['sigma']:g} (of ln length), >= {opts['min_len']}, truncated at {opts['seq_len']} "
-           f"(sample: mean {stats['mean_len']:.0f}, p90 {stats['p90_len']:.0f}, "
-           f"{stats['capped']:.0%} truncated). {len(steps)} distinct steps cycled: useful tokens "
-           f"{tokens}, examples {examples}, row fill {fill:.3f}. {args.pairs} alternating pairs x "
-           f"{args.steps_per_round} steps after warm-up; {opts['threads']} threads each side, "
-           f"each side in its own process. bert_jax's global layers: config budget "
-           f"{cfg.global_block_budget:g} of the {cfg.global_block}-token block pairs; the steps need "
-           + ", ".join(f"{f:.2f}" for f, _ in paths) + " of them -> "
-           + ", ".join("block pairs" if ok else "dense fallback" for _, ok in paths) + ".")
-  lines = [f"Setup: {setup}", "",
+  return (f"{opts['preset']} shape ({layers} layers{' (cut from the preset: both sides)' if args.layers else ''}, "
+          f"hidden {cfg.hidden_size}, {cfg.num_heads} heads, intermediate {cfg.intermediate_size}, "
+          f"local window {cfg.local_window}, global every {cfg.global_every}, vocab {cfg.vocab_size}), "
+          f"float32, L={opts['seq_len']}, {opts['rows']} packed rows a step (<= {opts['examples_per_row']} "
+          f"examples, <= {opts['preds'] + opts['examples_per_row']} predictions a row), masking "
+          f"{opts['mask_prob']:.0%}. Documents: log-normal lengths, median {opts['median_len']:g}, "
+          f"sigma {opts['sigma']:g} (of ln length), >= {opts['min_len']}, truncated at {opts['seq_len']} "
+          f"(sample: mean {stats['mean_len']:.0f}, p90 {stats['p90_len']:.0f}, "
+          f"{stats['capped']:.0%} truncated). {len(steps)} distinct steps cycled: useful tokens "
+          f"{tokens}, examples {examples}, row fill {fill:.3f}. {args.pairs} alternating pairs x "
+          f"{args.steps_per_round} steps after warm-up; {opts['threads']} threads each side, "
+          f"each side in its own process. bert_jax's global layers: config budget "
+          f"{cfg.global_block_budget:g} of the {cfg.global_block}-token block pairs; the steps need "
+          + ", ".join(f"{f:.2f}" for f, _ in paths) + " of them -> "
+          + ", ".join("block pairs" if ok else "dense fallback" for _, ok in paths) + ".")
+
+
+def _report(args, opts: dict, result: dict) -> str:
+  """The report: setup, transformers' modes, the pairs' table, MFU and attention FLOPs."""
+  rounds, select, notes = result["rounds"], result["select"], result["notes"]
+  info_theirs = result["info_theirs"]
+  med = lambda k: statistics.median(r[k] for r in rounds)
+  lines = [f"Setup: {_setup_text(args, opts, result['work'])}", "",
            f"transformers {info_theirs['transformers']} / torch {info_theirs['torch']}: "
            f"ModernBertForMaskedLM, attn_implementation={info_theirs['attn']}, sparse_prediction, "
            f"AdamW (fused={info_theirs['fused_adamw']}) + clip_grad_norm_(1.0). Ways of feeding it "
            f"the step (median of {args.select_steps} round-robin steps each, batch 0): "
            + "; ".join(f"{m} {1e3 * v['step_s']:.0f} ms ({v['calls']} call(s), "
                        f"{v['padded_tokens']} tokens incl. padding)" for m, v in select.items())
-           + f" -> raced: **{mode}**.", ""]
+           + f" -> raced: **{result['mode']}**.", ""]
   lines += [f"{n}." for n in notes]
   if notes:
     lines.append("")
@@ -617,40 +640,82 @@ def main(argv=None) -> dict:
                  f"{r['ratio']:.2f}x |")
   lines.append(f"| **median** | | | {1e3 * med('ours_s'):.0f} | **{result['ours_tok_s']:.0f}** | "
                f"{1e3 * med('theirs_s'):.0f} | **{result['theirs_tok_s']:.0f}** | **{result['ratio']:.2f}x** |")
-  lines += ["",
-            f"Matmul peak (float32, {opts['peak_n']}^2 through JAX, best of {args.pairs + 1} probes "
-            f"in this run): {peak / 1e9:.1f} GFLOP/s. bert_jax MFU: {100 * mfu_counted:.1f}% counting "
-            f"the trainer's FLOPs ({step_flops_counted / 1e9:.0f} GFLOP/step: whole rows incl. "
-            f"padding, global attention across the packed examples, all prediction slots; XLA "
-            f"cost analysis {info_ours['xla_flops'] / 1e9:.0f} GFLOP), {100 * mfu_useful:.1f}% "
-            f"counting useful work only (each example at its own length: "
-            f"{', '.join(f'{u / 1e9:.0f}' for u in useful)} GFLOP/step); transformers at the same "
-            f"useful FLOPs: {100 * mfu_theirs:.1f}%. bert_jax compile {info_ours['compile_s']:.0f} s, "
-            f"{info_ours['params'] / 1e6:.1f}M parameters.",
-            "",
-            f"Attention FLOPs of modernbert-base ({attn['layers']} layers, {attn['globals']} global) "
-            f"over one sequence of L={attn['L']}: executed by bert_jax (local layers banded, 3 "
-            f"blocks of 64 keys per query block; global dense) {attn['executed'] / 1e12:.2f} TFLOP "
-            f"vs every layer dense {attn['dense'] / 1e12:.2f} TFLOP: **{attn['dense'] / attn['executed']:.2f}x** "
-            f"fewer (the exact band, 129 keys a query, would be {attn['band'] / 1e12:.2f} TFLOP, "
-            f"{attn['dense'] / attn['band']:.2f}x; with global layers over packed rows at the "
-            f"config's block-pair budget {attn['budget']:g}, when a batch fits it: "
-            f"{attn['budgeted'] / 1e12:.2f} TFLOP, {attn['dense'] / attn['budgeted']:.2f}x)."]
-  text = "\n".join(lines)
-  print(text)
-  result["text"] = text
+  return "\n".join(lines + ["", _flops_text(args, opts, result)])
+
+
+def _flops_text(args, opts: dict, result: dict) -> str:
+  """The report's MFU and attention FLOPs paragraphs."""
+  info_ours, attn, peak = result["info_ours"], result["attention"], result["peak"]
+  useful, step_flops_counted = result["useful_flops"], result["counted_flops"]
+  return "\n".join([
+      f"Matmul peak (float32, {opts['peak_n']}^2 through JAX, best of {args.pairs + 1} probes "
+      f"in this run): {peak / 1e9:.1f} GFLOP/s. bert_jax MFU: {100 * result['mfu_counted']:.1f}% counting "
+      f"the trainer's FLOPs ({step_flops_counted / 1e9:.0f} GFLOP/step: whole rows incl. "
+      f"padding, global attention across the packed examples, all prediction slots; XLA "
+      f"cost analysis {info_ours['xla_flops'] / 1e9:.0f} GFLOP), {100 * result['mfu_useful']:.1f}% "
+      f"counting useful work only (each example at its own length: "
+      f"{', '.join(f'{u / 1e9:.0f}' for u in useful)} GFLOP/step); transformers at the same "
+      f"useful FLOPs: {100 * result['mfu_theirs']:.1f}%. bert_jax compile {info_ours['compile_s']:.0f} s, "
+      f"{info_ours['params'] / 1e6:.1f}M parameters.",
+      "",
+      f"Attention FLOPs of modernbert-base ({attn['layers']} layers, {attn['globals']} global) "
+      f"over one sequence of L={attn['L']}: executed by bert_jax (local layers banded, 3 "
+      f"blocks of 64 keys per query block; global dense) {attn['executed'] / 1e12:.2f} TFLOP "
+      f"vs every layer dense {attn['dense'] / 1e12:.2f} TFLOP: **{attn['dense'] / attn['executed']:.2f}x** "
+      f"fewer (the exact band, 129 keys a query, would be {attn['band'] / 1e12:.2f} TFLOP, "
+      f"{attn['dense'] / attn['band']:.2f}x; with global layers over packed rows at the "
+      f"config's block-pair budget {attn['budget']:g}, when a batch fits it: "
+      f"{attn['budgeted'] / 1e12:.2f} TFLOP, {attn['dense'] / attn['budgeted']:.2f}x)."])
+
+
+def _record(args, argv, info_ours: dict, text: str) -> str:
+  """The RESULTS.md section; written to --section_to, and appended unless --smoke/--no_record."""
   cmd = "python -m bench.modern_step " + " ".join(argv if argv is not None else os.sys.argv[1:])
   section = (f"\n## ModernBERT pre-training step vs transformers ({time.strftime('%Y-%m-%d')})\n\n"
              f"Command: `{cmd.strip()}`  \nMachine: {machine()}; {os.cpu_count()} cores (shared), "
              f"load average at the end {os.getloadavg()[0]:.1f}; jax {info_ours['jax']} "
              f"({info_ours['device']}).\n\n{text}\n")
-  result["section"] = section
   if args.section_to:
     with open(args.section_to, "w") as f:
       f.write(section)
   if not (args.smoke or args.no_record):
     with open(RESULTS, "a") as f:  # append only: other runs may be appending too
       f.write(section)
+  return section
+
+
+def main(argv=None) -> dict:
+  parser = _parser()
+  args = parser.parse_args(argv)
+  opts = _options(args)
+  modes = [m for m in args.torch_modes.split(",") if m]
+  unknown = set(modes) - set(TORCH_MODES)
+  if unknown:
+    parser.error(f"--torch_modes: unknown {sorted(unknown)}; choose from {TORCH_MODES}")
+  work = _workload(opts)
+  ours = Remote("bert_jax", opts, work["steps"])
+  theirs = Remote("transformers", opts, work["steps"])
+  try:
+    notes = _check_losses(ours, theirs, modes, args.parity)
+    select, mode = _select(ours, theirs, modes, args)
+    rounds, peak = _race(ours, theirs, mode, work["tokens"], args)
+  finally:
+    info_ours, info_theirs = ours.info, theirs.info
+    ours.close()
+    theirs.close()
+  summary = _summary(work, rounds, peak, info_ours, args.attn_len)
+  result = dict(rounds=rounds, mode=mode, select=select, ours_tok_s=summary["ours_tok_s"],
+                theirs_tok_s=summary["theirs_tok_s"], ratio=summary["ratio"], peak=peak,
+                mfu_counted=summary["mfu_counted"], mfu_useful=summary["mfu_useful"],
+                mfu_theirs=summary["mfu_theirs"], attention=summary["attention"],
+                info_ours=info_ours, info_theirs=info_theirs, fill=work["fill"],
+                tokens=work["tokens"], examples=work["examples"], stats=work["stats"],
+                notes=notes, counted_flops=summary["counted_flops"],
+                useful_flops=summary["useful_flops"])
+  text = _report(args, opts, dict(result, work=work))
+  print(text)
+  result["text"] = text
+  result["section"] = _record(args, argv, info_ours, text)
   return result
 
 

@@ -181,9 +181,9 @@ def trace_events(trace_dir: str) -> list[dict]:
   """The device op events of the newest trace under `trace_dir` (its .trace.json.gz): GPU
   kernels where the trace has a device, else XLA:CPU's per-op events (they need
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true). Each: name, hlo_op, dur (us)."""
-  import glob  # pylint: disable=g-import-not-at-top
-  import gzip  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
+  import glob
+  import gzip
+  import json
   paths = sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True),
                  key=os.path.getmtime)
   if not paths:
@@ -275,7 +275,7 @@ def _report(times: dict, flops: float | None = None) -> None:
     print(line, flush=True)
 
 
-def main(argv=None) -> None:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--preset", default="base")
@@ -299,20 +299,15 @@ def main(argv=None) -> None:
                            "by time, grouped (matmuls, attention, elementwise, copies, "
                            "gather/scatter, optimizer)")
   parser.add_argument("--trace_steps", type=int, default=3)
-  args = parser.parse_args(argv)
+  return parser
 
+
+def _step_compiler(args, config, tx, objective, state, data, rng):
+  """compiled_step(model, options=None, use_mesh=True): the train step as the trainer runs it
+  (state donated), compiled with XLA `options`, run on its own copy of the state."""
   import jax
   import jax.numpy as jnp
-  import optax
-  from bert_jax import flops as flops_lib
-  from bert_jax.models import bert as model_lib
-  from bert_jax import objectives, registry, trainer as trainer_lib
-  objective = objectives.pretraining()
-  config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)
-  flops = flops_lib.train_flops_per_step(cfg, args.batch, args.seq_len, preds)
-  rng = jax.random.key(1)
-  x = jnp.asarray(np.random.default_rng(0).standard_normal((2048, 2048)), jnp.float32)
-  fns = {"matmul 2048^3": (jax.jit(lambda a: a @ a), (x,))}
+  from bert_jax import registry, trainer as trainer_lib
 
   def compiled_step(model, options=None, use_mesh=True):
     """The train step as the trainer runs it (state donated), on its own copy of the state."""
@@ -334,34 +329,40 @@ def main(argv=None) -> None:
       return metrics
     run.hlo = c.as_text()
     return run
+  return compiled_step
 
-  model = model_lib.BertForPreTraining(cfg)
-  if args.trace:
-    run = compiled_step(model)
-    for _ in range(3):  # warm-up; then the untraced step time, then the traced steps
-      jax.block_until_ready(run())
-    t = time.perf_counter()
-    for _ in range(args.trace_steps):
-      jax.block_until_ready(run())
-    step_s = (time.perf_counter() - t) / args.trace_steps
-    jax.profiler.start_trace(args.trace)
-    for _ in range(args.trace_steps):
-      jax.block_until_ready(run())
-    jax.profiler.stop_trace()
-    print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype} on "
-          f"{jax.devices()[0].device_kind}; {args.trace_steps} steps traced into {args.trace} "
-          "(xprof / TensorBoard read it too)")
-    try:
-      events = trace_events(args.trace)
-    except FileNotFoundError as e:
-      print(f"no kernel summary: {e}")
-      return
-    if not events:
-      print("the trace holds no per-op events (on CPU set "
-            "XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true)")
-      return
-    print(kernel_summary(events, hlo_categories(run.hlo), args.trace_steps, step_s))
+
+def _trace(args, run) -> None:
+  """--trace: the untraced step time, then --trace_steps steps traced and their kernels."""
+  import jax
+  for _ in range(3):  # warm-up; then the untraced step time, then the traced steps
+    jax.block_until_ready(run())
+  t = time.perf_counter()
+  for _ in range(args.trace_steps):
+    jax.block_until_ready(run())
+  step_s = (time.perf_counter() - t) / args.trace_steps
+  jax.profiler.start_trace(args.trace)
+  for _ in range(args.trace_steps):
+    jax.block_until_ready(run())
+  jax.profiler.stop_trace()
+  print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype} on "
+        f"{jax.devices()[0].device_kind}; {args.trace_steps} steps traced into {args.trace} "
+        "(xprof / TensorBoard read it too)")
+  try:
+    events = trace_events(args.trace)
+  except FileNotFoundError as e:
+    print(f"no kernel summary: {e}")
     return
+  if not events:
+    print("the trace holds no per-op events (on CPU set "
+          "XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true)")
+    return
+  print(kernel_summary(events, hlo_categories(run.hlo), args.trace_steps, step_s))
+
+
+def _variant_steps(args, cfg, model, compiled_step, fns: dict) -> None:
+  """Into `fns`: this checkout's step, --ref_rev's and --model_files' models, the plain jit
+  (--compare_no_mesh) and each --options variant of XLA:CPU options."""
   fns["step (this checkout)"] = (compiled_step(model), ())
   variants = [(f"model.py @ {args.ref_rev}", _model_at(args.ref_rev))] if args.ref_rev else []
   variants += [(path, _model_file(path)) for path in filter(None, args.model_files.split(","))]
@@ -376,23 +377,54 @@ def main(argv=None) -> None:
     opts = dict(kv.split("=", 1) for kv in variant.split("&"))
     opts = {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in opts.items()}
     fns[f"step {variant}"] = (compiled_step(model, opts), ())
+
+
+def _piece_fns(args, cfg, model, objective, tx, state, data, rng, preds: int, fns: dict) -> None:
+  """--pieces, into `fns`: forward, forward+backward, the optimizer update, the step's
+  matmuls alone and the norms the step logs."""
+  import jax
+  import optax
+
+  def loss(params, deterministic):
+    out = objective.apply(model, params, data, deterministic=deterministic,
+                          rngs={"dropout": rng})
+    return objective.batch_loss(out, data)
+  p = state.params
+  fns["forward (dropout)"] = (jax.jit(lambda p: loss(p, False)), (p,))
+  fns["forward (deterministic)"] = (jax.jit(lambda p: loss(p, True)), (p,))
+  fns["forward+backward (dropout)"] = (jax.jit(jax.grad(lambda p: loss(p, False))), (p,))
+  fns["forward+backward (deterministic)"] = (jax.jit(jax.grad(lambda p: loss(p, True))), (p,))
+  fns["optimizer update"] = (jax.jit(lambda s, g: optax.apply_updates(
+      s.params, tx.update(g, s.opt_state, s.params)[0])), (state, p))
+  dots, dots_args, dots_flops = _dots_only(cfg, args.batch, args.seq_len, preds)
+  print(f"dots only: {dots_flops / 1e9:.1f} GFLOP")
+  fns["the step's matmuls alone"] = (dots, dots_args)
+  fns["grad_norm + param_norm"] = (jax.jit(lambda s, g: (optax.global_norm(g), optax.global_norm(
+      s.params))), (state, p))
+
+
+def main(argv=None) -> None:
+  args = _parser().parse_args(argv)
+
+  import jax
+  import jax.numpy as jnp
+  from bert_jax import flops as flops_lib
+  from bert_jax.models import bert as model_lib
+  from bert_jax import objectives
+  objective = objectives.pretraining()
+  config, cfg, tx, state, data, preds = _setup(args.preset, args.seq_len, args.batch, args.dtype)
+  flops = flops_lib.train_flops_per_step(cfg, args.batch, args.seq_len, preds)
+  rng = jax.random.key(1)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((2048, 2048)), jnp.float32)
+  fns = {"matmul 2048^3": (jax.jit(lambda a: a @ a), (x,))}
+  compiled_step = _step_compiler(args, config, tx, objective, state, data, rng)
+  model = model_lib.BertForPreTraining(cfg)
+  if args.trace:
+    _trace(args, compiled_step(model))
+    return
+  _variant_steps(args, cfg, model, compiled_step, fns)
   if args.pieces:
-    def loss(params, deterministic):
-      out = objective.apply(model, params, data, deterministic=deterministic,
-                            rngs={"dropout": rng})
-      return objective.batch_loss(out, data)
-    p = state.params
-    fns["forward (dropout)"] = (jax.jit(lambda p: loss(p, False)), (p,))
-    fns["forward (deterministic)"] = (jax.jit(lambda p: loss(p, True)), (p,))
-    fns["forward+backward (dropout)"] = (jax.jit(jax.grad(lambda p: loss(p, False))), (p,))
-    fns["forward+backward (deterministic)"] = (jax.jit(jax.grad(lambda p: loss(p, True))), (p,))
-    fns["optimizer update"] = (jax.jit(lambda s, g: optax.apply_updates(
-        s.params, tx.update(g, s.opt_state, s.params)[0])), (state, p))
-    dots, dots_args, dots_flops = _dots_only(cfg, args.batch, args.seq_len, preds)
-    print(f"dots only: {dots_flops / 1e9:.1f} GFLOP")
-    fns["the step's matmuls alone"] = (dots, dots_args)
-    fns["grad_norm + param_norm"] = (jax.jit(lambda s, g: (optax.global_norm(g), optax.global_norm(
-        s.params))), (state, p))
+    _piece_fns(args, cfg, model, objective, tx, state, data, rng, preds, fns)
   times = _time_round_robin(fns, args.rounds)
   print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype}; median of {args.rounds} "
         f"round-robin rounds; analytic {flops / 1e9:.1f} GFLOP/step")

@@ -246,16 +246,7 @@ class Checkpointer:
       if problems is None:
         logging.info("Checkpoint %s has no checksums (saved by an older version or killed "
                      "before they were written): restored unverified.", path)
-      data = restored["data"] or {}
-      states = data.get("states") or [None]
-      if data.get("process_count", 1) == jax.process_count():
-        data_state = states[jax.process_index()]
-      else:
-        logging.warning("Checkpoint %d was written by %s processes, this job has %d: the "
-                        "input iterators start afresh.", step, data.get("process_count"),
-                        jax.process_count())
-        data_state = None
-      return step, state, data_state, restored["config"] or {}
+      return step, state, _data_state(step, restored["data"]), restored["config"] or {}
     if errors_seen:
       raise NoRestorableCheckpointError(
           "No checkpoint in %s could be restored (each was moved to %s):\n  %s\n  Start "
@@ -358,6 +349,19 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self.manager.close()
+
+
+def _data_state(step: int, data: Mapping[str, Any] | None) -> Any:
+  """This process's input iterator state from a checkpoint's `data` item (None: start afresh,
+  as when the checkpoint was written by another number of processes)."""
+  data = data or {}
+  states = data.get("states") or [None]
+  if data.get("process_count", 1) == jax.process_count():
+    return states[jax.process_index()]
+  logging.warning("Checkpoint %d was written by %s processes, this job has %d: the "
+                  "input iterators start afresh.", step, data.get("process_count"),
+                  jax.process_count())
+  return None
 
 
 class DiskFullError(errors.UserError, OSError):

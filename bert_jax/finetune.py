@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import families, formats, heads, loader, tasks
+from bert_jax import families, finetuned, formats, heads, loader, process, tasks
 from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, fileio
 from input_pipeline.epochs import EpochIterator
@@ -43,26 +43,26 @@ MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP] with a token of each segment
 
 def _dev_outputs(trainer: trainer_lib.Trainer, params, feats, keys, batch_size: int):
   """(metric sums, model outputs) of every dev feature, on every host, through the trainer's
-  eval step. Each host feeds its rows of each global batch of `batch_size`; the last batch
-  is padded with rows weighing 0 (outputs cut to the real rows)."""
+  evaluation loop. Each host feeds its rows of each global batch of `batch_size`; the last
+  batch is padded with rows weighing 0 (outputs cut to the real rows)."""
   n = len(feats["input_ids"])
   b = batch_size // jax.process_count()
   lo = jax.process_index() * b
-  outs, sums = [], None
-  with trainer.activate():
-    for i, start in enumerate(range(0, n, batch_size)):
+  starts = range(0, n, batch_size)
+
+  def batches():
+    for start in starts:
       rows = np.arange(start, start + batch_size)[lo:lo + b]
       batch = {k: feats[k][rows % n] for k in keys}
       real = (rows < n).astype(np.float32)
       batch["example_weights"] = batch.get("example_weights", 1) * real
       if "label_weights" in batch:
         batch["label_weights"] = batch["label_weights"] * real[:, None]
-      m, out = trainer.eval_step(params, trainer.to_global(batch),
-                                 jax.random.fold_in(trainer.eval_rng, i))
-      sums = m if sums is None else jax.tree.map(np.add, sums, m)
-      take = min(batch_size, n - start)
-      outs.append(jax.tree.map(lambda x: np.asarray(x)[:take], jax.device_get(out)))
-  sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+      yield batch
+  outs = []
+  sums = trainer_lib.evaluate_sums(trainer, params, batches(), outputs=outs)
+  outs = [jax.tree.map(lambda x, take=min(batch_size, n - start): np.asarray(x)[:take], out)
+          for start, out in zip(starts, outs)]
   return sums, jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
 
 
@@ -257,7 +257,7 @@ class _DevEvaluation:
         {"epoch": epoch, "step": step, **result}]
     if not self.best or result[task.main_metric] > self.best[task.main_metric]:
       self.best = {"epoch": epoch, "step": step, **result}
-      _save_params(self.out_dir / "best", state.params, self.cfg, config, task.labels)
+      finetuned.save(self.out_dir / finetuned.BEST, state.params, self.cfg, config, task.labels)
       if jax.process_index() == 0:  # shared files: one writer, every host reads them
         write(self.out_dir)
     if jax.process_index() == 0:  # atomic: a kill or a full disk leaves the previous one
@@ -271,7 +271,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   `devices`: the devices its mesh spans (default: all; the suite runs several jobs on
   device groups). main.run holds the workdir's lock."""
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  trainer_lib.compilation_cache(config, workdir)
+  process.compilation_cache(config, workdir)
   packed = check_config(config)
   saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work
   cfg, enc_params, tok = _load(config)
@@ -335,25 +335,3 @@ def _read_metrics(path) -> dict:
         "nothing was changed. Put back a good copy of it, or delete it to continue without "
         "the earlier epochs' results (the next evaluated epoch then replaces best/).") from None
   return saved
-
-
-def _save_params(path, params, cfg: Any, config, labels) -> None:
-  """The best parameters (head included) in the export format (formats.save_native:
-  params.safetensors + bert_jax_config.json with the model's real BertConfig, so best/ is
-  also an init_checkpoint), plus config.json: the labels and the task config for predict.
-
-  config.json marks best/ complete: it is removed before the parameters are replaced and
-  written after them, so a kill in between leaves a best/ that predict refuses, never one
-  whose config and parameters disagree (a directory rename is not atomic on GCS)."""
-  host = multihost_utils.process_allgather(params, tiled=True)  # every process takes part
-  if jax.process_index() != 0:
-    return
-  marker = path / "config.json"
-  if marker.exists():
-    marker.unlink()
-  if (path / "params").exists():  # the Orbax directory of an older best/, replaced here
-    (path / "params").rmtree()
-  formats.save_native(str(path), cfg.replace(scan_layers=False, remat="none"),
-                      loader.to_layout(jax.tree.map(np.asarray, host), False))
-  marker.write_text(json.dumps({"labels": labels, "task": json.loads(config.to_json_best_effort())},
-                               indent=2))

@@ -7,10 +7,10 @@ dropout of rate `rate` on the probabilities. Forward and backward (a custom VJP)
 blocks: the [L, M] probabilities are never written to memory, and the backward recomputes
 them and their dropout mask from the counters.
 
-The dropout mask is `model.hash_bits`'s, element for element: the bits of probability
-(b, h, position, key) are fmix32(fmix32(index ^ k0) + k1) of its row-major index in the
-[B, H, full_length, M] array, so this path drops exactly what the explicit path
-(`SelfAttention` with `dropout_rng="hash"`) drops for the same key (tested).
+The dropout mask is `hash_bits`'s (bert_jax/models/layers.py), element for element: the
+bits of probability (b, h, position, key) are fmix32(fmix32(index ^ k0) + k1) of its
+row-major index in the [B, H, full_length, M] array, so this path drops exactly what the
+explicit path (`SelfAttention` with `dropout_rng="hash"`) drops for the same key (tested).
 
 Pallas lowers the kernels through Triton on NVIDIA GPUs; on CPU they run in Pallas's
 interpret mode (slow: for tests); other backends are refused. Block sizes: 64 x 64 by
@@ -44,7 +44,7 @@ def fmix32(h: jax.Array) -> jax.Array:
 
 def hash_keys(key: jax.Array) -> jax.Array:
   """The (k0, k1) uint32 pair the dropout hash is keyed by: 64 threefry bits of `key` (what
-  `model.hash_bits` and these kernels both draw)."""
+  `layers.hash_bits` and these kernels both draw)."""
   return jax.random.bits(key, (2,), jnp.uint32)
 
 
@@ -295,22 +295,27 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
                                                      default=kernel(True))
   else:
     attention = kernel(interpret)
-  run = attention
+  return _per_shard(attention, B, H)(q, k, v, q_seg, kv_seg, q_pos, keys)[:, :L, :, :K]
+
+
+def _per_shard(attention, batch: int, heads: int):
+  """`attention` run on each device's rows and heads when the mesh splits them (the
+  partitioner cannot split a kernel call), its dropout counters the whole array's (the
+  shard's offsets in keys[2:]); `attention` itself otherwise."""
   mesh = jax.sharding.get_abstract_mesh()
   split = lambda names, n: tuple(a for a in names if a in mesh.axis_names and mesh.shape[a] > 1
                                  and n % mesh.shape[a] == 0)
-  batch_axes, head_axes = split(BATCH_AXES, B), split(HEAD_AXES, H)
-  if batch_axes or head_axes:
-    # A kernel runs on each device's rows and heads (the partitioner cannot split a kernel
-    # call); its dropout counters are the whole array's (the shard's offsets).
-    def local(q, k, v, q_seg, kv_seg, q_pos, keys):
-      offsets = [lax.axis_index(axes) * n if axes else 0
-                 for axes, n in ((batch_axes, q.shape[0]), (head_axes, q.shape[2]))]
-      keys = keys.at[2:].set(jnp.asarray(offsets, jnp.int32).astype(jnp.uint32))
-      return attention(q, k, v, q_seg, kv_seg, q_pos, keys)
-    P = jax.sharding.PartitionSpec
-    rows = P(batch_axes or None, None, head_axes or None, None)
-    vec = P(batch_axes or None, None)
-    run = jax.shard_map(local, mesh=mesh, in_specs=(rows, rows, rows, vec, vec, vec, P()),
-                        out_specs=rows, check_vma=False)
-  return run(q, k, v, q_seg, kv_seg, q_pos, keys)[:, :L, :, :K]
+  batch_axes, head_axes = split(BATCH_AXES, batch), split(HEAD_AXES, heads)
+  if not (batch_axes or head_axes):
+    return attention
+
+  def local(q, k, v, q_seg, kv_seg, q_pos, keys):
+    offsets = [lax.axis_index(axes) * n if axes else 0
+               for axes, n in ((batch_axes, q.shape[0]), (head_axes, q.shape[2]))]
+    keys = keys.at[2:].set(jnp.asarray(offsets, jnp.int32).astype(jnp.uint32))
+    return attention(q, k, v, q_seg, kv_seg, q_pos, keys)
+  P = jax.sharding.PartitionSpec
+  rows = P(batch_axes or None, None, head_axes or None, None)
+  vec = P(batch_axes or None, None)
+  return jax.shard_map(local, mesh=mesh, in_specs=(rows, rows, rows, vec, vec, vec, P()),
+                       out_specs=rows, check_vma=False)

@@ -1,5 +1,6 @@
 """BERT's checkpoint formats and name tables: HuggingFace (safetensors / pytorch_model.bin),
-Google TF checkpoints and bert_jax exports <-> bert_jax parameter trees, on the host.
+Google TF checkpoints (bert_jax/models/bert_tf_checkpoint.py) and bert_jax exports <-> bert_jax
+parameter trees, on the host.
 
 Every format is first brought to one canonical flat dict, HuggingFace's names without the
 `bert.` prefix in PyTorch layout (`encoder.layer.0.attention.self.query.weight` [out, in]);
@@ -30,10 +31,10 @@ import safetensors.numpy
 from bert_jax import families
 from bert_jax import flops
 from bert_jax.models import bert as model_lib
+from bert_jax.models import bert_tf_checkpoint
 from bert_jax.models.bert import BertConfig
 from input_pipeline import errors
 from input_pipeline import fileio
-from input_pipeline import records
 
 Array = np.ndarray
 Params = dict[str, Any]
@@ -42,7 +43,6 @@ NATIVE_CONFIG = "bert_jax_config.json"
 NATIVE_PARAMS = "params.safetensors"
 # Tensors a checkpoint may hold that carry no weights of ours.
 _IGNORED = re.compile(r"^(embeddings\.position_ids|embeddings\.token_type_ids)$")
-_TF_IGNORED = re.compile(r"(/adam_[mv]$|^global_step$|/Momentum$|^bad_steps$|^loss_scale$|^good_steps$)")
 
 HF_TANH_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
@@ -145,17 +145,26 @@ def describe_heads(h: Mapping[str, bool]) -> str:
   return " + ".join(["encoder"] + [label for name, label in labels if h.get(name)])
 
 
-def _set(tree: dict, path: tuple[str, ...], value) -> None:
+def set_path(tree: dict, path: tuple[str, ...], value) -> None:
+  """tree[path[0]][path[1]]... = value, creating the dicts on the way."""
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
 
 
-def _get(tree: Mapping, path: tuple[str, ...]):
+def get_path(tree: Mapping, path: tuple[str, ...]):
+  """tree[path[0]][path[1]]..."""
   for key in path:
     tree = tree[key]
   return tree
 
+
+_set = set_path  # its name before it was public (bert_jax/models/deberta.py calls it)
+
+
+def to_numpy(tree):
+  """A parameter tree (boxed or not, on devices or not) as numpy arrays on the host."""
+  return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), nn.unbox(tree))
 
 
 # ----------------------------------------------------------------------------
@@ -173,20 +182,7 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
   target="encoder") are named in one warning and left out; unknown tensors inside the
   encoder's namespaces (embeddings., encoder., pooler.) are an error.
   """
-  state = dict(state)
-  # The MLM decoder is tied to the word embeddings (and its bias to the output
-  # bias): accept the duplicates only when they really are tied.
-  for dup, orig in (("cls.predictions.decoder.weight", "embeddings.word_embeddings.weight"),
-                    ("cls.predictions.decoder.bias", "cls.predictions.bias")):
-    if dup in state:
-      if orig in state and state[orig].shape == state[dup].shape and np.array_equal(state[orig], state[dup]):
-        del state[dup]
-      elif orig not in state and dup.endswith("bias"):
-        state[orig] = state.pop(dup)
-      else:
-        raise CheckpointMismatchError(
-            f"{source}: {dup} differs from {orig}; bert_jax ties the MLM output "
-            "projection to the word embeddings and cannot load an untied one.")
+  state = _untie_decoder(dict(state), source)
   rules = _rules(cfg, target)
   present = {part: [hf in state for hf, *_, p in rules if p == part] for part in PARTS}
   loaded = {part: part == "encoder" or (bool(flags) and all(flags))
@@ -206,29 +202,54 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
     except ValueError:
       bad_shape.append(f"{hf}: {state[hf].shape}")
       continue
-    _set(params, path, value)
+    set_path(params, path, value)
   unused = sorted(k for k in state if k not in used and not _IGNORED.match(k))
   structural = [k for k in unused if k.startswith(("embeddings.", "encoder.", "pooler."))]
   no_mlm = target == "pretraining" and require_mlm and not any(present["mlm"])
   if missing or bad_shape or structural or no_mlm:
-    lines = [f"{source} does not match a {target} BERT of config {cfg.to_dict()}:"]
-    if missing:
-      lines.append(f"  missing tensors ({len(missing)}): {', '.join(missing)}")
-    if bad_shape:
-      lines.append(f"  tensors of the wrong shape ({len(bad_shape)}): {', '.join(bad_shape)}")
-    if unused:
-      lines.append(f"  unused tensors ({len(unused)}): {', '.join(unused)}")
-    if no_mlm and not (missing or bad_shape or structural):
-      lines.append("  The checkpoint has no masked-LM head (cls.predictions.*): it is an "
-                   "encoder-only checkpoint (BertModel). Load it with target='encoder' "
-                   "(fine-tuning, features); fill-mask needs a BertForMaskedLM or "
-                   "BertForPreTraining checkpoint.")
-    raise CheckpointMismatchError("\n".join(lines))
+    raise _mismatch(f"{source} does not match a {target} BERT of config {cfg.to_dict()}:",
+                    missing, bad_shape, unused,
+                    no_mlm=no_mlm and not (missing or bad_shape or structural))
   if unused:
     logging.warning("%s: %d tensors that a %s BERT does not use are left out: %s",
                     source, len(unused), target, ", ".join(unused))
   _check_shapes(params, cfg, target)
   return params
+
+
+def _untie_decoder(state: dict[str, Array], source: str) -> dict[str, Array]:
+  """`state` without the MLM decoder's copies of the word embeddings and the output bias
+  (tied: accepted only when they really are the same tensors), in place."""
+  for dup, orig in (("cls.predictions.decoder.weight", "embeddings.word_embeddings.weight"),
+                    ("cls.predictions.decoder.bias", "cls.predictions.bias")):
+    if dup in state:
+      if orig in state and state[orig].shape == state[dup].shape and np.array_equal(state[orig], state[dup]):
+        del state[dup]
+      elif orig not in state and dup.endswith("bias"):
+        state[orig] = state.pop(dup)
+      else:
+        raise CheckpointMismatchError(
+            f"{source}: {dup} differs from {orig}; bert_jax ties the MLM output "
+            "projection to the word embeddings and cannot load an untied one.")
+  return state
+
+
+def _mismatch(headline: str, missing: list[str], bad_shape: list[str], unused: list[str],
+              no_mlm: bool) -> CheckpointMismatchError:
+  """The error naming every tensor that keeps a checkpoint from loading."""
+  lines = [headline]
+  if missing:
+    lines.append(f"  missing tensors ({len(missing)}): {', '.join(missing)}")
+  if bad_shape:
+    lines.append(f"  tensors of the wrong shape ({len(bad_shape)}): {', '.join(bad_shape)}")
+  if unused:
+    lines.append(f"  unused tensors ({len(unused)}): {', '.join(unused)}")
+  if no_mlm:
+    lines.append("  The checkpoint has no masked-LM head (cls.predictions.*): it is an "
+                 "encoder-only checkpoint (BertModel). Load it with target='encoder' "
+                 "(fine-tuning, features); fill-mask needs a BertForMaskedLM or "
+                 "BertForPreTraining checkpoint.")
+  return CheckpointMismatchError("\n".join(lines))
 
 
 def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
@@ -242,7 +263,7 @@ def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
   for path, leaf in flat_expected:
     keys = tuple(p.key for p in path)
     try:
-      got = _get(params, keys).shape
+      got = get_path(params, keys).shape
     except KeyError:
       continue  # an optional part that is absent
     if tuple(got) != tuple(leaf.shape):
@@ -253,15 +274,11 @@ def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
 
 def params_to_canonical(params: Params, cfg: BertConfig) -> dict[str, Array]:
   """Param tree (any heads, unrolled) -> canonical flat dict of what it holds."""
-  params = _to_numpy(params)
+  params = to_numpy(params)
   target = "pretraining" if "bert" in params else "encoder"
   have = dict(heads(params), encoder=True)
-  return {hf: np.ascontiguousarray(to_hf(np.asarray(_get(params, path), np.float32)))
+  return {hf: np.ascontiguousarray(to_hf(np.asarray(get_path(params, path), np.float32)))
           for hf, path, _, to_hf, part in _rules(cfg, target) if have[part]}
-
-
-def _to_numpy(tree):
-  return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), nn.unbox(tree))
 
 
 # ----------------------------------------------------------------------------
@@ -393,46 +410,6 @@ def canonical_names(state: Mapping[str, Array]) -> dict[str, Array]:
   return out
 
 
-def tf_name_to_canonical(name: str) -> tuple[str, bool]:
-  """Google variable name -> (canonical name, needs transpose)."""
-  name = name.removeprefix("bert/")
-  transpose = name.endswith("/kernel")
-  name = re.sub(r"layer_(\d+)", r"layer.\1", name)
-  name = re.sub(r"/(kernel|gamma|output_weights)$", "/weight", name)
-  name = re.sub(r"/(beta|output_bias)$", "/bias", name)
-  if name.endswith("_embeddings"):
-    name += "/weight"
-  return name.replace("/", "."), transpose
-
-
-def read_tf_state(ckpt_path: str) -> dict[str, Array]:
-  tf = records.tensorflow()  # only Google TF checkpoints
-  reader = tf.train.load_checkpoint(ckpt_path)
-  state = {}
-  for name in reader.get_variable_to_shape_map():
-    if _TF_IGNORED.search(name):
-      continue  # Optimizer slots and counters.
-    canonical, transpose = tf_name_to_canonical(name)
-    value = reader.get_tensor(name)
-    state[canonical] = _t(value) if transpose else value
-  return state
-
-
-def _find_tf_checkpoint(path: str) -> str | None:
-  if fileio.path(path + ".index").exists():
-    return path
-  if fileio.path(path).is_dir():
-    tf = records.tensorflow()  # only Google TF checkpoints
-    latest = tf.train.latest_checkpoint(path)
-    if latest:
-      return latest
-    for f in sorted(fileio.path(path).iterdir(), key=str):
-      if f.name.endswith(".index"):
-        return fileio.join(path, f.name[:-len(".index")])
-  return None
-
-
-
 def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = True
                  ) -> tuple[BertConfig, Params]:
   """(config, unrolled params on the host) of a bert_jax export, a HuggingFace directory or
@@ -447,7 +424,7 @@ def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = 
   family = families.of_hf_dir(path)
   if family is not None:
     return family.read_hf(path, target, require_mlm)
-  ckpt = _find_tf_checkpoint(path)
+  ckpt = bert_tf_checkpoint.find_checkpoint(path)
   if ckpt is not None:
     config_path = fileio.path(ckpt).parent / "bert_config.json"
     if not config_path.exists():
@@ -457,14 +434,13 @@ def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = 
     if hf.get("hidden_act") == "gelu":
       hf = {**hf, "hidden_act": "gelu_new"}
     cfg = config_from_hf(hf)
-    return cfg, canonical_to_params(read_tf_state(ckpt), cfg, _canonical_target(target),
-                                    require_mlm=require_mlm, source=f"TF checkpoint {ckpt}")
+    return cfg, canonical_to_params(bert_tf_checkpoint.read_tf_state(ckpt), cfg,
+                                    _canonical_target(target), require_mlm=require_mlm,
+                                    source=f"TF checkpoint {ckpt}")
   raise CheckpointNotFoundError(
       f"{path} is not a checkpoint bert_jax can read: expected a directory with "
       f"{NATIVE_CONFIG} (bert_jax), config.json + model.safetensors/pytorch_model.bin "
       "(HuggingFace), or a TF checkpoint (bert_model.ckpt.index + bert_config.json).")
-
-
 
 
 def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
@@ -537,7 +513,7 @@ def _canonical_target(target: str) -> str:
 def save_native(path: str, cfg: BertConfig, params: Params) -> None:
   """Our portable format: safetensors of the unrolled tree + the BertConfig (written last:
   a directory without it is not a checkpoint, so a killed save is never read)."""
-  params = _to_numpy(params)
+  params = to_numpy(params)
   flat = {"/".join(p.key for p in path): np.ascontiguousarray(v)
           for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
   d = fileio.path(path)
@@ -566,7 +542,7 @@ def read_native(path: str) -> tuple[Any, Params]:
   cfg = config_from_dict(json.loads((d / NATIVE_CONFIG).read_text()))
   params: Params = {}
   for key, value in _read_safetensors(d / NATIVE_PARAMS).items():
-    _set(params, tuple(key.split("/")), value)
+    set_path(params, tuple(key.split("/")), value)
   return cfg, params
 
 

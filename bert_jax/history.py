@@ -18,9 +18,8 @@ from typing import Any
 from absl import logging
 import ml_collections
 
-from bert_jax import loader, suite
+from bert_jax import loader, process, suite, suite_report
 from bert_jax import metrics as metrics_lib
-from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, fileio
 
 
@@ -85,7 +84,7 @@ def run_history(config, workdir: str) -> dict[str, Any] | None:
   plan = [(name, run, step) for name, run in runs for step in steps_of(run, config.checkpoint_steps)]
   vocab = {run: config.vocab_path or loader.checkpoint_vocab(run) for _, run in runs}
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  cache = trainer_lib.compilation_cache(config, workdir, min_compile_secs=0.0,
+  cache = process.compilation_cache(config, workdir, min_compile_secs=0.0,
                                         users_first=False) or "none"
   logging.info("history: %d suites (%s), outputs in %s/history", len(plan),
                ", ".join(f"{n}: steps {','.join(str(s) for m, _, s in plan if m == n)}"
@@ -147,7 +146,7 @@ def render_markdown(history: dict) -> str:
 
 def render_plot(history: dict) -> bytes | None:
   """A PNG per task: the metric against the step, one line per pre-training run."""
-  plt = suite.pyplot("history.png")
+  plt = suite_report.pyplot("history.png")
   if plt is None:
     return None
   tasks = sorted({t for r in history["runs"].values() for s in r["steps"].values() for t in s["tasks"]})
@@ -161,7 +160,7 @@ def render_plot(history: dict) -> bytes | None:
     ax.set_xlabel("pre-training step")
     ax.set_ylabel(f"{task} dev (%)")
     ax.legend(fontsize=8)
-  return suite.png_bytes(plt, fig)
+  return suite_report.png_bytes(plt, fig)
 
 
 def write_history(history: dict, workdir: str) -> None:

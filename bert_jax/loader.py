@@ -392,49 +392,11 @@ def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_
   encoder_only = part == "encoder"
   target = abstract_params["bert"] if encoder_only else abstract_params
   want = flat(target)
-  want_shapes = {k: tuple(a.shape) for k, a in want.items()}
   path = name or (source if isinstance(source, str) else "the checkpoint")
   if isinstance(source, str) and is_run(source):
-    fit = {}
-
-    def restore(step_dir):
-      got = saved_param_shapes(step_dir)
-      if encoder_only:
-        got = {k[1:]: s for k, s in got.items() if k[0] == "bert"}
-      layout = target if is_scanned(got) == is_scanned(want) else abstract_layout(
-          target, is_scanned(got))
-      in_layout = flat(layout)
-      fit["parts"] = _check_fits(path, {k: tuple(a.shape) for k, a in in_layout.items()}, got,
-                                 encoder_only, config)
-      subset = unflat({k: a for k, a in in_layout.items() if k in got})
-      params = _restore_params(step_dir, {"bert": subset} if encoder_only else subset)
-      return params["bert"] if encoder_only else params
-
-    step_dir, params = _newest_intact(source, restore)
-    fresh, extra = fit["parts"]
-    if is_scanned(flat(params)) != is_scanned(want):  # saved with the other scan_layers
-      shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            params)
-      keys = set(flat(abstract_layout(shapes, is_scanned(want))))
-      params = onto_layout_of(params, unflat({k: a for k, a in want.items() if k in keys}))
-    loaded = flat(params)
-    logging.info("Initialised params from %s (step %s).", path, step_dir.name)
+    loaded, fresh, extra = _load_run(source, path, target, encoder_only, config)
   else:
-    if isinstance(source, str):
-      cfg, host = read(source, part, require_mlm=False)
-    else:
-      cfg, host = source
-    if config is not None:
-      _check_architecture(path, cfg, config)
-    host = flat(to_layout(host, is_scanned(want)))
-    fresh, extra = _check_fits(path, want_shapes, {k: np.shape(x) for k, x in host.items()},
-                               encoder_only, config)
-    loaded = {k: jax.make_array_from_callback(
-        a.shape, a.sharding, lambda idx, x=host[k], a=a: np.asarray(x, a.dtype)[idx])
-              for k, a in want.items() if k in host}
-    if isinstance(source, str):
-      logging.info("Initialised params from converted checkpoint %s (%s).", path,
-                   formats.describe_heads(formats.heads(unflat(host))))
+    loaded, fresh, extra = _load_converted(source, path, want, part, config)
   if fresh:
     logging.warning("init_checkpoint %s has no %s: %s from a fresh initialisation.", path,
                     " and no ".join(fresh), "they start" if len(fresh) > 1 else "it starts")
@@ -445,6 +407,61 @@ def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_
   fresh_flat = flat(fresh_params["bert"] if encoder_only else fresh_params)
   params = unflat({k: loaded.get(k, fresh_flat[k]) for k in want})
   return {**fresh_params, "bert": params} if encoder_only else params
+
+
+def _load_run(source: str, path: str, target: Any, encoder_only: bool,
+              config: BertConfig | None) -> tuple[dict[Keys, Any], list[str], list[str]]:
+  """`load_into` from a run of ours: (its newest intact step's params that `target`, the
+  abstract params, has, flat and on their shardings; the parts it lacks; those the model
+  does not use)."""
+  want = flat(target)
+  fit = {}
+
+  def restore(step_dir):
+    got = saved_param_shapes(step_dir)
+    if encoder_only:
+      got = {k[1:]: s for k, s in got.items() if k[0] == "bert"}
+    layout = target if is_scanned(got) == is_scanned(want) else abstract_layout(
+        target, is_scanned(got))
+    in_layout = flat(layout)
+    fit["parts"] = _check_fits(path, {k: tuple(a.shape) for k, a in in_layout.items()}, got,
+                               encoder_only, config)
+    subset = unflat({k: a for k, a in in_layout.items() if k in got})
+    params = _restore_params(step_dir, {"bert": subset} if encoder_only else subset)
+    return params["bert"] if encoder_only else params
+
+  step_dir, params = _newest_intact(source, restore)
+  if is_scanned(flat(params)) != is_scanned(want):  # saved with the other scan_layers
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          params)
+    keys = set(flat(abstract_layout(shapes, is_scanned(want))))
+    params = onto_layout_of(params, unflat({k: a for k, a in want.items() if k in keys}))
+  logging.info("Initialised params from %s (step %s).", path, step_dir.name)
+  return flat(params), *fit["parts"]
+
+
+def _load_converted(source: str | tuple[BertConfig, Any], path: str, want: dict[Keys, Any],
+                    part: str, config: BertConfig | None
+                    ) -> tuple[dict[Keys, Any], list[str], list[str]]:
+  """`load_into` from a checkpoint of another format (or the (config, host params) `read`
+  gave), converted on the host and placed on the shardings of `want` (the flat abstract
+  params): as `_load_run`."""
+  if isinstance(source, str):
+    cfg, host = read(source, part, require_mlm=False)
+  else:
+    cfg, host = source
+  if config is not None:
+    _check_architecture(path, cfg, config)
+  host = flat(to_layout(host, is_scanned(want)))
+  fresh, extra = _check_fits(path, {k: tuple(a.shape) for k, a in want.items()},
+                             {k: np.shape(x) for k, x in host.items()}, part == "encoder", config)
+  loaded = {k: jax.make_array_from_callback(
+      a.shape, a.sharding, lambda idx, x=host[k], a=a: np.asarray(x, a.dtype)[idx])
+            for k, a in want.items() if k in host}
+  if isinstance(source, str):
+    logging.info("Initialised params from converted checkpoint %s (%s).", path,
+                 formats.describe_heads(formats.heads(unflat(host))))
+  return loaded, fresh, extra
 
 
 # ----------------------------------------------------------------------------

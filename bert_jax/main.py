@@ -15,21 +15,20 @@ vars JAX_NUM_PROCESSES / JAX_PROCESS_ID / JAX_COORDINATOR_ADDRESS), or with
 `--multihost` where JAX detects the cluster itself (Cloud TPU pods, SLURM).
 `--local_device_ids=0,1` (or JAX_LOCAL_DEVICE_IDS) picks the GPUs a process drives.
 """
-import ctypes
 import os
 
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 from ml_collections import config_flags
 
 from bert_jax import finetune
 from bert_jax import history
-from bert_jax import metrics
+from bert_jax import process
 from bert_jax import suite
 from bert_jax import train
 from bert_jax import workdir_lock
+from bert_jax.process import reuse_host_memory  # noqa: F401  (its home before process.py)
 from input_pipeline import errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, summaries and prepared data.")
@@ -59,29 +58,6 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer("heartbeat_timeout", 60,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def reuse_host_memory() -> bool:
-  """On the CPU backend: glibc keeps freed memory for reuse (no mmap for large blocks, no
-  trimming); returns whether it applied.
-
-  XLA:CPU allocates all temporaries of a step as one block per execution (590 MB for
-  all-MiniLM-L6 fine-tuning at batch 32 x 64). glibc serves a block that large with a
-  fresh mmap and unmaps it on free, so every step page-faulted all of it again (~140k
-  minor faults a step); from the heap it is reused, and that step got 15% faster. Only
-  allocations of glibc's main arena follow these settings, i.e. those of the main thread:
-  bert_jax.main therefore turns off jax_cpu_enable_async_dispatch (XLA:CPU then executes
-  on the calling thread); with async dispatch on this does nothing. Process-wide: the
-  process keeps its peak host memory.
-  """
-  if jax.default_backend() != "cpu" or jax.config.read("jax_cpu_enable_async_dispatch"):
-    return False
-  try:
-    libc = ctypes.CDLL("libc.so.6")
-  except OSError:  # not glibc
-    return False
-  m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
-  return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2 ** 31 - 1))
-
-
 def run(config, workdir: str):
   """The job config.task names: pre-training, a fine-tuning task or the fine-tuning suite
   (holding the workdir's lock: one job per workdir)."""
@@ -99,22 +75,16 @@ def run(config, workdir: str):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Too many command-line arguments: {argv[1:]}")
-  metrics.quiet_library_logs()
-  # XLA:CPU executes on this thread, so its step memory can be reused (reuse_host_memory).
-  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  distributed = None
   if _MULTIHOST.value or _NUM_PROCESSES.value > 1:
-    kwargs = dict(initialization_timeout=_INIT_TIMEOUT.value,
-                  heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
+    distributed = dict(initialization_timeout=_INIT_TIMEOUT.value,
+                       heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value)
     if _NUM_PROCESSES.value > 1:
-      kwargs.update(coordinator_address=_COORDINATOR.value,
-                    num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+      distributed.update(coordinator_address=_COORDINATOR.value,
+                         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
     if _LOCAL_DEVICE_IDS.value:
-      kwargs.update(local_device_ids=[int(i) for i in _LOCAL_DEVICE_IDS.value])
-    jax.distributed.initialize(**kwargs)
-  logging.info("JAX process %d/%d, local devices: %s", jax.process_index(),
-               jax.process_count(), jax.local_devices())
-  logging.info("%d devices in total (%s).", jax.device_count(), jax.devices()[0].device_kind)
-  reuse_host_memory()
+      distributed.update(local_device_ids=[int(i) for i in _LOCAL_DEVICE_IDS.value])
+  process.setup(distributed)
   run(flags.FLAGS.config, _WORKDIR.value)
 
 

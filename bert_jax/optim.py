@@ -18,6 +18,8 @@ import ml_collections
 import numpy as np
 import optax
 
+from input_pipeline import errors
+
 # As google-research/bert optimization.py: exclude_from_weight_decay, searched
 # anywhere in the parameter's full name; the last two are the modern encoders' norms
 # (attn_norm, final_norm, head/norm, ...: bert_jax/models/modern.py), as ModernBERT excludes them.
@@ -197,3 +199,45 @@ def host_learning_rate(config: ml_collections.ConfigDict, step: int,
                        total_steps: int | None = None) -> float:
   """The learning rate applied at `step` (for logs), computed on the host."""
   return float(np.asarray(schedule_from_config(config, total_steps)(step)))
+
+
+def config_error(field: str, value: Any, why: str) -> errors.ConfigError:
+  """One line naming the config field, its value and what works."""
+  return errors.ConfigError(f"--config.{field}={value}: {why}")
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """config.opt and config.schedule, checked before any work: a value that cannot work is a
+  ConfigError naming the field and what works."""
+  opt, get, bad = config.opt, lambda node, k, d=None: node.get(k, d), config_error
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+  if not number(opt.learning_rate) or opt.learning_rate <= 0:
+    raise bad("opt.learning_rate", opt.learning_rate, "the learning rate must be a positive "
+              "number (a negative one trains by gradient ascent), e.g. 1e-4.")
+  if not number(opt.grad_clip_norm) or opt.grad_clip_norm < 0:
+    raise bad("opt.grad_clip_norm", opt.grad_clip_norm, "the gradient clipping norm must be "
+              "positive, or 0 for no clipping (a negative one flips every gradient).")
+  if not number(opt.weight_decay) or opt.weight_decay < 0:
+    raise bad("opt.weight_decay", opt.weight_decay, "weight decay must be 0 or positive.")
+  for k in ("b1", "b2"):
+    if not number(opt[k]) or not 0 <= opt[k] < 1:
+      raise bad(f"opt.{k}", opt[k], "Adam's decay rates must be in [0, 1), e.g. 0.9 / 0.999.")
+  if not number(opt.eps) or opt.eps <= 0:
+    raise bad("opt.eps", opt.eps, "must be positive, e.g. 1e-6.")
+  sched = config.schedule
+  for k in ("warmup_steps", "decay_steps"):
+    if k in sched and sched[k] < 0:
+      raise bad(f"schedule.{k}", sched[k], "must be 0 or more steps.")
+  if "warmup_fraction" in sched and not 0 <= sched.warmup_fraction <= 1:
+    raise bad("schedule.warmup_fraction", sched.warmup_fraction, "must be in [0, 1].")
+  if get(sched, "kind", "linear") not in ("linear", "wsd"):
+    raise bad("schedule.kind", sched.kind, "linear (BERT: warmup, then linear decay) or wsd "
+              "(warmup, stable, decay).")
+  if get(sched, "decay_shape", "linear") not in DECAY_SHAPES:
+    raise bad("schedule.decay_shape", sched.decay_shape, f"one of {DECAY_SHAPES}.")
+  if get(sched, "decay_start") is not None and (get(sched, "kind") != "wsd"
+                                                 or sched.decay_start < 0):
+    raise bad("schedule.decay_start", sched.decay_start, "the step where a wsd schedule's "
+              "decay begins (0 or more, with schedule.kind=wsd); None: its last decay_steps.")
+  if opt.name not in ("adamw", "stableadamw", "lamb"):
+    raise bad("opt.name", opt.name, "adamw (BERT), stableadamw (ModernBERT) or lamb.")

@@ -26,7 +26,7 @@ import itertools
 import json
 import sys
 import time
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from absl import flags
 from absl import logging
@@ -37,14 +37,16 @@ import numpy as np
 from bert_jax import embed
 from bert_jax import embed_eval
 from bert_jax import families
+from bert_jax import finetuned
 from bert_jax import formats
-from bert_jax import heads
 from bert_jax import loader
 from bert_jax import registry
 from bert_jax import tasks
+# Their names here before bert_jax/finetuned.py held them:
+from bert_jax.finetuned import classifier_logits, classify, load as load_finetuned  # noqa: F401
 from input_pipeline import errors
+from input_pipeline import features
 from input_pipeline import fileio
-from input_pipeline import features, glue, squad, tagging
 from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer
 
@@ -404,7 +406,6 @@ def main(argv: Sequence[str] | None = None) -> None:
   if args.text_pair and (args.input_file or len(args.text_pair) != len(args.text)):
     raise PredictError("--text_pair gives the second segment of each --text: give as many of "
                        "each (not with --input_file).")
-  has_input = bool(args.text or args.input_file)
   texts = itertools.chain(args.text, _input_lines(args.input_file) if args.input_file else ())
   out = args.output or ("embeddings.npy" if args.mode == "embed" else "features.npy")
   if args.mode in ("features", "embed"):
@@ -412,67 +413,83 @@ def main(argv: Sequence[str] | None = None) -> None:
   # The checkpoint's own vocabulary by default, read once the checkpoint is known good.
   vocabulary = lambda: Tokenizer.from_path(args.vocab or loader.checkpoint_vocab(args.checkpoint),
                                            args.lowercase)
-  B = args.batch_size
   if args.mode in ("classify", "qa", "tag"):
-    cfg, params, task, labels = load_finetuned(args.checkpoint)
-    _check_mode(args.mode, task, args.checkpoint)
-    tokenizer = vocabulary()
-    _check_vocab(cfg, tokenizer)
-    if args.mode == "qa":
-      if not (args.question and args.context):
-        raise PredictError("--mode=qa needs --question and --context.")
-      print(json.dumps({"question": args.question, "answer": answer(cfg, params, task, tokenizer, args.question, args.context)}))
-      return
-    if not has_input:
-      raise PredictError("Give --text (repeatable) or --input_file.")
-    progress = _Progress(texts, "texts")
-    if args.mode == "classify":
-      inputs, shown = itertools.tee(progress)
-      for text, (label, p, _) in zip(shown, iter_classify(cfg, params, task, labels, tokenizer,
-                                                          inputs, args.text_pair or None, B)):
-        print(json.dumps({"text": text, "prediction": label, "probability": p}))
-    else:
-      for text in progress:
-        print(" ".join(f"{w}/{t}" for w, t in tag(cfg, params, task, labels, tokenizer, text)))
-    progress.done()
+    _finetuned_mode(args, texts, vocabulary)
     return
-  if not has_input:
+  if not (args.text or args.input_file):
     raise PredictError("Give --text (repeatable) or --input_file.")
   if args.mode == "fill_mask":
-    cfg, params = load_checkpoint(args.checkpoint, "pretraining")
-    tokenizer = vocabulary()
-    _check_vocab(cfg, tokenizer)
-    progress = _Progress(texts, "texts")
-    inputs, shown = itertools.tee(progress)
-    any_mask = False
-    for text, per_mask in zip(shown, iter_fill_mask(cfg, params, tokenizer, inputs, args.top_k,
-                                                    args.max_seq_length, B)):
-      any_mask |= bool(per_mask)
-      print(text)
-      for k, cands in enumerate(per_mask):
-        print(f"  [MASK] #{k + 1}: " + ", ".join(f"{t} ({p:.3f})" for t, p in cands))
-    progress.done()
-    if not any_mask:
-      raise PredictError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
+    _fill_mask(args, texts, vocabulary)
   elif args.mode == "embed":
     _embed(args, texts, out)
   else:
-    layers = parse_layers(args.layers)
-    cfg, params = load_checkpoint(args.checkpoint, "encoder")
-    tokenizer = vocabulary()
-    _check_vocab(cfg, tokenizer)
-    check_layers(layers, cfg.num_layers, args.layers)
-    progress = _Progress(texts, "texts")
-    batches = iter_features(cfg, params, tokenizer, progress, layers, args.max_seq_length,
-                            args.pooled, B)
-    if out.endswith(".jsonl"):
-      with fileio.path(out).open("wb") as f:
-        n = write_features_jsonl(f, batches, tokenizer, layers, args.pooled)
-      shape = [n]
-    else:  # .npy: the rows are counted first, so that the file is written as they come
-      shape = list(write_features_npy(out, batches, _count_inputs(args)))
-    progress.done()
-    print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled}))
+    _features(args, texts, out, vocabulary)
+
+
+def _finetuned_mode(args, texts: Iterable[str], vocabulary) -> None:
+  """--mode=classify / qa / tag: a fine-tuning run's best/ on the inputs."""
+  cfg, params, task, labels = finetuned.load(args.checkpoint)
+  _check_mode(args.mode, task, args.checkpoint)
+  tokenizer = vocabulary()
+  _check_vocab(cfg, tokenizer)
+  if args.mode == "qa":
+    if not (args.question and args.context):
+      raise PredictError("--mode=qa needs --question and --context.")
+    print(json.dumps({"question": args.question, "answer": finetuned.answer(
+        cfg, params, task, tokenizer, args.question, args.context)}))
+    return
+  if not (args.text or args.input_file):
+    raise PredictError("Give --text (repeatable) or --input_file.")
+  progress = _Progress(texts, "texts")
+  if args.mode == "classify":
+    inputs, shown = itertools.tee(progress)
+    for text, (label, p, _) in zip(shown, finetuned.iter_classify(
+        cfg, params, task, labels, tokenizer, inputs, args.text_pair or None, args.batch_size)):
+      print(json.dumps({"text": text, "prediction": label, "probability": p}))
+  else:
+    for text in progress:
+      print(" ".join(f"{w}/{t}" for w, t in finetuned.tag(cfg, params, task, labels, tokenizer,
+                                                          text)))
+  progress.done()
+
+
+def _fill_mask(args, texts: Iterable[str], vocabulary) -> None:
+  """--mode=fill_mask: the top_k tokens of each [MASK], printed."""
+  cfg, params = load_checkpoint(args.checkpoint, "pretraining")
+  tokenizer = vocabulary()
+  _check_vocab(cfg, tokenizer)
+  progress = _Progress(texts, "texts")
+  inputs, shown = itertools.tee(progress)
+  any_mask = False
+  for text, per_mask in zip(shown, iter_fill_mask(cfg, params, tokenizer, inputs, args.top_k,
+                                                  args.max_seq_length, args.batch_size)):
+    any_mask |= bool(per_mask)
+    print(text)
+    for k, cands in enumerate(per_mask):
+      print(f"  [MASK] #{k + 1}: " + ", ".join(f"{t} ({p:.3f})" for t, p in cands))
+  progress.done()
+  if not any_mask:
+    raise PredictError(f"No {MASK_TEXT} in the input: write e.g. 'Paris is the {MASK_TEXT} of France.'")
+
+
+def _features(args, texts: Iterable[str], out: str, vocabulary) -> None:
+  """--mode=features: hidden states of the chosen layers, streamed into .npy or .jsonl."""
+  layers = parse_layers(args.layers)
+  cfg, params = load_checkpoint(args.checkpoint, "encoder")
+  tokenizer = vocabulary()
+  _check_vocab(cfg, tokenizer)
+  check_layers(layers, cfg.num_layers, args.layers)
+  progress = _Progress(texts, "texts")
+  batches = iter_features(cfg, params, tokenizer, progress, layers, args.max_seq_length,
+                          args.pooled, args.batch_size)
+  if out.endswith(".jsonl"):
+    with fileio.path(out).open("wb") as f:
+      n = write_features_jsonl(f, batches, tokenizer, layers, args.pooled)
+    shape = [n]
+  else:  # .npy: the rows are counted first, so that the file is written as they come
+    shape = list(write_features_npy(out, batches, _count_inputs(args)))
+  progress.done()
+  print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled}))
 
 
 def _count_inputs(args) -> int:
@@ -521,95 +538,6 @@ def _check_mode(mode: str, task: dict, checkpoint: str) -> None:
       + (f"use --mode={modes[0]}." if modes else
          "predict has no mode for it; its dev predictions are in the workdir.")
       + " (--mode=features reads the encoder of any checkpoint.)")
-
-
-def load_finetuned(workdir: str):
-  """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
-  best = fileio.path(workdir) / "best"
-  if not fileio.path(workdir).exists():
-    raise formats.CheckpointNotFoundError(
-        f"{workdir} does not exist: --checkpoint must be the workdir of a fine-tuning run.")
-  if not (best / "config.json").exists():
-    raise formats.CheckpointNotFoundError(
-        f"{best}/config.json not found: --checkpoint must be the workdir of a fine-tuning run (it "
-        "keeps its best parameters in best/).")
-  saved = json.loads((best / "config.json").read_text())
-  cfg, params = loader.read(str(best), "all")
-  return cfg.replace(scan_layers=False, remat="none"), params, saved["task"], saved.get("labels")
-
-
-@functools.lru_cache(maxsize=8)
-def _classifier_fn(cfg, num_labels: int, how: heads.FeatureBased):
-  module = heads.BertForSequenceClassification(cfg, num_labels=num_labels, how=how)
-  return jax.jit(lambda prm, a, b, c: module.apply({"params": prm}, a, b, c))
-
-
-def classify(cfg, params, task, labels, tokenizer, texts, pairs=None, batch_size: int = 32):
-  """[(label, probability, all probabilities)] per text (or a score for regression)."""
-  return list(iter_classify(cfg, params, task, labels, tokenizer, texts, pairs, batch_size))
-
-
-def classifier_logits(cfg, params, feats: dict[str, np.ndarray], batch_size: int = 32,
-                      task: Mapping[str, Any] | None = None) -> np.ndarray:
-  """The classifier's logits [n, num_labels] for encoded features (glue.encode_examples),
-  `batch_size` rows at a time (the last batch padded: one compiled shape); `task`: the
-  fine-tuning run's saved config (its head: heads.FeatureBased)."""
-  num = _num_outputs(params)
-  fn = _classifier_fn(cfg, num, heads.FeatureBased.of(task or {}))
-  inputs = ("input_ids", "segment_ids", "input_mask")
-  out = [np.zeros((0, num), np.float32)]
-  for start in range(0, len(feats["input_ids"]), batch_size):
-    rows = [feats[k][start:start + batch_size] for k in inputs]
-    padded = [np.zeros((batch_size,) + v.shape[1:], v.dtype) for v in rows]
-    for p, v in zip(padded, rows):
-      p[:len(v)] = v
-    out.append(np.asarray(fn(params, *padded))[:len(rows[0])])
-  return np.concatenate(out)
-
-
-def _num_outputs(params) -> int:
-  return params["classifier"]["kernel"].shape[-1]
-
-
-def iter_classify(cfg, params, task, labels, tokenizer, texts: Iterable[str],
-                  pairs: Sequence[str] | None = None, batch_size: int = 32) -> Iterator[tuple]:
-  """(label, probability, all probabilities) per text (or ("score", value, None) for
-  regression), `batch_size` texts at a time as `texts` is read."""
-  num = _num_outputs(params)
-  done = 0
-  for batch in chunks(texts, batch_size):
-    examples = [glue.Example(str(i), t, (pairs[done + i] if pairs else None), None)
-                for i, t in enumerate(batch)]
-    feats = glue.encode_examples(examples, tokenizer, task["max_seq_length"], labels)
-    logits = classifier_logits(cfg, params, feats, batch_size, task)
-    done += len(batch)
-    if num == 1:
-      yield from (("score", float(l[0]), None) for l in logits)
-      continue
-    probs = np.asarray(jax.nn.softmax(logits, -1))
-    yield from ((labels[int(np.argmax(p))], float(np.max(p)), dict(zip(labels, map(float, p))))
-                for p in probs)
-
-
-def answer(cfg, params, task, tokenizer, question: str, context: str) -> str:
-  ex = [squad.QAExample("q", question, context, (), -1)]
-  feats = squad.convert_examples(ex, tokenizer, task["max_seq_length"], task["doc_stride"], task["max_query_length"])
-  start, end = tasks.TASKS[task["task"]].head(cfg, task, None).apply(
-      {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"])
-  preds, _, _ = squad.decode_answers(ex, feats, np.asarray(start), np.asarray(end),
-                                     max_answer_length=task["max_answer_length"],
-                                     version_2=task["version_2_with_negative"],
-                                     null_threshold=task["null_score_threshold"])
-  return preds["q"]
-
-
-def tag(cfg, params, task, labels, tokenizer, text: str) -> list[tuple[str, str]]:
-  words = text.split()
-  feats = tagging.encode_conll([(words, [labels[0]] * len(words))], tokenizer, task["max_seq_length"], labels)
-  logits = tasks.TASKS[task["task"]].head(cfg, task, labels).apply(
-      {"params": params}, feats["input_ids"], feats["segment_ids"], feats["input_mask"])
-  tags, = tasks.decode_tags(np.asarray(logits), feats["word_index"], [len(words)], labels)
-  return list(zip(words, tags))
 
 
 def _check_vocab(cfg, tokenizer) -> None:

@@ -14,7 +14,9 @@ from absl import logging
 import jax
 import ml_collections
 
+from bert_jax import checkpointing
 from bert_jax import metrics as metrics_lib
+from bert_jax import process
 from bert_jax import registry
 from bert_jax import trainer as trainer_lib
 from bert_jax.trainer import TrainState
@@ -45,12 +47,32 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         "the one or raise the other.")
 
 
-def _data_changed(saved: dict, now: dict) -> bool:
-  """Whether the data config differs from the one a checkpoint saved; a field the saved one
-  lacks (a field added since) counts as its default."""
+def _data_changes(saved: dict, now: dict) -> list[str]:
+  """How the data config differs from the one a checkpoint saved (checkpointing's config
+  diff); a field the saved one lacks (a field added since) counts as its default."""
   defaults = data_config.default_data_config().to_dict()
-  return set(saved) - set(now) != set() or any(
-      saved.get(k, defaults.get(k)) != v for k, v in now.items())
+  filled = {**{k: defaults[k] for k in now if k in defaults}, **saved}
+  return checkpointing.config_changes({"data": filled}, {"data": now})
+
+
+def _train_iterator(config, data_cfg, trainer: trainer_lib.Trainer, state: TrainState,
+                    data_state, vocab_size: int):
+  """This host's rows of each training batch, from where the checkpoint left the data (or
+  afresh: a new run or a changed data config); a mixture's shares in the progress lines."""
+  n = jax.process_count()
+  train_iter = pretrain_data.make_iterator(config, data_cfg, split="train",
+                                           batch_size=config.global_batch_size // n,
+                                           vocab_size=vocab_size, seed=config.seed,
+                                           process_index=jax.process_index(), process_count=n)
+  if data_state is not None:
+    train_iter.set_state(data_state)
+  elif data_cfg.get("mixture") and int(jax.device_get(state.step)):
+    # A fresh mixture mid-run (e.g. a new phase): its temperature schedule counts steps.
+    train_iter.set_state({"batches": int(jax.device_get(state.step))})
+  if data_cfg.get("mixture"):
+    trainer.metrics.host_scalars = lambda: {f"data_share/{name}": share
+                                            for name, share in train_iter.shares().items()}
+  return train_iter
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
@@ -63,7 +85,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   workdir = os.fspath(workdir)
   check_config(config)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  trainer_lib.compilation_cache(config, workdir)
+  process.compilation_cache(config, workdir)
   data_cfg, vocab_size = data_build.build_data(config, workdir)
   model, objective, sample = registry.pretraining(config, vocab_size, data_cfg)
   cfg = model.config
@@ -75,31 +97,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   if (trainer.checkpointer.latest_step() or 0) < config.num_train_steps:  # steps to run
     trainer.compile_ahead(pretrain_data.batch_shapes(data_cfg, config.global_batch_size))
   state, data_state = trainer.restore_or_init(config.init_checkpoint or None, model_config=cfg)
-  if data_state is not None and _data_changed(trainer.restored_config.get("data") or {},
-                                             trainer_lib.json_config(config).get("data") or {}):
-    logging.info("The data config changed since step %d (e.g. phase 2): the input "
-                 "iterator starts afresh.", int(jax.device_get(state.step)))
+  changes = [] if data_state is None else _data_changes(
+      trainer.restored_config.get("data") or {}, trainer_lib.json_config(config).get("data") or {})
+  if changes:
+    logging.info("The data config changed since step %d (e.g. phase 2: %s): the input "
+                 "iterator starts afresh.", int(jax.device_get(state.step)), "; ".join(changes[:3]))
     data_state = None
   logging.info("%s parameters.", f"{trainer.num_params():,}")
-
-  n = jax.process_count()
-  hosts = dict(process_index=jax.process_index(), process_count=n)
-  train_iter = pretrain_data.make_iterator(config, data_cfg, split="train",
-                                           batch_size=config.global_batch_size // n,
-                                           vocab_size=cfg.vocab_size, seed=config.seed, **hosts)
-  if data_state is not None:
-    train_iter.set_state(data_state)
-  elif data_cfg.get("mixture") and int(jax.device_get(state.step)):
-    # A fresh mixture mid-run (e.g. a new phase): its temperature schedule counts steps.
-    train_iter.set_state({"batches": int(jax.device_get(state.step))})
-  if data_cfg.get("mixture"):
-    trainer.metrics.host_scalars = lambda: {f"data_share/{name}": share
-                                            for name, share in train_iter.shares().items()}
+  train_iter = _train_iterator(config, data_cfg, trainer, state, data_state, cfg.vocab_size)
   eval_iter, eval_batches = None, []
   if do_eval:
+    n = jax.process_count()
     eval_iter = pretrain_data.make_iterator(config, data_cfg, split="eval",
                                             batch_size=config.eval_batch_size // n,
-                                            vocab_size=cfg.vocab_size, seed=config.seed, **hosts)
+                                            vocab_size=cfg.vocab_size, seed=config.seed,
+                                            process_index=jax.process_index(), process_count=n)
 
   def evaluate(step, state):
     if not eval_batches:  # the same held-out batches every time, read once

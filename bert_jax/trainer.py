@@ -2,7 +2,7 @@
 
     trainer = build(config, model, objective, sample_batch, workdir)
     state, data_state = trainer.restore_or_init()
-    state = run(trainer, state, train_iter, num_steps=..., metrics=..., evaluate=...)
+    result = run(trainer, state, train_iter, num_steps=..., evaluate=..., eval_at=...)
 
 `build` states the sharding once: mesh and logical-axis rules from the config, the
 state's shapes from `jax.eval_shape` of the init, their shardings from the parameters'
@@ -41,8 +41,6 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import optim
 from bert_jax import sharding
 from bert_jax.objectives import Objective
-from input_pipeline import errors
-from input_pipeline import fileio
 
 
 class TrainState(struct.PyTreeNode):
@@ -119,96 +117,26 @@ def init_state(rng: jax.Array, *, model: nn.Module, tx: optax.GradientTransforma
   return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=tx.init(params))
 
 
-_CACHE_SET = [None]  # the directory compilation_cache last set (not a user's)
-
-
-def compilation_cache(config: ml_collections.ConfigDict, workdir: str, *,
-                      min_compile_secs: float | None = None,
-                      users_first: bool = True) -> str | None:
-  """Turns on XLA's persistent compilation cache for this job (each job calls it first);
-  returns its directory.
-
-  config.compilation_cache_dir "" = WORKDIR/xla_cache (any path layer's, gs:// included), unless
-  JAX's cache is already set by the user (JAX_COMPILATION_CACHE_DIR, jax.config): then that
-  one; "none" = off. A resumed or repeated run of the same shapes (after a preemption, the
-  next phase's restart, a sweep) then loads its programs instead of compiling them (BERT-base
-  on CPU: the init and the train step, ~15 s). `min_compile_secs`: only programs that took
-  longer are kept (None: JAX's default). `users_first=False`: "" is WORKDIR/xla_cache even
-  where the user set JAX's cache (the suite: its reruns compile nothing)."""
-  where = config.get("compilation_cache_dir", "")
-  if where == "none":
-    return None
-  current = jax.config.jax_compilation_cache_dir
-  if not where and users_first and current and current != _CACHE_SET[0]:
-    return current
-  where = str(fileio.path(where or fileio.join(workdir, "xla_cache")))
-  if current != where:
-    jax.config.update("jax_compilation_cache_dir", where)
-    _CACHE_SET[0] = where
-    try:  # the cache object keeps the first directory it was used with
-      from jax._src import compilation_cache as cache_lib  # pylint: disable=g-import-not-at-top
-      cache_lib.reset_cache()
-    except (ImportError, AttributeError):
-      pass
-  if min_compile_secs is not None:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_secs)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  return where
-
-
-def _bad(field: str, value: Any, why: str) -> errors.ConfigError:
-  return errors.ConfigError(f"--config.{field}={value}: {why}")
-
-
 def check_config(config: ml_collections.ConfigDict) -> None:
-  """The fields every job reads (optimizer, schedule, cadences), checked before any work: a
-  value that cannot work is a ConfigError naming the field and what works. 0 turns a
-  cadence off (checkpoints then only at the end, at epoch ends and on SIGTERM)."""
-  opt, get = config.opt, lambda node, k, d=None: node.get(k, d)
-  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-  if not number(opt.learning_rate) or opt.learning_rate <= 0:
-    raise _bad("opt.learning_rate", opt.learning_rate, "the learning rate must be a positive "
-               "number (a negative one trains by gradient ascent), e.g. 1e-4.")
-  if not number(opt.grad_clip_norm) or opt.grad_clip_norm < 0:
-    raise _bad("opt.grad_clip_norm", opt.grad_clip_norm, "the gradient clipping norm must be "
-               "positive, or 0 for no clipping (a negative one flips every gradient).")
-  if not number(opt.weight_decay) or opt.weight_decay < 0:
-    raise _bad("opt.weight_decay", opt.weight_decay, "weight decay must be 0 or positive.")
-  for k in ("b1", "b2"):
-    if not number(opt[k]) or not 0 <= opt[k] < 1:
-      raise _bad(f"opt.{k}", opt[k], "Adam's decay rates must be in [0, 1), e.g. 0.9 / 0.999.")
-  if not number(opt.eps) or opt.eps <= 0:
-    raise _bad("opt.eps", opt.eps, "must be positive, e.g. 1e-6.")
-  sched = config.schedule
-  for k in ("warmup_steps", "decay_steps"):
-    if k in sched and sched[k] < 0:
-      raise _bad(f"schedule.{k}", sched[k], "must be 0 or more steps.")
-  if "warmup_fraction" in sched and not 0 <= sched.warmup_fraction <= 1:
-    raise _bad("schedule.warmup_fraction", sched.warmup_fraction, "must be in [0, 1].")
-  if get(sched, "kind", "linear") not in ("linear", "wsd"):
-    raise _bad("schedule.kind", sched.kind, "linear (BERT: warmup, then linear decay) or wsd "
-               "(warmup, stable, decay).")
-  if get(sched, "decay_shape", "linear") not in optim.DECAY_SHAPES:
-    raise _bad("schedule.decay_shape", sched.decay_shape, f"one of {optim.DECAY_SHAPES}.")
-  if get(sched, "decay_start") is not None and (get(sched, "kind") != "wsd"
-                                                 or sched.decay_start < 0):
-    raise _bad("schedule.decay_start", sched.decay_start, "the step where a wsd schedule's "
-               "decay begins (0 or more, with schedule.kind=wsd); None: its last decay_steps.")
-  if opt.name not in ("adamw", "stableadamw", "lamb"):
-    raise _bad("opt.name", opt.name, "adamw (BERT), stableadamw (ModernBERT) or lamb.")
+  """The fields every job reads (optimizer and schedule: optim.check_config; cadences),
+  checked before any work: a value that cannot work is a ConfigError naming the field and
+  what works. 0 turns a cadence off (checkpoints then only at the end, at epoch ends and on
+  SIGTERM)."""
+  optim.check_config(config)
+  bad, get = optim.config_error, lambda node, k, d=None: node.get(k, d)
   for k, what in (("checkpoint_every_steps", "steps between checkpoints"),
                   ("log_every_steps", "steps between progress lines"),
                   ("keep_checkpoint_period", "keeps every step divisible by it")):
     if get(config, k, 0) < 0:
-      raise _bad(k, config[k], f"{what}: 0 = off, or a positive number of steps.")
+      raise bad(k, config[k], f"{what}: 0 = off, or a positive number of steps.")
   if get(config, "keep_checkpoints", 1) < 1:
-    raise _bad("keep_checkpoints", config.keep_checkpoints, "at least the newest checkpoint "
-               "must be kept (1 or more).")
+    raise bad("keep_checkpoints", config.keep_checkpoints, "at least the newest checkpoint "
+              "must be kept (1 or more).")
   if get(config, "grad_accum_steps", 1) < 1:
-    raise _bad("grad_accum_steps", config.grad_accum_steps, "micro-batches per step: 1 or more.")
+    raise bad("grad_accum_steps", config.grad_accum_steps, "micro-batches per step: 1 or more.")
   if get(config, "max_steps_per_run", -1) == 0 or get(config, "max_steps_per_run", -1) < -1:
-    raise _bad("max_steps_per_run", config.max_steps_per_run, "a positive number of steps, "
-               "or -1 for no limit.")
+    raise bad("max_steps_per_run", config.max_steps_per_run, "a positive number of steps, "
+              "or -1 for no limit.")
 
 
 def logical_rules(config: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
@@ -450,20 +378,27 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
     ckpt = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints,
                                       keep_period=config.keep_checkpoint_period,
                                       async_save=config.async_checkpointing)
-    shapes = {k: (config.global_batch_size,) + v.shape[1:] for k, v in sample.items()}
-    make_metrics = lambda: metrics_lib.TrainMetrics(
-        metrics_lib.make_writer(workdir), total_steps=total_steps,
-        tokens_per_step=int(np.prod(shapes["input_ids"])),
-        flops_per_step=objective.flops(model, shapes),
-        peak=flops_lib.Peak(str(model.config.dtype), config.peak_flops_per_device),
-        learning_rate=functools.partial(optim.host_learning_rate, config,
-                                        total_steps=total_steps),
-        summarize=objective.summarize, console=objective.console, prefix=log_prefix)
+    make_metrics = functools.partial(_progress, config, model, objective, sample, workdir,
+                                     total_steps, log_prefix)
   return Trainer(config=config, model=model, objective=objective, tx=tx, mesh=mesh, rules=rules,
                  abstract=abstract, state_shardings=state_sh, batch_sharding=batch_sh,
                  replicated=repl, init=functools.partial(jit_init, rng), train_step=p_train,
                  eval_step=p_eval, checkpointer=ckpt, make_metrics=make_metrics, inputs=inputs,
                  total_steps=total_steps)
+
+
+def _progress(config, model: nn.Module, objective: Objective, sample: Mapping[str, Any],
+              workdir: str, total_steps: int | None,
+              log_prefix: Callable[[int], str] | None) -> metrics_lib.TrainMetrics:
+  """A run's progress lines and TensorBoard summaries (tokens/s, MFU, ETA)."""
+  shapes = {k: (config.global_batch_size,) + v.shape[1:] for k, v in sample.items()}
+  return metrics_lib.TrainMetrics(
+      metrics_lib.make_writer(workdir), total_steps=total_steps,
+      tokens_per_step=int(np.prod(shapes["input_ids"])),
+      flops_per_step=objective.flops(model, shapes),
+      peak=flops_lib.Peak(str(model.config.dtype), config.peak_flops_per_device),
+      learning_rate=functools.partial(optim.host_learning_rate, config, total_steps=total_steps),
+      summarize=objective.summarize, console=objective.console, prefix=log_prefix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -513,13 +448,19 @@ class Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def evaluate_sums(trainer: Trainer, params: Any, batches) -> dict[str, float]:
-  """Metric sums of the eval step over host-local `batches` (summed over the global batch)."""
+def evaluate_sums(trainer: Trainer, params: Any, batches, outputs: list | None = None
+                  ) -> dict[str, float]:
+  """Metric sums of the eval step over host-local `batches` (summed over the global batch):
+  the one evaluation loop of every job. `outputs` (a trainer built with eval_outputs): a
+  list that receives each batch's model outputs, on the host."""
   sums = None
   with trainer.activate():
     for i, batch in enumerate(batches):
       m = trainer.eval_step(params, trainer.to_global(batch),
                             jax.random.fold_in(trainer.eval_rng, i))
+      if outputs is not None:
+        m, out = m
+        outputs.append(jax.device_get(out))
       sums = m if sums is None else jax.tree.map(jnp.add, sums, m)
   return {k: float(v) for k, v in jax.device_get(sums).items()}
 
@@ -547,6 +488,30 @@ def _first_step(trainer: Trainer, state: TrainState, batch, rng):
       logging.warning("The batch does not match the train step compiled ahead (%s); "
                       "compiling it for this batch.", e)
   return (*trainer.train_step(state, batch, rng), trainer.train_step)
+
+
+def _log_evaluate_save(trainer: Trainer, step: int, state: TrainState, train_iter, stop: bool,
+                       evaluate: Callable[[int, TrainState], Any] | None, save: bool
+                       ) -> int | None:
+  """After step `step` was queued: its evaluation and checkpoint when due (a stop saves),
+  its metrics reported now where that blocks anyway, else returned to be read one step
+  late (None: nothing to read)."""
+  config, metrics = trainer.config, trainer.metrics
+  do_save = _every(step, config.checkpoint_every_steps) or save or stop
+  log_step = None
+  if _every(step, config.log_every_steps) or stop:
+    if evaluate is not None or do_save:
+      metrics.report(step)  # blocking here anyway
+    else:
+      log_step = step
+  if evaluate is not None:
+    metrics.check(step)
+    evaluate(step, state)
+  if do_save:
+    metrics.check(step)  # never save a state whose loss went NaN
+    trainer.checkpointer.save(step, state, train_iter.get_state(), config,
+                              extra=trainer.saved_with_config())
+  return log_step
 
 
 def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
@@ -591,22 +556,10 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
           metrics.start_timer(step)
         if log_step is not None:  # read the previous log step now that this one is queued
           metrics.report(log_step)
-          log_step = None
         stop = preempted(step) or step == end
-        do_eval = evaluate is not None and eval_at(step)
-        do_save = _every(step, config.checkpoint_every_steps) or save_at(step) or stop
-        if _every(step, config.log_every_steps) or stop:
-          if do_eval or do_save:
-            metrics.report(step)  # blocking here anyway
-          else:
-            log_step = step
-        if do_eval:
-          metrics.check(step)
-          evaluate(step, state)
-        if do_save:
-          metrics.check(step)  # never save a state whose loss went NaN
-          ckpt.save(step, state, train_iter.get_state(), config,
-                    extra=trainer.saved_with_config())
+        log_step = _log_evaluate_save(trainer, step, state, train_iter, stop,
+                                      evaluate if evaluate is not None and eval_at(step) else None,
+                                      save_at(step))
         if stop:
           break
   except metrics_lib.NonFiniteLossError:

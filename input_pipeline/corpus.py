@@ -13,6 +13,8 @@ An input spec is one of:
 """
 from typing import Iterator
 
+from absl import flags
+
 from input_pipeline import builtin_corpus
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
@@ -124,3 +126,14 @@ def iter_texts(input_spec: str, *, sentences: bool = False, max_chars: int | Non
       total += len(t)
       if max_chars and total >= max_chars:
         return
+
+
+def define_flags(fv: flags.FlagValues, bad_records_help: str) -> None:
+  """The flags that say how a corpus is read, for the tools that read one (prepare, vocab)."""
+  flags.DEFINE_string("text_field", "text", "The field (JSON), column (Parquet, Arrow) or "
+                      "TFDS feature holding a document's text.", flag_values=fv)
+  flags.DEFINE_integer("max_bad_records", 0, bad_records_help, flag_values=fv)
+  flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
+  flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
+                     "Refuse a corpus file when more than this share of its bytes is not "
+                     "valid UTF-8 (replaced by U+FFFD).", flag_values=fv)

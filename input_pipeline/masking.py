@@ -58,6 +58,41 @@ def _priorities(ids, rng, candidate, is_continuation=None):
 MASK_RATIOS = (0.8, 0.1, 0.1)  # BERT's ([MASK], same, random)
 
 
+def _positions(priority: np.ndarray, candidate: np.ndarray, rng, num_preds: int,
+               masked_lm_prob: float) -> tuple[np.ndarray, np.ndarray]:
+  """(positions [n, P] int32, weights [n, P] bool) of the tokens to predict: whole
+  priority groups (words) in priority order, as many as the row's budget allows (its
+  candidates x masked_lm_prob, randomly rounded; at most P), ascending, then padding."""
+  n, length = priority.shape
+  priority = np.where(candidate, priority, _LOWEST)
+  # Highest priority first, ties by lower index (a stable sort of the negated keys): a
+  # word's pieces come out together, in order. The budget (<= P) never needs more than
+  # the first P + 1 of the order.
+  k = min(num_preds + 1, length)
+  order = np.argsort(-priority.astype(np.int64), axis=1, kind="stable")[:, :k]
+  values = np.take_along_axis(priority, order, axis=1)
+  budget = np.floor(candidate.sum(1).astype(np.float64) * masked_lm_prob
+                    + rng.random(n))
+  budget = np.minimum(budget.astype(np.int64), num_preds)[:, None]
+  # The longest prefix of the order that ends at a word boundary and fits the budget.
+  # A word ends where the next priority differs; with k < L the k-th entry only serves
+  # as the "next" of the P-th and is dropped.
+  rank = np.arange(1, k + 1)[None, :]
+  after = np.concatenate([values[:, 1:], np.full((n, 1), _LOWEST, np.int32)], axis=1)
+  word_end = (values != after) & (values > _LOWEST)
+  if k < length:
+    word_end, order, rank = word_end[:, :-1], order[:, :-1], rank[:, :-1]
+  take = np.max(np.where(word_end & (rank <= budget), rank, 0), axis=1, initial=0)[:, None]
+  # The chosen positions in ascending order, then padding: the P smallest keys.
+  pos_key = np.sort(np.where(rank <= take, order, order + length), axis=1)[:, :num_preds]
+  if pos_key.shape[1] < num_preds:  # L < P: the rest is padding
+    pos_key = np.pad(pos_key, ((0, 0), (0, num_preds - pos_key.shape[1])),
+                     constant_values=length)
+  weights = pos_key < length
+  positions = np.where(weights, pos_key, 0).astype(np.int32)
+  return positions, weights
+
+
 def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id: int,
                  max_predictions_per_seq: int, masked_lm_prob: float,
                  whole_word_masking: bool,
@@ -82,32 +117,7 @@ def make_mask_fn(*, is_special: np.ndarray, is_continuation: np.ndarray, mask_id
     candidate = ~is_special[ids]
     priority = _priorities(ids, rng, candidate,
                            is_continuation if whole_word_masking else None)
-    priority = np.where(candidate, priority, _LOWEST)
-    # Highest priority first, ties by lower index (a stable sort of the negated keys): a
-    # word's pieces come out together, in order. The budget (<= P) never needs more than
-    # the first P + 1 of the order.
-    k = min(num_preds + 1, length)
-    order = np.argsort(-priority.astype(np.int64), axis=1, kind="stable")[:, :k]
-    values = np.take_along_axis(priority, order, axis=1)
-    budget = np.floor(candidate.sum(1).astype(np.float64) * masked_lm_prob
-                      + rng.random(n))
-    budget = np.minimum(budget.astype(np.int64), num_preds)[:, None]
-    # The longest prefix of the order that ends at a word boundary and fits the budget.
-    # A word ends where the next priority differs; with k < L the k-th entry only serves
-    # as the "next" of the P-th and is dropped.
-    rank = np.arange(1, k + 1)[None, :]
-    after = np.concatenate([values[:, 1:], np.full((n, 1), _LOWEST, np.int32)], axis=1)
-    word_end = (values != after) & (values > _LOWEST)
-    if k < length:
-      word_end, order, rank = word_end[:, :-1], order[:, :-1], rank[:, :-1]
-    take = np.max(np.where(word_end & (rank <= budget), rank, 0), axis=1, initial=0)[:, None]
-    # The chosen positions in ascending order, then padding: the P smallest keys.
-    pos_key = np.sort(np.where(rank <= take, order, order + length), axis=1)[:, :num_preds]
-    if pos_key.shape[1] < num_preds:  # L < P: the rest is padding
-      pos_key = np.pad(pos_key, ((0, 0), (0, num_preds - pos_key.shape[1])),
-                       constant_values=length)
-    weights = pos_key < length
-    positions = np.where(weights, pos_key, 0).astype(np.int32)
+    positions, weights = _positions(priority, candidate, rng, num_preds, masked_lm_prob)
     labels = np.where(weights, np.take_along_axis(ids, positions, axis=1), 0).astype(ids.dtype)
 
     action = rng.random((n, num_preds))

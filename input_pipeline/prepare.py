@@ -265,29 +265,10 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
     raise EmptyCorpusError(f"Corpus {input_spec!r} is empty: {read_stats['files']} files, "
                            f"{read_stats['bytes']} bytes, no text. Check --input (and "
                            "--text_field for record files).")
-  docs = itertools.chain([first], docs)
-  summary = {"documents": 0, "sentences": 0, "tokens": 0, "unk_tokens": 0,
-             "empty_documents": 0}
-  bar = _Progress(progress)
   start = time.time()
   writer = store.ShardWriter(output_dir, num_shards, tok.vocab_size)
-  results = _results(docs, tok.path, tok.lowercase, num_workers)
-  try:
-    for result in results:
-      _deal(writer, result, summary["documents"])
-      summary["documents"] += len(result["document_sentences"])
-      for key in ("sentences", "unk_tokens", "empty_documents"):
-        summary[key] += result[key]
-      summary["tokens"] += result["tokens_count"]
-      bar.update(summary, read_stats)
-    bar.update(summary, read_stats, final=True)
-    if summary["documents"] == 0:
-      raise ValueError(f"Corpus {input_spec!r} produced no documents with tokens "
-                       f"({read_stats['raw_documents']} raw documents read).")
-    shard_docs = writer.finish()
-  finally:
-    results.close()  # Whatever stopped the loop.
-    writer.discard()
+  summary, shard_docs = _tokenize_into(writer, itertools.chain([first], docs), tok, num_workers,
+                                       _Progress(progress), read_stats, input_spec)
   summary.update({
       "format_version": store.FORMAT_VERSION, "input": input_spec, "format": fmt,
       "text_field": text_field, "input_files": read_stats["files"],
@@ -306,6 +287,32 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
                summary["documents"], summary["tokens"], summary["unk_tokens"],
                corpus.format_stats(read_stats))
   return summary
+
+
+def _tokenize_into(writer: store.ShardWriter, docs, tok, num_workers: int, bar, read_stats: dict,
+                   input_spec: str) -> tuple[dict, list]:
+  """Tokenizes `docs` in the worker processes and deals them to the writer's shards; returns
+  (the counts of the summary, the documents of each shard). The writer's scratch files are
+  removed however it ends."""
+  summary = {"documents": 0, "sentences": 0, "tokens": 0, "unk_tokens": 0,
+             "empty_documents": 0}
+  results = _results(docs, tok.path, tok.lowercase, num_workers)
+  try:
+    for result in results:
+      _deal(writer, result, summary["documents"])
+      summary["documents"] += len(result["document_sentences"])
+      for key in ("sentences", "unk_tokens", "empty_documents"):
+        summary[key] += result[key]
+      summary["tokens"] += result["tokens_count"]
+      bar.update(summary, read_stats)
+    bar.update(summary, read_stats, final=True)
+    if summary["documents"] == 0:
+      raise ValueError(f"Corpus {input_spec!r} produced no documents with tokens "
+                       f"({read_stats['raw_documents']} raw documents read).")
+    return summary, writer.finish()
+  finally:
+    results.close()  # Whatever stopped the loop.
+    writer.discard()
 
 
 def _deal(writer: store.ShardWriter, result: dict, first_document: int) -> None:
@@ -399,7 +406,8 @@ def flag_values() -> flags.FlagValues:
   flags.DEFINE_string("vocab", None, "Vocabulary (vocab.txt, .model or its dir).",
                       flag_values=fv)
   flags.DEFINE_string("output_dir", None, "Output directory.", flag_values=fv)
-  flags.DEFINE_integer("num_shards", 16, "Output TFRecord files.", flag_values=fv)
+  flags.DEFINE_integer("num_shards", 16, "Shards of the output (the unit a host reads).",
+                       flag_values=fv)
   flags.DEFINE_integer("num_workers", None, "Processes (default: all cores).",
                        flag_values=fv)
   flags.DEFINE_boolean("lowercase", None, "Override the vocabulary's casing.",
@@ -407,16 +415,9 @@ def flag_values() -> flags.FlagValues:
   flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
                     "How free text (a text file, or a record's text) is read: see "
                     "input_pipeline/text.py.", flag_values=fv)
-  flags.DEFINE_string("text_field", "text", "The field (JSON), column (Parquet, Arrow) or "
-                      "TFDS feature holding a document's text.", flag_values=fv)
-  flags.DEFINE_integer("max_bad_records", 0, "Skip up to this many records without usable "
-                       "text in record files (not JSON, no --text_field, not a string), "
-                       "counted in the log and summary.json; one more is an error.",
-                       flag_values=fv)
-  flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
-  flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
-                     "Refuse a corpus file when more than this share of its bytes is not "
-                     "valid UTF-8 (replaced by U+FFFD).", flag_values=fv)
+  corpus.define_flags(fv, "Skip up to this many records without usable text in record "
+                      "files (not JSON, no --text_field, not a string), counted in the log "
+                      "and summary.json; one more is an error.")
   return fv
 
 

@@ -1,6 +1,8 @@
-"""TFRecord formats: prepared documents (ours) and Google's original pre-training examples.
+"""TFRecord formats: the first prepared format (read by `prepare --convert`) and Google's
+original pre-training examples. The prepared corpus itself is memory-mapped arrays
+(input_pipeline/store.py).
 
-Prepared corpus (written by prepare.py): DIR/docs-SSSSS-of-NNNNN.tfrecord files of
+The first prepared format (before the arrays): DIR/docs-SSSSS-of-NNNNN.tfrecord files of
 tf.train.Example, one per document, with two int64 list features
   token_ids         the document's token ids, all sentences concatenated;
   sentence_lengths  tokens per sentence (sum == len(token_ids), every entry >= 1);
@@ -31,10 +33,6 @@ def tensorflow():
   except (RuntimeError, ValueError):  # TF's devices are already initialised: leave them
     pass
   return tf
-
-
-def shard_name(index: int, count: int) -> str:
-  return f"docs-{index:05d}-of-{count:05d}.tfrecord"
 
 
 # ------------------------------------------------------------------- Example encoding

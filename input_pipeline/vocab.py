@@ -257,15 +257,9 @@ def _flag_values() -> flags.FlagValues:
   flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
                     "How free text (a text file, or a record's text) is read: see "
                     "input_pipeline/text.py.", flag_values=fv)
-  flags.DEFINE_string("text_field", "text", "The field (JSON), column (Parquet, Arrow) or "
-                      "TFDS feature holding a document's text.", flag_values=fv)
-  flags.DEFINE_integer("max_bad_records", 0, "Skip up to this many records without usable "
-                       "text in record files; one more is an error.", flag_values=fv)
-  flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir.", flag_values=fv)
+  corpus.define_flags(fv, "Skip up to this many records without usable text in record "
+                      "files; one more is an error.")
   flags.DEFINE_integer("max_chars", None, "Train on at most this much text.", flag_values=fv)
-  flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
-                     "Refuse a corpus file when more than this share of its bytes is not "
-                     "valid UTF-8 (replaced by U+FFFD).", flag_values=fv)
   return fv
 
 

@@ -93,11 +93,13 @@ def test_configs_import_no_tensorflow_or_jax():
 
 def test_layers_import_downward_only():
   _, graph, _, _ = _graph()
-  order = ["bert_jax.models.bert", "bert_jax.models.modern", "bert_jax.heads",
-           "bert_jax.formats", "bert_jax.models.modern_formats", "bert_jax.loader",
+  order = ["bert_jax.models.layers", "bert_jax.models.bert_attention", "bert_jax.models.bert",
+           "bert_jax.models.modern_attention", "bert_jax.models.modern", "bert_jax.heads",
+           "bert_jax.models.bert_tf_checkpoint", "bert_jax.formats",
+           "bert_jax.models.modern_formats", "bert_jax.loader",
            "bert_jax.checkpointing", "bert_jax.objectives", "bert_jax.registry",
            "bert_jax.tasks", "bert_jax.trainer", "bert_jax.convert", "bert_jax.train", "bert_jax.finetune",
-           "bert_jax.suite", "bert_jax.main"]
+           "bert_jax.suite_report", "bert_jax.suite", "bert_jax.main"]
   for i, low in enumerate(order):
     above = set(order[i + 1:])
     assert not (_closure(graph, low) & above), (low, _closure(graph, low) & above)

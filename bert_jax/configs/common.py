@@ -7,7 +7,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = "pretrain"  # the job bert_jax.main runs: pretrain | glue | custom | squad | conll | swag
+  c.task = "pretrain"  # bert_jax.main's job: pretrain | glue | custom | squad | conll | swag | embed | suite
   c.seed = 0  # parameter init, dropout and data order
   c.init_checkpoint = ""  # start from: HF dir, Google TF checkpoint, exported dir or our workdir
 

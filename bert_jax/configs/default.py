@@ -13,6 +13,49 @@ from bert_jax.configs import common
 from input_pipeline import data_config
 
 
+def _model() -> ml_collections.ConfigDict:
+  """The model: a preset of bert_jax.models.bert.PRESETS; None fields keep the preset's value."""
+  m = ml_collections.ConfigDict()
+  m.family = "bert"  # bert_jax/registry.py FAMILIES
+  m.preset = "base"  # tiny | mini | small | medium | base | large
+  m.num_layers = config_dict.placeholder(int)
+  m.hidden_size = config_dict.placeholder(int)  # intermediate follows at 4x if unset
+  m.num_heads = config_dict.placeholder(int)
+  m.intermediate_size = config_dict.placeholder(int)
+  m.vocab_size = config_dict.placeholder(int)  # None: the vocabulary's size
+  # ELECTRA: embeddings narrower than the hidden size, projected (None: the preset's)
+  m.embedding_size = config_dict.placeholder(int)
+  m.max_position_embeddings = 512  # phase 2 trains all 512 positions
+  # None: the family's (BERT: 2 segment types and "gelu_tanh", the original TF BERT's;
+  # RoBERTa: 1 and "gelu", exact erf as HuggingFace; ELECTRA: 2 and "gelu").
+  m.type_vocab_size = config_dict.placeholder(int)
+  m.hidden_act = config_dict.placeholder(str)
+  m.hidden_dropout_rate = 0.1
+  m.attention_dropout_rate = 0.1
+  m.dtype = "bfloat16"  # compute dtype; master weights stay param_dtype
+  m.param_dtype = "float32"  # master weights and optimizer state
+  m.remat = "none"  # none | full | dots: recompute layer activations in backward
+  m.scan_layers = False  # nn.scan over layers: compile time flat in depth
+  m.attention_impl = config_dict.placeholder(str)  # jax.nn.dot_product_attention impl
+  m.dropout_rng = "hash"  # hash (cheap counter hash) | threefry (jax.random.bernoulli)
+  return m
+
+
+def _build() -> ml_collections.ConfigDict:
+  """What the job builds into the workdir when data.vocab_path / data.prepared_dir are
+  missing (relative paths are taken inside the workdir)."""
+  b = ml_collections.ConfigDict()
+  b.corpus = ""  # corpus spec to build from ("default" = built-in); "" = never build
+  b.vocab_size = 30522  # WordPiece entries to train
+  b.vocab_kind = "wordpiece"  # wordpiece | sentencepiece
+  b.max_chars = config_dict.placeholder(int)  # train the vocab on at most this text
+  b.num_shards = 16  # prepared shards (>= the number of hosts)
+  b.max_replaced_fraction = 0.01  # refuse a corpus file with more non-UTF-8 bytes
+  b.text_field = "text"  # JSON field / Parquet or Arrow column / TFDS feature of the text
+  b.max_bad_records = 0  # records without usable text to skip (counted) before failing
+  return b
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
   c = common.get_config()
@@ -27,30 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.electra.generator_size = 0.25
   c.electra.discriminator_weight = 50.0
 
-  # Model: a preset of bert_jax.models.bert.PRESETS; None fields keep the preset's value.
-  c.model = ml_collections.ConfigDict()
-  c.model.family = "bert"  # bert_jax/registry.py FAMILIES
-  c.model.preset = "base"  # tiny | mini | small | medium | base | large
-  c.model.num_layers = config_dict.placeholder(int)
-  c.model.hidden_size = config_dict.placeholder(int)  # intermediate follows at 4x if unset
-  c.model.num_heads = config_dict.placeholder(int)
-  c.model.intermediate_size = config_dict.placeholder(int)
-  c.model.vocab_size = config_dict.placeholder(int)  # None: the vocabulary's size
-  # ELECTRA: embeddings narrower than the hidden size, projected (None: the preset's)
-  c.model.embedding_size = config_dict.placeholder(int)
-  c.model.max_position_embeddings = 512  # phase 2 trains all 512 positions
-  # None: the family's (BERT: 2 segment types and "gelu_tanh", the original TF BERT's;
-  # RoBERTa: 1 and "gelu", exact erf as HuggingFace; ELECTRA: 2 and "gelu").
-  c.model.type_vocab_size = config_dict.placeholder(int)
-  c.model.hidden_act = config_dict.placeholder(str)
-  c.model.hidden_dropout_rate = 0.1
-  c.model.attention_dropout_rate = 0.1
-  c.model.dtype = "bfloat16"  # compute dtype; master weights stay param_dtype
-  c.model.param_dtype = "float32"  # master weights and optimizer state
-  c.model.remat = "none"  # none | full | dots: recompute layer activations in backward
-  c.model.scan_layers = False  # nn.scan over layers: compile time flat in depth
-  c.model.attention_impl = config_dict.placeholder(str)  # jax.nn.dot_product_attention impl
-  c.model.dropout_rng = "hash"  # hash (cheap counter hash) | threefry (jax.random.bernoulli)
+  c.model = _model()
 
   # Data: the pre-training input pipeline (input_pipeline/pretrain.py).
   c.data = data_config.default_data_config()
@@ -58,15 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data.max_predictions_per_seq = 20  # ... with at most 20 masked positions
   # Build the vocabulary / prepared corpus into the workdir when data.vocab_path /
   # data.prepared_dir are missing (relative paths are taken inside the workdir).
-  c.build = ml_collections.ConfigDict()
-  c.build.corpus = ""  # corpus spec to build from ("default" = built-in); "" = never build
-  c.build.vocab_size = 30522  # WordPiece entries to train
-  c.build.vocab_kind = "wordpiece"  # wordpiece | sentencepiece
-  c.build.max_chars = config_dict.placeholder(int)  # train the vocab on at most this text
-  c.build.num_shards = 16  # prepared TFRecord files (>= the number of hosts)
-  c.build.max_replaced_fraction = 0.01  # refuse a corpus file with more non-UTF-8 bytes
-  c.build.text_field = "text"  # JSON field / Parquet or Arrow column / TFDS feature of the text
-  c.build.max_bad_records = 0  # records without usable text to skip (counted) before failing
+  c.build = _build()
   c.synthetic_data = False  # random batches of the same shapes (benchmarks, tests)
 
   c.num_train_steps = 900_000  # the run stops here (phase 1 = 90% of the schedule)

@@ -8,24 +8,29 @@ Parameters carry logical axis names (`vocab`, `embed`, `mlp`, `heads`, `kv`,
 `layers`); activations carry `activation_*` names. A rules table (see
 `bert_jax.sharding`) maps them onto the mesh axes, so the model states its
 sharding once and never mentions devices.
+
+The building blocks every family shares (the config base, dropout, attention biases,
+gathers) are in layers.py and the attention computations in bert_attention.py; the names
+that lived here before are importable from here too.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import flash
+from bert_jax.models import bert_attention
+from bert_jax.models.bert_attention import ATTENTION_IMPLS, fused_attention
+from bert_jax.models.layers import (ACTIVATIONS, DROPOUT_RNGS, REMAT_POLICIES, Dropout,
+                                    ModelConfig, Rows, attention_bias, causal_bias,
+                                    gather_positions, one_hot_lookup, packed_attention_bias,
+                                    take_rows)
+from bert_jax.models.layers import NEG_INF, dropout, hash_bits  # noqa: F401  (here before layers.py)
 from input_pipeline import errors
-
-# Additive attention bias for padding. Large but finite so a fully padded row
-# (only ever at padding queries) stays NaN-free, and safe in bfloat16.
-NEG_INF = -1e9
 
 PRESETS: dict[str, dict[str, int]] = {
     # name: (layers, hidden, heads); intermediate is always 4 * hidden.
@@ -36,46 +41,6 @@ PRESETS: dict[str, dict[str, int]] = {
     "base": dict(num_layers=12, hidden_size=768, num_heads=12),
     "large": dict(num_layers=24, hidden_size=1024, num_heads=16),
 }
-
-ACTIVATIONS = {
-    # Original TF BERT uses the tanh approximation; HuggingFace "gelu" is exact erf.
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "relu": jax.nn.relu,
-}
-
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-DROPOUT_RNGS = ("hash", "threefry")
-
-
-class ModelConfig:
-  """What every family's frozen config dataclass shares: variants by `.replace(...)`, and a
-  dict form (dtypes as strings) that checkpoints record and `from_dict` reads back."""
-
-  def replace(self, **changes):
-    return dataclasses.replace(self, **changes)
-
-  @property
-  def max_length(self) -> int:
-    """The longest input the position table serves."""
-    return self.max_position_embeddings
-
-  def to_dict(self) -> dict[str, Any]:
-    d = dataclasses.asdict(self)
-    d["dtype"], d["param_dtype"] = str(self.dtype), str(self.param_dtype)
-    return d
-
-  @classmethod
-  def from_dict(cls, d: Mapping[str, Any]):
-    unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
-    if unknown:
-      raise errors.ConfigError(f"Unknown {cls.__name__} fields {sorted(unknown)}.")
-    return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,113 +175,6 @@ def dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str) -> n
                   name=name)
 
 
-@dataclasses.dataclass(frozen=True)
-class Rows:
-  """Some rows of a larger array: entry e of `axis` is row `positions[b, e]` (of
-  `length`) in batch element b. The last layer of a pooled-only encoder computes
-  only the [CLS] rows; its dropout masks are the full array's at those rows."""
-  axis: int
-  positions: jax.Array  # [B, E] int
-  length: int
-
-
-def _expand_rows(positions_BE: jax.Array, ndim: int, axis: int) -> jax.Array:
-  """[B, E] row indices -> rank `ndim`, batch on dim 0 and the rows on `axis`."""
-  return jnp.expand_dims(positions_BE, tuple(d for d in range(1, ndim) if d != axis))
-
-
-def hash_bits(key: jax.Array, shape: tuple[int, ...], rows: Rows | None = None) -> jax.Array:
-  """Uniform uint32 bits of `shape`: fmix32(fmix32(index ^ k0) + k1) over the
-  element's row-major index, keyed by 64 threefry bits of `key`.
-
-  A counter-based generator like threefry, but 2 rounds of multiply/xorshift
-  instead of 20 of add/rotate/xor: on XLA:CPU (2 cores) it costs ~0.7 ns per
-  element against ~11 ns for `jax.random.bernoulli`. Good enough for dropout
-  masks, not for anything that needs cryptographic independence. Elementwise in
-  a global iota, so the bits do not depend on how the array is sharded.
-
-  With `rows`, `shape` holds only some rows of a larger array (see `Rows`) and
-  the bits are that array's at those rows: the same as slicing the full draw.
-  """
-  full = list(shape)
-  if rows is not None:
-    full[rows.axis] = rows.length
-  if math.prod(full) >= 2 ** 32:
-    raise ValueError(f"hash_bits counts elements in uint32; {tuple(full)} has too many.")
-  k = flash.hash_keys(key)
-  index = jnp.zeros(shape, jnp.uint32)
-  stride = 1
-  for d in reversed(range(len(shape))):
-    if rows is not None and d == rows.axis:
-      i = jnp.broadcast_to(_expand_rows(rows.positions, len(shape), d), shape).astype(jnp.uint32)
-    else:
-      i = jax.lax.broadcasted_iota(jnp.uint32, shape, d)
-    index = index + i * jnp.uint32(stride)
-    stride *= full[d]
-  return flash.fmix32(flash.fmix32(index ^ k[0]) + k[1])
-
-
-def dropout(x: jax.Array, rate: float, key: jax.Array, rng: str = "hash",
-            rows: Rows | None = None) -> jax.Array:
-  """Inverted dropout of x with `key`: `Dropout`'s maths as a function (for code that must
-  draw its key outside a transform, e.g. both branches of a lax.cond)."""
-  if rate == 0.0:
-    return x
-  if rate >= 1.0:
-    return jnp.zeros_like(x)
-  keep_prob = 1.0 - rate
-  if rng == "threefry":
-    if rows is None:
-      keep = jax.random.bernoulli(key, keep_prob, x.shape)
-    else:
-      full = x.shape[:rows.axis] + (rows.length,) + x.shape[rows.axis + 1:]
-      keep = jnp.take_along_axis(jax.random.bernoulli(key, keep_prob, full),
-                                 _expand_rows(rows.positions, x.ndim, rows.axis), rows.axis)
-    return jax.lax.select(keep, x / keep_prob, jnp.zeros_like(x))
-  keep = hash_bits(key, x.shape, rows) >= jnp.uint32(min(round(rate * 2 ** 32), 2 ** 32 - 1))
-  return jax.lax.select(keep, x * jnp.asarray(1.0 / keep_prob, x.dtype), jnp.zeros_like(x))
-
-
-class Dropout(nn.Module):
-  """Inverted dropout (drop with probability `rate`, scale the rest by 1/(1-rate)).
-
-  `rng="threefry"` is flax's nn.Dropout (jax.random.bernoulli); `rng="hash"`
-  draws the keep mask from `hash_bits` (keep where bits >= rate * 2^32). With
-  `rows` (x holds only those rows of a larger array), the mask is the larger
-  array's at those rows, so computing fewer rows never changes the result.
-  """
-  rate: float
-  rng: str = "hash"
-
-  @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool, rows: Rows | None = None) -> jax.Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    if self.rate >= 1.0:
-      return jnp.zeros_like(x)
-    return dropout(x, self.rate, self.key(), self.rng, rows)
-
-  def key(self) -> jax.Array:
-    """The key this module's call draws its mask from (a fused kernel drawing the same)."""
-    return self.make_rng("dropout")
-
-
-def attention_bias(input_mask_BM: jax.Array, dtype) -> jax.Array:
-  """[B, M] 1=token 0=padding -> additive bias [B, 1, 1, M]."""
-  return jnp.where(input_mask_BM[:, None, None, :] > 0, 0.0, NEG_INF).astype(dtype)
-
-
-def packed_attention_bias(example_ids_BL: jax.Array, dtype) -> jax.Array:
-  """Block-diagonal bias [B, 1, L, M]: a token sees only tokens of its own example."""
-  same = example_ids_BL[:, None, :, None] == example_ids_BL[:, None, None, :]
-  return jnp.where(same & (example_ids_BL[:, None, None, :] > 0), 0.0, NEG_INF).astype(dtype)
-
-
-def causal_bias(length: int, dtype) -> jax.Array:
-  """[1, 1, L, L]: 0 where a query may attend (its own and earlier positions), -inf after."""
-  return jnp.where(jnp.tril(jnp.ones((length, length), bool)), 0.0, NEG_INF).astype(dtype)[None, None]
-
-
 class Embeddings(nn.Module):
   """Token + segment + learned absolute position embeddings, LayerNorm, dropout."""
   config: BertConfig
@@ -352,19 +210,6 @@ class Embeddings(nn.Module):
     return one_hot_lookup(self.token_type_embeddings, segment_ids_BL)
 
 
-def one_hot_lookup(table: nn.Embed, ids: jax.Array) -> jax.Array:
-  """`table(ids)` as a one-hot matmul, for tables of few rows (positions, token types).
-
-  The values are the rows bit for bit (one product by 1, the rest by 0, at full precision),
-  but the gradient is a matmul: a gather's gradient is a scatter-add, and when every token of
-  a batch lands on one of a few rows its updates collide; on an H200 the token-type table's
-  scatter took 138 ms of BERT-base's 134 ms step (L=128, batch 256, bf16; bench/RESULTS.md).
-  """
-  rows = jnp.asarray(table.embedding, table.dtype)
-  one_hot = jax.nn.one_hot(ids, rows.shape[0], dtype=rows.dtype)
-  return jnp.dot(one_hot, rows, precision=jax.lax.Precision.HIGHEST)
-
-
 class _Projection(nn.Module):
   """Dense over the trailing `contract` input dims into `features` (q/k/v and output).
 
@@ -390,73 +235,6 @@ class _Projection(nn.Module):
     return jax.lax.dot_general(x, kernel, dims) + bias
 
 
-def _rows(x: jax.Array, positions_BE: jax.Array | None, axis: int) -> jax.Array:
-  """The rows `positions_BE` of x along `axis` (x itself when None)."""
-  if positions_BE is None:
-    return x
-  return jnp.take_along_axis(x, _expand_rows(positions_BE, x.ndim, axis).astype(jnp.int32), axis)
-
-
-ATTENTION_IMPLS = (None, "xla", "cudnn", "pallas")
-
-
-def fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, implementation: str | None):
-  """Softmax(q k^T / sqrt(K) + bias) v through jax.nn.dot_product_attention.
-
-  None passes the additive bias as it is (XLA's attention). "xla" and "cudnn" pass what
-  cuDNN's fused flash attention accepts, the same values: a padding bias [B, 1, 1, M] as the
-  keys' lengths (every bert_jax batch pads at the end: input_mask is a prefix of ones), any
-  other bias (packed rows, causal) broadcast to one per query [B, 1, L, M]; for cuDNN, at even
-  lengths. cuDNN needs bfloat16 or float16 (BertConfig checks)."""
-  if implementation is None:
-    return jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, bias=bias_B11M)
-  batch, length, _, _ = q_BLHK.shape
-  keys = k_BMHK.shape[1]
-  if bias_B11M.shape[2] == 1:  # padding only: the number of real keys of each row
-    # At least one key: a row of padding alone (a filler row of a batch) stays finite.
-    lengths_B = jnp.maximum(jnp.sum(bias_B11M[:, 0, 0, :] == 0, axis=-1), 1).astype(jnp.int32)
-    bias_B1LM = None
-  else:
-    lengths_B = None
-    bias_B1LM = jnp.broadcast_to(bias_B11M, (batch, 1, length, keys)).astype(q_BLHK.dtype)
-  # cuDNN trains at even lengths only: an odd count of queries (e.g. the heads' rows) or keys
-  # gets one more, a query nobody reads or a key nobody sees (past every length; bias -inf).
-  pad_q, pad_k = (length % 2, keys % 2) if implementation == "cudnn" else (0, 0)
-  if pad_q or pad_k:
-    q_BLHK = jnp.pad(q_BLHK, ((0, 0), (0, pad_q), (0, 0), (0, 0)))
-    k_BMHK, v_BMHK = (jnp.pad(x, ((0, 0), (0, pad_k), (0, 0), (0, 0))) for x in (k_BMHK, v_BMHK))
-    if bias_B1LM is not None:
-      bias_B1LM = jnp.pad(bias_B1LM, ((0, 0), (0, 0), (0, pad_q), (0, 0)))
-      bias_B1LM = jnp.pad(bias_B1LM, ((0, 0), (0, 0), (0, 0), (0, pad_k)),
-                          constant_values=NEG_INF)
-  out = jax.nn.dot_product_attention(q_BLHK, k_BMHK, v_BMHK, bias=bias_B1LM,
-                                     key_value_seq_lengths=lengths_B,
-                                     implementation=implementation)
-  return out[:, :length]
-
-
-def _flash(q_BLHK, k_BMHK, v_BMHK, bias_B1LM, query_positions_BE, rate, key, causal):
-  """bert_jax.flash on the segments the additive bias encodes: padding [B, 1, 1, M] (every
-  query sees the real keys), left-to-right (the same, plus causal), or packed rows [B, 1, L, M]
-  (a row's segment: the first key it sees; padding rows see padding only: finite, unread)."""
-  batch, length = q_BLHK.shape[:2]
-  full = k_BMHK.shape[1]
-  allowed_BLM = bias_B1LM[:, 0] == 0
-  if bias_B1LM.shape[2] == 1 or causal:
-    kv_seg_BM = (allowed_BLM[:, 0] if bias_B1LM.shape[2] == 1
-                 else jnp.diagonal(allowed_BLM, axis1=1, axis2=2)).astype(jnp.int32)
-    q_seg_BL = jnp.ones((batch, length), jnp.int32)
-  else:
-    kv_seg_BM = jnp.where(allowed_BLM.any(-1), jnp.argmax(allowed_BLM, -1) + 1, 0).astype(jnp.int32)
-    q_seg_BL = kv_seg_BM if query_positions_BE is None else jnp.take_along_axis(
-        kv_seg_BM, query_positions_BE.astype(jnp.int32), 1)
-  positions_BL = (jnp.broadcast_to(jnp.arange(full, dtype=jnp.int32), (batch, full))
-                  if query_positions_BE is None else query_positions_BE.astype(jnp.int32))
-  keys = None if key is None else flash.hash_keys(key)
-  return flash.flash_attention(q_BLHK, k_BMHK, v_BMHK, q_seg_BL, kv_seg_BM, positions_BL, keys,
-                               rate=rate, full_length=full, causal=causal)
-
-
 class SelfAttention(nn.Module):
   """Bidirectional multi-head self-attention with an additive padding bias.
 
@@ -470,7 +248,7 @@ class SelfAttention(nn.Module):
     cfg = self.config
     proj = functools.partial(_Projection, cfg, (cfg.num_heads, cfg.head_dim),
                              ("embed", "heads", "kv"))
-    q_BLHK = proj(name="query")(_rows(x_BLD, query_positions_BE, 1))
+    q_BLHK = proj(name="query")(take_rows(x_BLD, query_positions_BE, 1))
     k_BMHK = proj(name="key")(x_BLD)
     v_BMHK = proj(name="value")(x_BLD)
     q_BLHK = nn.with_logical_constraint(
@@ -479,12 +257,12 @@ class SelfAttention(nn.Module):
                                            or cfg.dropout_rng == "hash"):  # else: explicit
       rate = 0.0 if deterministic else cfg.attention_dropout_rate
       key = Dropout(rate, cfg.dropout_rng).key() if rate > 0 else None  # the explicit path's
-      ctx_BLHK = _flash(q_BLHK, k_BMHK, v_BMHK, bias_B11M, query_positions_BE, rate, key,
+      ctx_BLHK = bert_attention.flash_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, query_positions_BE, rate, key,
                         cfg.causal)
       return _Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
                          name="output")(ctx_BLHK)
     if bias_B11M.shape[2] > 1:  # packed rows: a bias per query
-      bias_B11M = _rows(bias_B11M, query_positions_BE, 2)
+      bias_B11M = take_rows(bias_B11M, query_positions_BE, 2)
     if deterministic or cfg.attention_dropout_rate == 0.0:
       ctx_BLHK = fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, cfg.attention_impl)
     else:
@@ -520,7 +298,8 @@ class EncoderLayer(nn.Module):
     h_BLD = SelfAttention(cfg, name="attention")(x_BLD, bias_B11M, deterministic, query_positions_BE)
     h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic,
                                                               rows=rows)
-    x_BLD = _layer_norm(cfg, "attention_LayerNorm")(_rows(x_BLD, query_positions_BE, 1) + h_BLD)
+    x_BLD = _layer_norm(cfg, "attention_LayerNorm")(
+        take_rows(x_BLD, query_positions_BE, 1) + h_BLD)
     h_BLF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BLD)
     h_BLF = ACTIVATIONS[cfg.hidden_act](h_BLF)
     h_BLF = nn.with_logical_constraint(
@@ -565,7 +344,7 @@ class Encoder(nn.Module):
           in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
       x_BLD, _ = scanned(cfg, name="layers")(x_BLD, bias_B11M, deterministic)
-      return _rows(x_BLD, last_positions_BE, 1)  # every layer runs on every row here
+      return take_rows(x_BLD, last_positions_BE, 1)  # every layer runs on every row here
     layer_cls = EncoderLayer
     if cfg.remat != "none":
       layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
@@ -648,18 +427,7 @@ class BertModel(nn.Module):
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
     x_BLD = self._embed(input_ids, segment_ids, position_ids, deterministic)
-    if packed_example_ids is None:
-      bias = attention_bias(input_mask, cfg.dtype)
-    else:
-      bias = packed_attention_bias(packed_example_ids, cfg.dtype)
-    last = None
-    if cfg.causal:
-      bias = jnp.minimum(bias, causal_bias(length, cfg.dtype))
-      if self.add_pooler and cls_positions is not None:
-        raise errors.ConfigError("A left-to-right model (causal) pools each input's last token; "
-                                 "packed fine-tuning pools [CLS]: set --config.packing=False.")
-      # The last real token sees the whole input: the pooled output is its.
-      last = jnp.maximum(jnp.sum(input_mask, -1).astype(jnp.int32) - 1, 0)[:, None]
+    bias, last = self._bias(input_mask, packed_example_ids, cls_positions, length)
     if (self.pooled_only or rows_at is not None) and self.add_pooler:
       cls_BE = jnp.zeros((batch, 1), jnp.int32) if cls_positions is None else cls_positions
       cls_BE = cls_BE if last is None else last
@@ -681,6 +449,23 @@ class BertModel(nn.Module):
       cls_BD = x_BLD[:, 0] if cls_positions is None else gather_positions(x_BLD, cls_positions)
     pooled_BD = self._pool(cls_BD)
     return x_BLD, pooled_BD
+
+  def _bias(self, input_mask, packed_example_ids, cls_positions, length: int):
+    """(the additive attention bias, each row's last real token [B, 1] for a left-to-right
+    model (what its pooled output reads) or None)."""
+    cfg = self.config
+    if packed_example_ids is None:
+      bias = attention_bias(input_mask, cfg.dtype)
+    else:
+      bias = packed_attention_bias(packed_example_ids, cfg.dtype)
+    if not cfg.causal:
+      return bias, None
+    bias = jnp.minimum(bias, causal_bias(length, cfg.dtype))
+    if self.add_pooler and cls_positions is not None:
+      raise errors.ConfigError("A left-to-right model (causal) pools each input's last token; "
+                               "packed fine-tuning pools [CLS]: set --config.packing=False.")
+    # The last real token sees the whole input: the pooled output is its.
+    return bias, jnp.maximum(jnp.sum(input_mask, -1).astype(jnp.int32) - 1, 0)[:, None]
 
   def hidden_states(self, input_ids, segment_ids, input_mask, deterministic: bool = True
                     ) -> list[jax.Array]:
@@ -704,10 +489,6 @@ class BertModel(nn.Module):
     if self.embeddings_of is not None:
       return self.embeddings_of.attend_vocab(x_BPD)
     return self.embeddings.word_embeddings.attend(x_BPD)
-
-
-def gather_positions(x_BLD: jax.Array, positions_BP: jax.Array) -> jax.Array:
-  return jnp.take_along_axis(x_BLD, positions_BP[:, :, None].astype(jnp.int32), axis=1)
 
 
 class BertForPreTraining(nn.Module):

@@ -313,7 +313,7 @@ def hf_to_params(state: Mapping[str, Array], cfg: ModernConfig, target: str = "p
     for path, value in zip(r.paths, values):
       if target == "encoder" and path[0] != "bert":
         continue
-      formats._set(params, path[1:] if target == "encoder" else path, value)  # pylint: disable=protected-access
+      formats.set_path(params, path[1:] if target == "encoder" else path, value)
   unused = sorted(k for k in state if k not in used)
   structural = [k for k in unused if k.startswith(("embeddings.", "embed_tokens.", "layers.",
                                                    "final_norm.", "norm."))]
@@ -357,7 +357,7 @@ def _check_shapes(params: dict, cfg: ModernConfig, target: str) -> None:
 def params_to_hf(params: dict, cfg: ModernConfig) -> dict[str, Array]:
   """Our tree (any of the parts, unrolled) -> transformers' state dict of the model class
   that holds them (keys with the `model.` prefix where the class has one)."""
-  params = formats._to_numpy(params)  # pylint: disable=protected-access
+  params = formats.to_numpy(params)
   tree = params if "bert" in params else {"bert": params}
   classes = tree["classifier"]["kernel"].shape[-1] if "classifier" in tree else 0
   has = lambda path: _has(tree, path)
@@ -365,7 +365,7 @@ def params_to_hf(params: dict, cfg: ModernConfig) -> dict[str, Array]:
   for r in _rules(cfg, classes):
     if not all(has(p) for p in r.paths):
       continue
-    state[r.hf] = np.ascontiguousarray(r.save(*[np.asarray(formats._get(tree, p), np.float32)  # pylint: disable=protected-access
+    state[r.hf] = np.ascontiguousarray(r.save(*[np.asarray(formats.get_path(tree, p), np.float32)
                                                 for p in r.paths]))
   head_only = "bert" not in params or not (set(params) - {"bert"})
   prefix = "" if head_only else "model."

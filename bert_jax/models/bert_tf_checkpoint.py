@@ -1,0 +1,58 @@
+"""Google's original TF BERT checkpoints (bert_model.ckpt.* beside a bert_config.json): their
+variables as BERT's canonical flat dict (HuggingFace's names without the `bert.` prefix, in
+PyTorch layout), which bert_jax/formats.py maps onto our parameter tree. TensorFlow is
+imported only to read one (input_pipeline.records.tensorflow).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from input_pipeline import fileio
+from input_pipeline import records
+
+# Variables of a TF checkpoint that carry no weights: optimizer slots and counters.
+_TF_IGNORED = re.compile(r"(/adam_[mv]$|^global_step$|/Momentum$|^bad_steps$|^loss_scale$|^good_steps$)")
+
+
+def tf_name_to_canonical(name: str) -> tuple[str, bool]:
+  """Google variable name -> (canonical name, needs transpose)."""
+  name = name.removeprefix("bert/")
+  transpose = name.endswith("/kernel")
+  name = re.sub(r"layer_(\d+)", r"layer.\1", name)
+  name = re.sub(r"/(kernel|gamma|output_weights)$", "/weight", name)
+  name = re.sub(r"/(beta|output_bias)$", "/bias", name)
+  if name.endswith("_embeddings"):
+    name += "/weight"
+  return name.replace("/", "."), transpose
+
+
+def read_tf_state(ckpt_path: str) -> dict[str, np.ndarray]:
+  """The canonical flat dict of the TF checkpoint `ckpt_path` (its prefix, without .index)."""
+  tf = records.tensorflow()  # only Google TF checkpoints
+  reader = tf.train.load_checkpoint(ckpt_path)
+  state = {}
+  for name in reader.get_variable_to_shape_map():
+    if _TF_IGNORED.search(name):
+      continue  # Optimizer slots and counters.
+    canonical, transpose = tf_name_to_canonical(name)
+    value = reader.get_tensor(name)
+    state[canonical] = np.ascontiguousarray(value.T) if transpose else value
+  return state
+
+
+def find_checkpoint(path: str) -> str | None:
+  """The TF checkpoint at `path` (a prefix, or a directory: its latest checkpoint, else the
+  first .index file in it), or None."""
+  if fileio.path(path + ".index").exists():
+    return path
+  if fileio.path(path).is_dir():
+    tf = records.tensorflow()  # only Google TF checkpoints
+    latest = tf.train.latest_checkpoint(path)
+    if latest:
+      return latest
+    for f in sorted(fileio.path(path).iterdir(), key=str):
+      if f.name.endswith(".index"):
+        return fileio.join(path, f.name[:-len(".index")])
+  return None
