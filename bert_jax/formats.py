@@ -159,9 +159,6 @@ def get_path(tree: Mapping, path: tuple[str, ...]):
   return tree
 
 
-_set = set_path  # its name before it was public (bert_jax/models/deberta.py calls it)
-
-
 def to_numpy(tree):
   """A parameter tree (boxed or not, on devices or not) as numpy arrays on the host."""
   return jax.tree_util.tree_map(lambda x: np.asarray(jax.device_get(x)), nn.unbox(tree))

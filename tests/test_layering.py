@@ -118,3 +118,18 @@ def test_paths_go_through_the_path_layer_and_the_lock_is_taken_once():
       assert "tf.io.gfile" not in text and "gfile." not in text, name
     if name not in ("bert_jax.main", "bert_jax.workdir_lock"):  # its docstring shows the use
       assert "workdir_lock.hold(" not in text, name  # main.run holds it for every job
+
+
+def test_no_module_over_600_lines_and_no_function_over_60():
+  """Files that hold one thing, functions that do one thing (issue 39's limits)."""
+  long_files, long_functions = [], []
+  for name, path in _modules().items():
+    text = path.read_text()
+    if text.count("\n") > 600:
+      long_files.append((name, text.count("\n")))
+    for node in ast.walk(ast.parse(text)):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        length = node.end_lineno - node.lineno + 1
+        if length > 60:
+          long_functions.append((name, node.name, length))
+  assert not long_files and not long_functions, (long_files, long_functions)

@@ -464,7 +464,7 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
         f"{source} lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}: it is not "
         "a complete DeBERTa-v2/v3 encoder of its config.json.")
   for hf, ours, transpose in _rules(cfg):
-    formats._set(encoder, ours, _linear(state.pop(hf), transpose))  # pylint: disable=protected-access
+    formats.set_path(encoder, ours, _linear(state.pop(hf), transpose))
   if target == "encoder":
     return cfg, encoder
   if "pooler.dense.weight" in state:
