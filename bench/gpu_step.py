@@ -357,6 +357,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--dtype", default="bfloat16")
   parser.add_argument("--modern_torch_mode", default="bucketed",
                       help="how transformers is fed modern-packed (bench/modern_step.py modes)")
+  parser.add_argument("--only", default="",
+                      help="run just these rows: WORKLOAD:SYSTEM,... (e.g. bert-large-128:bert_jax,"
+                           "bert-base-128:bert_jax[flash]), in this order")
   parser.add_argument("--budget_s", type=float, default=450.0)
   parser.add_argument("--child_timeout_s", type=float, default=240.0)
   parser.add_argument("--matmul_sizes", default="4096,8192")
@@ -385,18 +388,27 @@ def _run_rows(args, workloads: list[str], systems: list[tuple], start: float) ->
   alternating; the rows that would start after --budget_s are not run."""
   rows = []
   for r in range(args.rounds):
-    for i, workload in enumerate(workloads):
-      order = systems if (r + i) % 2 == 0 else systems[::-1]
-      for system, overrides, flags in order:
-        spec = _spec(args, workload, system, overrides)
-        row = dict(workload=workload, system=system, round=r, xla_flags=flags)
-        if time.perf_counter() - start > args.budget_s:
-          row["error"] = f"budget of {args.budget_s:.0f} s spent"
-        else:
-          row.update(run_child(spec, args.child_timeout_s, flags))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    for workload, system, overrides, flags in _plan(args, workloads, systems, r):
+      spec = _spec(args, workload, system, overrides)
+      row = dict(workload=workload, system=system, round=r, xla_flags=flags)
+      if time.perf_counter() - start > args.budget_s:
+        row["error"] = f"budget of {args.budget_s:.0f} s spent"
+      else:
+        row.update(run_child(spec, args.child_timeout_s, flags))
+      rows.append(row)
+      print(json.dumps(row), flush=True)
   return rows
+
+
+def _plan(args, workloads: list[str], systems: list[tuple], r: int) -> list[tuple]:
+  """Round r's (workload, system, overrides, flags): --only's rows in its order, else every
+  workload's systems, their order alternating."""
+  if args.only:
+    by_name = {s[0]: s for s in systems}
+    pairs = [item.strip().split(":", 1) for item in args.only.split(",") if item.strip()]
+    return [(w, *by_name[s]) for w, s in pairs]
+  return [(w, *s) for i, w in enumerate(workloads)
+          for s in (systems if (r + i) % 2 == 0 else systems[::-1])]
 
 
 def _vs_best_peer(rows: list[dict], workloads: list[str]) -> None:
@@ -432,11 +444,18 @@ def main(argv=None) -> list[dict]:
     args.steps, args.warmup, args.matmul_sizes = 2, 1, "256"
   start = time.perf_counter()
   workloads = [w for w in args.workloads.split(",") if w]
+  systems = [(s, {}, "") for s in args.systems.split(",") if s]
+  systems += [(f"bert_jax[{n}]", o, f) for n, o, f in parse_variants(args.variants)]
+  if args.only:
+    pairs = [item.strip().split(":", 1) for item in args.only.split(",") if item.strip()]
+    bad = [":".join(p) for p in pairs if len(p) != 2 or p[1] not in {s[0] for s in systems}]
+    if bad:
+      parser.error(f"--only rows {bad} name no system of --systems/--variants "
+                   f"({[s[0] for s in systems]}); write WORKLOAD:SYSTEM")
+    workloads = list(dict.fromkeys(p[0] for p in pairs))
   unknown = set(workloads) - set(WORKLOADS)
   if unknown:
     parser.error(f"unknown workloads {sorted(unknown)}; choose from {list(WORKLOADS)}")
-  systems = [(s, {}, "") for s in args.systems.split(",") if s]
-  systems += [(f"bert_jax[{n}]", o, f) for n, o, f in parse_variants(args.variants)]
   mm = run_child(dict(system="matmul", sizes=[int(n) for n in args.matmul_sizes.split(",")]),
                  args.child_timeout_s)
   measured = mm.get("flops_per_s", 0.0)

@@ -72,6 +72,19 @@ def test_variants_parse_config_fields_and_xla_flags():
                ("nocublas", {}, "--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0")]
 
 
+def test_only_picks_rows_in_its_order_and_refuses_unknown_systems():
+  args = gpu_step._parser().parse_args(  # pylint: disable=protected-access
+      ["--only=modern-packed:bert_jax[flash],bert-base-128:eager", "--variants=flash:model.x=1"])
+  systems = [("bert_jax", {}, ""), ("eager", {}, ""), ("bert_jax[flash]", {"model.x": 1}, "")]
+  assert gpu_step._plan(args, [], systems, 0) == [  # pylint: disable=protected-access
+      ("modern-packed", "bert_jax[flash]", {"model.x": 1}, ""), ("bert-base-128", "eager", {}, "")]
+  args.only = ""
+  assert [(w, s) for w, s, _, _ in gpu_step._plan(args, ["a", "b"], systems[:2], 0)] == [  # pylint: disable=protected-access
+      ("a", "bert_jax"), ("a", "eager"), ("b", "eager"), ("b", "bert_jax")]
+  with pytest.raises(SystemExit):
+    gpu_step.main(["--only=bert-base-128:bert_jax[cudnn]"])
+
+
 def test_gpu_step_imports_no_tensorflow():
   out = subprocess.run(tu.without_tensorflow([sys.executable, "-m", "bench.gpu_step", "--help"]),
                        cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=120)
