@@ -35,6 +35,8 @@ both sides train on exactly the examples of those rows (the same useful tokens a
                                (not a default candidate: several times the tokens and memory)
                   bucketed     examples sorted by length into micro-batches of <= L padded
                                tokens (gradients accumulated into one optimizer step)
+                  bucketed_step  the same with micro-batches of <= rows x L padded tokens (the
+                               step's budget: what fills a GPU; bench/gpu_step.py's default)
                   per_example  each example alone (no padding, attention_mask None)
                 Losses of all modes on the same weights are checked to agree first.
                 (flex_attention would skip masked blocks but has no CPU backward.)
@@ -70,7 +72,7 @@ import numpy as np
 
 RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
 CLS, SEP, MASK, FIRST_ID = 1, 2, 4, 5
-TORCH_MODES = ("packed_mask", "padded", "bucketed", "per_example")
+TORCH_MODES = ("packed_mask", "padded", "bucketed", "bucketed_step", "per_example")
 
 
 # ----------------------------------------------------------------------------
@@ -324,7 +326,8 @@ class Theirs:
       if mode == "packed_mask":
         self.inputs[key] = self._packed_mask(step)
       else:
-        budget = {"padded": float("inf"), "bucketed": self.L, "per_example": 0}[mode]
+        budget = {"padded": float("inf"), "bucketed": self.L, "per_example": 0,
+                  "bucketed_step": self.L * self.opts["rows"]}[mode]
         self.inputs[key] = self._grouped(step, budget)
     return self.inputs[key]
 

@@ -237,7 +237,7 @@ class Trainer:
     thread.start()
     self._ahead = (thread, result)
 
-  def _compiled_ahead(self) -> Callable | None:
+  def compiled_ahead(self) -> Callable | None:
     """compile_ahead's step (waiting for it), once; None without one or when it failed."""
     if self._ahead is None:
       return None
@@ -480,7 +480,7 @@ def _every(step: int, period: int) -> bool:
 def _first_step(trainer: Trainer, state: TrainState, batch, rng):
   """(state, metrics, the step function for the steps after): the step compile_ahead made
   when there is one and the batch is what it was compiled for, else the jitted step."""
-  compiled = trainer._compiled_ahead()  # pylint: disable=protected-access
+  compiled = trainer.compiled_ahead()
   if compiled is not None:
     try:
       return (*compiled(state, batch, rng), compiled)

@@ -50,6 +50,32 @@ def test_kernel_summary_shares_and_order():
   assert kernels == ["gemm_a", "fusion_b", "mystery"]
 
 
+def test_kernels_name_the_model_code_they_run():
+  """hlo_sources: a fusion's op_name path (layer numbers folded, forward/backward/update) and
+  the project's file:line; GPU kernel names ('.' as '_') find their fusion."""
+  def step(w, x):
+    def loss(w):
+      with jax.named_scope("encoder"), jax.named_scope("layer_3"):
+        h = jnp.tanh(x @ w)
+      return jnp.sum(h ** 2)
+    return w - 0.1 * jax.grad(loss)(w)
+
+  hlo = _hlo(step, jnp.ones((16, 16)), jnp.ones((8, 16)))
+  sources = profile_step.hlo_sources(hlo)
+  wheres = set(sources.values())
+  assert any(w.startswith("fwd encoder/layer_*/") and "test_bench_gpu.py:" in w for w in wheres), wheres
+  assert any(w.startswith("bwd encoder/layer_*/") for w in wheres), wheres
+  name, where = next((n, w) for n, w in sources.items() if "fusion" in n or n.startswith("dot"))
+  kernel = name.replace(".", "_")
+  events = [dict(name=kernel, hlo_op="", dur=1000.0)]
+  out = profile_step.kernel_summary(events, profile_step.hlo_categories(hlo), steps=1,
+                                    step_s=0.002, sources=sources)
+  assert f"{where}" in out and "50.0%" in out, out
+  assert profile_step.source_of(
+      "jit(s)/transpose(jvp(M))/bert/encoder/layer_11/attention/dot_general") == (
+          "bwd bert/encoder/layer_*/attention/dot_general")
+
+
 def test_device_kernels_without_an_hlo_op_are_named_by_their_kernel_names():
   """GPU traces name kernels (cuBLAS, cuDNN, XLA fusions); where an event carries no HLO op
   its name decides its category."""
