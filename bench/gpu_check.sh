@@ -53,9 +53,11 @@ cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
 left=$(( 500 - ($(date +%s) - start) ))
 V="cublas:xla=--xla_gpu_enable_triton_gemm=false"
 V="$V;flash:bert.model.attention_impl=pallas,modern.model.attention=flash"
+V="$V;scan:bert.model.scan_layers=True,modern.model.scan_layers=True"
 V="$V;cudnn-nodrop:bert.model.attention_impl=cudnn,bert.model.attention_dropout_rate=0,modern.model.attention_impl=cudnn"
 O="bert-base-128:bert_jax,bert-base-128:bert_jax[cublas],modern-packed:eager"
-O="$O,modern-packed:bert_jax[flash],bert-base-128:bert_jax[cudnn-nodrop],bert-large-512:bert_jax"
+O="$O,bert-large-128:bert_jax[scan],modern-packed:bert_jax[flash],bert-base-128:bert_jax[cudnn-nodrop]"
+O="$O,bert-large-512:bert_jax"
 O="$O,bert-large-512:compile,modern-packed:compile,bert-base-128:compile"
 timeout $(( left + 60 )) python3 -m bench.gpu_step --budget_s=$(( left - 40 )) --child_timeout_s=200 \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
