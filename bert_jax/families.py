@@ -58,6 +58,15 @@ class Family:
   replaced_token_detection: Callable[[Any, float], Any] | None = None
 
 
+def preset_sizes(presets: Mapping[str, Mapping[str, Any]], name: str, label: str
+                 ) -> dict[str, Any]:
+  """A copy of preset `name`'s fields (a ConfigError naming the `label` family's presets
+  if there is no such preset)."""
+  if name not in presets:
+    raise errors.ConfigError(f"Unknown {label} preset {name!r}; choose one of {list(presets)}.")
+  return dict(presets[name])
+
+
 def preset_and_overrides(fields: Mapping[str, Any], vocab_size: int | None, prefix: str,
                          sizes: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
   """A config's `model` section -> (preset name, the fields that override it) for a family

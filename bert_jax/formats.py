@@ -543,6 +543,18 @@ def read_native(path: str) -> tuple[Any, Params]:
   return cfg, params
 
 
+def read_native_tree(path: str, target: str = "pretraining", require_mlm: bool = True
+                     ) -> tuple[Any, Params]:
+  """A bert_jax export of a family without a canonical dict (DeBERTa, the modern encoders):
+  its tree as saved ("all"), the encoder alone ("encoder"), or without a task's head."""
+  del require_mlm
+  cfg, params = read_native(path)
+  if target == "all":
+    return cfg, params
+  return cfg, params["bert"] if target == "encoder" else {
+      k: v for k, v in params.items() if k != "classifier"}
+
+
 def load_native(path: str, target: str = "pretraining", require_mlm: bool = True
                 ) -> tuple[BertConfig, Params]:
   """An export read through the canonical dict, so the same checks apply ("all": as saved)."""

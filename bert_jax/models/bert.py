@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import families
 from bert_jax.models import bert_attention
 from bert_jax.models.bert_attention import ATTENTION_IMPLS, fused_attention
 from bert_jax.models.layers import (ACTIVATIONS, DROPOUT_RNGS, REMAT_POLICIES, Dropout,
@@ -110,10 +111,7 @@ class BertConfig(ModelConfig):
 
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "BertConfig":
-    if name not in PRESETS:
-      raise errors.ConfigError(f"Unknown model preset {name!r}; "
-                       f"choose one of {list(PRESETS)}.")
-    sizes = dict(PRESETS[name])
+    sizes = families.preset_sizes(PRESETS, name, "model")
     sizes["intermediate_size"] = 4 * sizes["hidden_size"]
     return cls(**{**sizes, **overrides})
 

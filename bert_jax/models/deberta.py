@@ -79,9 +79,7 @@ class DebertaConfig(model_lib.BertConfig):
 
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "DebertaConfig":
-    if name not in PRESETS:
-      raise errors.ConfigError(f"Unknown DeBERTa preset {name!r}; choose one of {list(PRESETS)}.")
-    return cls(**{**DEFAULTS, **PRESETS[name], **overrides})
+    return cls(**{**DEFAULTS, **families.preset_sizes(PRESETS, name, "DeBERTa"), **overrides})
 
 
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> DebertaConfig:
@@ -491,17 +489,6 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   return cfg, params
 
 
-def read_native(path: str, target: str = "pretraining", require_mlm: bool = True
-                ) -> tuple[DebertaConfig, dict]:
-  """A bert_jax export: its tree as saved ("all"), the encoder alone, or without a task head."""
-  del require_mlm
-  cfg, params = formats.read_native(path)
-  if target == "all":
-    return cfg, params
-  return cfg, params["bert"] if target == "encoder" else {
-      k: v for k, v in params.items() if k != "classifier"}
-
-
 def params_to_hf(params: dict, cfg: DebertaConfig) -> tuple[dict[str, np.ndarray], str]:
   """(transformers' state dict, its class): DebertaV2ForMaskedLM (the masked-LM head),
   ...ForSequenceClassification (a classifier), or DebertaV2Model."""
@@ -551,7 +538,8 @@ FAMILIES = {"deberta-v2": families.Family(
     name="deberta-v2", config=DebertaConfig, from_fields=config_from_fields,
     encoder=DebertaModel, layer=Layer,
     masked_lm=lambda cfg, nsp: DebertaForMaskedLM(cfg, nsp=nsp),
-    read_hf=read_hf, read_native=read_native, export_hf=export_hf, model_types=("deberta-v2",),
+    read_hf=read_hf, read_native=formats.read_native_tree, export_hf=export_hf,
+    model_types=("deberta-v2",),
     architecture_fields=ARCHITECTURE_FIELDS,
     dropout={"hidden_dropout_rate": None, "attention_dropout_rate": None},
     forward_flops=forward_flops, padded_vocab=True, names_specials=True)}

@@ -51,9 +51,7 @@ class ElectraConfig(model_lib.BertConfig):
 
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "ElectraConfig":
-    if name not in PRESETS:
-      raise errors.ConfigError(f"Unknown ELECTRA preset {name!r}; choose one of {list(PRESETS)}.")
-    return cls(**{**DEFAULTS, **PRESETS[name], **overrides})
+    return cls(**{**DEFAULTS, **families.preset_sizes(PRESETS, name, "ELECTRA"), **overrides})
 
 
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> ElectraConfig:

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import families
 from bert_jax.models import layers
 from bert_jax.models.modern_attention import (allowed_keys, banded_attention, dense_attention,
                                               flash_attention, packed_global_attention, rope,
@@ -181,10 +182,7 @@ class ModernConfig(layers.ModelConfig):
 
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "ModernConfig":
-    if name not in PRESETS:
-      raise errors.ConfigError(f"Unknown model preset {name!r}; choose one of "
-                               f"{sorted(PRESETS)}.")
-    sizes = dict(PRESETS[name])
+    sizes = families.preset_sizes(PRESETS, name, "model")
     family = overrides.get("family", sizes.pop("family", "modernbert"))
     return cls(**{**FAMILY_DEFAULTS[family], **sizes, **overrides, "family": family})
 

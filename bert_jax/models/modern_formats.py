@@ -407,18 +407,6 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   return cfg, hf_to_params(state, cfg, target, source=f"HuggingFace checkpoint {path}")
 
 
-def read_native(path: str, target: str = "pretraining", require_mlm: bool = True
-                ) -> tuple[ModernConfig, dict]:
-  """A bert_jax export of a modern encoder: its tree as saved ("all"), the encoder alone, or
-  without a task's head."""
-  del require_mlm
-  cfg, params = formats.read_native(path)
-  if target == "all":
-    return cfg, params
-  return cfg, params["bert"] if target == "encoder" else {
-      k: v for k, v in params.items() if k != "classifier"}
-
-
 def export_hf(path: str, cfg: ModernConfig, params: dict, tokenizer: Any = None) -> None:
   """model.safetensors + config.json that transformers loads with no missing or unexpected
   keys (config.json last: a directory without it is not read as a checkpoint); with the
@@ -463,7 +451,8 @@ def _family(name: str) -> families.Family:
                                                                        family=name),
       encoder=modern.ModernModel, layer=modern.Layer,
       masked_lm=lambda cfg, nsp: modern.ModernForMaskedLM(cfg, nsp=nsp),
-      read_hf=read_hf, read_native=read_native, export_hf=export_hf, model_types=(name,),
+      read_hf=read_hf, read_native=formats.read_native_tree, export_hf=export_hf,
+      model_types=(name,),
       architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
       forward_flops=flops.modern_forward_flops_per_sequence, padded_vocab=True,
       names_specials=True)

@@ -57,10 +57,9 @@ class RobertaConfig(model_lib.BertConfig):
 
   @classmethod
   def from_preset(cls, name: str, **overrides) -> "RobertaConfig":
-    if name not in PRESETS:
-      raise errors.ConfigError(f"Unknown RoBERTa preset {name!r}; choose one of {list(PRESETS)}.")
+    sizes = families.preset_sizes(PRESETS, name, "RoBERTa")
     family = "xlm-roberta" if name.startswith("xlm") else "roberta"
-    return cls(**{**DEFAULTS, **PRESETS[name], "family": family, **overrides})
+    return cls(**{**DEFAULTS, **sizes, "family": family, **overrides})
 
 
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
