@@ -28,8 +28,8 @@ from bert_jax.models import bert_attention
 from bert_jax.models.bert_attention import ATTENTION_IMPLS, fused_attention
 from bert_jax.models.layers import (ACTIVATIONS, DROPOUT_RNGS, REMAT_POLICIES, Dropout,
                                     ModelConfig, Rows, attention_bias, causal_bias,
-                                    gather_positions, one_hot_lookup, packed_attention_bias,
-                                    take_rows)
+                                    gather_positions, layer_stack, one_hot_lookup,
+                                    packed_attention_bias, take_rows)
 from bert_jax.models.layers import NEG_INF, dropout, hash_bits  # noqa: F401  (here before layers.py)
 from input_pipeline import errors
 
@@ -328,24 +328,12 @@ class Encoder(nn.Module):
                all_layers: bool = False):
     """`all_layers`: every hidden state, [input, layer 1, ..., layer N] (unrolled layers)."""
     cfg = self.config
-    policy = REMAT_POLICIES[cfg.remat]
-    if all_layers and cfg.scan_layers:
-      raise errors.ConfigError("Every layer's output (feature-based fine-tuning, "
-                               "config.features) needs unrolled layers: set "
-                               "--config.model.scan_layers=False.")
+    layer_cls = layer_stack(cfg, EncoderLayer, _ScannedLayer, static_argnums=(3,),
+                            scan_static_argnums=(3,), in_axes=(nn.broadcast, nn.broadcast),
+                            all_layers=all_layers)
     if cfg.scan_layers:
-      layer_cls = _ScannedLayer
-      if cfg.remat != "none":
-        layer_cls = nn.remat(layer_cls, policy=policy, prevent_cse=False, static_argnums=(3,))
-      scanned = nn.scan(
-          layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-          in_axes=(nn.broadcast, nn.broadcast), length=cfg.num_layers,
-          metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = scanned(cfg, name="layers")(x_BLD, bias_B11M, deterministic)
+      x_BLD, _ = layer_cls(cfg, name="layers")(x_BLD, bias_B11M, deterministic)
       return take_rows(x_BLD, last_positions_BE, 1)  # every layer runs on every row here
-    layer_cls = EncoderLayer
-    if cfg.remat != "none":
-      layer_cls = nn.remat(layer_cls, policy=policy, static_argnums=(3,))
     hidden = [x_BLD]
     for i in range(cfg.num_layers):
       last = i == cfg.num_layers - 1

@@ -194,3 +194,26 @@ def one_hot_lookup(table: nn.Embed, ids: jax.Array) -> jax.Array:
   rows = jnp.asarray(table.embedding, table.dtype)
   one_hot = jax.nn.one_hot(ids, rows.shape[0], dtype=rows.dtype)
   return jnp.dot(one_hot, rows, precision=jax.lax.Precision.HIGHEST)
+
+
+def layer_stack(cfg: Any, unrolled: type, scanned: type, *, static_argnums: tuple[int, ...],
+                scan_static_argnums: tuple[int, ...], in_axes: tuple[Any, ...],
+                all_layers: bool = False) -> type:
+  """The layer module an encoder applies: `scanned` under nn.scan over cfg.num_layers
+  (parameters stacked on a `layers` axis; `in_axes` as nn.scan's) when cfg.scan_layers,
+  else `unrolled` (applied once per layer); either under nn.remat with cfg.remat's policy
+  (`static_argnums` / `scan_static_argnums`: its static arguments). `all_layers` (every
+  hidden state wanted) needs unrolled layers: a ConfigError under scan_layers."""
+  if all_layers and cfg.scan_layers:
+    raise errors.ConfigError("Every layer's output (feature-based fine-tuning, "
+                             "config.features) needs unrolled layers: set "
+                             "--config.model.scan_layers=False.")
+  policy = REMAT_POLICIES[cfg.remat]
+  if not cfg.scan_layers:
+    return unrolled if cfg.remat == "none" else nn.remat(unrolled, policy=policy,
+                                                         static_argnums=static_argnums)
+  if cfg.remat != "none":
+    scanned = nn.remat(scanned, policy=policy, prevent_cse=False, static_argnums=scan_static_argnums)
+  return nn.scan(scanned, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                 in_axes=in_axes, length=cfg.num_layers,
+                 metadata_params={nn.PARTITION_NAME: "layers"})

@@ -405,25 +405,13 @@ class Encoder(nn.Module):
                packed: bool = False, all_layers: bool = False):
     """`all_layers`: every hidden state, [input, layer 1, ..., layer N] (unrolled layers)."""
     cfg = self.config
-    policy = layers.REMAT_POLICIES[cfg.remat]
-    if all_layers and cfg.scan_layers:
-      raise errors.ConfigError("Every layer's output (feature-based fine-tuning, "
-                               "config.features) needs unrolled layers: set "
-                               "--config.model.scan_layers=False.")
+    layer = layers.layer_stack(cfg, Layer, _ScannedLayer, static_argnums=(4, 5, 6),
+                               scan_static_argnums=(4, 5), all_layers=all_layers,
+                               in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0))
     if cfg.scan_layers:
-      layer = _ScannedLayer
-      if cfg.remat != "none":
-        layer = nn.remat(layer, policy=policy, prevent_cse=False, static_argnums=(4, 5))
-      scanned = nn.scan(layer, variable_axes={"params": 0},
-                        split_rngs={"params": True, "dropout": True},
-                        in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast, 0),
-                        length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = scanned(cfg, name="layers")(x_BLD, segment_ids_BL, positions_BL, deterministic,
-                                             packed, jnp.arange(cfg.num_layers))
+      x_BLD, _ = layer(cfg, name="layers")(x_BLD, segment_ids_BL, positions_BL, deterministic,
+                                           packed, jnp.arange(cfg.num_layers))
       return x_BLD
-    layer = Layer
-    if cfg.remat != "none":
-      layer = nn.remat(layer, policy=policy, static_argnums=(4, 5, 6))
     hidden = [x_BLD]
     for i in range(cfg.num_layers):
       x_BLD = layer(cfg, name=f"layer_{i}")(x_BLD, segment_ids_BL, positions_BL, i, deterministic,
