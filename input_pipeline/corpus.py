@@ -130,6 +130,9 @@ def iter_texts(input_spec: str, *, sentences: bool = False, max_chars: int | Non
 
 def define_flags(fv: flags.FlagValues, bad_records_help: str) -> None:
   """The flags that say how a corpus is read, for the tools that read one (prepare, vocab)."""
+  flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
+                    "How free text (a text file, or a record's text) is read: see "
+                    "input_pipeline/text.py.", flag_values=fv)
   flags.DEFINE_string("text_field", "text", "The field (JSON), column (Parquet, Arrow) or "
                       "TFDS feature holding a document's text.", flag_values=fv)
   flags.DEFINE_integer("max_bad_records", 0, bad_records_help, flag_values=fv)
@@ -137,3 +140,11 @@ def define_flags(fv: flags.FlagValues, bad_records_help: str) -> None:
   flags.DEFINE_float("max_replaced_fraction", text_lib.MAX_REPLACED_FRACTION,
                      "Refuse a corpus file when more than this share of its bytes is not "
                      "valid UTF-8 (replaced by U+FFFD).", flag_values=fv)
+
+
+def flag_options(fv: flags.FlagValues) -> dict:
+  """define_flags' values (and --format) as the keyword arguments of the tools' functions
+  (vocab.train_vocab, prepare.prepare_corpus)."""
+  return dict(fmt=fv.format, text_field=fv.text_field, tfds_data_dir=fv.tfds_data_dir,
+              max_replaced_fraction=fv.max_replaced_fraction,
+              max_bad_records=fv.max_bad_records)

@@ -412,9 +412,6 @@ def flag_values() -> flags.FlagValues:
                        flag_values=fv)
   flags.DEFINE_boolean("lowercase", None, "Override the vocabulary's casing.",
                        flag_values=fv)
-  flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
-                    "How free text (a text file, or a record's text) is read: see "
-                    "input_pipeline/text.py.", flag_values=fv)
   corpus.define_flags(fv, "Skip up to this many records without usable text in record "
                       "files (not JSON, no --text_field, not a string), counted in the log "
                       "and summary.json; one more is an error.")
@@ -432,10 +429,7 @@ def main(argv: list[str]) -> dict:
   errors.require_flags(fv, "input", "vocab", "output_dir")
   summary = prepare_corpus(fv.input, fv.vocab, fv.output_dir, lowercase=fv.lowercase,
                            num_shards=fv.num_shards, num_workers=fv.num_workers,
-                           fmt=fv.format, text_field=fv.text_field,
-                           tfds_data_dir=fv.tfds_data_dir,
-                           max_replaced_fraction=fv.max_replaced_fraction,
-                           max_bad_records=fv.max_bad_records)
+                           **corpus.flag_options(fv))
   print(f"Prepared {fv.output_dir}:\n{format_summary(summary)}")
   return summary
 

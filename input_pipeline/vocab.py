@@ -254,9 +254,6 @@ def _flag_values() -> flags.FlagValues:
   flags.DEFINE_enum("kind", "wordpiece", KINDS, "Vocabulary kind.", flag_values=fv)
   flags.DEFINE_boolean("lowercase", True, "Uncased (lower-case, strip accents).",
                        flag_values=fv)
-  flags.DEFINE_enum("format", "auto", ["auto", "lines", "paragraphs"],
-                    "How free text (a text file, or a record's text) is read: see "
-                    "input_pipeline/text.py.", flag_values=fv)
   corpus.define_flags(fv, "Skip up to this many records without usable text in record "
                       "files; one more is an error.")
   flags.DEFINE_integer("max_chars", None, "Train on at most this much text.", flag_values=fv)
@@ -268,10 +265,7 @@ def main(argv: list[str]) -> str:
   errors.parse_flags(fv, argv, __doc__)
   errors.require_flags(fv, "input", "output")
   path = train_vocab(fv.input, fv.output, vocab_size=fv.vocab_size, kind=fv.kind,
-                     lowercase=fv.lowercase, fmt=fv.format, text_field=fv.text_field,
-                     tfds_data_dir=fv.tfds_data_dir, max_chars=fv.max_chars,
-                     max_replaced_fraction=fv.max_replaced_fraction,
-                     max_bad_records=fv.max_bad_records)
+                     lowercase=fv.lowercase, max_chars=fv.max_chars, **corpus.flag_options(fv))
   print(f"Wrote {path}")
   return path
 
