@@ -29,6 +29,7 @@ from bert_jax import scoring
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import glue
+from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer
 
 NDCG_AT, RECALL_AT, MRR_AT = 10, 100, 10
@@ -61,14 +62,8 @@ def _jsonl(path: str, fields: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
   """(line number, record) of each non-blank line; a line that is not a JSON object with
   `fields` is a RetrievalDataError naming the file and line."""
   with fileio.path(path).open("r") as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError as e:
-        raise RetrievalDataError(f"{path}:{n}: not a JSON object ({e}).") from None
-      missing = [k for k in fields if not isinstance(record, dict) or k not in record]
+    for n, record in text_lib.json_objects(f, path, RetrievalDataError):
+      missing = [k for k in fields if k not in record]
       if missing:
         raise RetrievalDataError(f"{path}:{n}: no {', '.join(map(repr, missing))} field (a BEIR "
                                  f"line holds {', '.join(fields)}).")

@@ -12,7 +12,6 @@ import csv
 import dataclasses
 import gzip
 import io
-import json
 import sys
 import zlib
 from typing import Iterable, Sequence
@@ -24,6 +23,7 @@ from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import records
 from input_pipeline import features
+from input_pipeline import text as text_lib
 
 csv.field_size_limit(sys.maxsize)
 
@@ -295,19 +295,7 @@ def read_records(path: str) -> list[tuple[int, dict]]:
   (.json) file, optionally .gz; a file without records is a DataError naming it."""
   kind = path.removesuffix(".gz")
   if kind.endswith(".jsonl") or kind.endswith(".json"):
-    records = []
-    for line_no, line in enumerate(read_task_text(path).split("\n"), 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except ValueError as e:
-        raise DataError(f"{path}:{line_no}: not a JSON record ({e}): JSONL holds one JSON "
-                        "object per line.") from None
-      if not isinstance(record, dict):
-        raise DataError(f"{path}:{line_no}: not a JSON object: JSONL holds one JSON object "
-                        "({field: value}) per line.")
-      records.append((line_no, record))
+    records = list(text_lib.json_objects(read_task_text(path).split("\n"), path, DataError))
   else:
     rows = (_rows(path, "\t") if kind.endswith(".tsv") else _rows(path, ",", quotechar='"'))
     header = rows[0][1] if rows else []

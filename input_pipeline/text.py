@@ -29,8 +29,9 @@ file, or another encoding) is refused with an error naming it.
 """
 import codecs
 import itertools
+import json
 import re
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from absl import logging
 
@@ -164,6 +165,24 @@ def read_lines(path: str, stats: dict,
       logging.warning("%s: %d of %d bytes read (%.3f%%) are not valid UTF-8; replaced by "
                       "U+FFFD (the limit is %.1f%% per file).", path, replaced, read,
                       100 * replaced / read, 100 * max_replaced_fraction)
+
+
+def json_objects(lines: Iterable[str], path: str, error: Callable[[str], Exception]
+                 ) -> Iterator[tuple[int, dict]]:
+  """(line number, object) of each non-blank line of JSON Lines text; a line that is not
+  one JSON object raises `error(message)`, the message naming the file and line."""
+  for n, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError as e:
+      raise error(f"{path}:{n}: not JSON ({e}): a JSON Lines file holds one JSON object "
+                  "per line.") from None
+    if not isinstance(record, dict):
+      raise error(f"{path}:{n}: a JSON {type(record).__name__}, not an object: a JSON Lines "
+                  "file holds one object ({field: value}) per line.")
+    yield n, record
 
 
 def strip_gutenberg(lines: Iterator[str]) -> Iterator[str]:
