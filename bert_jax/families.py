@@ -67,6 +67,14 @@ def preset_sizes(presets: Mapping[str, Mapping[str, Any]], name: str, label: str
   return dict(presets[name])
 
 
+def config_from_fields(config: type, fields: Mapping[str, Any], vocab_size: int | None,
+                       prefix: str, sizes: tuple[str, ...], **fixed) -> Any:
+  """`config.from_preset` of a config's `model` section (preset_and_overrides), `fixed`
+  fields last."""
+  preset, overrides = preset_and_overrides(fields, vocab_size, prefix, sizes)
+  return config.from_preset(preset, **{**overrides, **fixed})
+
+
 def preset_and_overrides(fields: Mapping[str, Any], vocab_size: int | None, prefix: str,
                          sizes: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
   """A config's `model` section -> (preset name, the fields that override it) for a family

@@ -85,9 +85,8 @@ class DebertaConfig(model_lib.BertConfig):
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> DebertaConfig:
   """A config's `model` section (a preset + overrides; None = the preset's value) ->
   DebertaConfig; `vocab_size` is the vocabulary's unless the fields set one."""
-  preset, overrides = families.preset_and_overrides(fields, vocab_size, "deberta-v3",
-                                                    ("xsmall", "small", "base", "large"))
-  return DebertaConfig.from_preset(preset, **overrides)
+  return families.config_from_fields(DebertaConfig, fields, vocab_size, "deberta-v3",
+                                     ("xsmall", "small", "base", "large"))
 
 
 # ----------------------------------------------------------------------------

@@ -57,9 +57,8 @@ class ElectraConfig(model_lib.BertConfig):
 def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None) -> ElectraConfig:
   """A config's `model` section (a preset + overrides; None = the preset's value) ->
   ElectraConfig; `vocab_size` is the vocabulary's unless the fields set one."""
-  preset, overrides = families.preset_and_overrides(fields, vocab_size, "electra",
-                                                    ("small", "base", "large"))
-  return ElectraConfig.from_preset(preset, **overrides)
+  return families.config_from_fields(ElectraConfig, fields, vocab_size, "electra",
+                                     ("small", "base", "large"))
 
 
 class ElectraDiscriminator(nn.Module):

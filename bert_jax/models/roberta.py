@@ -67,8 +67,8 @@ def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
   """A config's `model` section (a preset + overrides; None = the preset's value) ->
   RobertaConfig; `vocab_size` is the vocabulary's (it replaces the preset's unless the fields
   set one)."""
-  preset, overrides = families.preset_and_overrides(fields, vocab_size, family, ("base", "large"))
-  return RobertaConfig.from_preset(preset, **{**overrides, "family": family})
+  return families.config_from_fields(RobertaConfig, fields, vocab_size, family,
+                                     ("base", "large"), family=family)
 
 
 # ----------------------------------------------------------------------------
