@@ -17,6 +17,10 @@ TEXT = ("input_ids", "segment_ids", "input_mask")
 PACKED = ("position_ids", "packed_example_ids", "cls_positions")
 PRETRAINING = TEXT + ("masked_lm_positions",)
 MLM_TARGETS = ("masked_lm_ids", "masked_lm_weights")
+MASKED_LM = ("masked_lm_positions",) + MLM_TARGETS
+# A pre-training batch (input_pipeline/pretrain.py), in its order; packed rows add PACKED and
+# example_weights.
+PRETRAINING_BATCH = ("input_ids", "input_mask", "segment_ids") + MASKED_LM + ("next_sentence_labels",)
 
 
 def pair_seps(tokenizer) -> int:

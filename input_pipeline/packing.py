@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-TOKEN_KEYS = ("input_ids", "input_mask", "segment_ids")
-MLM_KEYS = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
+from input_pipeline import features
+
+TOKEN_KEYS = features.PRETRAINING_BATCH[:3]  # input_ids, input_mask, segment_ids
+MLM_KEYS = features.MASKED_LM
 ROW_KEYS = TOKEN_KEYS + ("position_ids", "packed_example_ids")
 
 

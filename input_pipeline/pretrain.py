@@ -44,6 +44,7 @@ import numpy as np
 from input_pipeline import data_config
 from input_pipeline import documents
 from input_pipeline import errors
+from input_pipeline import features as features_lib
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
 from input_pipeline import mixture as mixture_lib
@@ -54,11 +55,9 @@ from input_pipeline import synthetic
 from input_pipeline import text
 from input_pipeline import tokenizer as tokenizer_lib
 
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
-            "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
+FEATURES = features_lib.PRETRAINING_BATCH
 # data.packing: rows [R, L] of several examples; per-example NSP labels/weights [R, E].
-PACKED_FEATURES = FEATURES + ("position_ids", "packed_example_ids", "cls_positions",
-                              "example_weights")
+PACKED_FEATURES = FEATURES + features_lib.PACKED + ("example_weights",)
 
 
 def predictions_per_row(cfg) -> int:

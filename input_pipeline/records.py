@@ -16,11 +16,12 @@ import functools
 
 import numpy as np
 
+from input_pipeline import features
 from input_pipeline import text
 
 DOC_FEATURES = ("token_ids", "sentence_lengths")
-BERT_INT_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
-                     "masked_lm_ids", "next_sentence_labels")
+# Original BERT's TFRecords store these as int64 (masked_lm_weights as float).
+BERT_INT_FEATURES = tuple(k for k in features.PRETRAINING_BATCH if k != "masked_lm_weights")
 
 
 @functools.cache
