@@ -40,9 +40,9 @@ class Family:
   encoder: Callable[..., Any]  # (cfg, add_pooler=, pooled_only=, name=) -> the encoder module
   layer: type  # the encoder's layer module (predict's features capture its outputs)
   masked_lm: Callable[[Any, bool], Any]  # (cfg, nsp) -> the pre-training model
-  # (path, part, require_mlm) -> (cfg, unrolled host params) of a HuggingFace directory
+  # (path, target, require_mlm) -> (cfg, unrolled host params) of a HuggingFace directory
   read_hf: Callable[[str, str, bool], tuple[Any, dict]]
-  # (path, part, require_mlm) -> the same of a bert_jax export (its tree as saved: read_native)
+  # (path, target, require_mlm) -> the same of a bert_jax export (its tree as saved: read_native)
   read_native: Callable[[str, str, bool], tuple[Any, dict]]
   # (path, cfg, params, tokenizer or None): what transformers loads; returns the directories
   # written when it writes more than `path` (ELECTRA's generator), else None

@@ -290,7 +290,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
                               log_prefix=lambda step: f"epoch {epoch_of(step)} ")
   # The pre-trained encoder in place; the head stays new (and the pooler, for checkpoints
   # without one: BertForMaskedLM, BertModel(add_pooling_layer=False), as transformers does).
-  state, data_state = trainer.restore_or_init((cfg, enc_params), part="encoder",
+  state, data_state = trainer.restore_or_init((cfg, enc_params), target="encoder",
                                               name=config.init_checkpoint)
   if cache:
     batches = _batches(config, {**task.train, heads.CACHED: _encoder_features(

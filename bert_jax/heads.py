@@ -1,6 +1,6 @@
 """Fine-tuning heads: a small new output layer on the (pre-trained) encoder.
 
-Every model holds the encoder under `bert` (so `loader.load_into(..., part="encoder")` drops
+Every model holds the encoder under `bert` (so `loader.load_into(..., target="encoder")` drops
 a pre-trained one in) and its new layer under `classifier`. The encoder is the config's
 family's (`encoder`): BERT's, or the modern encoders' (bert_jax/models/modern.py), whose pooled
 output and token features (`tokens`) are their own heads' (ModernBERT's prediction head).

@@ -1,7 +1,7 @@
 """The one way weights enter a model.
 
     params = loader.load_into(path, abstract_params, fresh_params)   # onto the target shardings
-    cfg, params = loader.read(path, part="encoder")                   # on the host
+    cfg, params = loader.read(path, target="encoder")                 # on the host
 
 `path` is a run of ours (a workdir, its `checkpoints/` dir or one step dir), a bert_jax
 export, a HuggingFace directory or a Google TF checkpoint. Our runs are read with Orbax,
@@ -289,15 +289,17 @@ def checkpoint_exists(path: str) -> bool:
   return fileio.path(path).exists() or fileio.path(path + ".index").exists()
 
 
-def read(path: str, part: str = "pretraining", *, require_mlm: bool = True
-         ) -> tuple[BertConfig, Any]:
-  """(BertConfig, unrolled params on the host) of any checkpoint. `part`: "pretraining"
+def read(path: str, target: str = "pretraining", *, require_mlm: bool = True,
+         part: str | None = None) -> tuple[BertConfig, Any]:
+  """(BertConfig, unrolled params on the host) of any checkpoint. `target` (as convert's
+  --target; `part` is its former name, still accepted): "pretraining"
   (the encoder under `bert`, with the heads the checkpoint has: a run's tree as saved;
   another format's masked-LM head is required unless not `require_mlm`), "encoder" (the
   encoder and pooler alone) or "all" (as saved, a fine-tuned head included: a run or an
   export such as a fine-tuning run's best/). A path that does not exist is a
   CheckpointNotFoundError, a truncated or corrupt file or NaN/Inf weights a
   CorruptCheckpointFileError naming them (both UserErrors)."""
+  target = part or target
   if not checkpoint_exists(path):
     raise formats.CheckpointNotFoundError(
         f"{path} does not exist: the checkpoint must be a workdir of ours, a bert_jax export, "
@@ -306,14 +308,14 @@ def read(path: str, part: str = "pretraining", *, require_mlm: bool = True
     step_dir, params = _newest_intact(path, _read_step_params)
     cfg = _saved_model_config(step_dir, params).replace(scan_layers=False)
     params = to_layout(params, False)
-    return cfg, params["bert"] if part == "encoder" else params
-  if part == "all" and (fileio.path(path) / "params").is_dir():  # best/ of older versions
+    return cfg, params["bert"] if target == "encoder" else params
+  if target == "all" and (fileio.path(path) / "params").is_dir():  # best/ of older versions
     with ocp.StandardCheckpointer() as ckptr:
       params = jax.tree.map(np.asarray, ckptr.restore(fileio.path(path) / "params"))
     saved = json.loads((fileio.path(path) / "config.json").read_text())
     cfg = BertConfig.from_dict(saved["bert"])
   else:
-    cfg, params = formats.read_foreign(path, part, require_mlm=require_mlm)
+    cfg, params = formats.read_foreign(path, target, require_mlm=require_mlm)
   bad = nonfinite(params)
   if bad:
     raise formats.CorruptCheckpointFileError(
@@ -377,26 +379,27 @@ def _check_architecture(path: str, cfg: Any, config: Any) -> None:
 
 
 def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_params: Any,
-              *, part: str = "pretraining", config: BertConfig | None = None,
-              name: str | None = None) -> Any:
+              *, target: str = "pretraining", config: BertConfig | None = None,
+              name: str | None = None, part: str | None = None) -> Any:
   """The params of a model (`abstract_params`: ShapeDtypeStructs with the target shardings;
   `fresh_params`: its freshly initialised params) with the weights of `source` in place.
 
-  `source`: a checkpoint path, or (config, host params) that `read` gave. part
-  "pretraining": the model's tree is BertForPreTraining-shaped (encoder under `bert`, heads
+  `source`: a checkpoint path, or (config, host params) that `read` gave. `target` (`part`:
+  its former name) "pretraining": the model's tree is BertForPreTraining-shaped (encoder under `bert`, heads
   at the top); "encoder": only the model's `bert` encoder (+ pooler) is loaded (a
   fine-tuning model: its task head stays fresh). A run of ours is restored straight onto the
   shardings (its newest intact step); other sources are converted on the host. `config`:
   the configured model, whose architecture a checkpoint of another format must have.
   `name`: what the log calls the source (default: its path)."""
-  encoder_only = part == "encoder"
-  target = abstract_params["bert"] if encoder_only else abstract_params
-  want = flat(target)
+  target = part or target
+  encoder_only = target == "encoder"
+  into = abstract_params["bert"] if encoder_only else abstract_params
+  want = flat(into)
   path = name or (source if isinstance(source, str) else "the checkpoint")
   if isinstance(source, str) and is_run(source):
-    loaded, fresh, extra = _load_run(source, path, target, encoder_only, config)
+    loaded, fresh, extra = _load_run(source, path, into, encoder_only, config)
   else:
-    loaded, fresh, extra = _load_converted(source, path, want, part, config)
+    loaded, fresh, extra = _load_converted(source, path, want, target, config)
   if fresh:
     logging.warning("init_checkpoint %s has no %s: %s from a fresh initialisation.", path,
                     " and no ".join(fresh), "they start" if len(fresh) > 1 else "it starts")
@@ -441,20 +444,20 @@ def _load_run(source: str, path: str, target: Any, encoder_only: bool,
 
 
 def _load_converted(source: str | tuple[BertConfig, Any], path: str, want: dict[Keys, Any],
-                    part: str, config: BertConfig | None
+                    target: str, config: BertConfig | None
                     ) -> tuple[dict[Keys, Any], list[str], list[str]]:
   """`load_into` from a checkpoint of another format (or the (config, host params) `read`
   gave), converted on the host and placed on the shardings of `want` (the flat abstract
   params): as `_load_run`."""
   if isinstance(source, str):
-    cfg, host = read(source, part, require_mlm=False)
+    cfg, host = read(source, target, require_mlm=False)
   else:
     cfg, host = source
   if config is not None:
     _check_architecture(path, cfg, config)
   host = flat(to_layout(host, is_scanned(want)))
   fresh, extra = _check_fits(path, {k: tuple(a.shape) for k, a in want.items()},
-                             {k: np.shape(x) for k, x in host.items()}, part == "encoder", config)
+                             {k: np.shape(x) for k, x in host.items()}, target == "encoder", config)
   loaded = {k: jax.make_array_from_callback(
       a.shape, a.sharding, lambda idx, x=host[k], a=a: np.asarray(x, a.dtype)[idx])
             for k, a in want.items() if k in host}

@@ -266,12 +266,12 @@ class Trainer:
     return self.metrics.writer
 
   def restore_or_init(self, init_from: str | tuple[Any, Any] | None = None, *,
-                      part: str = "pretraining", model_config: Any = None,
+                      target: str = "pretraining", model_config: Any = None,
                       name: str | None = None) -> tuple[TrainState, Any]:
     """(state, this process's data state or None): the newest restorable checkpoint of the
     workdir (its saved config then in `self.restored_config`), else a fresh state, with the
     weights of `init_from` in place when given (a checkpoint path, or (config, host params)
-    that loader.read gave: loader.load_into with `part`, `model_config`, `name`)."""
+    that loader.read gave: loader.load_into with `target`, `model_config`, `name`)."""
     restored = self.checkpointer.restore(self.abstract, self.config) if self.checkpointer else None
     if restored is not None:
       step, state, data_state, self.restored_config = restored
@@ -282,7 +282,7 @@ class Trainer:
       state = self.init()
     if init_from is not None:
       state = state.replace(params=loader.load_into(
-          init_from, self.abstract.params, state.params, part=part, config=model_config,
+          init_from, self.abstract.params, state.params, target=target, config=model_config,
           name=name))
     return state, None
 

@@ -94,3 +94,20 @@ def test_encoder_part_keeps_the_head_fresh_and_refuses_another_encoder(tmp_path)
   with pytest.raises(formats.CheckpointMismatchError, match="word_embeddings/embedding: "
                      r"checkpoint \(128, 64\) vs model \(99, 64\)"):
     loader.load_into((cfg, enc), abstract, fresh, part="encoder")
+
+
+def test_target_is_the_name_convert_uses_and_part_still_works(tmp_path):
+  """read/load_into take `target` (convert's --target); `part`, the former name, still works."""
+  train.train_and_evaluate(tu.tiny_config(num_train_steps=1), str(tmp_path / "run"))
+  _, by_target = loader.read(str(tmp_path / "run"), target="encoder")
+  _, by_part = loader.read(str(tmp_path / "run"), part="encoder")
+  _, whole = loader.read(str(tmp_path / "run"))
+  assert "encoder" in by_target and "bert" in whole
+  assert tu.flat(by_target).keys() == tu.flat(by_part).keys() == tu.flat(whole["bert"]).keys()
+  one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = {"bert": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32, sharding=one),
+                                   by_target)}
+  fresh = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), abstract)
+  out = loader.load_into(str(tmp_path / "run"), abstract, fresh, target="encoder")
+  for k, v in tu.flat(by_target).items():
+    np.testing.assert_array_equal(tu.flat(out["bert"])[k], v, err_msg=k)
