@@ -18,11 +18,12 @@ Systems: bert_jax (the trainer's jitted train_step, as bench.train_step runs it)
 (transformers BertForPreTraining / ModernBertForMaskedLM, SDPA attention, bf16 autocast, fused
 AdamW, global-norm clipping), compile (the same under torch.compile). Each (workload, system)
 runs in its own process; the systems of a workload run one after another (rounds alternate
-their order). A row: median ms/step over --steps steps after --warmup, tokens/s, seconds to
-the first step (compilation included; bert_jax, as the pre-training job, compiles the step
-in a thread while the state is initialised: its JSON rows give imports_s, init_s and
-compile_s, from the compilation's start to its step), peak device memory, MFU against the chip's dense bf16
-peak (bert_jax.flops.PEAK_BF16_FLOPS) and against a bf16 matmul measured in the run.
+their order). A row: ms/step of --steps steps queued back to back after --warmup (as
+training runs; the median of steps each waited for is `synced_s` in the JSON and the column
+"ms/step, each waited"), tokens/s, seconds to the first step (compilation included; bert_jax,
+as the pre-training job, compiles the step in a thread while the state is initialised: its
+JSON rows give imports_s, init_s and compile_s, from the compilation's start to its step),
+peak device memory, MFU against the chip's dense bf16 peak (bert_jax.flops.PEAK_BF16_FLOPS) and against a bf16 matmul measured in the run.
 
 --variants adds bert_jax rows with config overrides and/or XLA flags, each its own process;
 a field prefixed `bert.` or `modern.` applies to that family's workloads only:
@@ -94,7 +95,11 @@ def _bert_batch(spec: dict) -> dict:
   return _batch(np.random.default_rng(0), batch, L, P, spec["vocab"])
 
 
-def _time_steps(step, n_warmup: int, n: int, sync) -> list[float]:
+def _time_steps(step, n_warmup: int, n: int, sync) -> dict[str, float]:
+  """step_s: the mean of `n` steps queued back to back with one wait at the end, as a
+  training loop runs (bert_jax's reads its metrics a step late; transformers' queues CUDA
+  work asynchronously), so no step waits for the host to dispatch the next; synced_s: the
+  median of `n` steps each waited for (what the rows measured before 2026-11-27)."""
   for _ in range(n_warmup):
     step()
   sync()
@@ -104,7 +109,11 @@ def _time_steps(step, n_warmup: int, n: int, sync) -> list[float]:
     step()
     sync()
     times.append(time.perf_counter() - t)
-  return times
+  t = time.perf_counter()
+  for _ in range(n):
+    step()
+  sync()
+  return dict(step_s=(time.perf_counter() - t) / n, synced_s=statistics.median(times))
 
 
 def _bert_jax_workload(spec: dict):
@@ -168,7 +177,7 @@ def child_bert_jax(spec: dict) -> dict:
     step()
     jax.block_until_ready(box)
     first_s = time.perf_counter() - START
-    times = _time_steps(step, spec["warmup"], spec["steps"], lambda: jax.block_until_ready(box))
+    timed = _time_steps(step, spec["warmup"], spec["steps"], lambda: jax.block_until_ready(box))
     stats = jax.devices()[0].memory_stats() or {}
     mem = stats.get("peak_bytes_in_use")
     if mem is None:
@@ -181,7 +190,7 @@ def child_bert_jax(spec: dict) -> dict:
   else:
     from bench import modern_step  # pylint: disable=g-import-not-at-top
     flops = statistics.mean(modern_step.useful_flops(cfg, s) for s in steps)
-  return dict(step_s=statistics.median(times), first_s=first_s, compile_s=compile_s,
+  return dict(**timed, first_s=first_s, compile_s=compile_s,
               setup_s=setup_s, imports_s=imports_s, init_s=init_s, mem_gib=mem / 2**30,
               flops=flops, tokens=statistics.mean(tokens),
               loss=float(box[1]["loss"]), versions=f"jax {jax.__version__}",
@@ -270,9 +279,9 @@ def child_torch(spec: dict) -> dict:
   step()
   _sync(device)
   first_s = time.perf_counter() - START
-  times = _time_steps(step, spec["warmup"], spec["steps"], lambda: _sync(device))
+  timed = _time_steps(step, spec["warmup"], spec["steps"], lambda: _sync(device))
   mem = torch.cuda.max_memory_allocated() if device == "cuda" else float("nan")
-  return dict(step_s=statistics.median(times), first_s=first_s, compile_s=float("nan"),
+  return dict(**timed, first_s=first_s, compile_s=float("nan"),
               mem_gib=mem / 2**30, flops=flops, tokens=tokens, loss=float(step.loss),
               calls=len(parts), versions=f"torch {torch.__version__}, transformers {transformers.__version__}",
               device=torch.cuda.get_device_name() if device == "cuda" else platform.machine())
@@ -345,11 +354,11 @@ def parse_variants(text: str) -> list[tuple[str, dict, str]]:
 def _fmt(row: dict, dense_peak: float, measured_peak: float) -> str:
   if "error" in row:
     return (f"| {row['workload']} | {row['system']} | not run: {row['error']} |"
-            + " |" * 7)
+            + " |" * 8)
   s = row["step_s"]
   mfu = lambda peak: f"{100 * row['flops'] / s / peak:.1f}%" if peak else "n/a"
   return (f"| {row['workload']} | {row['system']} | {row['tokens'] / s / 1e3:.1f}k | {1e3 * s:.1f} | "
-          f"{row['first_s']:.1f} | {row['mem_gib']:.2f} | {mfu(dense_peak)} | {mfu(measured_peak)} | "
+          f"{1e3 * row.get('synced_s', float('nan')):.1f} | {row['first_s']:.1f} | {row['mem_gib']:.2f} | {mfu(dense_peak)} | {mfu(measured_peak)} | "
           f"{row.get('vs_best', float('nan')):.2f} | {row['loss']:.3f} |")
 
 
@@ -475,12 +484,14 @@ def main(argv=None) -> list[dict]:
   _vs_best_peer(rows, workloads)
   ok = [r for r in rows if "error" not in r]
   versions = sorted({r["versions"] for r in ok} | ({mm["versions"]} if "versions" in mm else set()))
-  header = ("| workload | system | tokens/s | ms/step | first step s | peak mem GiB | MFU (dense peak) "
-            "| MFU (measured matmul) | bert_jax vs best peer | loss |")
-  table = "\n".join([header, "|" + "---|" * 10] + [_fmt(r, dense, measured) for r in rows])
+  header = ("| workload | system | tokens/s | ms/step | ms/step, each waited | first step s "
+            "| peak mem GiB | MFU (dense peak) | MFU (measured matmul) | bert_jax vs best peer "
+            "| loss |")
+  table = "\n".join([header, "|" + "---|" * 11] + [_fmt(r, dense, measured) for r in rows])
   summary = (f"Device: {device}; dense bf16 peak {dense / 1e12:.0f} TFLOP/s (data sheet), measured "
-             f"bf16 matmul {measured / 1e12:.1f} TFLOP/s; {'; '.join(versions)}; {args.dtype}; median "
-             f"of {args.steps} steps after {args.warmup}; {time.perf_counter() - start:.0f} s in all.")
+             f"bf16 matmul {measured / 1e12:.1f} TFLOP/s; {'; '.join(versions)}; {args.dtype}; "
+             f"{args.steps} steps queued after {args.warmup}; {time.perf_counter() - start:.0f} s "
+             "in all.")
   print(summary)
   print(table)
   _write(args, argv, summary, table, rows)

@@ -440,13 +440,11 @@ def _trace(args, run) -> None:
   import jax
   for _ in range(3):  # warm-up; then the untraced step time, then the traced steps
     jax.block_until_ready(run())
-  t = time.perf_counter()
-  for _ in range(args.trace_steps):
-    jax.block_until_ready(run())
+  t = time.perf_counter()  # steps queued back to back, as training runs them
+  jax.block_until_ready([run() for _ in range(args.trace_steps)])
   step_s = (time.perf_counter() - t) / args.trace_steps
   jax.profiler.start_trace(args.trace)
-  for _ in range(args.trace_steps):
-    jax.block_until_ready(run())
+  jax.block_until_ready([run() for _ in range(args.trace_steps)])
   jax.profiler.stop_trace()
   print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype} on "
         f"{jax.devices()[0].device_kind}; {args.trace_steps} steps traced into {args.trace} "
