@@ -61,9 +61,11 @@ def _dev_outputs(trainer: trainer_lib.Trainer, params, feats, keys, batch_size: 
       yield batch
   outs = []
   sums = trainer_lib.evaluate_sums(trainer, params, batches(), outputs=outs)
-  outs = [jax.tree.map(lambda x, take=min(batch_size, n - start): np.asarray(x)[:take], out)
-          for start, out in zip(starts, outs)]
-  return sums, jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
+  real_rows = []  # each batch's outputs cut to its real rows
+  for start, out in zip(starts, outs):
+    take = min(batch_size, n - start)
+    real_rows.append(jax.tree.map(lambda x: np.asarray(x)[:take], out))  # pylint: disable=cell-var-from-loop
+  return sums, jax.tree.map(lambda *xs: np.concatenate(xs), *real_rows)
 
 
 def _check_features(config: ml_collections.ConfigDict) -> None:
