@@ -358,7 +358,8 @@ def _fmt(row: dict, dense_peak: float, measured_peak: float) -> str:
   s = row["step_s"]
   mfu = lambda peak: f"{100 * row['flops'] / s / peak:.1f}%" if peak else "n/a"
   return (f"| {row['workload']} | {row['system']} | {row['tokens'] / s / 1e3:.1f}k | {1e3 * s:.1f} | "
-          f"{1e3 * row.get('synced_s', float('nan')):.1f} | {row['first_s']:.1f} | {row['mem_gib']:.2f} | {mfu(dense_peak)} | {mfu(measured_peak)} | "
+          f"{1e3 * row.get('synced_s', float('nan')):.1f} | {row['first_s']:.1f} | "
+          f"{row['mem_gib']:.2f} | {mfu(dense_peak)} | {mfu(measured_peak)} | "
           f"{row.get('vs_best', float('nan')):.2f} | {row['loss']:.3f} |")
 
 
@@ -418,13 +419,17 @@ def _run_rows(args, workloads: list[str], systems: list[tuple], start: float) ->
   return rows
 
 
+def _only_rows(text: str) -> list[list[str]]:
+  """--only's WORKLOAD:SYSTEM items as [workload, system] (one item if no ':')."""
+  return [item.strip().split(":", 1) for item in text.split(",") if item.strip()]
+
+
 def _plan(args, workloads: list[str], systems: list[tuple], r: int) -> list[tuple]:
   """Round r's (workload, system, overrides, flags): --only's rows in its order, else every
   workload's systems, their order alternating."""
   if args.only:
     by_name = {s[0]: s for s in systems}
-    pairs = [item.strip().split(":", 1) for item in args.only.split(",") if item.strip()]
-    return [(w, *by_name[s]) for w, s in pairs]
+    return [(w, *by_name[s]) for w, s in _only_rows(args.only)]
   return [(w, *s) for i, w in enumerate(workloads)
           for s in (systems if (r + i) % 2 == 0 else systems[::-1])]
 
@@ -465,7 +470,7 @@ def main(argv=None) -> list[dict]:
   systems = [(s, {}, "") for s in args.systems.split(",") if s]
   systems += [(f"bert_jax[{n}]", o, f) for n, o, f in parse_variants(args.variants)]
   if args.only:
-    pairs = [item.strip().split(":", 1) for item in args.only.split(",") if item.strip()]
+    pairs = _only_rows(args.only)
     bad = [":".join(p) for p in pairs if len(p) != 2 or p[1] not in {s[0] for s in systems}]
     if bad:
       parser.error(f"--only rows {bad} name no system of --systems/--variants "

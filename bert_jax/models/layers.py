@@ -202,25 +202,24 @@ def one_hot_lookup(table: nn.Embed, ids: jax.Array) -> jax.Array:
   precision; ids outside the table give zero rows (as a one-hot of no row would).
   """
   rows = jnp.asarray(table.embedding, table.dtype)
-  return _rows_of(rows, ids)
+  return _rows_of(rows.shape[0], rows, ids)
 
 
-@jax.custom_vjp
-def _rows_of(rows: jax.Array, ids: jax.Array) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _rows_of(num_rows: int, rows: jax.Array, ids: jax.Array) -> jax.Array:
+  del num_rows  # the gradient's
   return jnp.take(rows, ids, axis=0, mode="fill", fill_value=0)
 
 
-def _rows_of_fwd(rows, ids):
-  return _rows_of(rows, ids), (ids, jnp.zeros((rows.shape[0], 0), rows.dtype))
+def _rows_of_fwd(num_rows, rows, ids):
+  return _rows_of(num_rows, rows, ids), ids
 
 
-def _rows_of_bwd(residuals, g):
-  ids, shape_of_rows = residuals
-  one_hot = jax.nn.one_hot(ids, shape_of_rows.shape[0], dtype=g.dtype)
+def _rows_of_bwd(num_rows, ids, g):
+  one_hot = jax.nn.one_hot(ids, num_rows, dtype=g.dtype)  # g has the rows' dtype
   batch = tuple(range(ids.ndim))
-  grad = jax.lax.dot_general(one_hot, g, ((batch, batch), ((), ())),
-                             precision=jax.lax.Precision.HIGHEST)
-  return grad.astype(shape_of_rows.dtype), None
+  return jax.lax.dot_general(one_hot, g, ((batch, batch), ((), ())),
+                             precision=jax.lax.Precision.HIGHEST), None
 
 
 _rows_of.defvjp(_rows_of_fwd, _rows_of_bwd)
