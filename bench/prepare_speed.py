@@ -18,7 +18,7 @@ alternate, round after round, so both see the same machine state. In a child:
   split      sentences.document_sentences,           \  inside prepare.tokenize_documents
   tokenize   the tokenizer's encode call,             |  on the same ~1 MB tasks a worker
   flatten    the rest of tokenize_documents (arrays)  /  gets (prepare._tasks), in order;
-  write      prepare._deal into a store.ShardWriter (16 shards) and its finish();
+  write      prepare.deal_documents into a store.ShardWriter (16 shards) and its finish();
 
 then, in two more children, the end-to-end `prepare_corpus` wall time with num_workers=1
 and 2 (spawning the pool included). Figures are MB of input text per second (MB = 10^6
@@ -88,7 +88,7 @@ if args["mode"] == "stages":
       t = time.perf_counter()
       result = prepare.tokenize_documents(task, tok)
       t1 = time.perf_counter()
-      prepare._deal(writer, result, first)
+      prepare.deal_documents(writer, result, first)
       write += time.perf_counter() - t1
       whole += t1 - t
       first += len(result["document_sentences"])

@@ -214,38 +214,40 @@ class Checkpointer:
     model is not damaged: that raises `ModelMismatchError` (naming the `config` fields
     that changed) and moves nothing; so does one whose intact files fail to restore.
     """
-    steps = sorted(self.manager.all_steps(), reverse=True)
     errors_seen = []
-    for step in steps:
-      path = self.directory / str(step)
-      target = self._restore_target(step, abstract_state, config)
-      problems = gather_process_states(
-          fileio.verify_manifest(path) if jax.process_index() == 0 else None)[0]
-      if problems:
-        errors_seen.append(self._skip_damaged(
-            step, "is unreadable: its files differ from the checksums written when it was "
-            "saved (" + "; ".join(problems[:4]) + (", ..." if len(problems) > 4 else "") + ")"))
-        continue
-      try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
-            data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore()))
-      except Exception as e:  # pylint: disable=broad-except
-        if problems is not None:  # checksums verified: the files are intact, the target differs
-          raise self._unrestorable(step, config, e) from e
-        errors_seen.append(self._skip_damaged(
-            step, f"is unreadable (truncated or corrupt): {type(e).__name__}: {str(e)[:500]}"))
-        continue
+    why = {"checksums": lambda problems: (
+               "is unreadable: its files differ from the checksums written when it was saved ("
+               + "; ".join(problems[:4]) + (", ..." if len(problems) > 4 else "") + ")"),
+           "unreadable": lambda e: (f"is unreadable (truncated or corrupt): {type(e).__name__}: "
+                                    f"{str(e)[:500]}"),
+           "nonfinite": lambda _: ("is damaged: it holds NaN or infinite parameters or optimizer "
+                                   "moments")}
+
+    def read(path):  # (what was restored, in the saved layout; that layout)
+      target = self._restore_target(int(path.name), abstract_state, config)
+      return self.manager.restore(int(path.name), args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target),
+          data=ocp.args.JsonRestore(), config=ocp.args.JsonRestore())), target
+
+    found = loader.newest_intact(
+        [self.directory / str(s) for s in sorted(self.manager.all_steps(), reverse=True)],
+        read, lambda r: loader.nonfinite((r[0]["state"].params, r[0]["state"].opt_state)),
+        lambda path, kind, detail: errors_seen.append(
+            self._skip_damaged(int(path.name), why[kind](detail))),
+        verify=lambda path: gather_process_states(
+            fileio.verify_manifest(path) if jax.process_index() == 0 else None)[0],
+        not_damage=(ModelMismatchError,),
+        # checksums verified: the files are intact, the target differs
+        intact_error=lambda path, e: self._unrestorable(int(path.name), config, e))
+    if found is not None:
+      path, (restored, target), verified = found
+      if not verified:
+        logging.info("Checkpoint %s has no checksums (saved by an older version or killed "
+                     "before they were written): restored unverified.", path)
       state = restored["state"]
       if target is not abstract_state:
         state = loader.onto_layout_of(state, abstract_state)
-      if loader.nonfinite((state.params, state.opt_state)):
-        errors_seen.append(self._skip_damaged(
-            step, "is damaged: it holds NaN or infinite parameters or optimizer moments"))
-        continue
-      if problems is None:
-        logging.info("Checkpoint %s has no checksums (saved by an older version or killed "
-                     "before they were written): restored unverified.", path)
+      step = int(path.name)
       return step, state, _data_state(step, restored["data"]), restored["config"] or {}
     if errors_seen:
       raise NoRestorableCheckpointError(

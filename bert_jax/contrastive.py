@@ -24,15 +24,24 @@ from bert_jax import flops as flops_lib
 from bert_jax import objectives
 from input_pipeline import errors
 
-INPUTS = ("input_ids", "segment_ids", "input_mask", "positive_ids", "positive_mask")
+INPUTS = ("input_ids", "segment_ids", "input_mask")  # positional; the rest by keyword:
 NEGATIVES = ("negative_ids", "negative_mask")
+# The batch's other texts (pairs' positives and hard negatives), or its texts packed into rows
+# (input_pipeline/epochs.PackedPairBatches: the rows' position_ids and packed_example_ids,
+# each pair's texts' (row, slot) in text_at).
+KEYWORDS = ("positive_ids", "positive_mask") + NEGATIVES + (
+    "position_ids", "packed_example_ids", "text_at")
 
 
 class SentenceEncoder(nn.Module):
   """(anchors [B, D], candidates [B, 1 + K, D]: each row's positive, then its K hard
   negatives), pooled per `pooling`, in float32 and not normalised (the loss normalises).
 
-  `chunk` > 0 (training only): the gradient cache. The texts are encoded `chunk` at a time
+  Packed rows (`text_at` given): the inputs are rows holding up to `texts_per_row` texts
+  each, encoded with attention inside each text, pooled per text and gathered back into
+  pairs: the same vectors as the texts encoded one a row, on fewer padding tokens.
+
+  `chunk` > 0 (training only): the gradient cache. The rows are encoded `chunk` at a time
   in a loop whose body is rematerialised, so the forward pass keeps only the pooled vectors;
   the backward pass encodes each chunk again and sends it its vectors' gradient. The loss and
   the gradients are the plain batch's, at the activation memory of one chunk (Gao et al.,
@@ -40,51 +49,74 @@ class SentenceEncoder(nn.Module):
   config: Any
   pooling: str = "mean"
   chunk: int = 0
+  texts_per_row: int = 8  # packed rows' slots
 
   def setup(self):
     self.bert = families.of(self.config).encoder(self.config, add_pooler=False)
 
-  def __call__(self, input_ids, segment_ids, input_mask, positive_ids, positive_mask,
-               deterministic: bool = True, negative_ids=None, negative_mask=None):
+  def __call__(self, input_ids, segment_ids, input_mask, positive_ids=None, positive_mask=None,
+               deterministic: bool = True, negative_ids=None, negative_mask=None,
+               position_ids=None, packed_example_ids=None, text_at=None):
     del segment_ids  # one segment a text
-    texts = [input_ids[:, None], positive_ids[:, None]]
-    masks = [input_mask[:, None], positive_mask[:, None]]
+    if text_at is not None:  # packed rows
+      rows = {"ids": input_ids, "mask": input_mask, "position_ids": position_ids,
+              "packed_example_ids": packed_example_ids}
+      pooled_RED = self._encode(rows, deterministic)
+      pooled = pooled_RED[text_at[..., 0], text_at[..., 1]]  # [B, T, D]
+      return pooled[:, 0], pooled[:, 1:]
+    texts = [input_ids[:, None]] + ([positive_ids[:, None]] if positive_ids is not None else [])
+    masks = [input_mask[:, None]] + ([positive_mask[:, None]] if positive_mask is not None else [])
     if negative_ids is not None:
       texts.append(negative_ids)
       masks.append(negative_mask)
     ids_BTL, mask_BTL = jnp.concatenate(texts, 1), jnp.concatenate(masks, 1)
     B, T, L = ids_BTL.shape
-    ids, mask = ids_BTL.reshape(B * T, L), mask_BTL.reshape(B * T, L)
-    if self.chunk and not deterministic and not self.is_initializing() and B * T > self.chunk:
-      pooled = self._chunked(ids, mask)
-    else:
-      seq, _ = self.bert(ids, jnp.zeros_like(ids), mask, deterministic)
-      pooled = embed.pool(seq, mask, self.pooling)
-    pooled = pooled.reshape(B, T, -1)
+    pooled = self._encode({"ids": ids_BTL.reshape(B * T, L), "mask": mask_BTL.reshape(B * T, L)},
+                          deterministic).reshape(B, T, -1)
     return pooled[:, 0], pooled[:, 1:]
 
-  def _chunked(self, ids_NL, mask_NL):
-    n, c = ids_NL.shape[0] // self.chunk, self.chunk
-    if n * c != ids_NL.shape[0]:
+  def _encode(self, rows, deterministic):
+    """Pooled vectors of rows {ids, mask[, position_ids, packed_example_ids]} [N, L]: [N, D],
+    or [N, texts_per_row, D] for packed rows."""
+    n = rows["ids"].shape[0]
+    if self.chunk and not deterministic and not self.is_initializing() and n > self.chunk:
+      return self._chunked(rows)
+    return _encode_rows(self.bert, self.pooling, self.texts_per_row, rows, deterministic)
+
+  def _chunked(self, rows):
+    n, c = rows["ids"].shape[0] // self.chunk, self.chunk
+    if n * c != rows["ids"].shape[0]:
+      what = ("packed rows" if "packed_example_ids" in rows else
+              "texts (rows x (2 + hard negatives))")
       raise errors.ConfigError(
-          f"--config.grad_cache_chunk={c} does not divide the {ids_NL.shape[0]} texts of a "
-          "batch (rows x (2 + hard negatives)): choose a divisor.")
+          f"--config.grad_cache_chunk={c} does not divide the {rows['ids'].shape[0]} {what} "
+          "of a batch: choose a divisor.")
     params = self.bert.variables["params"]
     rng = self.make_rng("dropout")
-    encoder, pooling = self.bert.clone(parent=None), self.pooling
-    # Chunk j holds texts j, n + j, 2n + j, ...: a data-parallel device keeps its own texts.
-    ids_nCL = ids_NL.reshape(c, n, -1).swapaxes(0, 1)
-    mask_nCL = mask_NL.reshape(c, n, -1).swapaxes(0, 1)
+    encoder, pooling, per_row = self.bert.clone(parent=None), self.pooling, self.texts_per_row
+    # Chunk j holds rows j, n + j, 2n + j, ...: a data-parallel device keeps its own rows.
+    chunked = {k: v.reshape((c, n) + v.shape[1:]).swapaxes(0, 1) for k, v in rows.items()}
 
     @jax.checkpoint
     def body(p, x):
-      j, ids, mask = x
-      seq, _ = encoder.apply({"params": p}, ids, jnp.zeros_like(ids), mask, False,
-                             rngs={"dropout": jax.random.fold_in(rng, j)})
-      return embed.pool(seq, mask, pooling)
+      j, chunk_rows = x
+      return _encode_rows(encoder.bind({"params": p}, rngs={"dropout": jax.random.fold_in(rng, j)}),
+                          pooling, per_row, chunk_rows, False)
 
-    pooled_nCD = jax.lax.map(lambda x: body(params, x), (jnp.arange(n), ids_nCL, mask_nCL))
-    return pooled_nCD.swapaxes(0, 1).reshape(n * c, -1)
+    pooled_nC = jax.lax.map(lambda x: body(params, x), (jnp.arange(n), chunked))
+    return pooled_nC.swapaxes(0, 1).reshape((n * c,) + pooled_nC.shape[2:])
+
+
+def _encode_rows(encoder, pooling: str, texts_per_row: int, rows, deterministic):
+  """`encoder` (bound) on rows [N, L] -> pooled [N, D] (one text a row) or [N, E, D] (packed)."""
+  ids, mask = rows["ids"], rows["mask"]
+  if "packed_example_ids" not in rows:
+    seq, _ = encoder(ids, jnp.zeros_like(ids), mask, deterministic)
+    return embed.pool(seq, mask, pooling)
+  seq, _ = encoder(ids, jnp.zeros_like(ids), mask, deterministic,
+                   position_ids=rows["position_ids"], packed_example_ids=rows["packed_example_ids"])
+  return embed.pool_packed(seq, rows["packed_example_ids"], rows["position_ids"], texts_per_row,
+                           pooling)
 
 
 _MASKED = -1e9  # the score of a padding row's candidates (finite: no inf - inf anywhere)
@@ -129,10 +161,18 @@ def info_nce_sums(anchors_BD, candidates_BCD, batch: Mapping[str, jax.Array], *,
 
 
 def _flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
-  """The encoder's training FLOPs over every text of the batch (anchor, positive, negatives)."""
+  """The encoder's training FLOPs over every text of the batch (anchor, positive, negatives),
+  or over its packed rows."""
   B, L = shapes["input_ids"]
-  texts = 2 + (shapes["negative_ids"][1] if "negative_ids" in shapes else 0)
+  texts = 1 if "text_at" in shapes else 2 + (
+      shapes["negative_ids"][1] if "negative_ids" in shapes else 0)
   return flops_lib.train_flops_per_step(model.config, B * texts, L, 0, nsp=False)
+
+
+def rows_flops(rows: int):
+  """Objective.flops for packed batches of `rows` rows (what the step computes)."""
+  return lambda model, shapes: flops_lib.train_flops_per_step(
+      model.config, rows, shapes["input_ids"][1], 0, nsp=False)
 
 
 def objective(scale: float, symmetric: bool, dims: tuple[int, ...] = ()) -> objectives.Objective:
@@ -141,7 +181,7 @@ def objective(scale: float, symmetric: bool, dims: tuple[int, ...] = ()) -> obje
   base = objectives.supervised(
       lambda a, c, batch: info_nce_sums(a, c, batch, scale=scale, symmetric=symmetric,
                                         dims=dims), "example_weights", inputs=INPUTS)
-  return base.replace(keyword_inputs=NEGATIVES, flops=_flops)
+  return base.replace(keyword_inputs=KEYWORDS, flops=_flops)
 
 
 def matryoshka_dims(text, hidden_size: int) -> tuple[int, ...]:

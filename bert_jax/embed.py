@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import best_dir
 from bert_jax import families
 from input_pipeline import errors
 from input_pipeline import features
@@ -74,6 +75,23 @@ def pool(hidden_BLD: jax.Array, mask_BL: jax.Array, mode: str) -> jax.Array:
   return (hidden_BLD * mask).sum(axis=1) / jnp.maximum(mask.sum(axis=1), 1e-9)
 
 
+def pool_packed(hidden_RLD: jax.Array, packed_example_ids_RL: jax.Array,
+                position_ids_RL: jax.Array, texts_per_row: int, mode: str) -> jax.Array:
+  """[R, E, D] in float32: `pool` of each text of packed rows (packed_example_ids: its slot
+  + 1, 0 = padding; position_ids restarting at each text), E = texts_per_row slots a row
+  (an empty slot's vector is 0)."""
+  in_slot_RLE = packed_example_ids_RL[..., None] == jnp.arange(1, texts_per_row + 1)
+  count_RE = in_slot_RLE.sum(1)
+  if mode == "cls":
+    weight_RLE = in_slot_RLE & (position_ids_RL == 0)[..., None]
+  elif mode == "last":
+    weight_RLE = in_slot_RLE & (position_ids_RL[..., None] == count_RE[:, None] - 1)
+  else:
+    weight_RLE = in_slot_RLE / jnp.maximum(count_RE[:, None], 1).astype(jnp.float32)
+  return jnp.einsum("rle,rld->red", weight_RLE.astype(jnp.float32),
+                    hidden_RLD.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+
+
 def l2_normalize(x: jax.Array) -> jax.Array:
   """x / max(||x||, 1e-12) along the last axis (torch.nn.functional.normalize's)."""
   return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
@@ -108,17 +126,11 @@ def _modules(path: str) -> list[dict] | None:
   return modules
 
 
-def _run_best(path: str) -> str:
-  """A fine-tuning workdir's best/ (what it keeps of the run), else `path`."""
-  best = fileio.path(path) / "best"
-  return str(best) if (best / "config.json").exists() else path
-
-
 def transformer_dir(path: str) -> str:
   """Where the encoder of `path` lies: its Transformer module's folder in a
   sentence-transformers directory (usually the directory itself), a fine-tuning workdir's
   best/, else `path`."""
-  path = _run_best(path)
+  path = best_dir.of_run(path)
   for m in _modules(path) or ():
     if m["type"].rsplit(".", 1)[-1] == "Transformer" and m.get("path"):
       return str(fileio.path(path) / m["path"])
@@ -129,7 +141,7 @@ def read_spec(path: str) -> Spec | None:
   """The pooling, normalisation, length and similarity of a sentence-transformers directory
   (None: `path` is not one). A module bert_jax does not compute (Dense, a pooling mode other
   than mean / cls / last token) is an EmbedError naming it."""
-  path = _run_best(path)
+  path = best_dir.of_run(path)
   modules = _modules(path)
   if modules is None:
     return _finetuned_spec(path)
@@ -174,14 +186,8 @@ def read_spec(path: str) -> Spec | None:
 
 def _finetuned_spec(path: str) -> Spec | None:
   """The Spec a contrastive fine-tuning run (config.task=embed) recorded in its best/."""
-  marker = fileio.path(path) / "config.json"
-  if not marker.exists():
-    return None
-  try:
-    task = json.loads(marker.read_text()).get("task")
-  except (ValueError, AttributeError):
-    return None
-  if not isinstance(task, dict) or task.get("task") != "embed":
+  task = best_dir.recorded_task(path)
+  if task is None or task.get("task") != "embed":
     return None
   return Spec(task.get("pooling", "mean"), bool(task.get("normalize", False)),
               task.get("max_seq_length"), task.get("similarity", "cosine"))

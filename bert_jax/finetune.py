@@ -12,17 +12,20 @@ epoch, each host feeding its rows of the global batch). After every epoch it eva
 on the dev set, keeps the best parameters (`workdir/best`), and writes predictions in
 each task's submission format plus `metrics.json` (process 0 writes, every host reads).
 
-With `config.packing` (classification only), each epoch's shuffled training
+With `config.packing` (classification), each epoch's shuffled training
 examples are packed several to a row (input_pipeline/packing.py): attention is
 block-diagonal, positions restart per example and every example is classified
 from its own [CLS], so the loss equals that of the same examples unpacked while
 far fewer padding tokens are computed. Steps and resume offsets then count rows;
-loss/accuracy still count examples. Evaluation and prediction stay unpacked.
+loss/accuracy still count examples. For embeddings (task=embed) each batch's texts
+are packed instead (input_pipeline/epochs.PackedPairBatches): a batch still holds
+global_batch_size pairs. Evaluation and prediction stay unpacked.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from typing import Any
 
@@ -32,10 +35,10 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import families, finetuned, formats, heads, loader, process, tasks
+from bert_jax import best_dir, contrastive, families, finetuned, formats, heads, loader, tasks
 from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, fileio
-from input_pipeline.epochs import EpochIterator
+from input_pipeline.epochs import EpochIterator, PackedPairBatches
 from input_pipeline.tokenizer import Tokenizer
 
 MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP] with a token of each segment
@@ -112,10 +115,11 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
                       "each segment (BERT: 128; 384 for SQuAD).")
   _check_features(config)
   packed = bool(config.get("packing", False))
-  if packed and not task.packable:
-    packable = " or ".join(name for name, t in tasks.TASKS.items() if t.packable)
-    raise errors.ConfigError(f"packing is only supported for classification fine-tuning (task "
-                             f"{packable}), not task={config.task!r}: set --config.packing=False.")
+  if packed and not task.packing:
+    packable = " or ".join(name for name, t in tasks.TASKS.items() if t.packing)
+    raise errors.ConfigError(f"packing is only supported for classification fine-tuning and "
+                             f"embeddings (task {packable}), not task={config.task!r}: set "
+                             "--config.packing=False.")
   if packed and config.get("max_examples_per_row", 0) < 1:
     raise errors.ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   if not loader.checkpoint_exists(config.init_checkpoint):
@@ -187,10 +191,26 @@ def _inputs(task: tasks.TaskData, enc_params) -> dict[str, str]:
           "initial weights": fingerprint(enc_params)}
 
 
-def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray],
-             packed: bool) -> EpochIterator:
-  """This host's training batches of every epoch; fails when an epoch has no full batch."""
+def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], packing: str,
+             num_devices: int) -> EpochIterator | PackedPairBatches:
+  """This host's training batches of every epoch; fails when an epoch has no full batch.
+  `packing`: what config.packing packs (tasks.Task.packing; "" unpacked)."""
   n_train, B = len(train["input_ids"]), config.global_batch_size
+  packed = packing == "examples"
+  if packing == "texts" and n_train >= B:
+    t = time.perf_counter()
+    chunk = config.get("grad_cache_chunk", 0) or 1  # the gradient cache's chunks: of rows
+    batches = PackedPairBatches(train, global_batch_size=B, num_epochs=config.num_epochs,
+                                seed=config.seed, max_texts_per_row=config.max_examples_per_row,
+                                row_multiple=math.lcm(num_devices, chunk),
+                                process_index=jax.process_index(),
+                                process_count=jax.process_count())
+    texts = batches.texts_per_batch
+    logging.info("Packing: each batch's %d texts in %d rows of %d tokens (%.0f%% of them real "
+                 "on average), planned in %.1fs.", texts, batches.rows, batches.row_length,
+                 100 * texts * batches.tokens_real / (batches.rows * batches.row_length),
+                 time.perf_counter() - t)
+    return batches
   batches = EpochIterator(train, global_batch_size=B, num_epochs=config.num_epochs,
                           seed=config.seed, max_seq_length=config.max_seq_length,
                           max_examples_per_row=config.max_examples_per_row if packed else 0,
@@ -259,7 +279,7 @@ class _DevEvaluation:
         {"epoch": epoch, "step": step, **result}]
     if not self.best or result[task.main_metric] > self.best[task.main_metric]:
       self.best = {"epoch": epoch, "step": step, **result}
-      finetuned.save(self.out_dir / finetuned.BEST, state.params, self.cfg, config, task.labels)
+      finetuned.save(best_dir.of(self.out_dir), state.params, self.cfg, config, task.labels)
       if jax.process_index() == 0:  # shared files: one writer, every host reads them
         write(self.out_dir)
     if jax.process_index() == 0:  # atomic: a kill or a full disk leaves the previous one
@@ -273,18 +293,20 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   `devices`: the devices its mesh spans (default: all; the suite runs several jobs on
   device groups). main.run holds the workdir's lock."""
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  process.compilation_cache(config, workdir)
   packed = check_config(config)
   saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work
   cfg, enc_params, tok = _load(config)
   task = tasks.TASKS[config.task].data(config, tok, cfg)
-  batches = _batches(config, task.train, packed)
+  packing = tasks.TASKS[config.task].packing if packed else ""
+  batches = _batches(config, task.train, packing, len(devices or jax.devices()))
   total = sum(batches.steps_per_epoch)
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
   epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
   cache = bool(config.get("cache_features", False))
   objective = task.objective.replace(
       keyword_inputs=task.objective.keyword_inputs + (heads.CACHED,)) if cache else task.objective
+  if isinstance(batches, PackedPairBatches):  # FLOPs of the rows computed, not of the pairs
+    objective = objective.replace(flops=contrastive.rows_flops(batches.rows))
   trainer = trainer_lib.build(config, task.model, objective, task.train, workdir,
                               eval_batch_size=config.eval_batch_size, total_steps=total,
                               devices=devices, inputs=_inputs(task, enc_params),
@@ -296,7 +318,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
                                               name=config.init_checkpoint)
   if cache:
     batches = _batches(config, {**task.train, heads.CACHED: _encoder_features(
-        task, state.params["bert"], config.eval_batch_size)}, packed)
+        task, state.params["bert"], config.eval_batch_size)}, packing,
+        len(devices or jax.devices()))
   if data_state is not None:
     batches.set_state(data_state)
   if int(jax.device_get(state.step)):

@@ -16,6 +16,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
+from bert_jax import best_dir
 from bert_jax import formats
 from bert_jax import heads
 from bert_jax import loader
@@ -24,9 +25,6 @@ from input_pipeline import fileio
 from input_pipeline import glue
 from input_pipeline import squad
 from input_pipeline import tagging
-
-BEST = "best"
-
 
 def save(path, params, cfg: Any, config, labels) -> None:
   """The best parameters (head included) in the export format (formats.save_native:
@@ -39,28 +37,25 @@ def save(path, params, cfg: Any, config, labels) -> None:
   host = multihost_utils.process_allgather(params, tiled=True)  # every process takes part
   if jax.process_index() != 0:
     return
-  marker = path / "config.json"
-  if marker.exists():
-    marker.unlink()
+  best_dir.unmark(path)
   if (path / "params").exists():  # the Orbax directory of an older best/, replaced here
     (path / "params").rmtree()
   formats.save_native(str(path), cfg.replace(scan_layers=False, remat="none"),
                       loader.to_layout(jax.tree.map(np.asarray, host), False))
-  marker.write_text(json.dumps({"labels": labels, "task": json.loads(config.to_json_best_effort())},
-                               indent=2))
+  best_dir.mark(path, labels, json.loads(config.to_json_best_effort()))
 
 
 def load(workdir: str):
   """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
-  best = fileio.path(workdir) / BEST
+  best = best_dir.of(workdir)
   if not fileio.path(workdir).exists():
     raise formats.CheckpointNotFoundError(
         f"{workdir} does not exist: --checkpoint must be the workdir of a fine-tuning run.")
-  if not (best / "config.json").exists():
+  if not best_dir.is_complete(best):
     raise formats.CheckpointNotFoundError(
         f"{best}/config.json not found: --checkpoint must be the workdir of a fine-tuning run (it "
         "keeps its best parameters in best/).")
-  saved = json.loads((best / "config.json").read_text())
+  saved = best_dir.recorded(best)
   cfg, params = loader.read(str(best), "all")
   return cfg.replace(scan_layers=False, remat="none"), params, saved["task"], saved.get("labels")
 

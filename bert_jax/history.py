@@ -18,7 +18,7 @@ from typing import Any
 from absl import logging
 import ml_collections
 
-from bert_jax import loader, process, suite, suite_report
+from bert_jax import loader, suite, suite_report
 from bert_jax import metrics as metrics_lib
 from input_pipeline import errors, fileio
 
@@ -42,8 +42,7 @@ def saved_steps(run: str) -> list[int]:
     raise errors.ConfigError(f"--config.init_checkpoint: {run} is not a pre-training workdir of "
                              "ours (no checkpoints/ with saved steps): --config.checkpoint_steps "
                              "reads a run's saved steps.")
-  return sorted(int(p.name) for p in directory.iterdir()
-                if p.name.isdigit() and (p / "state").exists())
+  return sorted(int(p.name) for p in loader.step_dirs(directory) if (p / "state").exists())
 
 
 def steps_of(run: str, spec: str) -> list[int]:
@@ -67,13 +66,11 @@ def steps_of(run: str, spec: str) -> list[int]:
   return sorted(set(wanted))
 
 
-def _step_config(config, run: str, step: int, vocab: str, cache: str
-                 ) -> ml_collections.ConfigDict:
+def _step_config(config, run: str, step: int, vocab: str) -> ml_collections.ConfigDict:
   sub = ml_collections.ConfigDict(config.to_dict())
   sub.init_checkpoint = os.fspath(fileio.path(run) / "checkpoints" / str(step))
   sub.checkpoint_steps = ""
   sub.vocab_path = vocab
-  sub.compilation_cache_dir = cache
   return sub
 
 
@@ -84,15 +81,13 @@ def run_history(config, workdir: str) -> dict[str, Any] | None:
   plan = [(name, run, step) for name, run in runs for step in steps_of(run, config.checkpoint_steps)]
   vocab = {run: config.vocab_path or loader.checkpoint_vocab(run) for _, run in runs}
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  cache = process.compilation_cache(config, workdir, min_compile_secs=0.0,
-                                        users_first=False) or "none"
   logging.info("history: %d suites (%s), outputs in %s/history", len(plan),
                ", ".join(f"{n}: steps {','.join(str(s) for m, _, s in plan if m == n)}"
                          for n, _ in runs), workdir)
   reports = {}
   for name, run, step in plan:
     sub_dir = fileio.join(workdir, "history", name, f"step{step}")
-    report = suite.run_suite(_step_config(config, run, step, vocab[run], cache), sub_dir)
+    report = suite.run_suite(_step_config(config, run, step, vocab[run]), sub_dir)
     if report is None:
       logging.info("history: stopped in %s; rerun the same command to continue.", sub_dir)
       return None

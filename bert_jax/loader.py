@@ -38,6 +38,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bert_jax import best_dir
 from bert_jax import families
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
@@ -161,18 +162,28 @@ def is_run(path: str) -> bool:
   return (p / "state").is_dir()
 
 
-def _step_dirs(path: str) -> list[epath.Path]:
-  """A workdir or its `checkpoints/` dir -> its step dirs, newest first; one `<step>` dir
-  -> itself."""
+def step_dirs(path) -> list[epath.Path]:
+  """A workdir or its `checkpoints/` dir -> its saved step dirs, newest first ([] where
+  none); one `<step>` dir -> itself."""
   path = fileio.path(path)
   if (path / "checkpoints").is_dir():
     path = path / "checkpoints"
   if (path / "state").is_dir():
     return [path]
+  if not path.is_dir():
+    return []
   steps = sorted((int(p.name) for p in path.iterdir() if p.name.isdigit()), reverse=True)
-  if not steps:
-    raise formats.CheckpointNotFoundError(f"No checkpoint found in {path}.")
   return [path / str(step) for step in steps]
+
+
+def _step_dirs(path: str) -> list[epath.Path]:
+  """step_dirs, of which there must be one."""
+  found = step_dirs(path)
+  if not found:
+    where = fileio.path(path)
+    where = where / "checkpoints" if (where / "checkpoints").is_dir() else where
+    raise formats.CheckpointNotFoundError(f"No checkpoint found in {where}.")
+  return found
 
 
 def saved_param_shapes(step_dir: str | os.PathLike) -> dict[Keys, tuple[int, ...]]:
@@ -249,32 +260,65 @@ def _saved_model_config(step_dir: epath.Path, params: Any) -> BertConfig:
   return config_from_params(params, base)
 
 
+def newest_intact(candidates: Iterable[Any], read: Callable[[Any], Any],
+                  nonfinite_of: Callable[[Any], list[str]], damaged: Callable[[Any, str, Any], None],
+                  *, verify: Callable[[Any], list[str] | None] = fileio.verify_manifest,
+                  not_damage: tuple[type[Exception], ...] = (),
+                  intact_error: Callable[[Any, Exception], Exception] | None = None
+                  ) -> tuple[Any, Any, bool] | None:
+  """The one policy for a run's saved steps (the loader's and the Checkpointer's): the
+  newest of `candidates` (step dirs, newest first) that is intact, as (step dir, `read(step dir)`,
+  whether its checksums verified it); None when none is.
+
+  Intact: its files match the checksums written when it was saved (`verify`: the problems,
+  [] when they match, None for a step saved without them), `read` succeeds, and
+  `nonfinite_of(value)` names no NaN/Inf tensor. Each damaged step is told to `damaged(step
+  dir, kind, detail)` and passed over: kind "checksums" (detail: the problems), "unreadable"
+  (the exception; only for a step without checksums) or "nonfinite" (the tensors). A read
+  that fails on files the checksums verified, or with one of `not_damage`, is no damage:
+  it is raised (the former as `intact_error(step dir, exception)` makes it, if given)."""
+  for step_dir in candidates:
+    problems = verify(step_dir)
+    if problems:
+      damaged(step_dir, "checksums", problems)
+      continue
+    try:
+      value = read(step_dir)
+    except not_damage:
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if problems is not None:  # the checksums say the files are intact: not damage
+        if intact_error is not None:
+          raise intact_error(step_dir, e) from e
+        raise
+      damaged(step_dir, "unreadable", e)
+      continue
+    bad = nonfinite_of(value)
+    if bad:
+      damaged(step_dir, "nonfinite", bad)
+      continue
+    return step_dir, value, problems is not None
+  return None
+
+
 def _newest_intact(path: str, read: Callable[[epath.Path], Any]) -> tuple[epath.Path, Any]:
-  """(step dir, `read(step dir)`) of the newest intact step of a run of ours: its files
-  match the checksums written when it was saved (a step without them: its files read) and
-  its weights are finite. Damaged steps are passed over, named in the log; none intact (or
-  the one step named damaged) is a CorruptCheckpointFileError naming the damage."""
+  """(step dir, `read(step dir)`) of the newest intact step of a run of ours (newest_intact;
+  its weights finite). Damaged steps are passed over, named in the log; none intact (or the
+  one step named damaged) is a CorruptCheckpointFileError naming the damage."""
   damaged = []
-  for step_dir in _step_dirs(path):
-    problems = fileio.verify_manifest(step_dir)
-    if not problems:
-      try:
-        params = read(step_dir)
-      except formats.CheckpointMismatchError:
-        raise  # the model does not fit: not damage
-      except Exception as e:  # pylint: disable=broad-except
-        if problems is not None:  # the checksums say the files are intact: not damage
-          raise
-        params = None
-        problems = [f"cannot be read: {type(e).__name__}: {str(e).splitlines()[0][:300]}"]
-      if params is not None:
-        problems = [f"{k}: NaN or infinite values" for k in nonfinite(params)]
-      if not problems:
-        for bad, why in damaged:
-          logging.warning("%s is damaged (%s): reading step %s instead.", bad, "; ".join(why),
-                          step_dir.name)
-        return step_dir, params
-    damaged.append((step_dir, problems))
+  why = {"checksums": lambda problems: problems,
+         "unreadable": lambda e: [f"cannot be read: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:300]}"],
+         "nonfinite": lambda names: [f"{k}: NaN or infinite values" for k in names]}
+  found = newest_intact(_step_dirs(path), read, nonfinite,
+                        lambda step_dir, kind, detail: damaged.append((step_dir, why[kind](detail))),
+                        not_damage=(formats.CheckpointMismatchError,))
+  if found is not None:
+    step_dir, params, _ = found
+    for bad, problems in damaged:
+      logging.warning("%s is damaged (%s): reading step %s instead.", bad, "; ".join(problems),
+                      step_dir.name)
+    return step_dir, params
   raise formats.CorruptCheckpointFileError(
       " ".join(f"{bad} is damaged ({'; '.join(why[:4])})." for bad, why in damaged)
       + " No intact checkpoint is left to read: copy the run again, or use another checkpoint.")
@@ -312,8 +356,7 @@ def read(path: str, target: str = "pretraining", *, require_mlm: bool = True,
   if target == "all" and (fileio.path(path) / "params").is_dir():  # best/ of older versions
     with ocp.StandardCheckpointer() as ckptr:
       params = jax.tree.map(np.asarray, ckptr.restore(fileio.path(path) / "params"))
-    saved = json.loads((fileio.path(path) / "config.json").read_text())
-    cfg = BertConfig.from_dict(saved["bert"])
+    cfg = BertConfig.from_dict(best_dir.recorded(path)["bert"])
   else:
     cfg, params = formats.read_foreign(path, target, require_mlm=require_mlm)
   bad = nonfinite(params)
@@ -412,20 +455,20 @@ def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_
   return {**fresh_params, "bert": params} if encoder_only else params
 
 
-def _load_run(source: str, path: str, target: Any, encoder_only: bool,
+def _load_run(source: str, path: str, abstract: Any, encoder_only: bool,
               config: BertConfig | None) -> tuple[dict[Keys, Any], list[str], list[str]]:
-  """`load_into` from a run of ours: (its newest intact step's params that `target`, the
-  abstract params, has, flat and on their shardings; the parts it lacks; those the model
+  """`load_into` from a run of ours: (its newest intact step's params that `abstract`, the
+  model's abstract params, has, flat and on their shardings; the parts it lacks; those the model
   does not use)."""
-  want = flat(target)
+  want = flat(abstract)
   fit = {}
 
   def restore(step_dir):
     got = saved_param_shapes(step_dir)
     if encoder_only:
       got = {k[1:]: s for k, s in got.items() if k[0] == "bert"}
-    layout = target if is_scanned(got) == is_scanned(want) else abstract_layout(
-        target, is_scanned(got))
+    layout = abstract if is_scanned(got) == is_scanned(want) else abstract_layout(
+        abstract, is_scanned(got))
     in_layout = flat(layout)
     fit["parts"] = _check_fits(path, {k: tuple(a.shape) for k, a in in_layout.items()}, got,
                                encoder_only, config)
@@ -477,20 +520,18 @@ def checkpoint_vocab(checkpoint: str) -> str:
   data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir)."""
   root = fileio.path(checkpoint)
   recorded = []
-  for directory in (root, root / "best"):
+  for directory in (root, best_dir.of(root)):
     try:
       tokenizer_lib.resolve_vocab_path(os.fspath(directory))
       return os.fspath(directory)
     except (FileNotFoundError, OSError):
       pass
-  for best in (root, root / "best"):  # a fine-tuning run's best/, or the run
-    saved = _json_or_empty(best / "config.json").get("task")
-    if isinstance(saved, dict) and saved.get("vocab_path"):
+  for best in (root, best_dir.of(root)):  # a fine-tuning run's best/, or the run
+    saved = best_dir.recorded_task(best)
+    if saved and saved.get("vocab_path"):
       recorded.append(saved["vocab_path"])
-  steps = root / "checkpoints"
-  if steps.is_dir():
-    for step in sorted((p for p in steps.iterdir() if p.name.isdigit()),
-                       key=lambda p: -int(p.name)):
+  if (root / "checkpoints").is_dir():
+    for step in step_dirs(root):
       data = (_json_or_empty(step / "config" / "metadata").get("data") or {})
       if data.get("vocab_path"):
         recorded.append(data_config.in_workdir(data["vocab_path"], os.fspath(root)))

@@ -62,6 +62,7 @@ def run(config, workdir: str):
   """The job config.task names: pre-training, a fine-tuning task or the fine-tuning suite
   (holding the workdir's lock: one job per workdir)."""
   with workdir_lock.hold(workdir):
+    process.job_compilation_cache(config, workdir)
     if config.task == "pretrain":
       return train.train_and_evaluate(config, workdir)
     if config.task == "suite":

@@ -1,5 +1,6 @@
 """What a process sets up once before any job (bert_jax.main calls `setup`), and the XLA
-compilation cache each job turns on for its workdir (`compilation_cache`)."""
+compilation cache of the job's workdir (`job_compilation_cache`, which bert_jax.main.run
+turns on for every job)."""
 from __future__ import annotations
 
 import ctypes
@@ -56,7 +57,7 @@ _CACHE_SET = [None]  # the directory compilation_cache last set (not a user's)
 def compilation_cache(config: ml_collections.ConfigDict, workdir: str, *,
                       min_compile_secs: float | None = None,
                       users_first: bool = True) -> str | None:
-  """Turns on XLA's persistent compilation cache for this job (each job calls it first);
+  """Turns on XLA's persistent compilation cache for this job (job_compilation_cache);
   returns its directory.
 
   config.compilation_cache_dir "" = WORKDIR/xla_cache (any path layer's, gs:// included), unless
@@ -85,3 +86,13 @@ def compilation_cache(config: ml_collections.ConfigDict, workdir: str, *,
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_secs)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return where
+
+
+def job_compilation_cache(config: ml_collections.ConfigDict, workdir: str) -> str | None:
+  """The compilation cache of the job config.task names, turned on (main.run calls it once,
+  before the job): `compilation_cache`'s, and for the suite (its runs and its history over
+  saved steps) every program kept in WORKDIR/xla_cache even where the user set JAX's cache,
+  so that a rerun, or another suite on the same model, compiles nothing."""
+  if config.get("task") == "suite":
+    return compilation_cache(config, workdir, min_compile_secs=0.0, users_first=False)
+  return compilation_cache(config, workdir)

@@ -35,7 +35,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import checkpointing, finetune, finetuned, process, tasks
+from bert_jax import best_dir, checkpointing, finetune, finetuned, tasks
 from bert_jax import trainer as trainer_lib
 from bert_jax.configs import conll as conll_config
 from bert_jax.configs import embed as embed_config
@@ -415,12 +415,6 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
   runs = plan(config)
   inputs = check(config, runs, workdir)
-  # XLA's persistent cache (WORKDIR/xla_cache): every compilation is kept, so a rerun, or
-  # another suite on the same model, compiles nothing; every run's job uses this one
-  # directory (run_config copies the field).
-  config = config.copy_and_resolve_references()
-  config.compilation_cache_dir = process.compilation_cache(
-      config, workdir, min_compile_secs=0.0, users_first=False) or "none"
   results = {r: fileio.read_json(fileio.path(workdir) / r.dir / RESULT_FILE) for r in runs}
   todo = [r for r in runs if not results[r] or (config.retry_failed and results[r]["status"] != "done")]
   logging.info("suite: %d tasks (%s), protocol %s: %d runs, %d finished before, %d to run; "
@@ -437,7 +431,7 @@ def run_suite(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
       best = chosen.get("mnli", {}).get("best_run")
       if best is None:
         logging.error("suite: task %s starts from the chosen MNLI run, and no MNLI run finished.", task)
-      init = fileio.join(workdir, best["dir"], "best") if best else None
+      init = str(best_dir.of(fileio.join(workdir, best["dir"]))) if best else None
     pending = [r for r in task_runs if r in todo]
     if task in mnli_init and init is None:
       for run in pending:

@@ -3,7 +3,7 @@ fine-tuning job (bert_jax/finetune.py), predict and the suite alike.
 
 A record gives the config fields naming the task's input files (`fields`, `files`), its
 reader, features, head, loss and dev decoding with the writer of its predictions in the
-submission format (`data`), whether packing applies (`packable`) and the predict mode that
+submission format (`data`), what config.packing packs (`packing`) and the predict mode that
 serves a checkpoint fine-tuned for it (`mode`). A new task is one record here (a reader in
 input_pipeline/ if the format is new, a head in bert_jax/heads.py if the output is new).
 """
@@ -220,14 +220,8 @@ def _ranks_of_own(anchors: np.ndarray, positives: np.ndarray, first: int) -> np.
   return (sims > own[:, None]).sum(-1)
 
 
-def embed_task(config, tok, cfg: BertConfig) -> TaskData:
-  """Contrastive fine-tuning (bert_jax/contrastive.py). Dev: with a score column (STS-B's dev
-  file: config.eval_anchor_column=sentence1, eval_positive_column=sentence2), the Spearman
-  correlation of the pairs' cosine similarity with the scores; else each dev anchor's own
-  positive ranked among every dev positive (MRR@10, recall@1). With config.beir_dir, also
-  nDCG@10 / Recall@100 / MRR@10 of exact search on that BEIR-layout directory's
-  config.beir_split (prefixed beir_). best/ is chosen on config.best_metric: by default
-  beir_ndcg@10 with a BEIR directory, else spearman (scored dev pairs) or mrr@10."""
+def _check_embed(config) -> None:
+  """The embed task's settings that no run can use, as one ConfigError line."""
   contrastive.check_scale(config.scale)
   if config.grad_accum_steps != 1:
     raise errors.ConfigError(
@@ -237,6 +231,20 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
     raise errors.ConfigError(
         f"--config.global_batch_size={config.global_batch_size} with task=embed: each anchor's "
         "negatives are the batch's other rows; use 2 rows at least (e.g. 64).")
+  if config.grad_cache_chunk < 0:
+    raise errors.ConfigError(f"--config.grad_cache_chunk={config.grad_cache_chunk}: texts a "
+                             "chunk (0: off).")
+
+
+def embed_task(config, tok, cfg: BertConfig) -> TaskData:
+  """Contrastive fine-tuning (bert_jax/contrastive.py). Dev: with a score column (STS-B's dev
+  file: config.eval_anchor_column=sentence1, eval_positive_column=sentence2), the Spearman
+  correlation of the pairs' cosine similarity with the scores; else each dev anchor's own
+  positive ranked among every dev positive (MRR@10, recall@1). With config.beir_dir, also
+  nDCG@10 / Recall@100 / MRR@10 of exact search on that BEIR-layout directory's
+  config.beir_split (prefixed beir_). best/ is chosen on config.best_metric: by default
+  beir_ndcg@10 with a BEIR directory, else spearman (scored dev pairs) or mrr@10."""
+  _check_embed(config)
   train_p, dev_p = _read_pairs(config)
   L = config.max_seq_length
   logging.info("Embedding model: %s (what best/ records for predict --mode=embed and the "
@@ -265,9 +273,6 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
       (out_dir / "dev_similarities.tsv").write_text(header + "".join(rows))
     return result, write
 
-  if config.grad_cache_chunk < 0:
-    raise errors.ConfigError(f"--config.grad_cache_chunk={config.grad_cache_chunk}: texts a "
-                             "chunk (0: off).")
   retrieval = _beir_metrics(config, tok, cfg, embed.Spec(config.pooling, config.normalize, L))
   metrics = (("spearman", "pearson") if scored else ("mrr@10", "recall@1")) + (
       tuple(f"beir_{k}" for k in BEIR_METRICS) if retrieval else ())
@@ -275,7 +280,8 @@ def embed_task(config, tok, cfg: BertConfig) -> TaskData:
   if best not in metrics:
     raise errors.ConfigError(f"--config.best_metric={best!r}: this run's dev metrics are "
                              f"{', '.join(metrics)}.")
-  return TaskData(SentenceEncoder(cfg, config.pooling, config.grad_cache_chunk),
+  return TaskData(SentenceEncoder(cfg, config.pooling, config.grad_cache_chunk,
+                                  config.max_examples_per_row),
                   contrastive.objective(config.scale, config.symmetric,
                                         contrastive.matryoshka_dims(config.matryoshka_dims,
                                                                     cfg.hidden_size)),
@@ -342,7 +348,10 @@ class Task:
   head: Callable[[BertConfig, Mapping[str, Any], Any], nn.Module]
   fields: Mapping[str, str]  # config fields naming its input files -> what they hold
   files: Callable[[ml_collections.ConfigDict], dict[str, str]] = lambda config: {}
-  packable: bool = False  # config.packing applies (several examples a row)
+  # What config.packing packs: "examples" (each epoch's examples several to a row; a batch
+  # counts rows), "texts" (each batch's texts several to a row; a batch counts pairs), or
+  # "" (packing does not apply).
+  packing: str = ""
   mode: str | None = None  # predict --mode serving a checkpoint fine-tuned for it
   # The dev prediction files its writer makes (in the submission format).
   predictions: Callable[[ml_collections.ConfigDict], tuple[str, ...]] = lambda config: ()
@@ -368,13 +377,13 @@ TASKS: dict[str, Task] = {
     "glue": Task(classification_task, _read_glue, _classifier, {
         "data_dir": "the task's directory as GLUE distributes it (train.tsv, dev.tsv), or "
                     "tfds[:DIR] for a locally prepared TFDS copy"},
-        packable=True, mode="classify",
+        packing="examples", mode="classify",
         predictions=lambda config: (glue.GLUE[config.glue_task].submission_name + ".tsv",)),
     "custom": Task(classification_task, _read_custom, _classifier, {
         "train_file": "the labelled training file: CSV/TSV with a header, or JSONL",
         "eval_file": "the labelled dev file evaluated after every epoch: CSV/TSV with a "
                      "header, or JSONL"},
-        files=_files_in("train_file", "eval_file"), packable=True, mode="classify",
+        files=_files_in("train_file", "eval_file"), packing="examples", mode="classify",
         predictions=lambda config: ("predictions.tsv",)),
     "squad": Task(squad_task, _read_squad,
                   lambda cfg, config, labels: heads.BertForQuestionAnswering(
@@ -396,7 +405,7 @@ TASKS: dict[str, Task] = {
                       "with config.anchor_column, positive_column and any negative_columns",
         "eval_file": "the dev pairs, or scored pairs (STS-B's dev.tsv) whose Spearman "
                      "correlation picks best/"},
-        files=_files_in("train_file", "eval_file"), mode="embed",
+        files=_files_in("train_file", "eval_file"), packing="texts", mode="embed",
         predictions=lambda config: ("dev_similarities.tsv",)),
     "swag": Task(swag_task, _read_swag, lambda cfg, config, labels: heads.BertForMultipleChoice(
                      cfg, how=heads.FeatureBased.of(config)),

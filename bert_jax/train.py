@@ -16,7 +16,6 @@ import ml_collections
 
 from bert_jax import checkpointing
 from bert_jax import metrics as metrics_lib
-from bert_jax import process
 from bert_jax import registry
 from bert_jax import trainer as trainer_lib
 from bert_jax.trainer import TrainState
@@ -85,7 +84,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   workdir = os.fspath(workdir)
   check_config(config)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  process.compilation_cache(config, workdir)
   data_cfg, vocab_size = data_build.build_data(config, workdir)
   model, objective, sample = registry.pretraining(config, vocab_size, data_cfg)
   cfg = model.config

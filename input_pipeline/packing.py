@@ -119,3 +119,41 @@ def pack_examples(feats: dict[str, np.ndarray], max_seq_length: int, max_example
       out[k][rr, pp] = v[ii, kk] + (start[ii] if k == "masked_lm_positions" else 0)
   return out
 
+
+
+def pack_texts(ids_NL: np.ndarray, mask_NL: np.ndarray, *, max_texts_per_row: int,
+               rows: int | None = None, open_rows: int = 64) -> dict[str, np.ndarray]:
+  """Texts [N, L] (real tokens first) packed several to a row of L tokens, longest first
+  (first-fit decreasing, over the `open_rows` most recent rows): input_ids, input_mask,
+  segment_ids (0), position_ids and packed_example_ids (slot + 1; 0 = padding) [R, L], and
+  `text_at` [N, 2], each text's (row, slot). `rows`: R (the rows needed if None; fewer
+  than needed is a ValueError)."""
+  mask = np.asarray(mask_NL) > 0
+  lengths = mask.sum(-1)
+  order = np.argsort(-lengths, kind="stable")
+  row_o, slot_o, start_o, _, needed = assign_rows(
+      lengths[order], np.zeros_like(lengths), max_seq_length=mask.shape[1],
+      max_examples_per_row=max_texts_per_row, max_predictions_per_row=1, open_rows=open_rows)
+  R = needed if rows is None else rows
+  if needed > R:
+    raise ValueError(f"{len(lengths)} texts need {needed} packed rows; {R} were planned.")
+  row, slot, start = (np.empty_like(v) for v in (row_o, slot_o, start_o))
+  row[order], slot[order], start[order] = row_o, slot_o, start_o
+  out = {k: np.zeros((R, mask.shape[1]), np.int32) for k in ROW_KEYS}
+  ii, jj = np.nonzero(mask)
+  rr, cc = row[ii], start[ii] + jj
+  out["input_ids"][rr, cc] = np.asarray(ids_NL)[ii, jj]
+  out["input_mask"][rr, cc] = 1
+  out["position_ids"][rr, cc] = jj
+  out["packed_example_ids"][rr, cc] = slot[ii] + 1
+  out["text_at"] = np.stack([row, slot], -1).astype(np.int32)
+  return out
+
+
+def rows_needed(lengths_N: np.ndarray, max_seq_length: int, max_texts_per_row: int,
+                open_rows: int = 64) -> int:
+  """The rows pack_texts packs texts of these lengths into."""
+  order = np.argsort(-np.asarray(lengths_N), kind="stable")
+  return assign_rows(np.asarray(lengths_N)[order], np.zeros(len(order), np.int64),
+                     max_seq_length=max_seq_length, max_examples_per_row=max_texts_per_row,
+                     max_predictions_per_row=1, open_rows=open_rows)[-1]

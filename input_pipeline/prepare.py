@@ -299,7 +299,7 @@ def _tokenize_into(writer: store.ShardWriter, docs, tok, num_workers: int, bar, 
   results = _results(docs, tok.path, tok.lowercase, num_workers)
   try:
     for result in results:
-      _deal(writer, result, summary["documents"])
+      deal_documents(writer, result, summary["documents"])
       summary["documents"] += len(result["document_sentences"])
       for key in ("sentences", "unk_tokens", "empty_documents"):
         summary[key] += result[key]
@@ -315,7 +315,7 @@ def _tokenize_into(writer: store.ShardWriter, docs, tok, num_workers: int, bar, 
     writer.discard()
 
 
-def _deal(writer: store.ShardWriter, result: dict, first_document: int) -> None:
+def deal_documents(writer: store.ShardWriter, result: dict, first_document: int) -> None:
   """Writes a task's documents to their shards: corpus document g goes to g % shards."""
   doc_sentences, lengths = result["document_sentences"], result["sentence_lengths"]
   sentence_doc = np.repeat(np.arange(len(doc_sentences)), doc_sentences)

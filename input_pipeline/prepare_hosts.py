@@ -185,7 +185,7 @@ def _deal_part(writer: store.ShardWriter, arrays: dict, first_document: int) -> 
     result = {"document_sentences": np.diff(doc_start[a:b + 1]).astype(np.int64),
               "sentence_lengths": np.diff(sent_start[s0:s1 + 1]).astype(np.int64),
               "tokens": np.asarray(tokens[int(sent_start[s0]):int(sent_start[s1])])}
-    prepare._deal(writer, result, first_document + a)  # pylint: disable=protected-access
+    prepare.deal_documents(writer, result, first_document + a)
   return first_document + n
 
 

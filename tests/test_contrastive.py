@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import contrastive, convert, embed, embed_eval, finetune, loader
 from bert_jax.configs import embed as embed_config
-from input_pipeline import errors, pairs
+from input_pipeline import epochs, errors, packing, pairs
 from input_pipeline.tokenizer import Tokenizer
 from tests import test_train_utils as tu
 from tests.test_finetune import WORDS, pretrained  # noqa: F401  pylint: disable=unused-import
@@ -58,6 +58,7 @@ _DEVICES = r"""
 import json, ml_collections, numpy as np, jax
 from bert_jax import contrastive, trainer as trainer_lib
 from bert_jax.models import bert
+from input_pipeline import epochs
 from tests import test_train_utils as tu
 cfg = bert.BertConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
                       intermediate_size=32, max_position_embeddings=16, hidden_dropout_rate=0.0,
@@ -72,17 +73,21 @@ mask[:, :, 9:] = 0
 batch = {"input_ids": ids[:, 0], "segment_ids": np.zeros_like(ids[:, 0]), "input_mask": mask[:, 0],
          "positive_ids": ids[:, 1], "positive_mask": mask[:, 1],
          "negative_ids": ids[:, 2:], "negative_mask": mask[:, 2:]}
+mask[:4, 1, 5:] = 0  # short texts: the packed batch has fewer rows
+packed = next(epochs.PackedPairBatches(batch, global_batch_size=8, num_epochs=1, seed=0,
+                                       max_texts_per_row=4, row_multiple=2))
 out = {}
-for n, chunk in ((1, 0), (2, 0), (2, 8)):
-  model = contrastive.SentenceEncoder(cfg, "mean", chunk)
+for n, chunk, b in ((1, 0, batch), (2, 0, batch), (2, 8, batch), (2, 0, packed)):
+  model = contrastive.SentenceEncoder(cfg, "mean", chunk, 4)
   trainer = trainer_lib.build(config, model, contrastive.objective(20.0, True), batch, None,
                               devices=jax.devices()[:n], total_steps=2, eval_outputs=True)
   with trainer.activate():
     state = trainer.init()
-    sums, _ = trainer.eval_step(state.params, trainer.to_global(batch), jax.random.key(0))
-    state, metrics = trainer.train_step(state, trainer.to_global(batch), jax.random.key(1))
-    sums2, _ = trainer.eval_step(state.params, trainer.to_global(batch), jax.random.key(0))
-  out[f"{n}:{chunk}"] = [float(sums["loss_sum"]), float(metrics["loss"]), float(sums2["loss_sum"])]
+    sums, _ = trainer.eval_step(state.params, trainer.to_global(b), jax.random.key(0))
+    state, metrics = trainer.train_step(state, trainer.to_global(b), jax.random.key(1))
+    sums2, _ = trainer.eval_step(state.params, trainer.to_global(b), jax.random.key(0))
+  out[f"{n}:{chunk}" + (":packed" if b is packed else "")] = [
+      float(sums["loss_sum"]), float(metrics["loss"]), float(sums2["loss_sum"])]
 print(json.dumps(out))
 """
 
@@ -95,6 +100,7 @@ def test_two_devices_give_the_one_device_loss_of_the_global_batch():
   out = json.loads(tu.run_python(_DEVICES, devices=2).strip().splitlines()[-1])
   np.testing.assert_allclose(out["2:0"], out["1:0"], rtol=1e-5)
   np.testing.assert_allclose(out["2:8"], out["1:0"], rtol=1e-5)
+  np.testing.assert_allclose(out["2:0:packed"], out["1:0"], rtol=1e-5)
 
 
 def _pairs_file(path, n, rng, negatives=False):
@@ -157,6 +163,22 @@ def test_embed_job_learns_keeps_best_and_exports(tmp_path, pretrained):  # noqa:
   st = pytest.importorskip("sentence_transformers")
   theirs = st.SentenceTransformer(str(out), device="cpu").encode([d.anchor for d in dev[:5]])
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_packed_embed_run_trains_the_model_of_an_unpacked_one(tmp_path, pretrained):  # noqa: F811
+  """config.packing=True for task=embed: the same pairs each step, in fewer rows, so (without
+  dropout) the same losses and the same model as one text a row."""
+  out = {}
+  for packed in (False, True):
+    config = _config(tmp_path, pretrained, num_epochs=1, packing=packed)
+    workdir = tmp_path / f"run_{packed}"
+    out[packed] = finetune.finetune(config, str(workdir))
+    out[packed, "params"] = loader.read(str(workdir / "best"), "encoder")[1]
+  assert out[True]["mrr@10"] == pytest.approx(out[False]["mrr@10"], abs=1e-3)
+  for (path, g), h in zip(jax.tree_util.tree_leaves_with_path(out[True, "params"]),
+                          jax.tree.leaves(out[False, "params"])):
+    np.testing.assert_allclose(g, h, atol=1e-4, rtol=0, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.mark.slow
@@ -239,6 +261,94 @@ def test_gradient_cache_gives_the_plain_batchs_loss_and_gradients_in_less_memory
     np.testing.assert_allclose(g, h, atol=1e-5, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
   memory = lambda model: loss_fn(model).lower(params).compile().memory_analysis().temp_size_in_bytes
   assert memory(cached) < 0.6 * memory(plain), (memory(cached), memory(plain))
+
+
+def _pair_batch(B=12, L=24, negatives=1, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, 40, (B, 2 + negatives, L)).astype(np.int32)
+  lengths = np.minimum(L, rng.lognormal(1.5, 0.5, (B, 2 + negatives, 1)).astype(int) + 2)
+  mask = (np.arange(L)[None, None] < lengths).astype(np.int32)
+  batch = {"input_ids": ids[:, 0], "segment_ids": np.zeros_like(ids[:, 0]),
+           "input_mask": mask[:, 0], "positive_ids": ids[:, 1], "positive_mask": mask[:, 1]}
+  if negatives:
+    batch.update(negative_ids=ids[:, 2:], negative_mask=mask[:, 2:])
+  return batch
+
+
+def _packed(batch, rows=None):
+  ids, mask = epochs.pair_texts(batch)
+  B, T, L = ids.shape
+  out = packing.pack_texts(ids.reshape(B * T, L), mask.reshape(B * T, L), max_texts_per_row=8,
+                           rows=rows)
+  out["text_at"] = out["text_at"].reshape(B, T, 2)
+  out["example_weights"] = np.ones(B, np.float32)
+  return out
+
+
+@pytest.mark.parametrize("family,pooling,chunk", [
+    ("bert", "mean", 0), ("bert", "cls", 0), ("bert", "last", 0), ("bert", "mean", 4),
+    ("modern", "mean", 0)])
+def test_packed_texts_give_the_loss_and_gradients_of_one_text_a_row(family, pooling, chunk):
+  """config.packing for task=embed: texts packed several to a row (attention inside each
+  text, positions restarting) give each text's vector, so the loss and its gradients are
+  those of the same pairs one text a row, the gradient cache included."""
+  from bert_jax.models import bert, modern
+  cfg = (bert.BertConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
+                         intermediate_size=32, max_position_embeddings=32,
+                         hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+         if family == "bert" else
+         modern.ModernConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
+                             intermediate_size=32, local_window=8, global_every=2,
+                             max_position_embeddings=32))
+  batch = _pair_batch()
+  packed = _packed(batch, rows=16 if chunk else None)
+  assert len(packed["input_ids"]) < 0.5 * 3 * len(batch["input_ids"])  # fewer rows
+  objective = contrastive.objective(20.0, True)
+  plain = contrastive.SentenceEncoder(cfg, pooling)
+  params = plain.init(jax.random.key(0), *(batch[k] for k in contrastive.INPUTS))["params"]
+
+  def loss_and_grad(model, b):
+    return jax.jit(jax.value_and_grad(lambda p: objective.batch_loss(
+        objective.apply(model, p, b, deterministic=False,
+                        rngs={"dropout": jax.random.key(1)}), b)))(params)
+
+  want, want_g = loss_and_grad(plain, batch)
+  got, got_g = loss_and_grad(contrastive.SentenceEncoder(cfg, pooling, chunk), packed)
+  assert float(got) == pytest.approx(float(want), rel=1e-5)
+  for (path, g), h in zip(jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(g, h, atol=2e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+
+
+def test_packed_pair_batches_plan_their_rows_and_resume():
+  """PackedPairBatches: every batch of the run in the same number of rows (the most any
+  needs, a multiple of the devices), each host its rows and its pairs, each text whole at
+  its text_at; get_state / set_state continue exactly."""
+  train = _pair_batch(B=40, L=16, negatives=0, seed=3)
+  make = lambda index: epochs.PackedPairBatches(
+      train, global_batch_size=8, num_epochs=2, seed=0, max_texts_per_row=4, row_multiple=2,
+      process_index=index, process_count=2)
+  hosts = [make(0), make(1)]
+  assert hosts[0].rows % 4 == 0 and hosts[0].steps_per_epoch == [5, 5]
+  order = epochs.epoch_order(0, 0, 40)
+  for step in range(2):
+    parts = [next(h) for h in hosts]
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in packing.ROW_KEYS}
+    assert len(rows["input_ids"]) == hosts[0].rows
+    text_at = np.concatenate([p["text_at"] for p in parts])
+    for i, pair in enumerate(order[8 * step:8 * step + 8]):
+      for t, key in enumerate(("input_ids", "positive_ids")):
+        r, s = text_at[i, t]
+        mask_key = key.replace("ids", "mask")
+        n = train[mask_key][pair].sum()
+        np.testing.assert_array_equal(rows["input_ids"][r][rows["packed_example_ids"][r] == s + 1],
+                                      train[key][pair][:n])
+  state = hosts[0].get_state()
+  want = next(hosts[0])
+  again = make(0)
+  again.set_state(state)
+  got = next(again)
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k])
 
 
 def test_matryoshka_loss_is_the_sum_over_the_truncated_widths():

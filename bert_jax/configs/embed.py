@@ -47,8 +47,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The gradient cache: > 0 encodes a batch's texts (rows x (2 + hard negatives)) this many
   # at a time, the forward pass keeping only their vectors and the backward pass encoding
   # each chunk again: a batch of thousands of pairs in the memory of a chunk, the same loss
-  # and gradients (bert_jax/contrastive.py). It must divide the batch's texts. 0: off.
+  # and gradients (bert_jax/contrastive.py). It must divide the batch's texts (with packing:
+  # a chunk counts rows, and the batch's rows are made a multiple of it). 0: off.
   c.grad_cache_chunk = 0
+  # Packing: each batch's texts share rows of max_seq_length tokens, up to
+  # max_examples_per_row a row (attention inside each text, positions restarting), so short
+  # texts cost little padding; the loss and its gradients are those of one text a row. A
+  # batch still holds global_batch_size pairs; its rows are the most any batch of the run
+  # needs, counted when it starts. Evaluation stays unpacked.
+  c.packing = False
+  c.max_examples_per_row = 8
   c.max_seq_length = 128
   c.global_batch_size = 64  # each anchor's negatives: the other 63 positives (and negatives)
   c.num_epochs = 1
