@@ -1,6 +1,7 @@
 """Fine-tuning train step on CoLA: bert_jax vs transformers (PyTorch), side by side.
 
-    python -m bench.finetune_step [--rounds=3] [--steps=30] [--other=CHECKOUT] [--no_record]
+    python -m bench.finetune_step [--rounds=3] [--steps=30] [--other=CHECKOUT]
+        [--packed_batch=rows,examples] [--no_record]
     python -m bench.finetune_step --smoke --no_record   # tiny run, seconds of steps (the test)
 
 The recipe of issue #14: all-MiniLM-L6-v2's shape (6 layers, hidden 384, 12 heads,
@@ -12,8 +13,9 @@ biases and LayerNorm, clipping at 1.0).
 - bert_jax: the fine-tuning job itself, `python -m bert_jax.main --config=configs/glue.py:cola`
   (host batches, device transfer, metrics read on log steps: all of it), for --steps
   steps; s/step from the timestamps of its progress lines between steps --log_every and
-  --steps (compilation excluded). Also with `--config.packing=True` (examples/s: the
-  examples of those packed rows, counted with the job's own EpochIterator).
+  --steps (compilation excluded). Also with `--config.packing=True`: packed_batch=rows
+  (examples/s: the examples of those packed rows, counted with the job's own EpochIterator)
+  and packed_batch=examples (each batch of --batch examples packed into the rows it needs).
 - transformers: BertForSequenceClassification with the same initial encoder (exported
   with bert_jax.formats.export_huggingface), torch.optim.AdamW(fused=True: transformers'
   default optimizer), the same schedule and clipping, dropout on, torch.set_num_threads(2),
@@ -143,7 +145,7 @@ def examples_in_steps(feats, batch: int, seq_len: int, first: int, last: int, pa
 
 
 def run_bert_jax(repo: pathlib.Path, assets: dict, cola_dir: str, workdir: str, args,
-                 packed: bool) -> dict:
+                 packed: str) -> dict:
   """The fine-tuning job for --steps steps; s/step between progress lines log_every and steps."""
   cmd = [sys.executable, "-m", "bert_jax.main", "--config=configs/glue.py:cola",
          f"--workdir={workdir}", f"--config.init_checkpoint={assets['ckpt']}",
@@ -151,7 +153,8 @@ def run_bert_jax(repo: pathlib.Path, assets: dict, cola_dir: str, workdir: str, 
          f"--config.max_seq_length={args.seq_len}", f"--config.global_batch_size={args.batch}",
          f"--config.log_every_steps={args.log_every}", "--config.num_epochs=1",
          f"--config.max_steps_per_run={args.steps}", "--config.checkpoint_every_steps=1000000",
-         f"--config.seed={SEED}", f"--config.packing={packed}"]
+         f"--config.seed={SEED}", f"--config.packing={bool(packed)}"] + (
+             [f"--config.packed_batch={packed}"] if packed else [])
   env = dict(os.environ, PYTHONPATH=str(repo), TF_CPP_MIN_LOG_LEVEL="3")
   return finetune_throughput.job_seconds_per_step(cmd, repo, env, args.log_every, args.steps)
 
@@ -261,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--other", default="", help="also run the bert_jax job of this checkout")
   parser.add_argument("--other_label", default="other")
   parser.add_argument("--no_packed", action="store_true", help="skip the packing=True runs")
+  parser.add_argument("--packed_batch", default="rows",
+                      help="the packing=True runs, by what a batch counts (config.packed_batch: "
+                      "rows, examples, or both comma-separated)")
   parser.add_argument("--no_keras", action="store_true",
                       help="skip KerasHub (needs bash bench/setup_keras_peer.sh)")
   parser.add_argument("--smoke", action="store_true",
@@ -273,14 +279,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _runs(args) -> list[tuple]:
-  """(name, repo, packed) of each run of a round: repo None is transformers, "keras" KerasHub."""
-  runs = [("bert_jax", REPO, False), ("transformers (PyTorch)", None, False)]
+  """(name, repo, packed: "" or config.packed_batch) of each run of a round: repo None is
+  transformers, "keras" KerasHub."""
+  runs = [("bert_jax", REPO, ""), ("transformers (PyTorch)", None, "")]
   if not args.no_keras and args.shape == "minilm":
-    runs.append(("KerasHub (BertTextClassifier)", "keras", False))
-  if not args.no_packed:
-    runs.append(("bert_jax packing=True", REPO, True))
+    runs.append(("KerasHub (BertTextClassifier)", "keras", ""))
+  for mode in ([] if args.no_packed else [m for m in args.packed_batch.split(",") if m]):
+    runs.append(("bert_jax packing=True" + (" packed_batch=examples" if mode == "examples" else ""),
+                 REPO, mode))
   if args.other:
-    runs.append((f"bert_jax {args.other_label}", pathlib.Path(args.other), False))
+    runs.append((f"bert_jax {args.other_label}", pathlib.Path(args.other), ""))
   return runs
 
 
@@ -304,7 +312,8 @@ def _run_rounds(args, runs: list[tuple]) -> dict[str, list[dict]]:
             continue
         else:
           out = run_bert_jax(repo, assets, cola, str(tmp / f"run_{r}_{shift}_{i}"), args, packed)
-        n = examples_in_steps(feats, args.batch, args.seq_len, args.log_every, args.steps, packed)
+        n = examples_in_steps(feats, args.batch, args.seq_len, args.log_every, args.steps,
+                              packed == "rows")
         out["examples_per_s"] = n / out["elapsed"]
         results[name].append(out)
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
@@ -340,7 +349,8 @@ def _table(args, rows: list[dict], load_start: str, t_start: float) -> str:
       f" --shape={args.shape} --vocab_size={args.vocab_size} --log_every={args.log_every}"
       if args.shape != "minilm" else "") + (
       f" --other=<checkout of {args.other_label}>" if args.other else "") + (
-      " --no_packed" if args.no_packed else "")
+      " --no_packed" if args.no_packed else "") + (
+      f" --packed_batch={args.packed_batch}" if args.packed_batch != "rows" else "")
   return (
       f"\n## Fine-tuning step vs transformers, CoLA ({datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"

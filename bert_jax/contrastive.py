@@ -169,12 +169,6 @@ def _flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
   return flops_lib.train_flops_per_step(model.config, B * texts, L, 0, nsp=False)
 
 
-def rows_flops(rows: int):
-  """Objective.flops for packed batches of `rows` rows (what the step computes)."""
-  return lambda model, shapes: flops_lib.train_flops_per_step(
-      model.config, rows, shapes["input_ids"][1], 0, nsp=False)
-
-
 def objective(scale: float, symmetric: bool, dims: tuple[int, ...] = ()) -> objectives.Objective:
   """objectives.supervised's sums and summaries over InfoNCE (train_acc: the share of anchors
   whose own positive ranks first in the batch)."""

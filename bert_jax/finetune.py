@@ -35,10 +35,10 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import best_dir, contrastive, families, finetuned, formats, heads, loader, tasks
+from bert_jax import best_dir, families, finetuned, formats, heads, loader, objectives, tasks
 from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, fileio
-from input_pipeline.epochs import EpochIterator, PackedPairBatches
+from input_pipeline.epochs import EpochIterator, PackedBatches, PackedExampleBatches, PackedPairBatches
 from input_pipeline.tokenizer import Tokenizer
 
 MIN_SEQ_LENGTH = 5  # [CLS] a [SEP] b [SEP] with a token of each segment
@@ -120,6 +120,9 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
     raise errors.ConfigError(f"packing is only supported for classification fine-tuning and "
                              f"embeddings (task {packable}), not task={config.task!r}: set "
                              "--config.packing=False.")
+  if packed and config.get("packed_batch", "rows") not in ("rows", "examples"):
+    raise errors.ConfigError(f"--config.packed_batch={config.packed_batch!r}: what a packed "
+                             "batch of global_batch_size counts, 'rows' or 'examples'.")
   if packed and config.get("max_examples_per_row", 0) < 1:
     raise errors.ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   if not loader.checkpoint_exists(config.init_checkpoint):
@@ -196,18 +199,20 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], pa
   """This host's training batches of every epoch; fails when an epoch has no full batch.
   `packing`: what config.packing packs (tasks.Task.packing; "" unpacked)."""
   n_train, B = len(train["input_ids"]), config.global_batch_size
-  packed = packing == "examples"
-  if packing == "texts" and n_train >= B:
+  per_batch = packing == "texts" or (packing == "examples" and
+                                     config.get("packed_batch", "rows") == "examples")
+  packed = packing == "examples" and not per_batch
+  if per_batch and n_train >= B:
     t = time.perf_counter()
     chunk = config.get("grad_cache_chunk", 0) or 1  # the gradient cache's chunks: of rows
-    batches = PackedPairBatches(train, global_batch_size=B, num_epochs=config.num_epochs,
-                                seed=config.seed, max_texts_per_row=config.max_examples_per_row,
-                                row_multiple=math.lcm(num_devices, chunk),
-                                process_index=jax.process_index(),
-                                process_count=jax.process_count())
+    batches = (PackedPairBatches if packing == "texts" else PackedExampleBatches)(
+        train, global_batch_size=B, num_epochs=config.num_epochs, seed=config.seed,
+        max_per_row=config.max_examples_per_row, row_multiple=math.lcm(num_devices, chunk),
+        process_index=jax.process_index(), process_count=jax.process_count())
     texts = batches.texts_per_batch
-    logging.info("Packing: each batch's %d texts in %d rows of %d tokens (%.0f%% of them real "
-                 "on average), planned in %.1fs.", texts, batches.rows, batches.row_length,
+    logging.info("Packing: each batch's %d %s in %d rows of %d tokens (%.0f%% of them real "
+                 "on average), planned in %.1fs.", texts, packing, batches.rows,
+                 batches.row_length,
                  100 * texts * batches.tokens_real / (batches.rows * batches.row_length),
                  time.perf_counter() - t)
     return batches
@@ -305,8 +310,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   cache = bool(config.get("cache_features", False))
   objective = task.objective.replace(
       keyword_inputs=task.objective.keyword_inputs + (heads.CACHED,)) if cache else task.objective
-  if isinstance(batches, PackedPairBatches):  # FLOPs of the rows computed, not of the pairs
-    objective = objective.replace(flops=contrastive.rows_flops(batches.rows))
+  if isinstance(batches, PackedBatches):  # FLOPs of the rows computed, not of the examples
+    objective = objective.replace(flops=objectives.rows_flops(batches.rows))
   trainer = trainer_lib.build(config, task.model, objective, task.train, workdir,
                               eval_batch_size=config.eval_batch_size, total_steps=total,
                               devices=devices, inputs=_inputs(task, enc_params),

@@ -289,6 +289,12 @@ def _supervised_flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
   return flops_lib.train_flops_per_step(model.config, math.prod(rows), length, 0, nsp=False)
 
 
+def rows_flops(rows: int) -> Callable:
+  """Objective.flops for packed batches of `rows` rows (what the step computes, whatever
+  the examples a batch holds)."""
+  return lambda model, shapes: _supervised_flops(model, {"input_ids": (rows, shapes["input_ids"][-1])})
+
+
 def supervised(sums_fn: Callable, weight_key: str = "example_weights",
                inputs: tuple[str, ...] = features.TEXT) -> Objective:
   """A fine-tuning head's sums (heads.classification_sums, span_sums, token_sums): `sums_fn(

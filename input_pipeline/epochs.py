@@ -121,54 +121,96 @@ def pair_texts(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
           np.concatenate([expand(m) for _, m in cols], 1))
 
 
-class PackedPairBatches:
-  """Batches of (anchor, positive, hard negatives) pairs whose texts are packed several to a
-  row (packing.pack_texts): the global batches of an EpochIterator, each packed whole, the
-  same number of rows every step (the most any batch of the run needs, rounded up to
-  `row_multiple`, counted when it starts), and this host's slice of the rows and of the
-  pairs. A batch: the rows' input_ids, input_mask, segment_ids, position_ids,
-  packed_example_ids [R, L]; text_at [B, T, 2], the (global row, slot) of each pair's texts;
-  example_weights [B]. Resumes as its EpochIterator (get_state / set_state)."""
+class PackedBatches:
+  """The global batches of an EpochIterator, each packed whole (`_pack`) into the same number
+  of rows every step: the most any batch of the run needs (`_rows_needed`), rounded up to
+  `row_multiple` x the process count, counted when it starts; each host its slice
+  (`_host`). Resumes as its EpochIterator (get_state / set_state)."""
 
   def __init__(self, feats: Mapping[str, np.ndarray], *, global_batch_size: int, num_epochs: int,
-               seed: int, max_texts_per_row: int, row_multiple: int = 1, process_index: int = 0,
+               seed: int, max_per_row: int, row_multiple: int = 1, process_index: int = 0,
                process_count: int = 1):
     self.batches = EpochIterator(feats, global_batch_size=global_batch_size,
                                  num_epochs=num_epochs, seed=seed)
     self.steps_per_epoch = self.batches.steps_per_epoch
-    self.max_texts_per_row = max_texts_per_row
+    self.max_per_row = max_per_row
     self.process_index, self.process_count = process_index, process_count
-    _, mask = pair_texts(feats)
-    lengths, L = mask.sum(-1), mask.shape[-1]
+    lengths = self._lengths(feats)  # [N, texts an item]
+    self.row_length = self._row_length(feats)
     needed = [packing.rows_needed(lengths[epoch_order(seed, e, len(lengths))[
                   s * global_batch_size:(s + 1) * global_batch_size]].reshape(-1),
-                                  L, max_texts_per_row)
+                                  self.row_length, max_per_row)
               for e, steps in enumerate(self.steps_per_epoch) for s in range(steps)]
     multiple = row_multiple * process_count
     self.rows = -(-max(needed, default=1) // multiple) * multiple
     self.tokens_real = float(lengths.sum() / lengths.size)  # a text's mean real tokens
-    self.texts_per_batch = global_batch_size * mask.shape[1]
-    self.row_length = L
+    self.texts_per_batch = global_batch_size * lengths.shape[1]
+
+  def _host_rows(self) -> slice:
+    r = self.rows // self.process_count
+    return slice(self.process_index * r, (self.process_index + 1) * r)
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    batch = next(self.batches)
-    ids, mask = pair_texts(batch)
-    B, T, L = ids.shape
-    out = packing.pack_texts(ids.reshape(B * T, L), mask.reshape(B * T, L),
-                             max_texts_per_row=self.max_texts_per_row, rows=self.rows)
-    r, b = self.rows // self.process_count, B // self.process_count
-    rows, pairs = slice(self.process_index * r, (self.process_index + 1) * r), slice(
-        self.process_index * b, (self.process_index + 1) * b)
-    host = {k: v[rows] for k, v in out.items() if k != "text_at"}
-    host["text_at"] = out["text_at"].reshape(B, T, 2)[pairs]
-    host["example_weights"] = np.ones(b, np.float32)
-    return host
+    return self._host(self._pack(next(self.batches)))
 
   def get_state(self) -> dict[str, Any]:
     return self.batches.get_state()
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     self.batches.set_state(state)
+
+
+class PackedPairBatches(PackedBatches):
+  """Batches of (anchor, positive, hard negatives) pairs whose texts are packed several to a
+  row (packing.pack_texts), a batch still holding global_batch_size pairs. A batch: the
+  rows' input_ids, input_mask, segment_ids, position_ids, packed_example_ids [R, L];
+  text_at [B, T, 2], the (global row, slot) of each pair's texts; example_weights [B]."""
+
+  @staticmethod
+  def _lengths(feats):
+    return pair_texts(feats)[1].sum(-1)
+
+  @staticmethod
+  def _row_length(feats):
+    return feats["input_mask"].shape[-1]
+
+  def _pack(self, batch):
+    ids, mask = pair_texts(batch)
+    B, T, L = ids.shape
+    out = packing.pack_texts(ids.reshape(B * T, L), mask.reshape(B * T, L),
+                             max_texts_per_row=self.max_per_row, rows=self.rows)
+    out["text_at"] = out["text_at"].reshape(B, T, 2)
+    return out
+
+  def _host(self, out):
+    b = len(out["text_at"]) // self.process_count
+    host = {k: v[self._host_rows()] for k, v in out.items() if k != "text_at"}
+    host["text_at"] = out["text_at"][self.process_index * b:(self.process_index + 1) * b]
+    host["example_weights"] = np.ones(b, np.float32)
+    return host
+
+
+class PackedExampleBatches(PackedBatches):
+  """Batches of global_batch_size examples (classification), each batch's examples packed
+  several to a row (packing.pack_examples, longest first): the same examples a step as
+  unpacked, on fewer rows. A batch: rows [R, L] with cls_positions, labels and
+  example_weights [R, E] (empty slots weigh 0)."""
+
+  @staticmethod
+  def _lengths(feats):
+    return feats["input_mask"].sum(-1)[:, None]
+
+  @staticmethod
+  def _row_length(feats):
+    return feats["input_mask"].shape[-1]
+
+  def _pack(self, batch):
+    order = np.argsort(-batch["input_mask"].sum(-1), kind="stable")
+    return packing.pack_examples({k: v[order] for k, v in batch.items()}, self.row_length,
+                                 self.max_per_row, open_rows=packing.OPEN_ROWS, rows=self.rows)
+
+  def _host(self, out):
+    return {k: v[self._host_rows()] for k, v in out.items()}

@@ -64,15 +64,16 @@ def assign_rows(lengths: np.ndarray, num_predictions: np.ndarray, *, max_seq_len
 
 
 def pack_examples(feats: dict[str, np.ndarray], max_seq_length: int, max_examples_per_row: int,
-                  max_predictions_per_row: int | None = None, open_rows: int = 16
-                  ) -> dict[str, np.ndarray]:
+                  max_predictions_per_row: int | None = None, open_rows: int = 16,
+                  rows: int | None = None) -> dict[str, np.ndarray]:
   """Packs examples [N, ...] (real tokens first in each row) into rows [R, ...].
 
   feats: input_ids, input_mask, segment_ids [N, L0]; optionally masked_lm_positions,
   masked_lm_ids, masked_lm_weights [N, P]; any other key is per-example ([N, ...]).
   Returns input_ids, input_mask, segment_ids, position_ids, packed_example_ids [R, L],
   cls_positions and example_weights [R, E], every per-example key as [R, E, ...], and
-  masked_lm_* [R, P_row] (P_row = max_predictions_per_row, default P) when given.
+  masked_lm_* [R, P_row] (P_row = max_predictions_per_row, default P) when given. `rows`:
+  R (empty rows at the end; fewer than needed is a ValueError), else the rows needed.
   """
   L, E = max_seq_length, max_examples_per_row
   mask = np.asarray(feats["input_mask"]) > 0
@@ -90,6 +91,7 @@ def pack_examples(feats: dict[str, np.ndarray], max_seq_length: int, max_example
   row, slot, start, pred_start, R = assign_rows(
       lengths, keep.sum(-1), max_seq_length=L, max_examples_per_row=E,
       max_predictions_per_row=P if has_mlm else 1 << 30, open_rows=open_rows)
+  R = _planned(R, rows, len(lengths))
 
   out = {k: np.zeros((R, L), np.int32) for k in ROW_KEYS}
   ii, jj = np.nonzero(mask)  # every real token: example ii, column jj
@@ -121,8 +123,17 @@ def pack_examples(feats: dict[str, np.ndarray], max_seq_length: int, max_example
 
 
 
+OPEN_ROWS = 64  # rows first-fit decreasing considers, when each batch is packed on its own
+
+
+def _planned(needed: int, rows: int | None, n: int) -> int:
+  if rows is not None and needed > rows:
+    raise ValueError(f"{n} examples need {needed} packed rows; {rows} were planned.")
+  return needed if rows is None else rows
+
+
 def pack_texts(ids_NL: np.ndarray, mask_NL: np.ndarray, *, max_texts_per_row: int,
-               rows: int | None = None, open_rows: int = 64) -> dict[str, np.ndarray]:
+               rows: int | None = None, open_rows: int = OPEN_ROWS) -> dict[str, np.ndarray]:
   """Texts [N, L] (real tokens first) packed several to a row of L tokens, longest first
   (first-fit decreasing, over the `open_rows` most recent rows): input_ids, input_mask,
   segment_ids (0), position_ids and packed_example_ids (slot + 1; 0 = padding) [R, L], and
@@ -134,9 +145,7 @@ def pack_texts(ids_NL: np.ndarray, mask_NL: np.ndarray, *, max_texts_per_row: in
   row_o, slot_o, start_o, _, needed = assign_rows(
       lengths[order], np.zeros_like(lengths), max_seq_length=mask.shape[1],
       max_examples_per_row=max_texts_per_row, max_predictions_per_row=1, open_rows=open_rows)
-  R = needed if rows is None else rows
-  if needed > R:
-    raise ValueError(f"{len(lengths)} texts need {needed} packed rows; {R} were planned.")
+  R = _planned(needed, rows, len(lengths))
   row, slot, start = (np.empty_like(v) for v in (row_o, slot_o, start_o))
   row[order], slot[order], start[order] = row_o, slot_o, start_o
   out = {k: np.zeros((R, mask.shape[1]), np.int32) for k in ROW_KEYS}
@@ -151,8 +160,8 @@ def pack_texts(ids_NL: np.ndarray, mask_NL: np.ndarray, *, max_texts_per_row: in
 
 
 def rows_needed(lengths_N: np.ndarray, max_seq_length: int, max_texts_per_row: int,
-                open_rows: int = 64) -> int:
-  """The rows pack_texts packs texts of these lengths into."""
+                open_rows: int = OPEN_ROWS) -> int:
+  """The rows texts (examples) of these lengths take packed longest first (pack_texts)."""
   order = np.argsort(-np.asarray(lengths_N), kind="stable")
   return assign_rows(np.asarray(lengths_N)[order], np.zeros(len(order), np.int64),
                      max_seq_length=max_seq_length, max_examples_per_row=max_texts_per_row,

@@ -41,6 +41,18 @@ def test_finetune_step_smoke():
 
 
 @pytest.mark.slow
+def test_finetune_step_smoke_packing_each_batch_of_examples():
+  """--packed_batch=examples: the job packs each batch of --batch examples (the same
+  examples a step as unpacked: examples/s is batch / s/step)."""
+  out = finetune_step.main(["--smoke", "--no_record", "--no_keras", "--packed_batch=examples"])
+  rows = {r["impl"]: r for r in out["rows"]}
+  assert list(rows) == ["bert_jax", "transformers (PyTorch)",
+                        "bert_jax packing=True packed_batch=examples"]
+  packed = rows["bert_jax packing=True packed_batch=examples"]
+  assert packed["examples_per_s"] == pytest.approx(4 / packed["s_per_step"], rel=1e-6)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["roberta-base", "deberta-v3-base"])
 def test_finetune_step_smoke_on_the_family_shapes(shape):
   """--shape=roberta-base / deberta-v3-base: the fine-tuning job on a checkpoint of that

@@ -75,7 +75,7 @@ batch = {"input_ids": ids[:, 0], "segment_ids": np.zeros_like(ids[:, 0]), "input
          "negative_ids": ids[:, 2:], "negative_mask": mask[:, 2:]}
 mask[:4, 1, 5:] = 0  # short texts: the packed batch has fewer rows
 packed = next(epochs.PackedPairBatches(batch, global_batch_size=8, num_epochs=1, seed=0,
-                                       max_texts_per_row=4, row_multiple=2))
+                                       max_per_row=4, row_multiple=2))
 out = {}
 for n, chunk, b in ((1, 0, batch), (2, 0, batch), (2, 8, batch), (2, 0, packed)):
   model = contrastive.SentenceEncoder(cfg, "mean", chunk, 4)
@@ -325,7 +325,7 @@ def test_packed_pair_batches_plan_their_rows_and_resume():
   its text_at; get_state / set_state continue exactly."""
   train = _pair_batch(B=40, L=16, negatives=0, seed=3)
   make = lambda index: epochs.PackedPairBatches(
-      train, global_batch_size=8, num_epochs=2, seed=0, max_texts_per_row=4, row_multiple=2,
+      train, global_batch_size=8, num_epochs=2, seed=0, max_per_row=4, row_multiple=2,
       process_index=index, process_count=2)
   hosts = [make(0), make(1)]
   assert hosts[0].rows % 4 == 0 and hosts[0].steps_per_epoch == [5, 5]

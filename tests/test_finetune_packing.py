@@ -127,6 +127,32 @@ def test_packed_finetuning_end_to_end(tmp_path, pretrained):
   assert best["accuracy"] >= 0.9, best  # It learns (the label is one word).
 
 
+def test_packed_batch_of_examples_trains_the_unpacked_runs_model(tmp_path, pretrained):  # noqa: F811
+  """--config.packed_batch=examples: each batch of global_batch_size examples packed into the
+  rows it needs (the same batches, steps and hyperparameters as unpacked), so without
+  dropout the run trains the unpacked run's model, on fewer rows a step."""
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
+  out = {}
+  for packed in (False, True):
+    c = _config(tmp_path, pretrained, rows_per_batch=8, epochs=2)
+    c.packing, c.packed_batch = packed, "examples"
+    work = tmp_path / f"work_{packed}"
+    out[packed] = finetune.finetune(c, str(work))
+    out[packed, "steps"] = [e["step"] for e in json.loads((work / "metrics.json").read_text())["epochs"]]
+    out[packed, "params"] = loader.read(str(work / "best"), "all")[1]
+  assert out[True, "steps"] == out[False, "steps"] == [8, 16]
+  assert out[True]["accuracy"] == out[False]["accuracy"]
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(out[True, "params"]),
+                          jax.tree.leaves(out[False, "params"])):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=0, err_msg=jax.tree_util.keystr(path))
+  feats = tasks.classification_task(c, Tokenizer.from_path(pretrained[1]), CFG).train
+  batches = epochs.PackedExampleBatches(feats, global_batch_size=8, num_epochs=2, seed=c.seed,
+                                        max_per_row=4)
+  assert batches.rows < 8 and batches.steps_per_epoch == [8, 8]  # fewer rows than examples
+  first = next(batches)
+  assert first["input_ids"].shape == (batches.rows, L) and first["example_weights"].sum() == 8
+
+
 @pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_packed_finetuning_resumes_mid_epoch(tmp_path, pretrained, monkeypatch):
   c = _config(tmp_path, pretrained, n=32, epochs=2)

@@ -72,3 +72,8 @@ def add_packing(c: ml_collections.ConfigDict) -> None:
   averages over examples). Evaluation stays unpacked."""
   c.packing = False
   c.max_examples_per_row = 8
+  # What global_batch_size counts when packing: "rows" (each epoch's examples packed, a batch
+  # that many rows: more examples a step) or "examples" (each batch of that many examples
+  # packed into the rows it needs, the same batches as unpacked: the paper's batch sizes and
+  # learning rates hold; its rows are the most any batch needs, counted at the start).
+  c.packed_batch = "rows"
