@@ -23,8 +23,9 @@ from bert_jax import families
 from bert_jax import flops as flops_lib
 from bert_jax import objectives
 from input_pipeline import errors
+from input_pipeline import features
 
-INPUTS = ("input_ids", "segment_ids", "input_mask")  # positional; the rest by keyword:
+INPUTS = features.TEXT  # positional; the rest by keyword:
 NEGATIVES = ("negative_ids", "negative_mask")
 # The batch's other texts (pairs' positives and hard negatives), or its texts packed into rows
 # (input_pipeline/epochs.PackedPairBatches: the rows' position_ids and packed_example_ids,

@@ -37,7 +37,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax import best_dir, families, finetuned, formats, heads, loader, objectives, tasks
 from bert_jax import trainer as trainer_lib
-from input_pipeline import errors, fileio
+from input_pipeline import errors, features, fileio
 from input_pipeline.epochs import EpochIterator, PackedBatches, PackedExampleBatches, PackedPairBatches
 from input_pipeline.tokenizer import Tokenizer
 
@@ -241,7 +241,7 @@ def _encoder_features(task: tasks.TaskData, encoder_params, batch_size: int) -> 
   start = time.time()
   params = jax.device_put(multihost_utils.process_allgather(encoder_params, tiled=True))
   run = jax.jit(lambda p, *a: heads.cached_features(task.model, p, *a))
-  inputs = [task.train[k] for k in ("input_ids", "segment_ids", "input_mask")]
+  inputs = [task.train[k] for k in features.TEXT]
   n = len(inputs[0])
   out = None
   for lo in range(0, n, batch_size):

@@ -21,6 +21,7 @@ from bert_jax import formats
 from bert_jax import heads
 from bert_jax import loader
 from bert_jax import tasks
+from input_pipeline import features
 from input_pipeline import fileio
 from input_pipeline import glue
 from input_pipeline import squad
@@ -78,7 +79,7 @@ def classifier_logits(cfg, params, feats: dict[str, np.ndarray], batch_size: int
   fine-tuning run's saved config (its head: heads.FeatureBased)."""
   num = _num_outputs(params)
   fn = _classifier_fn(cfg, num, heads.FeatureBased.of(task or {}))
-  inputs = ("input_ids", "segment_ids", "input_mask")
+  inputs = features.TEXT
   out = [np.zeros((0, num), np.float32)]
   for start in range(0, len(feats["input_ids"]), batch_size):
     rows = [feats[k][start:start + batch_size] for k in inputs]

@@ -48,7 +48,7 @@ def _csv_records(reader, path: str):
 def encode_swag(examples: list[dict], tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:
   """[N, 4, L]: [CLS] context [SEP] start + ending [SEP] for each choice."""
   n = len(examples)
-  feats = {k: np.zeros((n, 4, max_seq_length), np.int32) for k in ("input_ids", "segment_ids", "input_mask")}
+  feats = {k: np.zeros((n, 4, max_seq_length), np.int32) for k in features.TEXT}
   feats["labels"] = np.array([e["label"] for e in examples], np.int32)
   contexts = tokenizer.encode_batch([e["context"] for e in examples])
   endings = tokenizer.encode_batch([f"{e['start']} {end}" for e in examples for end in e["endings"]])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from input_pipeline import features
 from input_pipeline.glue import DataError, read_task_text
 
 
@@ -49,7 +50,7 @@ def encode_conll(sentences, tokenizer, max_seq_length: int, labels: list[str]) -
   index = {l: i for i, l in enumerate(labels)}
   n = len(sentences)
   feats = {k: np.zeros((n, max_seq_length), np.int32)
-           for k in ("input_ids", "segment_ids", "input_mask", "labels")}
+           for k in features.TEXT + ("labels",)}
   feats["label_weights"] = np.zeros((n, max_seq_length), np.float32)
   feats["word_index"] = np.full((n, max_seq_length), -1, np.int32)
   for i, (words, tags) in enumerate(sentences):
