@@ -48,7 +48,7 @@ import tempfile
 import time
 
 from bench import finetune_throughput
-from bench.finetune_step import _load, machine
+from bench.finetune_step import load_average, machine
 
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -244,7 +244,8 @@ def table(results: dict, args, load_start: str, seconds: float, n_pairs: int) ->
       f"\n## Contrastive fine-tuning step vs sentence-transformers (issue 38; "
       f"{datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"
-      f"Machine: {machine()}; load average (1/5/15 min) {load_start} at the start, {_load()} "
+      f"Machine: {machine()}; load average (1/5/15 min) {load_start} at the start, "
+      f"{load_average()} "
       f"at the end ({seconds:.0f} s); jax {jax.__version__}, torch {torch.__version__}, "
       f"transformers {transformers.__version__}, sentence-transformers "
       f"{sentence_transformers.__version__}.  \n"
@@ -302,7 +303,7 @@ def main(argv=None) -> dict:
   pairs = build_pairs(None if args.builtin else pathlib.Path(args.gutenberg), args.pairs,
                       args.num_pairs + 64)
   runs = ["bert_jax", PEER] + ([] if args.no_packed else [PACKED])
-  load_start, t_start = _load(), time.time()
+  load_start, t_start = load_average(), time.time()
   results = {name: [] for name in runs}
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
@@ -315,7 +316,8 @@ def main(argv=None) -> dict:
                run_bert_jax(train, dev, str(tmp / f"run_{r}_{name[-4:]}"), args, name == PACKED))
         results[name].append(out)
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
-              f"{args.batch / out['s_per_step']:.1f} examples/s (load {_load()})", flush=True)
+              f"{args.batch / out['s_per_step']:.1f} examples/s (load {load_average()})",
+              flush=True)
   rows, text = table(results, args, load_start, time.time() - t_start, args.num_pairs)
   print(text)
   if not args.no_record:

@@ -239,7 +239,7 @@ def _smoke_cola(root: pathlib.Path) -> str:
   return str(d)
 
 
-def _load() -> str:
+def load_average() -> str:
   try:
     return " / ".join(f"{x:.1f}" for x in os.getloadavg())
   except OSError:
@@ -317,7 +317,7 @@ def _run_rounds(args, runs: list[tuple]) -> dict[str, list[dict]]:
         out["examples_per_s"] = n / out["elapsed"]
         results[name].append(out)
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
-              f"{out['examples_per_s']:.1f} examples/s (load {_load()})", flush=True)
+              f"{out['examples_per_s']:.1f} examples/s (load {load_average()})", flush=True)
   return results
 
 
@@ -354,7 +354,8 @@ def _table(args, rows: list[dict], load_start: str, t_start: float) -> str:
   return (
       f"\n## Fine-tuning step vs transformers, CoLA ({datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"
-      f"Machine: {machine()}; load average (1/5/15 min) {load_start} at the start, {_load()} "
+      f"Machine: {machine()}; load average (1/5/15 min) {load_start} at the start, "
+      f"{load_average()} "
       f"at the end ({time.time() - t_start:.0f} s); jax {jax.__version__}, torch "
       f"{torch.__version__}, transformers {transformers.__version__}.  \n"
       f"{'Smoke settings (synthetic data, tiny sizes): not a measurement.  ' if args.smoke else ''}"
@@ -385,7 +386,7 @@ def main(argv=None) -> dict:
     print(f"CoLA not found at {args.cola_dir}: skipped (../shared/data is only on the project's machines).")
     return {}
   runs = _runs(args)
-  load_start, t_start = _load(), time.time()
+  load_start, t_start = load_average(), time.time()
   rows = _rows(_run_rounds(args, runs), args.batch)
   table = _table(args, rows, load_start, t_start)
   print(table)

@@ -44,7 +44,7 @@ def _flax_child(spec: dict) -> None:
   import numpy as np
   import optax
   import transformers
-  from bench.train_step import _batch  # numpy-only helper: the same batch as bert_jax's
+  from bench.train_step import synthetic_batch  # numpy-only helper: the same batch as bert_jax's
   layers, hidden, heads = SIZES[spec["preset"]]
   B, L, P, V = spec["batch"], spec["L"], spec["preds"], spec["vocab"]
   cfg = transformers.BertConfig(vocab_size=V, hidden_size=hidden, num_hidden_layers=layers,
@@ -58,7 +58,8 @@ def _flax_child(spec: dict) -> None:
   tx = optax.chain(optax.clip_by_global_norm(1.0),
                    optax.adamw(1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask))
   opt_state = tx.init(params)
-  batch = {k: jnp.asarray(v) for k, v in _batch(np.random.default_rng(0), B, L, P, V).items()}
+  batch = {k: jnp.asarray(v)
+           for k, v in synthetic_batch(np.random.default_rng(0), B, L, P, V).items()}
 
   def loss_fn(p, b, rng):
     out = model(b["input_ids"], attention_mask=b["input_mask"], token_type_ids=b["segment_ids"],

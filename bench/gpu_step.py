@@ -90,9 +90,9 @@ def _sync(device: str):
 # Children: one (workload, system) each; print one RESULT line.
 
 def _bert_batch(spec: dict) -> dict:
-  from bench.train_step import _batch  # pylint: disable=g-import-not-at-top
+  from bench.train_step import synthetic_batch  # pylint: disable=g-import-not-at-top
   preset, L, batch, P = spec["bert"]
-  return _batch(np.random.default_rng(0), batch, L, P, spec["vocab"])
+  return synthetic_batch(np.random.default_rng(0), batch, L, P, spec["vocab"])
 
 
 def _time_steps(step, n_warmup: int, n: int, sync) -> dict[str, float]:
@@ -131,7 +131,7 @@ def _bert_jax_workload(spec: dict):
   else:
     from bench import modern_step  # pylint: disable=g-import-not-at-top
     opts = spec["modern"]
-    config = modern_step._config(opts)  # pylint: disable=protected-access
+    config = modern_step.job_config(opts)
     config.model.dtype = spec["dtype"]
     steps, _ = modern_step.make_steps(opts, config.model.vocab_size)
     host_batches = [s["batch"] for s in steps]

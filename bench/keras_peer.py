@@ -6,7 +6,7 @@
     python -m bench.keras_peer real         # Gutenberg through each system's input path
     python -m bench.keras_peer step --smoke # seconds: tiny sizes (what the test runs)
 
-`step`: the same synthetic batches (bench.train_step._batch: 20 masked slots per
+`step`: the same synthetic batches (bench.train_step.synthetic_batch: 20 masked slots per
 sequence, all positions real). bert_jax: its trainer's jitted pre-training step
 (masked LM + NSP, AdamW, clipping). KerasHub: `BertBackbone` + `BertMaskedLM`
 (which gathers the masked positions before its head, as bert_jax does), compiled
@@ -65,8 +65,8 @@ def _result(**kw) -> None:
 
 def _synthetic(spec: dict, n: int):
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from bench.train_step import _batch  # numpy only: the same batches in every venv
-  return _batch(np.random.default_rng(0), n, spec["L"], spec["preds"], spec["vocab"])
+  from bench.train_step import synthetic_batch  # numpy only: the same batches in every venv
+  return synthetic_batch(np.random.default_rng(0), n, spec["L"], spec["preds"], spec["vocab"])
 
 
 # ---------------------------------------------------------------- KerasHub (its own venv)
@@ -347,7 +347,7 @@ def _ours_step_child(spec: dict) -> None:
     data = trainer.to_global(_synthetic(spec, spec["batch"]))
     rng = jax.random.key(0)
     stamps = []
-    state, metrics, step = trainer_lib._first_step(trainer, state, data, rng)  # pylint: disable=protected-access
+    state, metrics, step = trainer_lib.first_step(trainer, state, data, rng)
     float(metrics["loss"])
     stamps.append(time.perf_counter())
     for _ in range(spec["warmup"] + spec["steps"] - 1):

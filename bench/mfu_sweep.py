@@ -53,7 +53,7 @@ def main(argv=None) -> None:
     work = root / f"sweep{i}"
     shutil.rmtree(work, ignore_errors=True)
     cmd = suite_cola.suite_command(hf, args.cola_dir, work, sweep)
-    proc = subprocess.run(cmd, cwd=suite_cola.REPO, env=dict(suite_cola._env(),  # pylint: disable=protected-access
+    proc = subprocess.run(cmd, cwd=suite_cola.REPO, env=dict(suite_cola.job_env(),
                                                             XDG_CACHE_HOME=str(cache_home)),
                           capture_output=True, text=True, check=False)
     if proc.returncode:

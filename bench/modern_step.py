@@ -78,7 +78,7 @@ TORCH_MODES = ("packed_mask", "padded", "bucketed", "bucketed_step", "per_exampl
 # ----------------------------------------------------------------------------
 # The workload (numpy only; the driver builds it once and sends it to both sides).
 
-def _config(opts: dict):
+def job_config(opts: dict):
   """configs/modern_pretrain.py set to the benchmarked model and data shape."""
   from bert_jax.configs import modern_pretrain
   config = modern_pretrain.get_config(opts["preset"])
@@ -99,7 +99,7 @@ def model_config(opts: dict):
   """The ModernConfig the trainer builds (registry.model_config, without importing the
   input pipeline's TensorFlow here)."""
   from bert_jax.models import modern
-  return modern.config_from_fields(dict(_config(opts).model), None)
+  return modern.config_from_fields(dict(job_config(opts).model), None)
 
 
 def make_steps(opts: dict, vocab: int) -> tuple[list[dict], dict]:
@@ -175,7 +175,7 @@ class Ours:
     self.jax, self.opts = jax, opts
     self.peak_fn = lambda: train_bench.matmul_peak(opts["peak_n"])
     self.peaks = [self.peak_fn()]
-    config = _config(opts)
+    config = job_config(opts)
     model, objective, sample = registry.pretraining(config)
     self.cfg = model.config
     self.trainer = trainer_lib.build(config, model, objective, sample, workdir=None,

@@ -61,7 +61,7 @@ def _model_file(path: str):
 
 def _setup(preset: str, seq_len: int, batch: int, dtype: str):
   import jax.numpy as jnp
-  from bench.train_step import _batch, bench_config
+  from bench.train_step import synthetic_batch, bench_config
   from bert_jax import registry, trainer as trainer_lib
   config = bench_config(preset, seq_len, dtype, batch, vocab=30522)
   preds = config.data.max_predictions_per_seq
@@ -71,8 +71,8 @@ def _setup(preset: str, seq_len: int, batch: int, dtype: str):
   tx = trainer.tx
   with trainer.activate():
     state = trainer.init()
-  data = {k: jnp.asarray(v) for k, v in _batch(np.random.default_rng(0), batch, seq_len, preds,
-                                                 30522).items()}
+  data = {k: jnp.asarray(v) for k, v in synthetic_batch(np.random.default_rng(0), batch, seq_len,
+                                                          preds, 30522).items()}
   return config, cfg, tx, state, data, preds
 
 

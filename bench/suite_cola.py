@@ -58,7 +58,7 @@ NAMES = {"bert_jax": "bert_jax", "hf": "transformers"}
 TITLE = "## Fine-tuning suite vs transformers Trainer: CoLA sweep (2026-11-25)"
 
 
-def _env() -> dict[str, str]:
+def job_env() -> dict[str, str]:
   """The subprocesses' environment: the repo first on the path, then the caller's
   PYTHONPATH (where accelerate may have been installed with pip --target)."""
   path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
@@ -82,7 +82,7 @@ def timed(cmd: list[str]) -> dict:
   processes used meanwhile (the machine is shared: a busy neighbour skews the timing)."""
   busy0, own0 = _busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
+  proc = subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True)
   seconds = time.perf_counter() - t0
   busy1, own1 = _busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
   _check(cmd, proc)
@@ -115,12 +115,12 @@ def prepare_checkpoint(workdir: pathlib.Path) -> pathlib.Path:
           f"train.train_and_evaluate(tiny_pretrain.get_config(), {str(pre)!r})")
   t0 = time.time()
   cmd = [sys.executable, "-c", code]
-  _check(cmd, subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True))
+  _check(cmd, subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True))
   print(f"pre-trained checkpoint in {pre} ({time.time() - t0:.0f} s)", flush=True)
   if not (hf / "model.safetensors").exists():
     cmd = [sys.executable, "-m", "bert_jax.convert", f"--input={pre}", f"--output={hf}",
            "--to=huggingface"]
-    _check(cmd, subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True))
+    _check(cmd, subprocess.run(cmd, cwd=REPO, env=job_env(), capture_output=True, text=True))
   return hf
 
 

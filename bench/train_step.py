@@ -25,7 +25,7 @@ RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
 PREDICTIONS = {128: 20, 512: 76}
 
 
-def _batch(rng, batch, seq_len, preds, vocab):
+def synthetic_batch(rng, batch, seq_len, preds, vocab):
   return {
       "input_ids": rng.integers(5, vocab, (batch, seq_len)).astype(np.int32),
       "segment_ids": (np.arange(seq_len)[None] >= seq_len // 2).repeat(batch, 0).astype(np.int32),
@@ -95,7 +95,7 @@ def bench_ours(preset, seq_len, dtype, batch, steps, warmup, vocab):
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None)
   with trainer.activate():
     state = trainer.init()
-    data = trainer.to_global(_batch(np.random.default_rng(0), batch, seq_len, preds, vocab))
+    data = trainer.to_global(synthetic_batch(np.random.default_rng(0), batch, seq_len, preds, vocab))
     rng = jax.random.key(0)
     t = time.perf_counter()
     compiled = trainer.train_step.lower(state, data, rng).compile()
@@ -129,7 +129,7 @@ def bench_torch(preset, seq_len, dtype, batch, steps, warmup, vocab):
   model = transformers.BertForPreTraining(cfg).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
   preds = PREDICTIONS.get(seq_len, max(1, seq_len * 15 // 100))
-  b = _batch(np.random.default_rng(0), batch, seq_len, preds, vocab)
+  b = synthetic_batch(np.random.default_rng(0), batch, seq_len, preds, vocab)
   labels = np.full((batch, seq_len), -100, np.int64)
   np.put_along_axis(labels, b["masked_lm_positions"], b["masked_lm_ids"], 1)
   tt = lambda x: torch.tensor(x, dtype=torch.long)
@@ -167,7 +167,7 @@ def main(argv=None) -> None:
   if args.smoke:
     args.presets, args.seq_lens, args.batch, args.steps, args.warmup, args.vocab = "tiny", "32", 2, 2, 1, 500
   peers = [p for p in args.peers.split(",") if p]
-  from bert_jax.models.bert import PRESETS  # pylint: disable=g-import-not-at-top (peers import _batch)
+  from bert_jax.models.bert import PRESETS  # pylint: disable=g-import-not-at-top (peers import synthetic_batch)
   width = max(PRESETS[p]["hidden_size"] for p in args.presets.split(","))
   peak_tokens = args.batch * min(map(int, args.seq_lens.split(",")))
   peak = robust_peak(width, peak_tokens)

@@ -477,7 +477,7 @@ def _every(step: int, period: int) -> bool:
   return period > 0 and step % period == 0
 
 
-def _first_step(trainer: Trainer, state: TrainState, batch, rng):
+def first_step(trainer: Trainer, state: TrainState, batch, rng):
   """(state, metrics, the step function for the steps after): the step compile_ahead made
   when there is one and the batch is what it was compiled for, else the jitted step."""
   compiled = trainer.compiled_ahead()
@@ -546,7 +546,7 @@ def run(trainer: Trainer, state: TrainState, train_iter, *, num_steps: int,
         with jax.profiler.StepTraceAnnotation("train", step_num=step):
           batch = trainer.to_global(next(train_iter))
           if step == start + 1:
-            state, m, train_step = _first_step(trainer, state, batch, rng)
+            state, m, train_step = first_step(trainer, state, batch, rng)
           else:
             state, m = train_step(state, batch, rng)
         metrics.add(step, m, started=t0)
