@@ -98,6 +98,8 @@ MODE_ONLY = {
     "data.max_examples_per_row": "data.packing=True",
     "data.max_predictions_per_row": "data.packing=True",
     "max_examples_per_row": "packing=True (glue)",
+    "packed_batch": "packing=True (glue, classify_custom)",
+    "compilation_cache_dir": "bert_jax.main.run, before any job (process.job_compilation_cache)",
     "tfds_name": "data_dir=tfds",
     "electra.generator_size": "objective=electra",
     "electra.discriminator_weight": "objective=electra",
