@@ -181,6 +181,10 @@ def torch_worker(args) -> None:
   stamps, losses = {}, []
   for step in range(1, args.steps + 1):
     b = next(batches)
+    if args.torch_padding == "longest":  # as DataCollatorWithPadding: the batch's longest
+      n = int(b["input_mask"].sum(-1).max())
+      b = {k: v[:, :n] if k in ("input_ids", "segment_ids", "input_mask") else v
+           for k, v in b.items()}
     out = model(input_ids=torch.from_numpy(b["input_ids"].astype(np.int64)),
                 token_type_ids=torch.from_numpy(b["segment_ids"].astype(np.int64)),
                 attention_mask=torch.from_numpy(b["input_mask"].astype(np.int64)),
@@ -203,7 +207,7 @@ def run_torch(assets: dict, cola_dir: str, args) -> dict:
   cmd = [sys.executable, "-m", "bench.finetune_step", "--worker=torch", f"--hf={assets['hf']}",
          f"--vocab={assets['vocab']}", f"--cola_dir={cola_dir}", f"--steps={args.steps}",
          f"--log_every={args.log_every}", f"--batch={args.batch}", f"--seq_len={args.seq_len}",
-         f"--threads={args.threads}"]
+         f"--threads={args.threads}", f"--torch_padding={args.torch_padding}"]
   proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
                         capture_output=True, text=True, timeout=3600)
   if proc.returncode:
@@ -264,6 +268,10 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--other", default="", help="also run the bert_jax job of this checkout")
   parser.add_argument("--other_label", default="other")
   parser.add_argument("--no_packed", action="store_true", help="skip the packing=True runs")
+  parser.add_argument("--torch_padding", default="max_seq_length",
+                      choices=["max_seq_length", "longest"],
+                      help="transformers' batches: the job's (every example padded to --seq_len) "
+                      "or each cut to its longest example (DataCollatorWithPadding)")
   parser.add_argument("--packed_batch", default="rows",
                       help="the packing=True runs, by what a batch counts (config.packed_batch: "
                       "rows, examples, or both comma-separated)")
@@ -350,7 +358,8 @@ def _table(args, rows: list[dict], load_start: str, t_start: float) -> str:
       if args.shape != "minilm" else "") + (
       f" --other=<checkout of {args.other_label}>" if args.other else "") + (
       " --no_packed" if args.no_packed else "") + (
-      f" --packed_batch={args.packed_batch}" if args.packed_batch != "rows" else "")
+      f" --packed_batch={args.packed_batch}" if args.packed_batch != "rows" else "") + (
+      " --torch_padding=longest" if args.torch_padding == "longest" else "")
   return (
       f"\n## Fine-tuning step vs transformers, CoLA ({datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"
@@ -365,7 +374,9 @@ def _table(args, rows: list[dict], load_start: str, t_start: float) -> str:
          f"SequenceClassification vs configs/glue.py:cola on a checkpoint of that family; 12 "
          f"layers, hidden 768, vocab {args.vocab_size or 'CoLA words'})")
       + f", random weights; L={args.seq_len}, "
-      f"batch {args.batch}, fp32, dropout 0.1; steps {args.log_every + 1}-{args.steps} of each "
+      f"batch {args.batch}, fp32, dropout 0.1"
+      + ("; transformers' batches cut to their longest example" if args.torch_padding == "longest"
+         else "") + f"; steps {args.log_every + 1}-{args.steps} of each "
       f"run timed; {args.rounds} rounds, order rotating.\n\n"
       "| run | s/step (median) | s/step per round | examples/s (median) | transformers s/step / this (per round) | median | examples/s / KerasHub's (per round) |\n"
       "|---|---|---|---|---|---|---|\n"
