@@ -303,7 +303,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   cfg, enc_params, tok = _load(config)
   task = tasks.TASKS[config.task].data(config, tok, cfg)
   packing = tasks.TASKS[config.task].packing if packed else ""
-  batches = _batches(config, task.train, packing, len(devices or jax.devices()))
+  num_devices = len(devices or jax.devices())
+  batches = _batches(config, task.train, packing, num_devices)
   total = sum(batches.steps_per_epoch)
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
   epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
@@ -323,8 +324,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
                                               name=config.init_checkpoint)
   if cache:
     batches = _batches(config, {**task.train, heads.CACHED: _encoder_features(
-        task, state.params["bert"], config.eval_batch_size)}, packing,
-        len(devices or jax.devices()))
+        task, state.params["bert"], config.eval_batch_size)}, packing, num_devices)
   if data_state is not None:
     batches.set_state(data_state)
   if int(jax.device_get(state.step)):

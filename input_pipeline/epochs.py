@@ -136,7 +136,7 @@ class PackedBatches:
     self.max_per_row = max_per_row
     self.process_index, self.process_count = process_index, process_count
     lengths = self._lengths(feats)  # [N, texts an item]
-    self.row_length = self._row_length(feats)
+    self.row_length = feats["input_mask"].shape[-1]
     needed = [packing.rows_needed(lengths[epoch_order(seed, e, len(lengths))[
                   s * global_batch_size:(s + 1) * global_batch_size]].reshape(-1),
                                   self.row_length, max_per_row)
@@ -173,10 +173,6 @@ class PackedPairBatches(PackedBatches):
   def _lengths(feats):
     return pair_texts(feats)[1].sum(-1)
 
-  @staticmethod
-  def _row_length(feats):
-    return feats["input_mask"].shape[-1]
-
   def _pack(self, batch):
     ids, mask = pair_texts(batch)
     B, T, L = ids.shape
@@ -202,10 +198,6 @@ class PackedExampleBatches(PackedBatches):
   @staticmethod
   def _lengths(feats):
     return feats["input_mask"].sum(-1)[:, None]
-
-  @staticmethod
-  def _row_length(feats):
-    return feats["input_mask"].shape[-1]
 
   def _pack(self, batch):
     order = np.argsort(-batch["input_mask"].sum(-1), kind="stable")
