@@ -123,7 +123,7 @@ def pair_texts(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
 
 class PackedBatches:
   """The global batches of an EpochIterator, each packed whole (`_pack`) into the same number
-  of rows every step: the most any batch of the run needs (`_rows_needed`), rounded up to
+  of rows every step: the most any batch of the run needs (from `_lengths`), rounded up to
   `row_multiple` x the process count, counted when it starts; each host its slice
   (`_host`). Resumes as its EpochIterator (get_state / set_state)."""
 
