@@ -16,6 +16,7 @@ import importlib
 import json
 from typing import Any, Callable, Mapping
 
+from bert_jax import sharding
 from input_pipeline import errors
 from input_pipeline import fileio
 
@@ -51,6 +52,14 @@ class Family:
   architecture_fields: tuple[str, ...]  # fields a checkpoint and config.model must agree on
   dropout: Mapping[str, float | None]  # fine-tuning's dropout fields -> default (None: the model's)
   forward_flops: Callable[..., int]  # (cfg, seq_len, num_predictions, nsp, last_rows)
+  # The vocabulary a run of this family trains when it builds one from a corpus and
+  # config.build.vocab_kind names none: its published checkpoints' kind (input_pipeline/vocab.py
+  # KINDS: wordpiece, sentencepiece, bpe = byte-level BPE).
+  vocab_kind: str = "wordpiece"
+  # Logical axis name -> mesh axes for the names its modules use (config.logical_axis_rules,
+  # when set, replaces it): the shared table unless the family lays its parameters out
+  # otherwise.
+  sharding_rules: tuple[tuple[str, Any], ...] = sharding.RULES
   padded_vocab: bool = False  # the embedding table may have more rows than the vocabulary
   names_specials: bool = False  # its HuggingFace tokenizer_config.json names the special tokens
   causal_lm: Callable[[Any], Any] | None = None  # the left-to-right LM (objective ltr), if any

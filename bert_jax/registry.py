@@ -124,8 +124,15 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
   """config.model (a family, a preset and overrides; None = the preset's value) -> the
   model's config; `vocab_size` is the vocabulary's, used where the fields leave it unset."""
   fields = dict(config.model)
-  name = _choose({n: n for n in families.names()}, fields.pop("family", "bert"), "model.family")
-  return families.get(name).from_fields(fields, vocab_size)
+  fields.pop("family", None)
+  return family(config).from_fields(fields, vocab_size)
+
+
+def family(config: ml_collections.ConfigDict) -> families.Family:
+  """The Family that config.model.family names (default BERT)."""
+  name = _choose({n: n for n in families.names()}, config.model.get("family", "bert"),
+                 "model.family")
+  return families.get(name)
 
 
 def pretraining(config: ml_collections.ConfigDict, vocab_size: int | None = None,

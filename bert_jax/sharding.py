@@ -1,8 +1,8 @@
 """Device mesh, logical-axis shardings and host-to-global batches.
 
 The model names every parameter and activation axis logically (`embed`, `mlp`,
-`activation_batch`, ...). A rules table from the config maps those names onto
-the three mesh axes:
+`activation_batch`, ...). A rules table (RULES below, a family's own, or the config's
+`logical_axis_rules`) maps those names onto the three mesh axes:
 
   data    pure data parallelism (parameters replicated)
   fsdp    data parallelism with parameters and optimizer state sharded (ZeRO-3)
@@ -26,6 +26,27 @@ from input_pipeline import errors
 MESH_AXES = ("data", "fsdp", "tensor")
 
 Rules = Sequence[tuple[str, Any]]
+
+
+# Logical axis name -> mesh axes (None = replicated): data parallelism over data and fsdp for
+# the batch, parameters sharded over fsdp on their embedding axis and over tensor on their
+# heads and feed-forward axes (Megatron's layout). Parameters are named vocab, embed, mlp,
+# heads, kv, layers; activations activation_*. Every family shards by this table unless its
+# Family record names another (`sharding_rules`), and config.logical_axis_rules overrides both.
+RULES: tuple[tuple[str, Any], ...] = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv", None),
+    ("activation_mlp", "tensor"),
+    ("vocab", None),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("layers", None),
+)
 
 
 def resolve_mesh_shape(mesh_shape: Mapping[str, int], num_devices: int) -> tuple[int, ...]:

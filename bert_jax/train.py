@@ -84,7 +84,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
   workdir = os.fspath(workdir)
   check_config(config)
   fileio.path(workdir).mkdir(parents=True, exist_ok=True)
-  data_cfg, vocab_size = data_build.build_data(config, workdir)
+  data_cfg, vocab_size = data_build.build_data(config, workdir,
+                                               vocab_kind=registry.family(config).vocab_kind)
   model, objective, sample = registry.pretraining(config, vocab_size, data_cfg)
   cfg = model.config
   do_eval = config.eval_steps > 0

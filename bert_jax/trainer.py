@@ -35,6 +35,7 @@ import numpy as np
 import optax
 
 from bert_jax import checkpointing
+from bert_jax import families
 from bert_jax import flops as flops_lib
 from bert_jax import loader
 from bert_jax import metrics as metrics_lib
@@ -139,10 +140,14 @@ def check_config(config: ml_collections.ConfigDict) -> None:
               "or -1 for no limit.")
 
 
-def logical_rules(config: ml_collections.ConfigDict) -> tuple[tuple[str, Any], ...]:
-  """config.logical_axis_rules as hashable tuples (ConfigDict turns tuples into lists)."""
-  return tuple((name, tuple(ax) if isinstance(ax, list) else ax)
-               for name, ax in config.logical_axis_rules)
+def logical_rules(config: ml_collections.ConfigDict, model: nn.Module
+                  ) -> tuple[tuple[str, Any], ...]:
+  """config.logical_axis_rules as hashable tuples (ConfigDict turns tuples into lists); unset:
+  the rules of `model`'s family."""
+  rules = config.get("logical_axis_rules")
+  if rules is None:
+    return families.of(model.config).sharding_rules
+  return tuple((name, tuple(ax) if isinstance(ax, list) else ax) for name, ax in rules)
 
 
 def abstract_state(init: Callable[[jax.Array], Any], rng: jax.Array, mesh: jax.sharding.Mesh,
@@ -345,7 +350,7 @@ def build(config: ml_collections.ConfigDict, model: nn.Module, objective: Object
   check_config(config)
   tx = optim.make_optimizer(config, total_steps)
   mesh = sharding.make_mesh(config.mesh_shape, devices)
-  rules = logical_rules(config)
+  rules = logical_rules(config, model)
   micro = int(config.get("grad_accum_steps", 1))
   sharding.check_batch_size(config.global_batch_size, micro, mesh, rules)
   if eval_batch_size:

@@ -27,22 +27,25 @@ def vocab_complete(vocab_path: str) -> bool:
   return fileio.is_complete(p) or not fileio.path(vocab_path.rstrip("/") + ".tmp").exists()
 
 
-def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> None:
-  """Trains the vocabulary and tokenizes the corpus where they are missing (process 0).
+def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
+           vocab_kind: str) -> None:
+  """Trains the vocabulary (config.build.vocab_kind, or `vocab_kind` where that is empty) and
+  tokenizes the corpus where they are missing (process 0).
 
   A corpus file with more than build.max_replaced_fraction of bytes that are not UTF-8
   fails the build (errors.UserError naming it and the field)."""
   build = config.build
   lowercase = True if data_cfg.lowercase is None else data_cfg.lowercase
   if data_cfg.vocab_path and not vocab_complete(data_cfg.vocab_path):
+    vocab_kind = build.get("vocab_kind") or vocab_kind
     logging.info("Training a %d-entry %s vocabulary on %r into %s.", build.vocab_size,
-                 build.vocab_kind, build.corpus, data_cfg.vocab_path)
+                 vocab_kind, build.corpus, data_cfg.vocab_path)
     tmp = data_cfg.vocab_path.rstrip("/") + ".tmp"
     for leftover in (tmp, data_cfg.vocab_path):  # of a build that was killed
       if fileio.path(leftover).exists():
         fileio.path(leftover).rmtree()
     vocab_lib.train_vocab(build.corpus, tmp, vocab_size=build.vocab_size,
-                          kind=build.vocab_kind, lowercase=lowercase,
+                          kind=vocab_kind, lowercase=lowercase,
                           max_chars=build.max_chars, text_field=build.text_field,
                           max_replaced_fraction=build.max_replaced_fraction,
                           max_bad_records=build.max_bad_records)
@@ -60,17 +63,19 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
                                max_bad_records=build.max_bad_records)
 
 
-def build_data(config: ml_collections.ConfigDict, workdir: str
+def build_data(config: ml_collections.ConfigDict, workdir: str, vocab_kind: str = "wordpiece"
                ) -> tuple[ml_collections.ConfigDict, int | None]:
   """Resolves the data config's paths (relative ones live in the workdir), builds the
   vocabulary and prepared corpus when `config.build.corpus` says so and they are
-  missing (process 0 builds, the others wait), and returns (data config, vocab size)."""
+  missing (process 0 builds, the others wait), and returns (data config, vocab size).
+  `vocab_kind`: what to train where config.build.vocab_kind names no kind (the model
+  family's)."""
   if config.synthetic_data:
     return ml_collections.ConfigDict(config.data.to_dict()), None
   data_cfg = data_config.resolve_paths(config.data, workdir)
   if config.build.corpus:
     if jax.process_index() == 0:
-      _build(config, data_cfg)
+      _build(config, data_cfg, vocab_kind)
     multihost_utils.sync_global_devices("bert_jax_data_built")
   if data_cfg.get("mixture"):
     first = mixture_lib.parse_mixture(data_cfg.mixture)[0][0]

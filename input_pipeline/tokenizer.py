@@ -586,10 +586,15 @@ def _hf_tokenizer(vocab_file: str, data: bytes, sha256: str) -> Tokenizer:
 
 
 def write_tokenizer_config(directory: str, kind: str, lowercase: bool) -> None:
-  """tokenizer_config.json: our `lowercase` plus, for WordPiece, the keys transformers
-  reads, so `AutoTokenizer.from_pretrained(directory)` tokenizes as bert_jax does."""
+  """tokenizer_config.json: our `lowercase` plus, for WordPiece and byte-level BPE, the keys
+  transformers reads, so `AutoTokenizer.from_pretrained(directory)` tokenizes as bert_jax
+  does."""
   config = {"kind": kind, "lowercase": lowercase}
   if kind == "wordpiece":
     config.update(tokenizer_class="BertTokenizer", do_lower_case=lowercase, strip_accents=None,
                   tokenize_chinese_chars=True)
+  elif kind == "bpe":  # a tokenizer.json, which names no special tokens by role
+    config.update(tokenizer_class="PreTrainedTokenizerFast", **{
+        f"{role}_token": t for role, t in zip(("pad", "unk", "cls", "sep", "mask"),
+                                             SPECIAL_TOKENS)})
   (epath.Path(directory) / CONFIG_NAME).write_text(json.dumps(config, indent=2))

@@ -1,13 +1,17 @@
-r"""Trains a BERT vocabulary: WordPiece (vocab.txt) or SentencePiece (spm.model).
+r"""Trains a BERT vocabulary: WordPiece (vocab.txt), SentencePiece (spm.model) or byte-level
+BPE (tokenizer.json).
 
   python -m input_pipeline.vocab --input='data/*.txt' --output=/tmp/vocab \
-      --vocab_size=30522 [--kind=wordpiece|sentencepiece] [--nolowercase]
+      --vocab_size=30522 [--kind=wordpiece|sentencepiece|bpe] [--nolowercase]
 
 --input is a corpus spec (file globs, "default", "tfds:NAME"; see corpus.py). The output
 directory gets the vocabulary plus tokenizer_config.json (kind, lowercase), which
 `Tokenizer.from_path(DIR)` reads. Special tokens: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
-[MASK]=4 in both kinds (SentencePiece: [PAD]/[UNK] as pad/unk pieces, the others as control
-symbols, which text never produces).
+[MASK]=4 in every kind (SentencePiece: [PAD]/[UNK] as pad/unk pieces, the others as control
+symbols, which text never produces). Each model family trains the kind of its published
+vocabularies (bert_jax/families.py `vocab_kind`): WordPiece for BERT and ELECTRA,
+SentencePiece for XLM-R and DeBERTa-v3, byte-level BPE (RoBERTa's and ModernBERT's: any byte
+sequence, so no [UNK]) as a tokenizer.json with BERT's pair template `[CLS] A [SEP] B [SEP]`.
 
 The same corpus and flags give a byte-identical vocabulary. Training keeps its files in
 OUTPUT.scratch (removed at the end, and by the next run after a kill). A corpus file with
@@ -29,10 +33,14 @@ from input_pipeline import corpus
 from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib
 
-KINDS = ("wordpiece", "sentencepiece")
+KINDS = ("wordpiece", "sentencepiece", "bpe")
 # The most frequent characters that WordPiece keeps as its alphabet (tokenizers' default).
 ALPHABET_LIMIT = 1000
 _TEXTS_NAME = "texts.txt"
+# kind -> the vocabulary file it writes.
+FILES = {"wordpiece": tokenizer_lib.WORDPIECE_FILE,
+         "sentencepiece": tokenizer_lib.SENTENCEPIECE_FILE,
+         "bpe": tokenizer_lib.HF_TOKENIZER_FILE}
 # SentencePiece's threads: fixed, as its result depends on their number.
 _SENTENCEPIECE_THREADS = 16
 
@@ -95,6 +103,8 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
     if kind == "wordpiece":
       _train_wordpiece(str(text_file), str(out), vocab_size, lowercase, min_frequency,
                        alphabet)
+    elif kind == "bpe":
+      _train_bpe(str(text_file), str(out), vocab_size, lowercase, min_frequency)
     else:
       _train_sentencepiece(str(text_file), str(out), vocab_size, lowercase)
     entries = _check_special_tokens(out, kind)
@@ -102,8 +112,7 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
     _copy_dir(out, output_dir)
   finally:
     scratch.rmtree(missing_ok=True)
-  name = (tokenizer_lib.WORDPIECE_FILE if kind == "wordpiece"
-          else tokenizer_lib.SENTENCEPIECE_FILE)
+  name = FILES[kind]
   logging.info("Trained a %s vocabulary of %d entries in %.1fs.", kind, entries,
                time.time() - start)
   return output_dir.rstrip("/") + "/" + name
@@ -199,6 +208,10 @@ def _check_special_tokens(out, kind: str) -> int:
   if kind == "wordpiece":
     tokens = (out / tokenizer_lib.WORDPIECE_FILE).read_text(encoding="utf-8").split("\n")
     tokens = tokens[:-1] if tokens and not tokens[-1] else tokens
+  elif kind == "bpe":
+    from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top  (the Rust backend)
+    backend = Tokenizer.from_file(str(out / tokenizer_lib.HF_TOKENIZER_FILE))
+    tokens = [backend.id_to_token(i) for i in range(backend.get_vocab_size())]
   else:
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top  (only --kind=sentencepiece)
     sp = spm.SentencePieceProcessor(model_file=str(out / tokenizer_lib.SENTENCEPIECE_FILE))
@@ -235,6 +248,30 @@ def _train_sentencepiece(text_file: str, out_dir: str, vocab_size: int, lowercas
   model.write_bytes(proto.SerializeToString())
 
 
+def _train_bpe(text_file: str, out_dir: str, vocab_size: int, lowercase: bool,
+               min_frequency: int) -> None:
+  """tokenizers' byte-level BPE trainer (as RoBERTa's and GPT-2's: words split by GPT-2's
+  pattern, no prefix space, all 256 bytes in the alphabet), lower-casing first when
+  `lowercase`; the special tokens first and the pair template BERT's. Its merges are chosen
+  by count, ties by the pair's ids, which follow the sorted alphabet: the same corpus gives
+  the same file in every run (test)."""
+  import tokenizers  # pylint: disable=g-import-not-at-top  (only --kind=bpe)
+  byte_level = tokenizers.pre_tokenizers.ByteLevel
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  if lowercase:
+    tok.normalizer = tokenizers.normalizers.Lowercase()
+  tok.pre_tokenizer = byte_level(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  tok.train([text_file], tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+      special_tokens=list(tokenizer_lib.SPECIAL_TOKENS), initial_alphabet=byte_level.alphabet()))
+  cls, sep = (tokenizer_lib.SPECIAL_TOKENS[i] for i in (2, 3))
+  tok.post_processor = tokenizers.processors.TemplateProcessing(
+      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+      special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+  tok.save(os.path.join(out_dir, tokenizer_lib.HF_TOKENIZER_FILE))
+
+
 def _copy_dir(src, dst: str) -> None:
   """Local scratch dir `src` -> the user's `dst` (local or gs://), file by file."""
   out = fileio.path(dst)
@@ -251,7 +288,8 @@ def _flag_values() -> flags.FlagValues:
                       flag_values=fv)
   flags.DEFINE_string("output", None, "Output directory.", flag_values=fv)
   flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.", flag_values=fv)
-  flags.DEFINE_enum("kind", "wordpiece", KINDS, "Vocabulary kind.", flag_values=fv)
+  flags.DEFINE_enum("kind", "wordpiece", KINDS, "Vocabulary kind (bpe: byte-level BPE).",
+                    flag_values=fv)
   flags.DEFINE_boolean("lowercase", True, "Uncased (lower-case, strip accents).",
                        flag_values=fv)
   corpus.define_flags(fv, "Skip up to this many records without usable text in record "

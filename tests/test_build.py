@@ -42,6 +42,25 @@ def test_build_logs_the_final_vocabulary_path(tmp_path, caplog):
   assert sorted(p.name for p in workdir.iterdir()) == ["prepared", "vocab"]
 
 
+def test_build_trains_the_kind_the_family_asks_unless_the_config_names_one(tmp_path):
+  """build.vocab_kind "" trains the `vocab_kind` the job passes (its family's: byte-level BPE
+  for RoBERTa) and the corpus is prepared with it; a kind named in the config wins."""
+  from input_pipeline import tokenizer as tokenizer_lib
+  corpus_file = tmp_path / "corpus.txt"
+  corpus_file.write_text(TEXT * 30, encoding="utf-8")
+  config = _config(str(corpus_file), build__vocab_size=300)
+  assert config.build.vocab_kind == ""
+  data_cfg, vocab_size = build.build_data(config, str(tmp_path / "bpe"), vocab_kind="bpe")
+  assert sorted(p.name for p in (tmp_path / "bpe" / "vocab").iterdir()) == ["COMPLETE",
+      "tokenizer.json", "tokenizer_config.json"]
+  tok = tokenizer_lib.Tokenizer.from_path(data_cfg.vocab_path)
+  assert tok.kind == "hf" and tok.vocab_size == vocab_size and "\u0120the" in tok.tokens
+  assert (tmp_path / "bpe" / "prepared" / "summary.json").is_file()
+  config.build.vocab_kind = "wordpiece"
+  data_cfg, _ = build.build_data(config, str(tmp_path / "wp"), vocab_kind="bpe")
+  assert (tmp_path / "wp" / "vocab" / "vocab.txt").is_file()
+
+
 def test_build_refuses_a_binary_corpus_file(tmp_path, caplog):
   """A binary file in build.corpus fails the build with a UserError naming the file and
   the config field that raises the limit; with the limit raised it is accepted and its

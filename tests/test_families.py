@@ -86,13 +86,14 @@ def test_a_model_type_no_family_reads_is_one_line_exit_2(tmp_path, command):
 
 
 @pytest.mark.parametrize("name", families.names())
-def test_every_family_shards_through_the_one_rules_table(name):
-  """A family has no sharding rules of its own: its parameters carry only the logical axis
-  names that config.logical_axis_rules maps (a new name would be silently replicated)."""
+def test_every_family_shards_by_its_rules_table(name):
+  """A family's parameters carry only logical axis names its sharding rules map (a name no
+  rule maps would be silently replicated); every family shards by the shared table today."""
   import flax.linen as nn
   import jax
   import ml_collections
   from bert_jax import registry
+  from bert_jax import sharding
   from tests import test_train_utils as tu
   config = tu.tiny_config()
   config.model = ml_collections.ConfigDict(dict(
@@ -105,4 +106,16 @@ def test_every_family_shards_through_the_one_rules_table(name):
   specs = jax.tree.leaves(nn.get_partition_spec(shapes),
                           is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   used = {axis for spec in specs for axis in spec if axis is not None}
-  assert used and used <= {rule for rule, _ in config.logical_axis_rules}, used
+  assert used and used <= {rule for rule, _ in families.get(name).sharding_rules}, used
+  assert families.get(name).sharding_rules == sharding.RULES
+
+
+def test_each_family_builds_the_vocabulary_kind_of_its_checkpoints():
+  """A run that builds its vocabulary from a corpus trains the kind the family's published
+  checkpoints ship (config.build.vocab_kind "" asks the family)."""
+  from input_pipeline import vocab
+  kinds = {name: families.get(name).vocab_kind for name in families.names()}
+  assert kinds == {"bert": "wordpiece", "electra": "wordpiece", "roberta": "bpe",
+                   "xlm-roberta": "sentencepiece", "deberta-v2": "sentencepiece",
+                   "modernbert": "bpe", "eurobert": "bpe"}
+  assert set(kinds.values()) <= set(vocab.KINDS)

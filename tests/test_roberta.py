@@ -260,16 +260,24 @@ def test_squad_windows_put_the_answer_after_the_two_separators(tmp_path):
 
 
 def test_pretrains_from_scratch_and_exports(tmp_path):
-  """config.model.family=roberta through the pre-training job (its own vocabulary; positions
-  from 2, one token type), resumed as a no-op, exported to RobertaForMaskedLM with every key."""
+  """config.model.family=roberta through the pre-training job (its own vocabulary, built from
+  a corpus as RoBERTa's: byte-level BPE; positions from 2, one token type), resumed as a
+  no-op, exported to RobertaForMaskedLM with every key."""
   from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
   work = tmp_path / "run"
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("The players played in the garden.\nThe puppy was playing there.\n\n"
+                    "Another document starts here.\nIt talks about runners who run.\n\n" * 40)
   # (BERT's configs pin BERT's token types and activation: RoBERTa's given here)
   args = tu.main_args(work, model__family="roberta", model__preset="base",
                       model__max_position_embeddings=34, model__num_layers=2,
                       model__intermediate_size=128, model__type_vocab_size=1,
-                      model__hidden_act="gelu", data__nsp=False)
-  tu.run(args)
+                      model__hidden_act="gelu", data__nsp=False, model__vocab_size=None,
+                      synthetic_data=False, build__corpus=str(corpus), build__vocab_size=300,
+                      build__num_shards=1)
+  log = tu.run(args).stderr
+  assert "Training a 300-entry bpe vocabulary" in log, log[-3000:]
+  assert (work / "vocab" / "tokenizer.json").is_file()
   cfg, params = loader.read(str(work))
   assert (cfg.family, cfg.position_offset, cfg.type_vocab_size, cfg.num_layers) == (
       "roberta", 2, 1, 2)

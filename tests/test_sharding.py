@@ -24,8 +24,24 @@ def test_resolve_mesh_shape():
 
 
 def test_batch_axes_from_rules():
-  rules = tu.tiny_config().logical_axis_rules
-  assert sharding.batch_axes(rules) == ("data", "fsdp")
+  assert tu.tiny_config().logical_axis_rules is None  # the family's: sharding.RULES
+  assert sharding.batch_axes(sharding.RULES) == ("data", "fsdp")
+
+
+def test_the_config_rules_replace_the_familys():
+  """Unset, config.logical_axis_rules is the model family's table; set (a config file's tuple,
+  or a --config flag through ConfigDict, which makes lists of it), it replaces that table."""
+  from bert_jax import registry
+  from bert_jax import trainer
+  config = tu.tiny_config()
+  model, _, _ = registry.pretraining(config, vocab_size=64)
+  assert trainer.logical_rules(config, model) == sharding.RULES
+  config.logical_axis_rules = (("activation_batch", ("data",)), ("embed", None))
+  assert trainer.logical_rules(config, model) == (("activation_batch", ("data",)),
+                                                 ("embed", None))
+  config.logical_axis_rules = [["activation_batch", ["data", "fsdp"]], ["mlp", "tensor"]]
+  assert trainer.logical_rules(config, model) == (("activation_batch", ("data", "fsdp")),
+                                                 ("mlp", "tensor"))
 
 
 _EQUIVALENCE = r"""

@@ -67,7 +67,52 @@ def test_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="matches no files"):
     vocab_lib.train_vocab(str(tmp_path / "nope*.txt"), str(tmp_path / "out"), vocab_size=100)
   with pytest.raises(ValueError, match="kind"):
-    vocab_lib.train_vocab(str(empty), str(tmp_path / "out"), kind="bpe")
+    vocab_lib.train_vocab(str(empty), str(tmp_path / "out"), kind="unigram")
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_byte_level_bpe_tokenizes_as_transformers(corpus_file, tmp_path, lowercase):
+  """--kind=bpe: a tokenizer.json (BERT's five special tokens first, byte-level pieces, no
+  [UNK] for any text) that our Tokenizer and AutoTokenizer.from_pretrained read as the same
+  ids, single texts and pairs; cased or not."""
+  from transformers import AutoTokenizer
+  out = tmp_path / "bpe"
+  vocab_lib.main(["vocab", f"--input={corpus_file}", f"--output={out}", "--vocab_size=400",
+                  "--kind=bpe", f"--{'' if lowercase else 'no'}lowercase"])
+  assert sorted(p.name for p in out.iterdir()) == sorted([tokenizer_lib.CONFIG_NAME,
+                                                          tokenizer_lib.HF_TOKENIZER_FILE])
+  tok = tokenizer_lib.Tokenizer.from_path(str(out))
+  assert tok.kind == "hf" and 256 + 5 < tok.vocab_size <= 400  # bytes, specials, merges
+  assert tok.convert_ids_to_tokens(range(5)) == list(tokenizer_lib.SPECIAL_TOKENS)
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  assert "\u0120the" in tok.tokens  # "Ġthe": a word-start piece
+  texts = ["The players were playing in the garden.", "Zebras 🦓 über ĉiuj [MASK] jump."]
+  hf = AutoTokenizer.from_pretrained(str(out))
+  for text in texts:
+    ids = tok.encode(text)
+    assert tok.unk_id not in ids
+    assert [tok.cls_id] + ids + [tok.sep_id] == hf(text)["input_ids"]
+  pair = hf(*texts, return_token_type_ids=True)
+  a, b = (tok.encode(t) for t in texts)
+  assert pair["input_ids"] == [2] + a + [3] + b + [3]
+  assert pair["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+  assert (tok.encode("The") == tok.encode("the")) == lowercase
+  assert hf.mask_token == "[MASK]" and hf.pad_token_id == 0
+
+
+def test_byte_level_bpe_is_deterministic_across_runs_and_threads(tmp_path):
+  """The same corpus gives a byte-identical tokenizer.json with 1 or 2 Rust threads (ties
+  between equally frequent merges included)."""
+  corpus_file = _varied_corpus(tmp_path / "corpus.txt", megabytes=0.1)
+  files = []
+  for threads in ("1", "2"):
+    out = tmp_path / f"bpe{threads}"
+    result = _vocab_cli(f"--input={corpus_file}", f"--output={out}", "--vocab_size=700",
+                        "--kind=bpe", RAYON_NUM_THREADS=threads)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files.append((out / tokenizer_lib.HF_TOKENIZER_FILE).read_bytes())
+  assert files[0] == files[1]
+  assert len(json.loads(files[0])["model"]["vocab"]) == 700
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

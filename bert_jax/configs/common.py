@@ -3,6 +3,7 @@ mesh and sharding rules, checkpoints, logging. `configs/default.py` (pre-trainin
 `configs/finetune.py` (fine-tuning) start from this and add their own fields only.
 """
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -38,22 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Parallelism: mesh over (data, fsdp, tensor); -1 = the remaining devices.
   c.mesh_shape = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-  # Logical axis name -> mesh axes (None = replicated). Parameters: vocab, embed, mlp,
-  # heads, kv, layers; activations: activation_*.
-  c.logical_axis_rules = (
-      ("activation_batch", ("data", "fsdp")),
-      ("activation_length", None),
-      ("activation_embed", None),
-      ("activation_heads", "tensor"),
-      ("activation_kv", None),
-      ("activation_mlp", "tensor"),
-      ("vocab", None),
-      ("embed", "fsdp"),
-      ("mlp", "tensor"),
-      ("heads", "tensor"),
-      ("kv", None),
-      ("layers", None),
-  )
+  # Logical axis name -> mesh axes, e.g. (("activation_batch", ("data", "fsdp")), ("embed",
+  # "fsdp"), ...); unset: the model family's (bert_jax/sharding.py RULES, or its own).
+  c.logical_axis_rules = config_dict.placeholder(tuple)
 
   # Checkpoints in workdir/checkpoints (Orbax, asynchronous).
   c.checkpoint_every_steps = 10_000  # 0 = off (saves still at the end, epoch ends, SIGTERM)

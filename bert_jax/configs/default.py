@@ -47,7 +47,9 @@ def _build() -> ml_collections.ConfigDict:
   b = ml_collections.ConfigDict()
   b.corpus = ""  # corpus spec to build from ("default" = built-in); "" = never build
   b.vocab_size = 30522  # WordPiece entries to train
-  b.vocab_kind = "wordpiece"  # wordpiece | sentencepiece
+  # wordpiece | sentencepiece | bpe (byte-level); "" = the model family's (its published
+  # checkpoints': bert_jax/families.py vocab_kind)
+  b.vocab_kind = ""
   b.max_chars = config_dict.placeholder(int)  # train the vocab on at most this text
   b.num_shards = 16  # prepared shards (>= the number of hosts)
   b.max_replaced_fraction = 0.01  # refuse a corpus file with more non-UTF-8 bytes

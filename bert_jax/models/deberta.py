@@ -541,4 +541,5 @@ FAMILIES = {"deberta-v2": families.Family(
     model_types=("deberta-v2",),
     architecture_fields=ARCHITECTURE_FIELDS,
     dropout={"hidden_dropout_rate": None, "attention_dropout_rate": None},
-    forward_flops=forward_flops, padded_vocab=True, names_specials=True)}
+    forward_flops=forward_flops, padded_vocab=True, names_specials=True,
+    vocab_kind="sentencepiece")}

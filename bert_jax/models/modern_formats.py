@@ -455,7 +455,7 @@ def _family(name: str) -> families.Family:
       model_types=(name,),
       architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
       forward_flops=flops.modern_forward_flops_per_sequence, padded_vocab=True,
-      names_specials=True)
+      names_specials=True, vocab_kind="bpe")
 
 
 FAMILIES = {name: _family(name) for name in MODEL_TYPES}

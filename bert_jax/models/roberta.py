@@ -147,7 +147,7 @@ def _family(name: str) -> families.Family:
       from_fields=lambda fields, vocab_size: config_from_fields(fields, vocab_size, name),
       causal_lm=None, read_hf=read_hf, export_hf=export_hf, model_types=(name,),
       architecture_fields=bert.architecture_fields + ("family", "position_offset"),
-      names_specials=True)
+      names_specials=True, vocab_kind="bpe" if name == "roberta" else "sentencepiece")
 
 
 FAMILIES = {name: _family(name) for name in FAMILY_NAMES}
