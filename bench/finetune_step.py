@@ -17,7 +17,7 @@ biases and LayerNorm, clipping at 1.0).
   (examples/s: the examples of those packed rows, counted with the job's own EpochIterator)
   and packed_batch=examples (each batch of --batch examples packed into the rows it needs).
 - transformers: BertForSequenceClassification with the same initial encoder (exported
-  with bert_jax.formats.export_huggingface), torch.optim.AdamW(fused=True: transformers'
+  with bert_jax.models.bert_formats.export_huggingface), torch.optim.AdamW(fused=True: transformers'
   default optimizer), the same schedule and clipping, dropout on, torch.set_num_threads(2),
   on the same batches (the job's tokenizer, features and EpochIterator), timed over the
   same steps, batch building and the loss read included.
@@ -59,6 +59,7 @@ def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int,
   of all-MiniLM-L6-v2, plus the same weights as a HuggingFace directory for transformers.
   shape "roberta-base": random roberta-base weights of that vocabulary instead."""
   from bert_jax import formats  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert_formats  # pylint: disable=g-import-not-at-top
   ckpt, vocab_dir = finetune_throughput.make_checkpoint(root, cola_dir)
   cfg, params = formats.read_native(ckpt)
   words = (pathlib.Path(vocab_dir) / "vocab.txt").read_text().splitlines()
@@ -77,7 +78,7 @@ def make_assets(root: pathlib.Path, cola_dir: str, vocab_size: int,
   if shape == "deberta-v3-base":
     return _deberta_assets(root, vocab_dir, cfg.vocab_size)
   formats.save_native(str(root / "minilm"), cfg, params)
-  formats.export_huggingface(str(root / "minilm_hf"), cfg, params)
+  bert_formats.export_huggingface(str(root / "minilm_hf"), cfg, params)
   return {"ckpt": str(root / "minilm"), "vocab": vocab_dir, "hf": str(root / "minilm_hf")}
 
 

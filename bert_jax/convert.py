@@ -5,8 +5,8 @@ a HuggingFace directory, with the vocabulary the model was trained with.
     python -m bert_jax.convert --input=HF_DIR_OR_TF_CKPT --output=DIR            # -> bert_jax
     python -m bert_jax.convert --input=BERT_JAX_DIR_OR_WORKDIR --output=DIR --to=huggingface
 
-Reading goes through bert_jax/loader.py (the one reader), the formats and name tables are
-bert_jax/formats.py's; this module adds the vocabulary a checkpoint comes with and the CLI.
+Reading goes through bert_jax/loader.py (the one reader), the name tables are each family's
+(bert_jax/models/); this module adds the vocabulary a checkpoint comes with and the CLI.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from input_pipeline import fileio
 
 # family name -> the module whose FAMILIES dict holds its record.
 MODULES: dict[str, str] = {
-    "bert": "bert_jax.formats",
+    "bert": "bert_jax.models.bert_formats",
     "modernbert": "bert_jax.models.modern_formats",  # ModernBERT, Ettin, mmBERT
     "eurobert": "bert_jax.models.modern_formats",
     "electra": "bert_jax.models.electra",

@@ -6,7 +6,7 @@
 `path` is a run of ours (a workdir, its `checkpoints/` dir or one step dir), a bert_jax
 export, a HuggingFace directory or a Google TF checkpoint. Our runs are read with Orbax,
 straight onto the target's shardings (`load_into`) or onto the host (`read`); the other
-formats through bert_jax/formats.py's name tables, on the host. Pre-training's
+formats through their family's name tables (bert_jax/models/), on the host. Pre-training's
 init_checkpoint, fine-tuning, predict and the convert CLI all read through here, and the
 Checkpointer's resume uses the same layout, finiteness and tree helpers. This module owns:
 
@@ -42,6 +42,7 @@ from bert_jax import best_dir
 from bert_jax import families
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
+from bert_jax.models import bert_formats
 from bert_jax.models.bert import BertConfig
 from input_pipeline import data_config
 from input_pipeline import fileio
@@ -358,7 +359,7 @@ def read(path: str, target: str = "pretraining", *, require_mlm: bool = True,
       params = jax.tree.map(np.asarray, ckptr.restore(fileio.path(path) / "params"))
     cfg = BertConfig.from_dict(best_dir.recorded(path)["bert"])
   else:
-    cfg, params = formats.read_foreign(path, target, require_mlm=require_mlm)
+    cfg, params = read_foreign(path, target, require_mlm=require_mlm)
   bad = nonfinite(params)
   if bad:
     raise formats.CorruptCheckpointFileError(
@@ -366,6 +367,30 @@ def read(path: str, target: str = "pretraining", *, require_mlm: bool = True,
         f"{', ...' if len(bad) > 5 else ''}): the model would predict NaN. Use an intact copy "
         "(or an earlier checkpoint of the run that wrote it).")
   return cfg.replace(scan_layers=False), to_layout(params, False)
+
+
+def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = True
+                 ) -> tuple[Any, formats.Params]:
+  """(config, unrolled params on the host) of a bert_jax export, a HuggingFace directory (of
+  the family its model_type names) or a Google TF checkpoint. The params hold the heads the
+  checkpoint has (`formats.heads(params)` says which): target "pretraining" reads
+  ...ForPreTraining and ...ForMaskedLM checkpoints (and, with require_mlm=False, encoder-only
+  ones), "encoder" the encoder (+ pooler) of any; "all" an export's tree as saved (a
+  fine-tuned head included)."""
+  d = fileio.path(path)
+  if (d / formats.NATIVE_CONFIG).exists():
+    cfg = formats.config_from_dict(json.loads((d / formats.NATIVE_CONFIG).read_text()))
+    return families.of(cfg).read_native(path, target, require_mlm)
+  family = families.of_hf_dir(path)
+  if family is not None:
+    return family.read_hf(path, target, require_mlm)
+  tf = bert_formats.read_tf(path, target, require_mlm)
+  if tf is not None:
+    return tf
+  raise formats.CheckpointNotFoundError(
+      f"{path} is not a checkpoint bert_jax can read: expected a directory with "
+      f"{formats.NATIVE_CONFIG} (bert_jax), config.json + model.safetensors/pytorch_model.bin "
+      "(HuggingFace), or a TF checkpoint (bert_model.ckpt.index + bert_config.json).")
 
 
 # ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from bert_jax import convert, formats, loader, predict
+from bert_jax.models import bert_formats
 from bert_jax.models import bert as model_lib
 from input_pipeline import errors
 from tests.test_task_data import make_vocab
@@ -20,7 +21,7 @@ def checkpoints(tmp_path_factory):
                              intermediate_size=32, max_position_embeddings=32)
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(model_lib.BertForPreTraining(cfg).init(jax.random.key(0), ids, ids, ids, ids))["params"]
-  formats.export_huggingface(str(tmp / "hf"), cfg, params)
+  bert_formats.export_huggingface(str(tmp / "hf"), cfg, params)
   formats.save_native(str(tmp / "ours"), cfg, params)
   return tmp
 

@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 import jax.numpy as jnp  # noqa: E402
 
 from bert_jax import convert, formats, loader  # noqa: E402
+from bert_jax.models import bert_formats  # noqa: E402
 from bert_jax.models import bert as model_lib  # noqa: E402
 from bert_jax import objectives  # noqa: E402
 
@@ -107,7 +108,7 @@ def test_export_to_transformers_round_trips_exactly(tmp_path):
   hf = _hf_model("odd", seed=1)
   hf.save_pretrained(tmp_path / "hf")
   cfg, params = loader.read(str(tmp_path / "hf"))
-  formats.export_huggingface(str(tmp_path / "export"), cfg, params)
+  bert_formats.export_huggingface(str(tmp_path / "export"), cfg, params)
   reloaded = transformers.BertForPreTraining.from_pretrained(tmp_path / "export").eval()
   ref = hf.state_dict()
   for name, value in reloaded.state_dict().items():
@@ -156,7 +157,7 @@ def test_pretraining_checkpoint_loads_as_encoder(tmp_path):
 
 def _state(shape="tanh"):
   hf = _hf_model(shape)
-  return {k: v.numpy() for k, v in hf.state_dict().items()}, formats.config_from_hf(SHAPES[shape])
+  return {k: v.numpy() for k, v in hf.state_dict().items()}, bert_formats.config_from_hf(SHAPES[shape])
 
 
 def test_mismatches_are_reported_by_name():
@@ -166,20 +167,20 @@ def test_mismatches_are_reported_by_name():
   del broken["encoder.layer.1.output.dense.weight"]
   broken["encoder.layer.7.extra.weight"] = np.zeros(3)
   with pytest.raises(formats.CheckpointMismatchError) as e:
-    formats.canonical_to_params(broken, cfg)
+    bert_formats.canonical_to_params(broken, cfg)
   assert "missing tensors (1): encoder.layer.1.output.dense.weight" in str(e.value)
   assert "unused tensors (1): encoder.layer.7.extra.weight" in str(e.value)
   wrong = dict(state)
   wrong["pooler.dense.weight"] = np.zeros((64, 65), np.float32)
   with pytest.raises(formats.CheckpointMismatchError, match="pooler/kernel: got \\(65, 64\\), expected \\(64, 64\\)"):
-    formats.canonical_to_params(wrong, cfg)
+    bert_formats.canonical_to_params(wrong, cfg)
   untied = dict(state)
   untied["cls.predictions.decoder.weight"] = state["embeddings.word_embeddings.weight"] + 1
   with pytest.raises(formats.CheckpointMismatchError, match="ties the MLM output projection"):
-    formats.canonical_to_params(untied, cfg)
+    bert_formats.canonical_to_params(untied, cfg)
   # A config that disagrees with the tensors (e.g. a wrong vocab size).
   with pytest.raises(formats.CheckpointMismatchError, match="word_embeddings"):
-    formats.canonical_to_params(state, cfg.replace(vocab_size=100))
+    bert_formats.canonical_to_params(state, cfg.replace(vocab_size=100))
 
 
 def test_unknown_path_is_a_clear_error(tmp_path):
@@ -240,7 +241,7 @@ def test_google_tf_checkpoint_import(tmp_path):
   cfg, params = loader.read(str(tmp_path / "bert_model.ckpt"))
   # Google's code implements "gelu" with the tanh approximation.
   assert cfg.hidden_act == "gelu_tanh"
-  expected = formats.canonical_to_params(canonical, cfg)
+  expected = bert_formats.canonical_to_params(canonical, cfg)
   _assert_trees_equal(params, expected)
   # The directory works as well as the prefix.
   cfg2, params2 = loader.read(str(tmp_path))

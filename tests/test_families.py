@@ -17,7 +17,7 @@ from bert_jax.models import modern
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A family's own modules (its model and its HuggingFace format) may test its kind.
-OWN = {"bert_jax/models/bert.py", "bert_jax/models/modern.py", "bert_jax/formats.py",
+OWN = {"bert_jax/models/bert.py", "bert_jax/models/modern.py", "bert_jax/models/bert_formats.py",
        "bert_jax/models/modern_formats.py", "bert_jax/families.py"}
 TYPE_CHECK = re.compile(r"isinstance\([^)]*\b(BertConfig|ModernConfig)\b|type\(\w*cfg\w*\) is"
                         r"|\.family\s*(==|!=|in)\s*[\"'(]")

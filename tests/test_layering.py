@@ -96,7 +96,7 @@ def test_layers_import_downward_only():
   order = ["bert_jax.models.layers", "bert_jax.models.bert_attention", "bert_jax.models.bert",
            "bert_jax.models.modern_attention", "bert_jax.models.modern", "bert_jax.heads",
            "bert_jax.models.bert_tf_checkpoint", "bert_jax.formats",
-           "bert_jax.models.modern_formats", "bert_jax.loader",
+           "bert_jax.models.bert_formats", "bert_jax.models.modern_formats", "bert_jax.loader",
            "bert_jax.checkpointing", "bert_jax.objectives", "bert_jax.registry",
            "bert_jax.tasks", "bert_jax.trainer", "bert_jax.convert", "bert_jax.train", "bert_jax.finetune",
            "bert_jax.suite_report", "bert_jax.suite", "bert_jax.main"]

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from bert_jax import formats, loader  # noqa: E402
+from bert_jax.models import bert_formats  # noqa: E402
 from bert_jax.models import bert as model_lib  # noqa: E402
 from bert_jax import predict, train  # noqa: E402
 from input_pipeline import testing  # noqa: E402
@@ -117,7 +118,7 @@ def test_predict_fill_mask_cli_on_the_hub_directory(hub, capsys):
 
 def test_export_round_trips_to_bert_for_masked_lm(hub, tmp_path):
   cfg, params = loader.read(hub["dir"])
-  formats.export_huggingface(str(tmp_path / "export"), cfg, params)
+  bert_formats.export_huggingface(str(tmp_path / "export"), cfg, params)
   assert json.loads((tmp_path / "export" / "config.json").read_text())["architectures"] == [
       "BertForMaskedLM"]
   reloaded, info = transformers.BertForMaskedLM.from_pretrained(

@@ -1,6 +1,6 @@
 """Google's original TF BERT checkpoints (bert_model.ckpt.* beside a bert_config.json): their
 variables as BERT's canonical flat dict (HuggingFace's names without the `bert.` prefix, in
-PyTorch layout), which bert_jax/formats.py maps onto our parameter tree. TensorFlow is
+PyTorch layout), which bert_formats.py maps onto our parameter tree. TensorFlow is
 imported only to read one (input_pipeline.records.tensorflow).
 """
 from __future__ import annotations

@@ -21,6 +21,7 @@ import numpy as np
 from bert_jax import families
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
+from bert_jax.models import bert_formats
 from input_pipeline import errors
 from input_pipeline import fileio
 
@@ -150,7 +151,7 @@ def replaced_token_detection(cfg: ElectraConfig, generator_size: float) -> Elect
 
 
 # ----------------------------------------------------------------------------
-# HuggingFace names <-> BERT's canonical names (bert_jax/formats.py).
+# HuggingFace names <-> BERT's canonical names (bert_formats.py).
 
 _NAMES = (("generator_predictions.dense.", "cls.predictions.transform.dense."),
           ("generator_predictions.LayerNorm.", "cls.predictions.transform.LayerNorm."),
@@ -169,14 +170,14 @@ def to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ElectraConfig:
-  bert = formats.config_from_hf(hf)
+  bert = bert_formats.config_from_hf(hf)
   fields = {f.name: getattr(bert, f.name) for f in dataclasses.fields(model_lib.BertConfig)}
   return ElectraConfig(**{**fields, "embedding_size": hf.get("embedding_size", hf["hidden_size"]),
                           "pooler_act": "gelu"})
 
 
 def config_to_hf(cfg: ElectraConfig, architecture: str) -> dict[str, Any]:
-  return {**formats.config_to_hf(cfg, architecture), "model_type": "electra",
+  return {**bert_formats.config_to_hf(cfg, architecture), "model_type": "electra",
           "embedding_size": cfg.embedding_dim, "summary_type": "first",
           "summary_use_proj": True, "summary_activation": "gelu",
           "summary_last_dropout": 0.1}
@@ -196,7 +197,7 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
         extra[ours] = {"kernel": np.ascontiguousarray(np.asarray(state.pop(f"{hf}.weight")).T),
                        "bias": np.asarray(state.pop(f"{hf}.bias"))}
   head = formats.pop_task_head(state) if target == "all" else {}
-  params = formats.canonical_to_params(
+  params = bert_formats.canonical_to_params(
       state, cfg, "pretraining" if target == "all" else target,
       require_mlm=require_mlm and not extra and target != "all",
       source=f"HuggingFace checkpoint {path}")
@@ -212,7 +213,7 @@ def params_to_hf(params: dict, cfg: ElectraConfig) -> tuple[dict[str, np.ndarray
   mlm = formats.heads(params)["mlm"]
   kind = ("ForPreTraining" if discriminator else "ForSequenceClassification" if head is not None
           else "ForMaskedLM" if mlm else "Model")
-  state = formats.renamed(formats.params_to_canonical(params, cfg),
+  state = formats.renamed(bert_formats.params_to_canonical(params, cfg),
                          tuple((b, a) for a, b in _NAMES),
                          add="electra." if kind != "Model" else "")
   for hf, ours in _DISCRIMINATOR.items():
@@ -262,9 +263,9 @@ def _generator_config(cfg: ElectraConfig, tree: dict) -> ElectraConfig:
 
 
 FAMILIES = {"electra": dataclasses.replace(
-    formats.FAMILIES["bert"], name="electra", config=ElectraConfig,
+    bert_formats.FAMILIES["bert"], name="electra", config=ElectraConfig,
     from_fields=config_from_fields, causal_lm=None, read_hf=read_hf, export_hf=export_hf,
     model_types=("electra",),
     replaced_token_detection=replaced_token_detection,
-    architecture_fields=formats.FAMILIES["bert"].architecture_fields + ("family",
+    architecture_fields=bert_formats.FAMILIES["bert"].architecture_fields + ("family",
                                                                          "embedding_size"))}

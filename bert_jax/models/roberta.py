@@ -20,6 +20,7 @@ import numpy as np
 from bert_jax import families
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
+from bert_jax.models import bert_formats
 from input_pipeline import errors
 from input_pipeline import fileio
 
@@ -72,7 +73,7 @@ def config_from_fields(fields: Mapping[str, Any], vocab_size: int | None = None,
 
 
 # ----------------------------------------------------------------------------
-# HuggingFace names <-> BERT's canonical names (bert_jax/formats.py).
+# HuggingFace names <-> BERT's canonical names (bert_formats.py).
 
 _NAMES = (("lm_head.dense.", "cls.predictions.transform.dense."),
           ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
@@ -89,7 +90,7 @@ def from_canonical(state: Mapping[str, np.ndarray], prefix: str) -> dict[str, np
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> RobertaConfig:
-  bert = formats.config_from_hf({"layer_norm_eps": 1e-5, **hf})
+  bert = bert_formats.config_from_hf({"layer_norm_eps": 1e-5, **hf})
   fields = {f.name: getattr(bert, f.name) for f in dataclasses.fields(model_lib.BertConfig)}
   return RobertaConfig(**{**fields, "family": hf.get("model_type", "roberta"),
                           "position_offset": hf.get("pad_token_id", 1) + 1})
@@ -97,7 +98,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> RobertaConfig:
 
 def config_to_hf(cfg: RobertaConfig, architecture: str) -> dict[str, Any]:
   pad = cfg.position_offset - 1
-  return {**formats.config_to_hf(cfg, architecture), "model_type": cfg.family,
+  return {**bert_formats.config_to_hf(cfg, architecture), "model_type": cfg.family,
           "pad_token_id": pad, "bos_token_id": 0, "eos_token_id": 2}
 
 
@@ -108,7 +109,7 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
   state = to_canonical(formats.read_hf_state(path))
   head = formats.pop_task_head(state) if target == "all" else {}
-  params = formats.canonical_to_params(
+  params = bert_formats.canonical_to_params(
       state, cfg, "pretraining" if target == "all" else target,
       require_mlm=require_mlm and target != "all", source=f"HuggingFace checkpoint {path}")
   return cfg, {**params, "classifier": head} if head else params
@@ -121,7 +122,7 @@ def params_to_hf(params: dict, cfg: RobertaConfig) -> tuple[dict[str, np.ndarray
   head = params.get("classifier")
   mlm = formats.heads(params)["mlm"]
   kind = "ForSequenceClassification" if head is not None else "ForMaskedLM" if mlm else "Model"
-  state = from_canonical(formats.params_to_canonical(params, cfg),
+  state = from_canonical(bert_formats.params_to_canonical(params, cfg),
                          "roberta." if kind != "Model" else "")
   if head is not None:
     formats.classifier_to_hf(state, head, "roberta.pooler.dense")
@@ -141,7 +142,7 @@ def export_hf(path: str, cfg: RobertaConfig, params: dict, tokenizer: Any = None
 
 
 def _family(name: str) -> families.Family:
-  bert = formats.FAMILIES["bert"]
+  bert = bert_formats.FAMILIES["bert"]
   return dataclasses.replace(
       bert, name=name, config=RobertaConfig,
       from_fields=lambda fields, vocab_size: config_from_fields(fields, vocab_size, name),
