@@ -162,8 +162,8 @@ def info_nce_sums(anchors_BD, candidates_BCD, batch: Mapping[str, jax.Array], *,
 
 
 def _flops(model, shapes: Mapping[str, tuple[int, ...]]) -> float:
-  """The encoder's training FLOPs over every text of the batch (anchor, positive, negatives);
-  a packed batch's count its rows instead (finetune: objectives.rows_flops)."""
+  """The encoder's training FLOPs over every text of the batch (anchor, positive, negatives).
+  Packed batches are counted by their rows instead (finetune sets objectives.rows_flops)."""
   B, L = shapes["input_ids"]
   texts = 2 + (shapes["negative_ids"][1] if "negative_ids" in shapes else 0)
   return flops_lib.train_flops_per_step(model.config, B * texts, L, 0, nsp=False)

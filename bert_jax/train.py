@@ -24,6 +24,7 @@ from input_pipeline import data_config
 from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import pretrain as pretrain_data
+from input_pipeline import vocab as vocab_lib
 
 def check_config(config: ml_collections.ConfigDict) -> None:
   """Pre-training values that cannot work, named before any work (ConfigError)."""
@@ -35,6 +36,11 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config[k] < 0:
       raise errors.ConfigError(f"--config.{k}={config[k]}: 0 = off, or a positive number.")
   data_config.check(config.data)
+  kind = config.build.get("vocab_kind", "")
+  if kind not in ("",) + vocab_lib.KINDS:
+    raise errors.ConfigError(
+        f"--config.build.vocab_kind={kind!r}: choose one of {', '.join(vocab_lib.KINDS)}, or "
+        f"'' for the model family's ({registry.family(config).vocab_kind}).")
   # The model's fields (sizes, activation, ...) and the objective before the vocabulary and
   # data are built; the vocabulary's size is only known then.
   model, _, _ = registry.pretraining(config, config.model.get("vocab_size") or 1)

@@ -4,10 +4,11 @@
     state, data_state = trainer.restore_or_init()
     result = run(trainer, state, train_iter, num_steps=..., evaluate=..., eval_at=...)
 
-`build` states the sharding once: mesh and logical-axis rules from the config, the
-state's shapes from `jax.eval_shape` of the init, their shardings from the parameters'
-logical names, a jitted init that creates the state already sharded, the jitted train
-and eval steps (state donated), the optimizer and the Checkpointer. `run` is the loop:
+`build` states the sharding once: mesh and logical-axis rules (the model family's unless
+the config sets them), the state's shapes from `jax.eval_shape` of the init, their
+shardings from the parameters' logical names, a jitted init that creates the state
+already sharded, the jitted train and eval steps (state donated), the optimizer and the
+Checkpointer. `run` is the loop:
 metrics read one step late, console progress and TensorBoard, evaluation and checkpoint
 cadence, SIGTERM (preemption) save, NaN/Inf stop, and resume through the iterator's
 `get_state()`. A job (bert_jax/train.py, bert_jax/finetune.py) picks model, objective,

@@ -35,9 +35,11 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
   A corpus file with more than build.max_replaced_fraction of bytes that are not UTF-8
   fails the build (errors.UserError naming it and the field)."""
   build = config.build
-  lowercase = True if data_cfg.lowercase is None else data_cfg.lowercase
   if data_cfg.vocab_path and not vocab_complete(data_cfg.vocab_path):
     vocab_kind = build.get("vocab_kind") or vocab_kind
+    # data.lowercase None: uncased WordPiece and SentencePiece (BERT-base-uncased's casing),
+    # cased byte-level BPE (as every published one: RoBERTa's, ModernBERT's).
+    lowercase = vocab_kind != "bpe" if data_cfg.lowercase is None else data_cfg.lowercase
     logging.info("Training a %d-entry %s vocabulary on %r into %s.", build.vocab_size,
                  vocab_kind, build.corpus, data_cfg.vocab_path)
     tmp = data_cfg.vocab_path.rstrip("/") + ".tmp"

@@ -36,7 +36,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   c.mixture_temperature = ""
   c.tfrecord_pattern = ""         # Or: original BERT TFRecords (globs), used when set.
   c.vocab_path = ""               # Vocab file/dir; "" = the one recorded by prepare.
-  c.lowercase = ml_collections.config_dict.placeholder(bool)  # None: as the vocab says.
+  # None: as the vocab says (one built here: uncased WordPiece / SentencePiece, cased BPE).
+  c.lowercase = ml_collections.config_dict.placeholder(bool)
   c.max_seq_length = 128          # L: tokens per example, [CLS] and [SEP]s included.
   c.max_predictions_per_seq = 20  # P: masked positions per example (76 at L=512).
   c.masked_lm_prob = 0.15         # Share of non-special tokens chosen for prediction.

@@ -580,9 +580,9 @@ def _hf_tokenizer(vocab_file: str, data: bytes, sha256: str) -> Tokenizer:
                           "token.")
   special = {"pad": ids[pad_tok], "unk": ids[unk_tok], "cls": ids[cls_tok], "sep": ids[sep_tok],
              "mask": ids[mask_tok]}
-  return Tokenizer("hf", vocab_file, False, tokens, backend, sha256,
-                   Normalization(False, reason="tokenizer.json"), special, frozenset(added),
-                   pair_seps=b - 2)
+  return Tokenizer("hf", vocab_file, config.get("lowercase") is True, tokens, backend, sha256,
+                   Normalization(config.get("lowercase") is True, reason="tokenizer.json"),
+                   special, frozenset(added), pair_seps=b - 2)
 
 
 def write_tokenizer_config(directory: str, kind: str, lowercase: bool) -> None:

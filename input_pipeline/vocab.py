@@ -34,6 +34,7 @@ from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib
 
 KINDS = ("wordpiece", "sentencepiece", "bpe")
+BYTES = 256  # a byte-level BPE's alphabet
 # The most frequent characters that WordPiece keeps as its alphabet (tokenizers' default).
 ALPHABET_LIMIT = 1000
 _TEXTS_NAME = "texts.txt"
@@ -77,6 +78,10 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
     raise ValueError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")
   if vocab_size <= len(tokenizer_lib.SPECIAL_TOKENS):
     raise ValueError(f"vocab_size={vocab_size} leaves no room beyond the special tokens.")
+  if kind == "bpe" and vocab_size <= BYTES + len(tokenizer_lib.SPECIAL_TOKENS):
+    raise ValueError(f"vocab_size={vocab_size} leaves no room for merges: a byte-level BPE "
+                     f"holds the {BYTES} bytes and the {len(tokenizer_lib.SPECIAL_TOKENS)} "
+                     "special tokens first; ask for more (RoBERTa's has 50265 entries).")
   stats = corpus.new_stats()
   texts = corpus.iter_texts(input_spec, sentences=kind == "sentencepiece",
                             max_chars=max_chars, fmt=fmt, text_field=text_field,
@@ -251,10 +256,11 @@ def _train_sentencepiece(text_file: str, out_dir: str, vocab_size: int, lowercas
 def _train_bpe(text_file: str, out_dir: str, vocab_size: int, lowercase: bool,
                min_frequency: int) -> None:
   """tokenizers' byte-level BPE trainer (as RoBERTa's and GPT-2's: words split by GPT-2's
-  pattern, no prefix space, all 256 bytes in the alphabet), lower-casing first when
-  `lowercase`; the special tokens first and the pair template BERT's. Its merges are chosen
-  by count, ties by the pair's ids, which follow the sorted alphabet: the same corpus gives
-  the same file in every run (test)."""
+  pattern, no prefix space, all 256 bytes in the alphabet), lower-casing first (no accent
+  stripping) when `lowercase`; the special tokens first, the pair template BERT's, and a
+  token's character offsets without the space it starts with (as RoBERTa's: a span read from
+  them starts at the word). Its merges are chosen by count, ties by the pair's ids, which
+  follow the sorted alphabet: the same corpus gives the same file in every run (test)."""
   import tokenizers  # pylint: disable=g-import-not-at-top  (only --kind=bpe)
   byte_level = tokenizers.pre_tokenizers.ByteLevel
   tok = tokenizers.Tokenizer(tokenizers.models.BPE())
@@ -266,9 +272,11 @@ def _train_bpe(text_file: str, out_dir: str, vocab_size: int, lowercase: bool,
       vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
       special_tokens=list(tokenizer_lib.SPECIAL_TOKENS), initial_alphabet=byte_level.alphabet()))
   cls, sep = (tokenizer_lib.SPECIAL_TOKENS[i] for i in (2, 3))
-  tok.post_processor = tokenizers.processors.TemplateProcessing(
-      single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-      special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])
+  tok.post_processor = tokenizers.processors.Sequence([
+      tokenizers.processors.ByteLevel(trim_offsets=True),
+      tokenizers.processors.TemplateProcessing(
+          single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+          special_tokens=[(cls, tok.token_to_id(cls)), (sep, tok.token_to_id(sep))])])
   tok.save(os.path.join(out_dir, tokenizer_lib.HF_TOKENIZER_FILE))
 
 
@@ -290,8 +298,8 @@ def _flag_values() -> flags.FlagValues:
   flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.", flag_values=fv)
   flags.DEFINE_enum("kind", "wordpiece", KINDS, "Vocabulary kind (bpe: byte-level BPE).",
                     flag_values=fv)
-  flags.DEFINE_boolean("lowercase", True, "Uncased (lower-case, strip accents).",
-                       flag_values=fv)
+  flags.DEFINE_boolean("lowercase", True, "Uncased (lower-case; WordPiece also strips "
+                       "accents).", flag_values=fv)
   corpus.define_flags(fv, "Skip up to this many records without usable text in record "
                       "files; one more is an error.")
   flags.DEFINE_integer("max_chars", None, "Train on at most this much text.", flag_values=fv)

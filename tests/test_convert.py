@@ -321,12 +321,13 @@ def test_config_from_params_reads_every_size_from_the_shapes(scanned):
 
 @pytest.fixture(scope="module")
 def trained_vocabs(tmp_path_factory):
-  """A WordPiece and a SentencePiece vocabulary trained here (input_pipeline.vocab)."""
+  """A WordPiece, a SentencePiece and a byte-level BPE vocabulary trained here
+  (input_pipeline.vocab)."""
   from input_pipeline import corpus  # pylint: disable=g-import-not-at-top
   from input_pipeline import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("vocabs")
   (root / "train.txt").write_text("\n\n".join(corpus.iter_texts("default", max_chars=200_000)))
-  for kind in ("wordpiece", "sentencepiece"):
+  for kind in ("wordpiece", "sentencepiece", "bpe"):
     vocab_lib.train_vocab(str(root / "train.txt"), str(root / kind), vocab_size=800, kind=kind,
                           lowercase=True)
   return root
@@ -346,7 +347,7 @@ def _tiny_hf(family, tok):
       num_key_value_heads=1, **ids, **common))
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "sentencepiece"])
+@pytest.mark.parametrize("kind", ["wordpiece", "sentencepiece", "bpe"])
 @pytest.mark.parametrize("family", ["bert", "modernbert", "eurobert"])
 def test_every_export_loads_in_autotokenizer_with_our_ids(tmp_path, trained_vocabs, family, kind):
   """A ModernBERT export of a WordPiece or SentencePiece vocabulary did not load in

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import families, formats, heads, loader
+from bert_jax import convert, families, formats, heads, loader
 from bert_jax.models import roberta
 from bert_jax.models import bert as model_lib
 from input_pipeline import features
@@ -261,8 +261,9 @@ def test_squad_windows_put_the_answer_after_the_two_separators(tmp_path):
 
 def test_pretrains_from_scratch_and_exports(tmp_path):
   """config.model.family=roberta through the pre-training job (its own vocabulary, built from
-  a corpus as RoBERTa's: byte-level BPE; positions from 2, one token type), resumed as a
-  no-op, exported to RobertaForMaskedLM with every key."""
+  a corpus as RoBERTa's: cased byte-level BPE; positions from 2, one token type), resumed as
+  a no-op, exported to RobertaForMaskedLM with every key and with a tokenizer AutoTokenizer
+  reads as ours."""
   from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
   work = tmp_path / "run"
   corpus = tmp_path / "corpus.txt"
@@ -283,10 +284,15 @@ def test_pretrains_from_scratch_and_exports(tmp_path):
       "roberta", 2, 1, 2)
   assert "seq_relationship" not in params
   assert "Resumed" in tu.run(args).stderr or tu.checkpoint_steps(work) == [6]
-  families.of(cfg).export_hf(str(tmp_path / "hf"), cfg, params)  # (convert's, without vocab)
+  convert.main([f"--input={work}", f"--output={tmp_path / 'hf'}", "--to=huggingface"])
   _, info = transformers.RobertaForMaskedLM.from_pretrained(tmp_path / "hf",
                                                             output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ours = Tokenizer.from_path(str(work / "vocab"))
+  theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+  text = "The Players played in the garden."
+  assert not ours.lowercase and ours.encode(text) != ours.encode(text.lower())
+  assert theirs(text)["input_ids"] == [ours.cls_id] + ours.encode(text) + [ours.sep_id]
 
 
 @pytest.mark.slow

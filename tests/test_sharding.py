@@ -28,14 +28,24 @@ def test_batch_axes_from_rules():
   assert sharding.batch_axes(sharding.RULES) == ("data", "fsdp")
 
 
-def test_the_config_rules_replace_the_familys():
-  """Unset, config.logical_axis_rules is the model family's table; set (a config file's tuple,
-  or a --config flag through ConfigDict, which makes lists of it), it replaces that table."""
+def test_the_config_rules_replace_the_familys(monkeypatch):
+  """Unset, config.logical_axis_rules is the model family's table (one of its own here: the
+  mesh shards by it); set (a config file's tuple, or a --config flag through ConfigDict, which
+  makes lists of it), it replaces that table."""
+  import dataclasses
   from bert_jax import registry
   from bert_jax import trainer
+  from bert_jax.models import bert_formats
   config = tu.tiny_config()
-  model, _, _ = registry.pretraining(config, vocab_size=64)
+  model, objective, sample = registry.pretraining(config, vocab_size=64)
   assert trainer.logical_rules(config, model) == sharding.RULES
+  own = tuple((name, None if name == "activation_batch" else axes)
+              for name, axes in sharding.RULES)  # the batch replicated
+  monkeypatch.setitem(bert_formats.FAMILIES, "bert", dataclasses.replace(
+      bert_formats.FAMILIES["bert"], sharding_rules=own))
+  assert trainer.logical_rules(config, model) == own
+  built = trainer.build(config, model, objective, sample, workdir=None)
+  assert built.rules == own and sharding.batch_axes(built.rules) == ()
   config.logical_axis_rules = (("activation_batch", ("data",)), ("embed", None))
   assert trainer.logical_rules(config, model) == (("activation_batch", ("data",)),
                                                  ("embed", None))

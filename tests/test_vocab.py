@@ -68,6 +68,8 @@ def test_errors(tmp_path):
     vocab_lib.train_vocab(str(tmp_path / "nope*.txt"), str(tmp_path / "out"), vocab_size=100)
   with pytest.raises(ValueError, match="kind"):
     vocab_lib.train_vocab(str(empty), str(tmp_path / "out"), kind="unigram")
+  with pytest.raises(ValueError, match="256 bytes and the 5 special tokens"):
+    vocab_lib.train_vocab(str(empty), str(tmp_path / "out"), kind="bpe", vocab_size=261)
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
@@ -97,7 +99,14 @@ def test_byte_level_bpe_tokenizes_as_transformers(corpus_file, tmp_path, lowerca
   assert pair["input_ids"] == [2] + a + [3] + b + [3]
   assert pair["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
   assert (tok.encode("The") == tok.encode("the")) == lowercase
+  assert tok.lowercase == lowercase  # as prepare's summary and inspect report it
   assert hf.mask_token == "[MASK]" and hf.pad_token_id == 0
+  # A word's character offsets leave out the space before it (a span read from the offsets,
+  # as SQuAD's answers are, starts at the word).
+  text = texts[0]
+  spans = [text[s:e] for s, e in hf(text, return_offsets_mapping=True)["offset_mapping"][1:-1]]
+  assert "".join(spans).replace(" ", "") == text.replace(" ", "") and spans[1] == spans[1].strip()
+  assert spans[1] and not any(s.startswith(" ") for s in spans), spans
 
 
 def test_byte_level_bpe_is_deterministic_across_runs_and_threads(tmp_path):

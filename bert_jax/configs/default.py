@@ -46,7 +46,7 @@ def _build() -> ml_collections.ConfigDict:
   missing (relative paths are taken inside the workdir)."""
   b = ml_collections.ConfigDict()
   b.corpus = ""  # corpus spec to build from ("default" = built-in); "" = never build
-  b.vocab_size = 30522  # WordPiece entries to train
+  b.vocab_size = 30522  # vocabulary entries to train
   # wordpiece | sentencepiece | bpe (byte-level); "" = the model family's (its published
   # checkpoints': bert_jax/families.py vocab_kind)
   b.vocab_kind = ""

@@ -273,6 +273,7 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
                                   formats.canonical_target(target),
                                   require_mlm=require_mlm, source=f"HuggingFace checkpoint {path}")
 
+
 def read_tf(path: str, target: str = "pretraining", require_mlm: bool = True
             ) -> tuple[BertConfig, Params] | None:
   """(config, unrolled params) of a Google TF checkpoint at `path` (bert_model.ckpt.index and
