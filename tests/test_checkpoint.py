@@ -92,6 +92,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_restore_onto_a_different_mesh_and_device_count(tmp_path):
   out = tu.run([tu.sys.executable, "-c", _SAVE_FSDP_AND_RESHARD, str(tmp_path)], devices=8)
   assert "OK" in out.stdout
@@ -305,6 +306,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.slow
 def test_disk_full_during_a_save_is_one_clear_line(small_disk):
   """The disk fills up during the third save: one line says so (not ~1,800 lines of
   asynchronous tracebacks), the exit status is non-zero, the earlier checkpoints are
@@ -332,6 +334,7 @@ def test_disk_full_during_a_save_is_one_clear_line(small_disk):
   assert tu.checkpoint_steps(workdir)[-1] == 20
 
 
+@pytest.mark.slow
 def test_kill_during_the_final_evaluation_evaluates_on_rerun(tmp_path):
   """SIGKILL while the last step's evaluation runs: the rerun must not say "Training
   already reached step N" and skip it; the final evaluation is done (and in TensorBoard)."""

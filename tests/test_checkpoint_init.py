@@ -77,6 +77,7 @@ def test_damaged_init_checkpoint_of_ours_is_refused(tmp_path):
     train.train_and_evaluate(config, str(tmp_path / "second"))
 
 
+@pytest.mark.slow
 def test_phase2_continues_phase1_in_the_same_workdir(tmp_path, caplog):
   """Longer sequences from phase 1's last checkpoint, on the same schedule."""
   # Positions for phase 2's length from the start, as in the paper (512 in both phases).
@@ -92,6 +93,7 @@ def test_phase2_continues_phase1_in_the_same_workdir(tmp_path, caplog):
   assert int(state.step) == 6 and tu.checkpoint_steps(tmp_path)[-2:] == [4, 6]
 
 
+@pytest.mark.slow
 def test_init_from_our_workdir_with_nsp_switched(tmp_path, caplog):
   """An MLM+NSP run of ours starts an MLM-only run (NSP head and pooler left out, said
   once), and an MLM-only run starts an MLM+NSP one (NSP head and pooler fresh, said once)."""

@@ -433,6 +433,7 @@ def test_24_gutenberg_books_prepare_the_same_as_txt_jsonl_gz_and_parquet(tmp_pat
     assert arrays == want, name
 
 
+@pytest.mark.slow
 def test_a_prepared_directory_on_gs_has_a_writer_lock(gcs, tmp_path, vocab):  # noqa: F811
   """gs:// (no flock): another host's live writer is refused in one line; its lock is taken
   over once its heartbeat is stale, and released at the end (issue 35 item 5). (16 shards

@@ -204,6 +204,7 @@ def test_objective_needs_the_electra_family_and_no_nsp():
       registry.pretraining(_config(**overrides), 128)
 
 
+@pytest.mark.slow
 def test_pretrains_resumes_and_fine_tunes_from_the_discriminator(tmp_path):
   """The main job (synthetic batches) trains both networks, a rerun resumes it, evaluation
   reports the discriminator's metrics, and fine-tuning's reader takes the discriminator."""

@@ -151,7 +151,8 @@ HOWS = [heads.FeatureBased("sum_all", freeze=True, bilstm_units=4, bilstm_layers
 
 
 @pytest.mark.parametrize("family", ["bert", pytest.param("modern", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("head", [pytest.param("classify", marks=pytest.mark.slow), "qa", "tag",
+@pytest.mark.parametrize("head", [pytest.param("classify", marks=pytest.mark.slow),
+                                  pytest.param("qa", marks=pytest.mark.slow), "tag",
                                   pytest.param("choice", marks=pytest.mark.slow)])
 def test_every_head_is_feature_based_and_a_frozen_encoder_gets_no_gradient(four_layers, family,
                                                                            head):

@@ -210,7 +210,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0)
 """
 
 
-@pytest.mark.parametrize("async_dispatch", [False, True])
+@pytest.mark.parametrize("async_dispatch", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_reuse_host_memory_stops_page_faults_of_step_temporaries(async_dispatch):
   """Without async dispatch (as bert_jax.main runs), a computation's temporaries come from
   glibc's heap and are reused: repeated runs page-fault nothing (each fresh mmap of a

@@ -136,6 +136,7 @@ def test_predict_features_to_gs(gcs, pretrained):  # noqa: F811
   _no_local_gs_dir()
 
 
+@pytest.mark.slow
 def test_convert_to_and_from_gs(gcs, tmp_path):  # noqa: F811
   transformers = pytest.importorskip("transformers")
   hf = transformers.BertForMaskedLM(transformers.BertConfig(

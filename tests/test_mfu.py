@@ -124,6 +124,7 @@ class _SlowHost:
     return {}
 
 
+@pytest.mark.slow
 def test_the_last_window_of_a_run_is_not_a_spike(tmp_path, cache):
   """Issue 40's reproduction: a run whose last log window is one step after a deferred log
   (801 steps, a log every 50: CoLA's 3 epochs of 267). The deferred report read the clock

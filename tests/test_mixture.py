@@ -171,6 +171,7 @@ def test_corpora_of_different_vocabularies_are_refused(corpora, tmp_path):
     pretrain.PretrainIterator(cfg, batch_size=4, seed=0)
 
 
+@pytest.mark.slow
 def test_training_job_logs_the_shares_and_resumes(corpora, tmp_path):
   """The main job on a mixture: each log line shows the corpora's shares (also in
   TensorBoard); a rerun with more steps resumes the mixture."""

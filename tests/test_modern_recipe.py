@@ -56,6 +56,7 @@ def test_wsd_schedule_warms_up_holds_then_cools_down():
   assert _lr(c, 60, 100) == pytest.approx(0.0, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_decay_started_from_a_mid_run_checkpoint_equals_a_planned_one(tmp_path):
   # Planned: 8 steps, the decay over the last 4. Unplanned: 4 stable steps (no decay yet),
   # then the workdir rerun with the decay starting at its checkpoint: the same weights.

@@ -136,6 +136,7 @@ def test_packing_with_original_tfrecords_or_synthetic_data_is_refused(tagged):
     pretrain_data.make_iterator(config, config.data, split="train", batch_size=8, vocab_size=128, seed=0)
 
 
+@pytest.mark.slow
 def test_main_trains_packed_and_resumes(tagged, tmp_path):
   """The real entry point with data.packing: progress shows non-padding tokens/s, eval
   counts examples (not rows), and a rerun with more steps resumes."""

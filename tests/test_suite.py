@@ -294,6 +294,7 @@ def test_missing_task_directory_or_bad_file_names_the_task_and_file(inputs, tmp_
     main.run(c, str(tmp_path / "w"))
 
 
+@pytest.mark.slow
 def test_bad_input_after_finished_runs_is_one_line_and_loses_nothing(inputs, tmp_path):
   """The CLI: exit 2, one line naming the task and file; finished runs and their results stay."""
   data = tmp_path / "data"

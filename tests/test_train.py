@@ -307,6 +307,7 @@ class _NoUserCache:
     self.reset()
 
 
+@pytest.mark.slow
 def test_job_keeps_its_compiled_programs_in_the_workdir(tmp_path):
   """main.run keeps the job's XLA programs in WORKDIR/xla_cache: the resumed run loads them
   instead of compiling."""
