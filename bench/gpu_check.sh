@@ -38,28 +38,28 @@ if [ "$SMOKE" = 1 ]; then
     | tee "$OUT/gpu_step.log"
   exit
 fi
-# 1. Where BERT-base's step spends its time (L=128, batch 256, bf16): kernels by category, by
-# kernel and by the model code they run (op_name, file:line); the optimized HLO comes back too.
-timeout 170 python3 -m bench.profile_step --preset=base --batch=256 --seq_len=128 \
-  --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=3 2>&1 | tee "$OUT/profile.log"
+# 1. Where BERT-base's step spends its time at L=512 (batch 32, bf16; L=128's profile is in
+# bench/RESULTS.md, third loan): kernels by category, by kernel and by the model code they run
+# (op_name, file:line); the optimized HLO comes back too.
+timeout 150 python3 -m bench.profile_step --preset=base --batch=32 --seq_len=512 \
+  --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
 cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
-# 2. The benchmark, with what is left of ~9 minutes (rows past the budget are reported as not
-# run). Measured on H200s on 2026-11-27 (bench/RESULTS.md): BERT-base L=128 1.06x
-# torch.compile, L=512 0.93x, BERT-large L=128 0.94x (36.9% of peak), ModernBERT packed 156.9k.
-# First the A/B rows of XLA's choices on BERT-base L=128 (the same call's baseline beside
-# them), then the peers not yet measured fairly; each row costs ~60-150 s (process start,
-# initialisation beside the compile). ONLY overrides the rows (WORKLOAD:SYSTEM,...),
-# VARIANTS the extra bert_jax systems.
-left=$(( 500 - ($(date +%s) - start) ))
-V="cublas:xla=--xla_gpu_enable_triton_gemm=false"
+# 2. The benchmark, with what is left of ~9.5 minutes (rows past the budget are reported as not
+# run). Measured on an H200 on 2026-11-27, third loan (bench/RESULTS.md): BERT-base L=128
+# 1.18x torch.compile in the same call, 1.21x with Triton GEMMs off (now the job's GPU
+# default, bert_jax.process.GPU_XLA_FLAGS); BERT-large L=512 0.83x; BERT-base L=512 0.93x
+# (second loan). This call: BERT-base L=128 with the job's defaults against torch.compile,
+# then the fused Pallas attention at L=512 (never reached before: the explicit attention's
+# fp32 scores are the L=512 gap), then Triton GEMMs again (the A/B's second measurement).
+# Each row costs ~60-150 s (process start, initialisation beside the compile). ONLY
+# overrides the rows (WORKLOAD:SYSTEM,...), VARIANTS the extra bert_jax systems.
+left=$(( 560 - ($(date +%s) - start) ))
+V="triton:xla=--xla_gpu_enable_triton_gemm=true"
 V="$V;flash:bert.model.attention_impl=pallas,modern.model.attention=flash"
-V="$V;scan:bert.model.scan_layers=True,modern.model.scan_layers=True"
-V="$V;cudnn-nodrop:bert.model.attention_impl=cudnn,bert.model.attention_dropout_rate=0,modern.model.attention_impl=cudnn"
-O="bert-base-128:bert_jax,bert-base-128:bert_jax[cublas],modern-packed:eager"
-O="$O,bert-large-128:bert_jax[scan],modern-packed:bert_jax[flash],bert-base-128:bert_jax[cudnn-nodrop]"
-O="$O,bert-large-512:bert_jax"
-O="$O,bert-large-512:compile,modern-packed:compile,bert-base-128:compile"
-timeout $(( left + 60 )) python3 -m bench.gpu_step --budget_s=$(( left - 40 )) --child_timeout_s=200 \
+O="bert-base-128:bert_jax,bert-base-128:compile,bert-large-512:bert_jax[flash]"
+O="$O,bert-base-512:bert_jax[flash],bert-base-128:bert_jax[triton],bert-large-128:bert_jax"
+O="$O,bert-base-512:bert_jax,bert-base-512:compile"
+timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 130 )) --child_timeout_s=200 \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
   --matmul_sizes=8192 --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
 echo "gpu_check: $(( $(date +%s) - start )) s; outputs in $OUT"

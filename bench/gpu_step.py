@@ -25,11 +25,12 @@ as the pre-training job, compiles the step in a thread while the state is initia
 JSON rows give imports_s, init_s and compile_s, from the compilation's start to its step),
 peak device memory, MFU against the chip's dense bf16 peak (bert_jax.flops.PEAK_BF16_FLOPS) and against a bf16 matmul measured in the run.
 
---variants adds bert_jax rows with config overrides and/or XLA flags, each its own process;
+--variants adds bert_jax rows with config overrides and/or XLA flags, each its own process (the
+bert_jax rows run with the job's XLA flags, bert_jax.process.GPU_XLA_FLAGS, unless a variant sets them);
 a field prefixed `bert.` or `modern.` applies to that family's workloads only:
   flash:bert.model.attention_impl=pallas,modern.model.attention=flash  (bert_jax.flash kernels)
   cudnn:bert.model.attention_impl=cudnn,bert.model.attention_dropout_rate=0
-  cublas:xla=--xla_gpu_enable_triton_gemm=false
+  triton:xla=--xla_gpu_enable_triton_gemm=true   (XLA's Triton GEMMs: the job turns them off)
 --budget_s skips the rows that would start after it (reported as not run). Imports no
 TensorFlow. Appends the table to bench/RESULTS.md unless --no_record or --smoke; --json
 writes the rows too.
@@ -149,6 +150,8 @@ def _bert_jax_workload(spec: dict):
 
 
 def child_bert_jax(spec: dict) -> dict:
+  from bert_jax import process  # pylint: disable=g-import-not-at-top
+  process.job_xla_flags()  # as the job (bert_jax.main) runs: its XLA flags, before any device
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import flops as flops_lib, registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   config, host_batches, tokens, steps = _bert_jax_workload(spec)

@@ -510,7 +510,8 @@ def _piece_fns(args, cfg, model, objective, tx, state, data, rng, preds: int, fn
 
 def main(argv=None) -> None:
   args = _parser().parse_args(argv)
-
+  from bert_jax import process
+  process.job_xla_flags()  # the XLA flags the pre-training job runs with (before any device)
   import jax
   import jax.numpy as jnp
   from bert_jax import flops as flops_lib

@@ -1,10 +1,11 @@
-"""What a process sets up once before any job (bert_jax.main calls `setup`), and the XLA
-compilation cache of the job's workdir (`job_compilation_cache`, which bert_jax.main.run
+"""What a process sets up once before any job (bert_jax.main calls `setup`): the XLA flags
+a job runs with on GPU (`job_xla_flags`), and the XLA compilation cache of the job's workdir (`job_compilation_cache`, which bert_jax.main.run
 turns on for every job)."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+import os
+from typing import Any, MutableMapping
 
 from absl import logging
 import jax
@@ -14,10 +15,34 @@ from bert_jax import metrics
 from input_pipeline import fileio
 
 
+# XLA flags every job sets unless XLA_FLAGS sets them itself. GPU-only options (other
+# backends parse and ignore them), each measured on an H200 (bench/RESULTS.md, 2026-11-27,
+# third loan):
+# - cuBLAS for every matmul instead of XLA's Triton GEMM fusions: BERT-base's pre-training
+#   step at L=128, batch 256 ran 51.0 instead of 52.3 ms and compiled in 54.6 instead of
+#   59.5 s (1.21x transformers + torch.compile instead of 1.18x, the same call).
+GPU_XLA_FLAGS = ("--xla_gpu_enable_triton_gemm=false",)
+
+
+def job_xla_flags(environ: MutableMapping[str, str] | None = None) -> str:
+  """Adds GPU_XLA_FLAGS to XLA_FLAGS (os.environ by default), each unless XLA_FLAGS already
+  names that flag (the user's value wins); returns the new value. XLA reads the variable when
+  the first backend starts, so this runs before anything asks JAX for a device (setup does
+  it first)."""
+  environ = os.environ if environ is None else environ
+  current = environ.get("XLA_FLAGS", "").split()
+  named = {flag.split("=", 1)[0] for flag in current}
+  added = [flag for flag in GPU_XLA_FLAGS if flag.split("=", 1)[0] not in named]
+  if added:
+    environ["XLA_FLAGS"] = " ".join(current + added)
+  return environ.get("XLA_FLAGS", "")
+
+
 def setup(distributed: dict[str, Any] | None = None) -> None:
-  """Quiet library logs; JAX's distributed runtime when `distributed` holds
+  """The job's XLA flags (job_xla_flags); quiet library logs; JAX's distributed runtime when `distributed` holds
   jax.distributed.initialize's arguments (several hosts); XLA:CPU executing on the calling
   thread, so that its step memory is reused (reuse_host_memory); the devices logged."""
+  job_xla_flags()
   metrics.quiet_library_logs()
   jax.config.update("jax_cpu_enable_async_dispatch", False)
   if distributed is not None:
