@@ -37,9 +37,6 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
   build = config.build
   if data_cfg.vocab_path and not vocab_complete(data_cfg.vocab_path):
     vocab_kind = build.get("vocab_kind") or vocab_kind
-    # data.lowercase None: uncased WordPiece and SentencePiece (BERT-base-uncased's casing),
-    # cased byte-level BPE (as every published one: RoBERTa's, ModernBERT's).
-    lowercase = vocab_kind != "bpe" if data_cfg.lowercase is None else data_cfg.lowercase
     logging.info("Training a %d-entry %s vocabulary on %r into %s.", build.vocab_size,
                  vocab_kind, build.corpus, data_cfg.vocab_path)
     tmp = data_cfg.vocab_path.rstrip("/") + ".tmp"
@@ -47,7 +44,7 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
       if fileio.path(leftover).exists():
         fileio.path(leftover).rmtree()
     vocab_lib.train_vocab(build.corpus, tmp, vocab_size=build.vocab_size,
-                          kind=vocab_kind, lowercase=lowercase,
+                          kind=vocab_kind, lowercase=data_cfg.lowercase,  # None: the kind's
                           max_chars=build.max_chars, text_field=build.text_field,
                           max_replaced_fraction=build.max_replaced_fraction,
                           max_bad_records=build.max_bad_records)

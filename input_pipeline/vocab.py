@@ -2,7 +2,7 @@ r"""Trains a BERT vocabulary: WordPiece (vocab.txt), SentencePiece (spm.model) o
 BPE (tokenizer.json).
 
   python -m input_pipeline.vocab --input='data/*.txt' --output=/tmp/vocab \
-      --vocab_size=30522 [--kind=wordpiece|sentencepiece|bpe] [--nolowercase]
+      --vocab_size=30522 [--kind=wordpiece|sentencepiece|bpe] [--[no]lowercase]
 
 --input is a corpus spec (file globs, "default", "tfds:NAME"; see corpus.py). The output
 directory gets the vocabulary plus tokenizer_config.json (kind, lowercase), which
@@ -46,6 +46,13 @@ FILES = {"wordpiece": tokenizer_lib.WORDPIECE_FILE,
 _SENTENCEPIECE_THREADS = 16
 
 
+def default_lowercase(kind: str) -> bool:
+  """The casing a `kind` of vocabulary is trained with unless asked otherwise: uncased
+  WordPiece and SentencePiece (BERT-base-uncased's casing), cased byte-level BPE (as every
+  published one: RoBERTa's, ModernBERT's)."""
+  return kind != "bpe"
+
+
 def scratch_dir(output_dir: str) -> str:
   """Where training keeps its files (a copy of the training text, the raw output).
 
@@ -63,7 +70,7 @@ def scratch_dir(output_dir: str) -> str:
 
 
 def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
-                kind: str = "wordpiece", lowercase: bool = True, fmt: str = "auto",
+                kind: str = "wordpiece", lowercase: bool | None = None, fmt: str = "auto",
                 text_field: str = "text", tfds_data_dir: str | None = None,
                 max_chars: int | None = None, min_frequency: int = 2,
                 max_replaced_fraction: float = text_lib.MAX_REPLACED_FRACTION,
@@ -72,10 +79,12 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
 
   The same corpus and settings give a byte-identical vocabulary, whatever the number of
   threads. A corpus file with more than max_replaced_fraction undecodable bytes is
-  refused (text.TooManyReplacedBytesError).
+  refused (text.TooManyReplacedBytesError). `lowercase` None: the kind's casing
+  (default_lowercase).
   """
   if kind not in KINDS:
     raise ValueError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")
+  lowercase = default_lowercase(kind) if lowercase is None else lowercase
   if vocab_size <= len(tokenizer_lib.SPECIAL_TOKENS):
     raise ValueError(f"vocab_size={vocab_size} leaves no room beyond the special tokens.")
   if kind == "bpe" and vocab_size <= BYTES + len(tokenizer_lib.SPECIAL_TOKENS):
@@ -298,8 +307,9 @@ def _flag_values() -> flags.FlagValues:
   flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size.", flag_values=fv)
   flags.DEFINE_enum("kind", "wordpiece", KINDS, "Vocabulary kind (bpe: byte-level BPE).",
                     flag_values=fv)
-  flags.DEFINE_boolean("lowercase", True, "Uncased (lower-case; WordPiece also strips "
-                       "accents).", flag_values=fv)
+  flags.DEFINE_boolean("lowercase", None, "Uncased (lower-case; WordPiece also strips "
+                       "accents). Default: uncased WordPiece and SentencePiece, cased bpe.",
+                       flag_values=fv)
   corpus.define_flags(fv, "Skip up to this many records without usable text in record "
                       "files; one more is an error.")
   flags.DEFINE_integer("max_chars", None, "Train on at most this much text.", flag_values=fv)

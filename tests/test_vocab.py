@@ -109,6 +109,21 @@ def test_byte_level_bpe_tokenizes_as_transformers(corpus_file, tmp_path, lowerca
   assert spans[1] and not any(s.startswith(" ") for s in spans), spans
 
 
+def test_casing_defaults_to_the_kinds(corpus_file, tmp_path):
+  """Without --lowercase/--nolowercase the CLI trains what the job's build trains: a cased
+  byte-level BPE (as every published one), uncased WordPiece and SentencePiece."""
+  cased = {}
+  for kind in ("bpe", "wordpiece"):
+    out = tmp_path / kind
+    vocab_lib.main(["vocab", f"--input={corpus_file}", f"--output={out}", "--vocab_size=400",
+                    f"--kind={kind}"])
+    tok = tokenizer_lib.Tokenizer.from_path(str(out))
+    cased[kind] = not tok.lowercase and tok.encode("The") != tok.encode("the")
+  assert cased == {"bpe": True, "wordpiece": False}
+  assert [vocab_lib.default_lowercase(k) for k in ("bpe", "wordpiece", "sentencepiece")] == [
+      False, True, True]
+
+
 def test_byte_level_bpe_is_deterministic_across_runs_and_threads(tmp_path):
   """The same corpus gives a byte-identical tokenizer.json with 1 or 2 Rust threads (ties
   between equally frequent merges included)."""
