@@ -15,7 +15,9 @@ biases and LayerNorm, clipping at 1.0).
   steps; s/step from the timestamps of its progress lines between steps --log_every and
   --steps (compilation excluded). Also with `--config.packing=True`: packed_batch=rows
   (examples/s: the examples of those packed rows, counted with the job's own EpochIterator)
-  and packed_batch=examples (each batch of --batch examples packed into the rows it needs).
+  and packed_batch=examples (each batch of --batch examples packed into the rows it needs);
+  --packed_batch=default runs the job with config.packing unset (it packs each batch's
+  examples where that saves rows); the plain bert_jax row sets --config.packing=False.
 - transformers: BertForSequenceClassification with the same initial encoder (exported
   with bert_jax.models.bert_formats.export_huggingface), torch.optim.AdamW(fused=True: transformers'
   default optimizer), the same schedule and clipping, dropout on, torch.set_num_threads(2),
@@ -154,8 +156,9 @@ def run_bert_jax(repo: pathlib.Path, assets: dict, cola_dir: str, workdir: str, 
          f"--config.max_seq_length={args.seq_len}", f"--config.global_batch_size={args.batch}",
          f"--config.log_every_steps={args.log_every}", "--config.num_epochs=1",
          f"--config.max_steps_per_run={args.steps}", "--config.checkpoint_every_steps=1000000",
-         f"--config.seed={SEED}", f"--config.packing={bool(packed)}"] + (
-             [f"--config.packed_batch={packed}"] if packed else [])
+         f"--config.seed={SEED}"] + (
+             [] if packed == "default" else [f"--config.packing={bool(packed)}"]) + (
+             [f"--config.packed_batch={packed}"] if packed not in ("", "default") else [])
   env = dict(os.environ, PYTHONPATH=str(repo), TF_CPP_MIN_LOG_LEVEL="3")
   return finetune_throughput.job_seconds_per_step(cmd, repo, env, args.log_every, args.steps)
 
@@ -275,7 +278,8 @@ def _parser() -> argparse.ArgumentParser:
                       "or each cut to its longest example (DataCollatorWithPadding)")
   parser.add_argument("--packed_batch", default="rows",
                       help="the packing=True runs, by what a batch counts (config.packed_batch: "
-                      "rows, examples, or both comma-separated)")
+                      "rows, examples, or both comma-separated); 'default' adds a run with "
+                      "config.packing unset (the job's own choice)")
   parser.add_argument("--no_keras", action="store_true",
                       help="skip KerasHub (needs bash bench/setup_keras_peer.sh)")
   parser.add_argument("--smoke", action="store_true",
@@ -294,7 +298,8 @@ def _runs(args) -> list[tuple]:
   if not args.no_keras and args.shape == "minilm":
     runs.append(("KerasHub (BertTextClassifier)", "keras", ""))
   for mode in ([] if args.no_packed else [m for m in args.packed_batch.split(",") if m]):
-    runs.append(("bert_jax packing=True" + (" packed_batch=examples" if mode == "examples" else ""),
+    runs.append(("bert_jax, the job's default (packing unset)" if mode == "default" else
+                 "bert_jax packing=True" + (" packed_batch=examples" if mode == "examples" else ""),
                  REPO, mode))
   if args.other:
     runs.append((f"bert_jax {args.other_label}", pathlib.Path(args.other), ""))

@@ -12,12 +12,12 @@ epoch, each host feeding its rows of the global batch). After every epoch it eva
 on the dev set, keeps the best parameters (`workdir/best`), and writes predictions in
 each task's submission format plus `metrics.json` (process 0 writes, every host reads).
 
-With `config.packing` (classification), each epoch's shuffled training
-examples are packed several to a row (input_pipeline/packing.py): attention is
-block-diagonal, positions restart per example and every example is classified
-from its own [CLS], so the loss equals that of the same examples unpacked while
-far fewer padding tokens are computed. Steps and resume offsets then count rows;
-loss/accuracy still count examples. For embeddings (task=embed) each batch's texts
+Classification packs its training examples several to a row (input_pipeline/packing.py;
+`config.packing` unset: each batch's examples into the rows it needs, where that saves rows,
+see `packs`): attention is block-diagonal, positions restart per example and every example
+is classified from its own [CLS], so the loss equals that of the same examples unpacked
+while far fewer padding tokens are computed. With packed_batch "rows" steps and resume
+offsets count rows; loss/accuracy still count examples. For embeddings (task=embed) each batch's texts
 are packed instead (input_pipeline/epochs.PackedPairBatches): a batch still holds
 global_batch_size pairs. Evaluation and prediction stay unpacked.
 """
@@ -95,9 +95,10 @@ def _check_features(config: ml_collections.ConfigDict) -> None:
                     "classifier alone (a linear probe).")
 
 
-def check_config(config: ml_collections.ConfigDict) -> bool:
+def check_config(config: ml_collections.ConfigDict) -> bool | None:
   """Fails early on a config fine-tuning cannot run (unset fields, missing checkpoint or
-  input files), naming the field to set; returns whether it packs."""
+  input files), naming the field to set; returns config.packing (None: unset, the job
+  decides: `packs`)."""
   if not config.init_checkpoint:
     raise errors.ConfigError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
                       "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
@@ -114,7 +115,7 @@ def check_config(config: ml_collections.ConfigDict) -> bool:
                       f"{MIN_SEQ_LENGTH} tokens are needed for [CLS], [SEP] x2 and one token of "
                       "each segment (BERT: 128; 384 for SQuAD).")
   _check_features(config)
-  packed = bool(config.get("packing", False))
+  packed = config.get("packing", False)
   if packed and not task.packing:
     packable = " or ".join(name for name, t in tasks.TASKS.items() if t.packing)
     raise errors.ConfigError(f"packing is only supported for classification fine-tuning and "
@@ -194,10 +195,22 @@ def _inputs(task: tasks.TaskData, enc_params) -> dict[str, str]:
           "initial weights": fingerprint(enc_params)}
 
 
+def packs(config: ml_collections.ConfigDict, cfg) -> bool:
+  """Whether a run with config.packing unset packs each batch of examples (configs/finetune.py
+  add_packing): a classification task, batches counted in examples, a head that reads the
+  fine-tuned encoder and a bidirectional model (a left-to-right one pools its last token).
+  _batches then keeps it only where it saves rows."""
+  return (tasks.TASKS[config.task].packing == "examples"
+          and config.get("packed_batch") == "examples" and heads.FeatureBased.of(config).plain
+          and not getattr(cfg, "causal", False))
+
+
 def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], packing: str,
-             num_devices: int) -> EpochIterator | PackedPairBatches:
+             num_devices: int, auto: bool = False) -> EpochIterator | PackedPairBatches:
   """This host's training batches of every epoch; fails when an epoch has no full batch.
-  `packing`: what config.packing packs (tasks.Task.packing; "" unpacked)."""
+  `packing`: what config.packing packs (tasks.Task.packing; "" unpacked); `auto`: packing
+  chosen by the job (config.packing unset), dropped where it saves under a tenth of the
+  rows."""
   n_train, B = len(train["input_ids"]), config.global_batch_size
   per_batch = packing == "texts" or (packing == "examples" and
                                      config.get("packed_batch", "rows") == "examples")
@@ -210,12 +223,17 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], pa
         max_per_row=config.max_examples_per_row, row_multiple=math.lcm(num_devices, chunk),
         process_index=jax.process_index(), process_count=jax.process_count())
     texts = batches.texts_per_batch
-    logging.info("Packing: each batch's %d %s in %d rows of %d tokens (%.0f%% of them real "
-                 "on average), planned in %.1fs.", texts, packing, batches.rows,
-                 batches.row_length,
-                 100 * texts * batches.tokens_real / (batches.rows * batches.row_length),
-                 time.perf_counter() - t)
-    return batches
+    if auto and batches.rows * 10 > B * 9:
+      logging.info("Packing: off (each batch's %d examples need %d rows of %d; "
+                   "--config.packing=True packs them anyway).", texts, batches.rows, B)
+    else:
+      logging.info("Packing: each batch's %d %s in %d rows of %d tokens (%.0f%% of them real "
+                   "on average), planned in %.1fs%s.", texts, packing, batches.rows,
+                   batches.row_length,
+                   100 * texts * batches.tokens_real / (batches.rows * batches.row_length),
+                   time.perf_counter() - t,
+                   "; config.packing unset: --config.packing=False turns it off" if auto else "")
+      return batches
   batches = EpochIterator(train, global_batch_size=B, num_epochs=config.num_epochs,
                           seed=config.seed, max_seq_length=config.max_seq_length,
                           max_examples_per_row=config.max_examples_per_row if packed else 0,
@@ -302,9 +320,10 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   saved_metrics = _read_metrics(fileio.path(workdir) / METRICS_FILE)  # before any work
   cfg, enc_params, tok = _load(config)
   task = tasks.TASKS[config.task].data(config, tok, cfg)
-  packing = tasks.TASKS[config.task].packing if packed else ""
+  auto = packed is None
+  packing = tasks.TASKS[config.task].packing if (packs(config, cfg) if auto else packed) else ""
   num_devices = len(devices or jax.devices())
-  batches = _batches(config, task.train, packing, num_devices)
+  batches = _batches(config, task.train, packing, num_devices, auto)
   total = sum(batches.steps_per_epoch)
   epoch_ends = list(np.cumsum(batches.steps_per_epoch))
   epoch_of = lambda step: next(i for i, end in enumerate(epoch_ends) if step <= end) + 1
@@ -324,7 +343,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
                                               name=config.init_checkpoint)
   if cache:
     batches = _batches(config, {**task.train, heads.CACHED: _encoder_features(
-        task, state.params["bert"], config.eval_batch_size)}, packing, num_devices)
+        task, state.params["bert"], config.eval_batch_size)}, packing, num_devices, auto)
   if data_state is not None:
     batches.set_state(data_state)
   if int(jax.device_get(state.step)):

@@ -79,8 +79,7 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
 
   The same corpus and settings give a byte-identical vocabulary, whatever the number of
   threads. A corpus file with more than max_replaced_fraction undecodable bytes is
-  refused (text.TooManyReplacedBytesError). `lowercase` None: the kind's casing
-  (default_lowercase).
+  refused (text.TooManyReplacedBytesError). `lowercase` None: default_lowercase(kind).
   """
   if kind not in KINDS:
     raise ValueError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")

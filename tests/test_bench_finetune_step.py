@@ -43,15 +43,18 @@ def test_finetune_step_smoke():
 @pytest.mark.slow
 def test_finetune_step_smoke_packing_each_batch_of_examples():
   """--packed_batch=examples: the job packs each batch of --batch examples (the same
-  examples a step as unpacked: examples/s is batch / s/step); --torch_padding=longest feeds
+  examples a step as unpacked: examples/s is batch / s/step), as it does with packing unset
+  (--packed_batch=default); --torch_padding=longest feeds
   transformers each batch cut to its longest example."""
-  out = finetune_step.main(["--smoke", "--no_record", "--no_keras", "--packed_batch=examples",
-                            "--torch_padding=longest"])
+  out = finetune_step.main(["--smoke", "--no_record", "--no_keras",
+                            "--packed_batch=examples,default", "--torch_padding=longest"])
   rows = {r["impl"]: r for r in out["rows"]}
   assert list(rows) == ["bert_jax", "transformers (PyTorch)",
-                        "bert_jax packing=True packed_batch=examples"]
-  packed = rows["bert_jax packing=True packed_batch=examples"]
-  assert packed["examples_per_s"] == pytest.approx(4 / packed["s_per_step"], rel=1e-6)
+                        "bert_jax packing=True packed_batch=examples",
+                        "bert_jax, the job's default (packing unset)"]
+  for name in list(rows)[2:]:  # the job's default packs so too: the same examples a step
+    packed = rows[name]
+    assert packed["examples_per_s"] == pytest.approx(4 / packed["s_per_step"], rel=1e-6)
   assert "transformers' batches cut to their longest example" in out["table"]
 
 

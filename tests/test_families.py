@@ -119,3 +119,36 @@ def test_each_family_builds_the_vocabulary_kind_of_its_checkpoints():
                    "xlm-roberta": "sentencepiece", "deberta-v2": "sentencepiece",
                    "modernbert": "bpe", "eurobert": "bpe"}
   assert set(kinds.values()) <= set(vocab.KINDS)
+
+
+@pytest.mark.parametrize("name", families.names())
+def test_every_family_classifies_packed_rows_as_each_example_alone(name):
+  """Fine-tuning packs classification examples by default (bert_jax/finetune.packs): each
+  family's classifier gives each example of a packed row (block-diagonal attention,
+  positions restarting, its own [CLS] or mean) its logits unpacked, dropout off."""
+  import flax.linen as nn
+  import jax
+  import ml_collections
+  from bert_jax import heads, registry
+  from input_pipeline import epochs, features
+  from tests import test_train_utils as tu
+  from tests.test_finetune_packing import L, _examples
+  config = tu.tiny_config()
+  config.model = ml_collections.ConfigDict(dict(
+      family=name, preset="tiny" if name == "bert" else None, dtype="float32",
+      param_dtype="float32", num_layers=2, hidden_size=32, num_heads=2, intermediate_size=48))
+  cfg = registry.model_config(config, 64)
+  cfg = cfg.replace(**{field: 0.0 for field in families.get(name).dropout})
+  f = _examples(n=7, num_labels=3)
+  head = heads.BertForSequenceClassification(cfg, num_labels=3)
+  params = nn.unbox(jax.jit(head.init)(jax.random.key(0), *(f[k] for k in features.TEXT)))["params"]
+  params = jax.tree.map(lambda p: p * 8, params)  # logits well away from 0
+  packed = epochs.pack_epoch(dict(f, index=np.arange(7)), np.arange(7), L, 4)
+  assert packed["input_ids"].shape[0] < 7  # several examples a row
+  apply = jax.jit(head.apply)
+  alone = np.asarray(apply({"params": params}, *(f[k] for k in features.TEXT)))
+  logits = np.asarray(apply({"params": params}, *(packed[k] for k in features.TEXT),
+                            **{k: packed[k] for k in features.PACKED}))
+  filled = packed["example_weights"] > 0
+  assert np.abs(alone).max() > 0.1
+  np.testing.assert_allclose(logits[filled], alone[packed["index"][filled]], rtol=1e-4, atol=1e-5)

@@ -1,4 +1,5 @@
 """Packed classification fine-tuning: same loss/gradients as unpacked, no cross-talk, end to end."""
+import dataclasses
 import json
 
 import flax.linen as nn
@@ -109,7 +110,7 @@ def _config(tmp_path, pretrained, n=64, rows_per_batch=2, epochs=1):
   c.global_batch_size, c.eval_batch_size, c.log_every_steps = rows_per_batch, 16, 1000
   c.model.hidden_dropout_rate = c.model.attention_dropout_rate = 0.0
   c.opt.learning_rate = 3e-3
-  c.packing, c.max_examples_per_row = True, 4
+  c.packing, c.packed_batch, c.max_examples_per_row = True, "rows", 4
   return c
 
 
@@ -130,18 +131,21 @@ def test_packed_finetuning_end_to_end(tmp_path, pretrained):
 def test_packed_batch_of_examples_trains_the_unpacked_runs_model(tmp_path, pretrained):  # noqa: F811
   """--config.packed_batch=examples: each batch of global_batch_size examples packed into the
   rows it needs (the same batches, steps and hyperparameters as unpacked), so without
-  dropout the run trains the unpacked run's model, on fewer rows a step."""
+  dropout the run trains the unpacked run's model, on fewer rows a step. config.packing unset
+  (the default) packs them so."""
   from bert_jax import loader  # pylint: disable=g-import-not-at-top
   out = {}
-  for packed in (False, True):
+  for packed in (False, True, None):
     c = _config(tmp_path, pretrained, rows_per_batch=8, epochs=2)
     c.packing, c.packed_batch = packed, "examples"
     work = tmp_path / f"work_{packed}"
     out[packed] = finetune.finetune(c, str(work))
     out[packed, "steps"] = [e["step"] for e in json.loads((work / "metrics.json").read_text())["epochs"]]
     out[packed, "params"] = loader.read(str(work / "best"), "all")[1]
-  assert out[True, "steps"] == out[False, "steps"] == [8, 16]
-  assert out[True]["accuracy"] == out[False]["accuracy"]
+  assert out[True, "steps"] == out[False, "steps"] == out[None, "steps"] == [8, 16]
+  assert out[True]["accuracy"] == out[False]["accuracy"] == out[None]["accuracy"]
+  for a, b in zip(jax.tree.leaves(out[None, "params"]), jax.tree.leaves(out[True, "params"])):
+    np.testing.assert_array_equal(a, b)  # unset: the packed run itself
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(out[True, "params"]),
                           jax.tree.leaves(out[False, "params"])):
     np.testing.assert_allclose(a, b, atol=1e-4, rtol=0, err_msg=jax.tree_util.keystr(path))
@@ -151,6 +155,38 @@ def test_packed_batch_of_examples_trains_the_unpacked_runs_model(tmp_path, pretr
   assert batches.rows < 8 and batches.steps_per_epoch == [8, 8]  # fewer rows than examples
   first = next(batches)
   assert first["input_ids"].shape == (batches.rows, L) and first["example_weights"].sum() == 8
+
+
+def test_packing_unset_packs_where_it_can_and_saves_rows(tmp_path, pretrained):  # noqa: F811
+  """config.packing unset: classification with short examples packs each batch (fewer rows,
+  the same examples); not where the examples fill their rows, nor for a feature-based
+  head, a left-to-right model, batches counted in rows or a task that does not classify."""
+  c = _config(tmp_path, pretrained, rows_per_batch=8)
+  c.packing, c.packed_batch = None, "examples"
+  assert finetune.packs(c, CFG)
+  feats = tasks.classification_task(c, Tokenizer.from_path(pretrained[1]), CFG).train
+  batches = finetune._batches(c, feats, "examples", 1, auto=True)
+  assert isinstance(batches, epochs.PackedExampleBatches) and batches.rows < 8
+  assert next(batches)["example_weights"].sum() == 8
+  # Examples as long as their rows: packing would save nothing, so the batches stay unpacked.
+  full = dict(feats, input_mask=np.ones_like(feats["input_mask"]))
+  batches = finetune._batches(c, full, "examples", 1, auto=True)
+  assert isinstance(batches, epochs.EpochIterator) and next(batches)["input_ids"].shape == (8, L)
+  assert isinstance(finetune._batches(c, full, "examples", 1, auto=False),
+                    epochs.PackedExampleBatches)  # --config.packing=True packs anyway
+  assert not finetune.packs(c, dataclasses.replace(CFG, causal=True))
+  assert not finetune.packs(_with(c, freeze_encoder=True, features="last"), CFG)
+  assert not finetune.packs(_with(c, packed_batch="rows"), CFG)
+  squad_config = squad.get_config("v1")
+  assert squad_config.get("packing") is None and not finetune.packs(squad_config, CFG)
+
+
+def _with(c, **fields):
+  """A copy of config `c` with `fields` set."""
+  c = c.copy_and_resolve_references()
+  for k, v in fields.items():
+    c[k] = v
+  return c
 
 
 @pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)

@@ -11,6 +11,7 @@ layer is new; all parameters are fine-tuned. The model's shape comes from the ch
 conll.py, swag.py) add the fields of their data.
 """
 import ml_collections
+from ml_collections import config_dict
 
 from bert_jax.configs import common
 
@@ -65,15 +66,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def add_packing(c: ml_collections.ConfigDict) -> None:
-  """Sequence packing (classification): each epoch's shuffled training examples share rows
-  of max_seq_length (block-diagonal attention, positions and [CLS] per example), so short
-  examples waste little compute on padding. global_batch_size then counts rows of up to
-  max_examples_per_row examples each (steps per epoch fall accordingly; the loss still
-  averages over examples). Evaluation stays unpacked."""
-  c.packing = False
+  """Sequence packing (classification): training examples share rows of max_seq_length
+  (block-diagonal attention, positions and [CLS] per example), so short examples waste little
+  compute on padding; the loss still averages over examples. Evaluation stays unpacked.
+
+  packing unset (the default): each batch's examples are packed into the rows it needs
+  (packed_batch "examples": the same batches, steps and hyperparameters as unpacked, the
+  model trained the same) when the task classifies, the head reads the fine-tuned encoder
+  (no features / freeze_encoder / BiLSTM) and the model is bidirectional; and only when that
+  saves at least a tenth of the rows. True: packed as packed_batch says (an error where it
+  cannot be); False: unpacked."""
+  c.packing = config_dict.placeholder(bool)
   c.max_examples_per_row = 8
-  # What global_batch_size counts when packing: "rows" (each epoch's examples packed, a batch
-  # that many rows: more examples a step) or "examples" (each batch of that many examples
+  # What global_batch_size counts when packing: "examples" (each batch of that many examples
   # packed into the rows it needs, the same batches as unpacked: the paper's batch sizes and
-  # learning rates hold; its rows are the most any batch needs, counted at the start).
-  c.packed_batch = "rows"
+  # learning rates hold; its rows are the most any batch needs, counted at the start) or
+  # "rows" (each epoch's examples packed, a batch that many rows: more examples a step).
+  c.packed_batch = "examples"
