@@ -94,7 +94,8 @@ def run_once(repo: pathlib.Path, ckpt: str, vocab: str, cola_dir: str, workdir: 
           f"--workdir={workdir}", f"--config.init_checkpoint={ckpt}", f"--config.vocab_path={vocab}",
           f"--config.data_dir={cola_dir}", f"--config.max_seq_length={seq_len}",
           f"--config.global_batch_size={batch}", f"--config.log_every_steps={log_every}",
-          "--config.num_epochs=1", "--config.checkpoint_every_steps=100000"]
+          "--config.num_epochs=1", "--config.checkpoint_every_steps=100000",
+          "--config.packing=False"]  # unpacked, as the docstring says (the job packs by default)
   env = dict(os.environ, PYTHONPATH=str(repo), TF_CPP_MIN_LOG_LEVEL="3")
   proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=3600)
   times = step_times(proc.stderr)

@@ -121,10 +121,10 @@ def check_config(config: ml_collections.ConfigDict) -> bool | None:
     raise errors.ConfigError(f"packing is only supported for classification fine-tuning and "
                              f"embeddings (task {packable}), not task={config.task!r}: set "
                              "--config.packing=False.")
-  if packed and config.get("packed_batch", "rows") not in ("rows", "examples"):
+  if packed is not False and config.get("packed_batch", "rows") not in ("rows", "examples"):
     raise errors.ConfigError(f"--config.packed_batch={config.packed_batch!r}: what a packed "
                              "batch of global_batch_size counts, 'rows' or 'examples'.")
-  if packed and config.get("max_examples_per_row", 0) < 1:
+  if packed is not False and config.get("max_examples_per_row", 0) < 1:
     raise errors.ConfigError(f"max_examples_per_row must be >= 1, got {config.get('max_examples_per_row')}.")
   if not loader.checkpoint_exists(config.init_checkpoint):
     raise errors.ConfigError(f"config.init_checkpoint: {config.init_checkpoint} does not exist: pass a "
@@ -220,7 +220,8 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], pa
     chunk = config.get("grad_cache_chunk", 0) or 1  # the gradient cache's chunks: of rows
     batches = (PackedPairBatches if packing == "texts" else PackedExampleBatches)(
         train, global_batch_size=B, num_epochs=config.num_epochs, seed=config.seed,
-        max_per_row=config.max_examples_per_row, row_multiple=math.lcm(num_devices, chunk),
+        max_per_row=config.max_examples_per_row,
+        row_multiple=math.lcm(max(num_devices // jax.process_count(), 1), chunk),  # per host
         process_index=jax.process_index(), process_count=jax.process_count())
     texts = batches.texts_per_batch
     if auto and batches.rows * 10 > B * 9:

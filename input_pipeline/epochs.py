@@ -103,9 +103,11 @@ class EpochIterator:
   def set_state(self, state: Mapping[str, Any]) -> None:
     epoch, offset = int(state.get("epoch", 0)), int(state.get("offset", 0))
     if offset and bool(state.get("packing", False)) != self.packed:
-      raise ValueError(f"The checkpoint stopped mid-epoch with packing={not self.packed}; "
-                       f"resume with the same --config.packing (its offset counts "
-                       f"{'examples' if self.packed else 'rows'}).")
+      was = ("--config.packing=True --config.packed_batch=rows" if not self.packed else
+             "--config.packing=False (or packed_batch=examples, the default)")
+      raise ValueError(f"The checkpoint stopped mid-epoch with its offset counting "
+                       f"{'rows' if not self.packed else 'examples'}: resume with the same "
+                       f"--config.packing and --config.packed_batch as before ({was}).")
     self.epoch, self.offset = epoch, offset
 
 

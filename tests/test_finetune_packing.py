@@ -157,7 +157,7 @@ def test_packed_batch_of_examples_trains_the_unpacked_runs_model(tmp_path, pretr
   assert first["input_ids"].shape == (batches.rows, L) and first["example_weights"].sum() == 8
 
 
-def test_packing_unset_packs_where_it_can_and_saves_rows(tmp_path, pretrained):  # noqa: F811
+def test_packing_unset_packs_where_it_can_and_saves_rows(tmp_path, pretrained, monkeypatch):  # noqa: F811
   """config.packing unset: classification with short examples packs each batch (fewer rows,
   the same examples); not where the examples fill their rows, nor for a feature-based
   head, a left-to-right model, batches counted in rows or a task that does not classify."""
@@ -166,8 +166,14 @@ def test_packing_unset_packs_where_it_can_and_saves_rows(tmp_path, pretrained): 
   assert finetune.packs(c, CFG)
   feats = tasks.classification_task(c, Tokenizer.from_path(pretrained[1]), CFG).train
   batches = finetune._batches(c, feats, "examples", 1, auto=True)
-  assert isinstance(batches, epochs.PackedExampleBatches) and batches.rows < 8
+  assert isinstance(batches, epochs.PackedExampleBatches) and batches.rows == 2 < 8
   assert next(batches)["example_weights"].sum() == 8
+  # Two hosts of one device each: the rows a multiple of the 2 devices, each host one.
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  two_hosts = finetune._batches(c, feats, "examples", 2, auto=True)
+  assert two_hosts.rows == 2 and next(two_hosts)["input_ids"].shape == (1, L)
+  monkeypatch.undo()
   # Examples as long as their rows: packing would save nothing, so the batches stay unpacked.
   full = dict(feats, input_mask=np.ones_like(feats["input_mask"]))
   batches = finetune._batches(c, full, "examples", 1, auto=True)
