@@ -121,7 +121,10 @@ def test_each_family_builds_the_vocabulary_kind_of_its_checkpoints():
   assert set(kinds.values()) <= set(vocab.KINDS)
 
 
-@pytest.mark.parametrize("name", families.names())
+# Two families in the default tier (BERT's packing has its own tests), the others slow.
+@pytest.mark.parametrize("name", [n if n in ("modernbert", "deberta-v2") else
+                                  pytest.param(n, marks=pytest.mark.slow)
+                                  for n in families.names()])
 def test_every_family_classifies_packed_rows_as_each_example_alone(name):
   """Fine-tuning packs classification examples by default (bert_jax/finetune.packs): each
   family's classifier gives each example of a packed row (block-diagonal attention,

@@ -97,4 +97,8 @@ def get_config(arg: str | None = "glue") -> ml_collections.ConfigDict:
     del c[field]
   del c.opt["learning_rate"]
   finetune.add_packing(c)  # GLUE tasks only
+  # Unpacked by default: the suite's many runs of a task (seeds, learning rates) then share one
+  # compiled step per model shape, where packed rows would differ from run to run (the rows a
+  # run's batches need); --config.packing=True packs them, a batch counting rows (as before).
+  c.packing, c.packed_batch = False, "rows"
   return c
