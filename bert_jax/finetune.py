@@ -322,7 +322,9 @@ def finetune(config: ml_collections.ConfigDict, workdir: str, devices=None) -> d
   cfg, enc_params, tok = _load(config)
   task = tasks.TASKS[config.task].data(config, tok, cfg)
   auto = packed is None
-  packing = tasks.TASKS[config.task].packing if (packs(config, cfg) if auto else packed) else ""
+  if auto:
+    packed = packs(config, cfg)
+  packing = tasks.TASKS[config.task].packing if packed else ""
   num_devices = len(devices or jax.devices())
   batches = _batches(config, task.train, packing, num_devices, auto)
   total = sum(batches.steps_per_epoch)

@@ -1,6 +1,6 @@
 """What a process sets up once before any job (bert_jax.main calls `setup`): the XLA flags
-a job runs with on GPU (`job_xla_flags`), and the XLA compilation cache of the job's workdir (`job_compilation_cache`, which bert_jax.main.run
-turns on for every job)."""
+a job runs with on GPU (`job_xla_flags`), and the XLA compilation cache of the job's workdir
+(`job_compilation_cache`, which bert_jax.main.run turns on for every job)."""
 from __future__ import annotations
 
 import ctypes
@@ -39,8 +39,8 @@ def job_xla_flags(environ: MutableMapping[str, str] | None = None) -> str:
 
 
 def setup(distributed: dict[str, Any] | None = None) -> None:
-  """The job's XLA flags (job_xla_flags); quiet library logs; JAX's distributed runtime when `distributed` holds
-  jax.distributed.initialize's arguments (several hosts); XLA:CPU executing on the calling
+  """The job's XLA flags (job_xla_flags); quiet library logs; JAX's distributed runtime when
+  `distributed` holds jax.distributed.initialize's arguments (several hosts); XLA:CPU executing on the calling
   thread, so that its step memory is reused (reuse_host_memory); the devices logged."""
   job_xla_flags()
   metrics.quiet_library_logs()
