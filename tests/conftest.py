@@ -1,10 +1,17 @@
-"""Shared pytest set-up: markers, quiet TF, and the shared data location."""
+"""Shared pytest set-up: markers, quiet TF, XLA flags for fast compiles, and the shared data
+location."""
 import os
 import pathlib
 
 import pytest
 
+from tests.test_train_utils import TEST_XLA_FLAGS
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Before any test starts a JAX backend; a flag the caller's XLA_FLAGS names keeps its value.
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", "")]
+    + [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]).strip()
 
 # ../shared beside the repository: present on the project's machines, absent in
 # a user's fresh clone (tests that need it skip).

@@ -255,6 +255,7 @@ def test_non_finite_restored_state_is_damaged_even_without_checksums(tmp_path, c
   assert all(np.isfinite(v).all() for v in tu.flat(tu.load_checkpoint(tmp_path, 9)["params"]).values())
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_scan_layers_change_on_resume_converts_the_layout(tmp_path, caplog):
   """Only the layout changed (model.scan_layers): the checkpoint is converted on load and
   training continues; nothing is called corrupt or moved, and the restored state is the

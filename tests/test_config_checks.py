@@ -80,6 +80,7 @@ def test_cadences_of_zero_are_off(tmp_path):
   assert sorted(tu.read_scalars(tmp_path, "train/loss")) == [4]
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_the_shortest_allowed_pretraining_sequences_train(tmp_path):
   """The minimum lengths are enough: real NSP pairs / segments at L=5 and L=4 train."""
   words = "the cat sat on a mat . dogs ran far away and then came back home".split()

@@ -241,6 +241,7 @@ def test_the_suite_runs_on_deberta(tmp_path):
   hf_parity.suite_runs_on(tmp_path, path)
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_pretrains_from_scratch_and_exports(tmp_path):
   """config.model.family=deberta-v2 through the pre-training job (its own vocabulary, no
   token types, relative positions), resumed as a no-op, exported to DebertaV2ForMaskedLM with

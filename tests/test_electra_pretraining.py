@@ -56,6 +56,7 @@ def _apply(module, params, batch, seed=2):
   return module.apply({"params": params}, *inputs, rngs={"sample": jax.random.key(seed)})
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_generator_shares_the_discriminators_embeddings():
   """The generator has no embedding tables of its own (its output attends the
   discriminator's word embeddings); the discriminator's tree is ElectraDiscriminator's, so

@@ -150,10 +150,9 @@ HOWS = [heads.FeatureBased("sum_all", freeze=True, bilstm_units=4, bilstm_layers
         heads.FeatureBased("concat_last4", bilstm_units=4)]
 
 
-@pytest.mark.parametrize("family", ["bert", pytest.param("modern", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("head", [pytest.param("classify", marks=pytest.mark.slow),
-                                  pytest.param("qa", marks=pytest.mark.slow), "tag",
-                                  pytest.param("choice", marks=pytest.mark.slow)])
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
+@pytest.mark.parametrize("family", ["bert", "modern"])
+@pytest.mark.parametrize("head", ["classify", "qa", "tag", "choice"])
 def test_every_head_is_feature_based_and_a_frozen_encoder_gets_no_gradient(four_layers, family,
                                                                            head):
   """Each task's head takes heads.FeatureBased (issue 36: every task of the suite): its
@@ -227,7 +226,8 @@ def test_a_sentence_task_fine_tunes_frozen_and_predict_rebuilds_its_head(four_la
   assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in labels
 
 
-@pytest.mark.parametrize("task", ["conll", pytest.param("cola", marks=pytest.mark.slow)])
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
+@pytest.mark.parametrize("task", ["conll", "cola"])
 def test_cached_features_train_the_head_as_the_frozen_encoder_does(four_layers, tmp_path,
                                                                    monkeypatch, task):
   """config.cache_features: the frozen encoder run once per training example; with dropout

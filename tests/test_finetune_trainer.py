@@ -164,6 +164,7 @@ def test_a_finetuning_workdir_is_a_checkpoint_like_any_other(tmp_path, pretraine
   finetune.finetune(c2, str(tmp_path / "ft2"))
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_scanned_layers_finetune_like_unrolled_ones(tmp_path, pretrained):  # noqa: F811
   """model.scan_layers (nn.scan over the encoder layers) fine-tunes the same model: the
   unrolled checkpoint is stacked on the way in, and best/ is written unrolled."""

@@ -48,6 +48,7 @@ def test_indivisible_eval_batch_size_is_named_as_such(tmp_path):
   assert "--config.eval_batch_size=3: it must be a positive multiple of 2" in line
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_no_missing_backend_notes_at_start(tmp_path):
   out = tu.run(tu.main_args(tmp_path, num_train_steps=1))
   assert "Unable to initialize backend" not in out.stderr

@@ -137,6 +137,7 @@ def _rate(data_cfg, epoch, block):
   return s.masking_rate(epoch, block)
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_context_extension_from_a_checkpoint_keeps_the_weights(tmp_path):
   c = _config(num_train_steps=4, checkpoint_every_steps=4)
   train.train_and_evaluate(c, str(tmp_path))

@@ -103,6 +103,7 @@ def test_predict_from_our_workdir_prints_no_orbax_warnings(pretraining_workdir):
   assert not noise, proc.stderr
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_finetuning_from_our_workdir_logs_no_orbax_warnings(tmp_path, pretraining_workdir, caplog):
   from bert_jax import finetune  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import classify_custom  # pylint: disable=g-import-not-at-top

@@ -259,6 +259,7 @@ def test_squad_windows_put_the_answer_after_the_two_separators(tmp_path):
   assert context[chars[s][0]:chars[e][1]].strip() == answer
 
 
+@pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)
 def test_pretrains_from_scratch_and_exports(tmp_path):
   """config.model.family=roberta through the pre-training job (its own vocabulary, built from
   a corpus as RoBERTa's: cased byte-level BPE; positions from 2, one token type), resumed as

@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from bert_jax import optim
+from tests import test_train_utils as tu
 
 
 def _optax(lr, warmup, decay, end=0.0):
@@ -25,11 +26,12 @@ def test_traced_schedule_is_bitwise_optax_linear_warmup_decay(lr, warmup, decay)
   steps = jnp.asarray(steps[steps >= 0])
   hp = dict(lr=np.float32(lr), warmup_steps=np.int32(warmup), decay_steps=np.int32(decay),
             end_lr=np.float32(0.0))
-  # As in the train step: one scalar step count, compiled (XLA turns optax's division by a
-  # constant into a multiplication by its reciprocal; the traced schedule does the same).
+  # As in the train step: one scalar step count, compiled as the job compiles it (XLA turns
+  # optax's division by a constant into a multiplication by its reciprocal; the traced
+  # schedule does the same; not so at the tests' fast-compile optimisation level).
   constant = jax.jit(lambda s: _optax(lr, warmup, decay)(s))
   traced = jax.jit(lambda s, h: optim.learning_rate_schedule(**h)(s))
   both = jax.jit(lambda s, h: (jax.lax.map(constant, s), jax.lax.map(lambda x: traced(x, h), s)))
-  want, got = both(steps, hp)
+  want, got = both.lower(steps, hp).compile(compiler_options=tu.JOB_COMPILER_OPTIONS)(steps, hp)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 

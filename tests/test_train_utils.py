@@ -62,6 +62,16 @@ def main_args(workdir, config="configs/tiny_pretrain.py", **overrides) -> list[s
 # Subprocess runs share compiled programs through JAX's persistent cache: the repeated
 # runs of the kill/resume and re-run tests then skip compilation.
 JAX_CACHE = os.path.join(tempfile.gettempdir(), "bert_jax_test_compilation_cache")
+# The tests compile hundreds of tiny programs and run each for milliseconds, so XLA:CPU's
+# LLVM optimisation costs them more than it saves (tests/test_model.py: 185 -> 133 s with a
+# cold cache). The same HLO programs, less optimised machine code: values within float
+# rounding, every tolerance unchanged. conftest.py sets them for the test processes, `env` for
+# the jobs they start.
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+# XLA's defaults of those options, which the jobs compile with: a test of a property of the
+# job's machine code (a bitwise equality) compiles with `.compile(compiler_options=...)`.
+JOB_COMPILER_OPTIONS = {"xla_backend_optimization_level": 3,
+                        "xla_llvm_disable_expensive_passes": False}
 
 
 def use_compilation_cache() -> None:
@@ -73,7 +83,8 @@ def use_compilation_cache() -> None:
 
 def env(devices: int = 1, **extra) -> dict[str, str]:
   e = dict(os.environ)
-  e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  e["XLA_FLAGS"] = " ".join((f"--xla_force_host_platform_device_count={devices}",)
+                           + TEST_XLA_FLAGS)
   e["TF_CPP_MIN_LOG_LEVEL"] = "3"
   e["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE
   e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
