@@ -15,10 +15,12 @@ or, with --table=electra,
                embedding width and gelu, a generator of 1/4 its width), as many steps as
                make the same pre-training FLOPs (objectives.Objective.flops of each step)
 then fine-tunes each on CoLA (../shared/data/cola/raw: in_domain_train -> in_domain_dev)
-through `configs/suite.py:cola` with one grid for all rows (--lrs x 3 epochs, batch 32,
---seeds seeds, the best run on dev reported as the paper does, the median beside it).
-Prints the table (held-out pre-training numbers and CoLA dev MCC) and appends it to
-bench/RESULTS.md unless --no_record. Skips when the CoLA data is absent.
+and, when --sst2 names GLUE's SST-2 directory (train.tsv, dev.tsv; default
+../shared/data/sst2), on SST-2 too, through `configs/suite.py` with one grid for all rows
+(--lrs x 3 epochs, batch 32, --seeds seeds, the best run on dev reported as the paper does,
+the median beside it). Prints the table (held-out pre-training numbers, CoLA dev MCC, SST-2
+dev accuracy) and appends it to bench/RESULTS.md unless --no_record. Skips when the CoLA
+data is absent; without SST-2's the table has CoLA alone and says so.
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ from bench import finetune_step  # machine(): lscpu's model and flags
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
+SST2 = REPO.parent / "shared" / "data" / "sst2"
+# The fine-tuning tasks of the table: (suite task, its name, its dev metric in report.json).
+TASKS = (("cola", "CoLA", "mcc"), ("sst2", "SST-2", "accuracy"))
 ROWS = {"MLM + NSP (BERT)": [],
         "No NSP (MLM only)": ["--config.data.nsp=False"],
         "LTR & No NSP": ["--config.objective=ltr", "--config.data.nsp=False"]}
@@ -89,20 +94,68 @@ def _last_eval(log: pathlib.Path) -> str:
   return f"step {step.strip()}: " + ", ".join(x.strip() for x in scalars)
 
 
+def _finetune(pre: pathlib.Path, out: pathlib.Path, dirs: dict[str, pathlib.Path],
+              args: argparse.Namespace, log: pathlib.Path) -> tuple[dict, float]:
+  """The suite on `dirs`' tasks from the checkpoint in `pre`: (report.json's tasks, seconds)."""
+  seconds = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/suite.py",
+                  f"--workdir={out}", f"--config.tasks={','.join(dirs)}",
+                  f"--config.init_checkpoint={pre}", f"--config.vocab_path={pre / 'vocab'}",
+                  *(f"--config.task_dirs.{task}={d}" for task, d in dirs.items()),
+                  "--config.protocol=grid", f"--config.grid.learning_rate=({args.lrs},)",
+                  "--config.grid.global_batch_size=(32,)", "--config.grid.num_epochs=(3,)",
+                  f"--config.seeds={args.seeds}", "--config.max_seq_length=64",
+                  "--config.submission=False"], log)
+  return json.loads((out / "report.json").read_text())["tasks"], seconds
+
+
+def _cells(result: dict, metric: str) -> str:
+  """A task's table cells: its best dev score, the chosen setting's median and its lr."""
+  median = (result.get("spread") or {}).get("median")
+  return (f"{result['dev'][metric]:.3g} | {'-' if median is None else format(median, '.3g')} | "
+          f"{(result.get('hparams') or {}).get('learning_rate')}")
+
+
+def _table(args: argparse.Namespace, flops: dict, rows: list, names: list[str]) -> str:
+  title = ("Table 5 at tiny scale: pre-training tasks ablation" if args.table == "5" else
+           "ELECTRA vs masked LM at the same pre-training FLOPs, tiny scale")
+  columns = [(t, n, m) for t, n, m in TASKS if t in names]
+  scored = " and ".join(f"{n} dev {m}" for _, n, m in columns)
+  lines = [f"## {title} ({datetime.date.today()})", "",
+           f"Command: `python -m bench.ablations --table={args.table} --workdir={args.workdir} "
+           f"--steps={args.steps} --lrs={args.lrs} --seeds={args.seeds}`; machine: "
+           f"{finetune_step.machine()}.",
+           f"Tiny BERT (configs/tiny_pretrain.py: 2 layers, hidden 128, L=64), batch 64 on the "
+           f"built-in corpus; {scored} through the suite (lr {args.lrs} x 3 epochs, batch 32, "
+           f"L=64, {args.seeds} seeds; best run, median of the chosen setting)"
+           + ("." if "sst2" in names else f"; SST-2 not run ({args.sst2} is absent)."), "",
+           "| pre-training | steps | model GFLOPs a step | held-out eval at the last step | "
+           + "".join(f"{n} dev {m} (best) | median | chosen lr | " for _, n, m in columns)
+           + "pre-train s | suite s |",
+           "|---" * (6 + 3 * len(columns)) + "|"]
+  for name, steps, ev, results, pre_s, ft_s in rows:
+    lines.append(f"| {name} | {steps} | {flops[name] / 1e9:.1f} | {ev} | "
+                 + "".join(_cells(results[t], m) + " | " for t, _, m in columns)
+                 + f"{pre_s:.0f} | {ft_s:.0f} |")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--table", choices=("5", "electra"), default="5")
   parser.add_argument("--cola", default=str(COLA), help="CoLA 1.1's raw files")
+  parser.add_argument("--sst2", default=str(SST2), help="GLUE's SST-2 directory (skipped "
+                      "when absent)")
   parser.add_argument("--workdir", default="/tmp/bench_ablations")
   parser.add_argument("--steps", type=int, default=900)
   parser.add_argument("--lrs", default="1e-4,3e-4,1e-3")
   parser.add_argument("--seeds", type=int, default=2)
   parser.add_argument("--no_record", action="store_true")
   args = parser.parse_args(argv)
-  cola_dir = pathlib.Path(args.cola)
-  if not cola_dir.exists():
-    print(f"skipped: {cola_dir} is absent (CoLA 1.1's raw files)")
+  dirs = {"cola": pathlib.Path(args.cola), "sst2": pathlib.Path(args.sst2)}
+  if not dirs["cola"].exists():
+    print(f"skipped: {dirs['cola']} is absent (CoLA 1.1's raw files)")
     return
+  dirs = {task: d for task, d in dirs.items() if d.exists()}
   root = pathlib.Path(args.workdir)
   root.mkdir(parents=True, exist_ok=True)
   table = ROWS if args.table == "5" else ELECTRA_ROWS
@@ -116,36 +169,10 @@ def main(argv=None) -> None:
     pre_s = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/tiny_pretrain.py",
                   f"--workdir={pre}", f"--config.num_train_steps={steps}"] + flags,
                  root / f"{slug}_pretrain.log")
-    suite = root / slug / "cola"
-    ft_s = _run([sys.executable, "-m", "bert_jax.main", "--config=configs/suite.py:cola",
-                 f"--workdir={suite}", f"--config.init_checkpoint={pre}",
-                 f"--config.vocab_path={pre / 'vocab'}", f"--config.task_dirs.cola={cola_dir}",
-                 "--config.protocol=grid", f"--config.grid.learning_rate=({args.lrs},)",
-                 "--config.grid.global_batch_size=(32,)", "--config.grid.num_epochs=(3,)",
-                 f"--config.seeds={args.seeds}", "--config.max_seq_length=64",
-                 "--config.submission=False"], root / f"{slug}_cola.log")
-    report = json.loads((suite / "report.json").read_text())
-    cola = report["tasks"]["cola"]
-    rows.append((name, steps, _last_eval(root / f"{slug}_pretrain.log"), cola, pre_s, ft_s))
-  title = ("Table 5 at tiny scale: pre-training tasks ablation" if args.table == "5" else
-           "ELECTRA vs masked LM at the same pre-training FLOPs, tiny scale")
-  lines = [f"## {title} ({datetime.date.today()})", "",
-           f"Command: `python -m bench.ablations --table={args.table} --workdir={args.workdir} "
-           f"--steps={args.steps} --lrs={args.lrs} --seeds={args.seeds}`; machine: "
-           f"{finetune_step.machine()}.",
-           f"Tiny BERT (configs/tiny_pretrain.py: 2 layers, hidden 128, L=64), batch 64 on the "
-           "built-in corpus; CoLA dev MCC through the suite (lr "
-           f"{args.lrs} x 3 epochs, batch 32, L=64, {args.seeds} seeds; best run, median of "
-           "the chosen setting).", "",
-           "| pre-training | steps | model GFLOPs a step | held-out eval at the last step | "
-           "CoLA dev MCC (best) | median | chosen lr | pre-train s | suite s |",
-           "|---|---|---|---|---|---|---|---|---|"]
-  for name, steps, ev, cola, pre_s, ft_s in rows:
-    median = (cola.get("spread") or {}).get("median")
-    lines.append(f"| {name} | {steps} | {flops[name] / 1e9:.1f} | {ev} | "
-                 f"{cola['dev']['mcc']:.3g} | {'-' if median is None else format(median, '.3g')} | "
-                 f"{(cola.get('hparams') or {}).get('learning_rate')} | {pre_s:.0f} | {ft_s:.0f} |")
-  text = "\n".join(lines) + "\n"
+    results, ft_s = _finetune(pre, root / slug / "_".join(dirs), dirs, args,
+                              root / f"{slug}_{'_'.join(dirs)}.log")
+    rows.append((name, steps, _last_eval(root / f"{slug}_pretrain.log"), results, pre_s, ft_s))
+  text = _table(args, flops, rows, list(dirs))
   print(text)
   if not args.no_record:
     with RESULTS.open("a") as f:
