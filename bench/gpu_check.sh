@@ -50,15 +50,18 @@ cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
 # default, bert_jax.process.GPU_XLA_FLAGS); BERT-large L=512 0.83x; BERT-base L=512 0.93x
 # (second loan). This call: BERT-base L=128 with the job's defaults against torch.compile,
 # then the fused Pallas attention at L=512 (never reached before: the explicit attention's
-# fp32 scores are the L=512 gap), then Triton GEMMs again (the A/B's second measurement).
+# fp32 scores are the L=512 gap), then Triton GEMMs again (the A/B's second measurement),
+# and last the layers under nn.scan (`scan`: the first step's compile against torch.compile's,
+# 59-64 s vs 54 s for BERT-base in the third loan; on CPU scan compiles 4x faster).
 # Each row costs ~60-150 s (process start, initialisation beside the compile). ONLY
 # overrides the rows (WORKLOAD:SYSTEM,...), VARIANTS the extra bert_jax systems.
 left=$(( 560 - ($(date +%s) - start) ))
 V="triton:xla=--xla_gpu_enable_triton_gemm=true"
 V="$V;flash:bert.model.attention_impl=pallas,modern.model.attention=flash"
+V="$V;scan:bert.model.scan_layers=True"
 O="bert-base-128:bert_jax,bert-base-128:compile,bert-large-512:bert_jax[flash]"
 O="$O,bert-base-512:bert_jax[flash],bert-base-128:bert_jax[triton],bert-large-128:bert_jax"
-O="$O,bert-base-512:bert_jax,bert-base-512:compile"
+O="$O,bert-base-512:bert_jax,bert-base-512:compile,bert-base-128:bert_jax[scan]"
 timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 130 )) --child_timeout_s=200 \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
   --matmul_sizes=8192 --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
