@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any, MutableMapping
+from typing import Any, MutableMapping, Sequence
 
 from absl import logging
 import jax
@@ -24,15 +24,17 @@ from input_pipeline import fileio
 GPU_XLA_FLAGS = ("--xla_gpu_enable_triton_gemm=false",)
 
 
-def job_xla_flags(environ: MutableMapping[str, str] | None = None) -> str:
-  """Adds GPU_XLA_FLAGS to XLA_FLAGS (os.environ by default), each unless XLA_FLAGS already
-  names that flag (the user's value wins); returns the new value. XLA reads the variable when
-  the first backend starts, so this runs before anything asks JAX for a device (setup does
-  it first)."""
+def job_xla_flags(environ: MutableMapping[str, str] | None = None,
+                  flags: Sequence[str] | None = None) -> str:
+  """Adds `flags` (None: the job's, GPU_XLA_FLAGS) to XLA_FLAGS (os.environ by default),
+  each unless XLA_FLAGS already names that flag (the user's value wins); returns the new
+  value. XLA reads the variable when the first backend starts, so this runs before anything
+  asks JAX for a device (setup does it first; tests/conftest.py with the tests' flags)."""
   environ = os.environ if environ is None else environ
   current = environ.get("XLA_FLAGS", "").split()
   named = {flag.split("=", 1)[0] for flag in current}
-  added = [flag for flag in GPU_XLA_FLAGS if flag.split("=", 1)[0] not in named]
+  added = [flag for flag in (GPU_XLA_FLAGS if flags is None else flags)
+           if flag.split("=", 1)[0] not in named]
   if added:
     environ["XLA_FLAGS"] = " ".join(current + added)
   return environ.get("XLA_FLAGS", "")

@@ -5,13 +5,12 @@ import pathlib
 
 import pytest
 
+from bert_jax import process
 from tests.test_train_utils import TEST_XLA_FLAGS
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Before any test starts a JAX backend; a flag the caller's XLA_FLAGS names keeps its value.
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", "")]
-    + [f for f in TEST_XLA_FLAGS if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]).strip()
+process.job_xla_flags(flags=TEST_XLA_FLAGS)
 
 # ../shared beside the repository: present on the project's machines, absent in
 # a user's fresh clone (tests that need it skip).

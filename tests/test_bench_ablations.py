@@ -1,5 +1,7 @@
 """bench/ablations.py: the pre-training ablations (Table 5, ELECTRA vs masked LM) fine-tuned
 through the suite on CoLA and, when its directory is there, SST-2."""
+import argparse
+
 import pytest
 
 from bench import ablations
@@ -13,7 +15,7 @@ ROW = ("ELECTRA (replaced-token detection)", 3, "step 3: loss 1.0",
 
 
 def _args(**kw):
-  args = ablations.argparse.Namespace(table="electra", workdir="/tmp/w", steps=3, lrs="1e-4",
+  args = argparse.Namespace(table="electra", workdir="/tmp/w", steps=3, lrs="1e-4",
                                       seeds=1, sst2="/nowhere/sst2")
   vars(args).update(kw)
   return args
