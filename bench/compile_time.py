@@ -164,7 +164,7 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--dtypes", default="float32,bfloat16")
   parser.add_argument("--variants", default="scan:none,scan:full,unrolled:none,unrolled:full",
-                      help="comma list of {scan|unrolled}:{none|full|dots}")
+                      help="comma list of {scan|unrolled}:{none|attention|dots|full}")
   parser.add_argument("--vocab", type=int, default=30522)
   parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
   parser.add_argument("--smoke", action="store_true", help="tiny settings, seconds")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU session's one prepared run: the kernel profile of BERT-base's step, then
-# bench/gpu_step.py (bert_jax vs transformers eager / torch.compile), results under $OUT.
+# The GPU session's one prepared run: bench/gpu_step.py (bert_jax vs transformers eager /
+# torch.compile), then the kernel profile of BERT-base's step, results under $OUT.
 #
 #   here, once:   echo /.whl/ >> .git/info/exclude && bash bench/gpu_check.sh --wheels
 #   device run:   bash bench/gpu_check.sh          (carry [".whl"], timeout_s 600)
@@ -34,35 +34,46 @@ if [ "$SMOKE" = 1 ]; then
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true timeout 300 python3 -m bench.profile_step \
     --preset=tiny --batch=2 --seq_len=32 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
   timeout 600 python3 -m bench.gpu_step --smoke --workloads=bert-base-128 --systems=bert_jax,eager \
-    --variants="flash:bert.model.attention_impl=pallas" --json="$OUT/gpu_step.json" "$@" 2>&1 \
+    --variants="flash:bert.model.attention_impl=pallas;attn:model.remat=attention" --json="$OUT/gpu_step.json" "$@" 2>&1 \
     | tee "$OUT/gpu_step.log"
   exit
 fi
-# 1. Where BERT-base's step spends its time at L=512 (batch 32, bf16; L=128's profile is in
-# bench/RESULTS.md, third loan): kernels by category, by kernel and by the model code they run
-# (op_name, file:line); the optimized HLO comes back too.
-timeout 150 python3 -m bench.profile_step --preset=base --batch=32 --seq_len=512 \
-  --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
-cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
-# 2. The benchmark, with what is left of ~9.5 minutes (rows past the budget are reported as not
-# run). Measured on an H200 on 2026-11-27, third loan (bench/RESULTS.md): BERT-base L=128
-# 1.18x torch.compile in the same call, 1.21x with Triton GEMMs off (now the job's GPU
-# default, bert_jax.process.GPU_XLA_FLAGS); BERT-large L=512 0.83x; BERT-base L=512 0.93x
-# (second loan). This call: BERT-base L=128 with the job's defaults against torch.compile,
-# then the fused Pallas attention at L=512 (never reached before: the explicit attention's
-# fp32 scores are the L=512 gap), then Triton GEMMs again (the A/B's second measurement),
-# and last the layers under nn.scan (`scan`: the first step's compile against torch.compile's,
-# 59-64 s vs 54 s for BERT-base in the third loan; on CPU scan compiles 4x faster).
+# 1. The benchmark, within ~7 minutes (rows past the budget are reported as not run).
+# Measured on an H200 on 2026-11-27, third loan (bench/RESULTS.md): BERT-base L=128 1.18x
+# torch.compile in the same call, 1.21x with Triton GEMMs off (now the job's GPU default,
+# bert_jax.process.GPU_XLA_FLAGS); BERT-large L=512 0.83x with 1.56x its memory; BERT-base
+# L=512 0.93x (second loan). The third loan's optimized HLO (BERT-base, L=128) shows what the
+# explicit attention keeps for the backward pass: each layer's bf16 scores and dropped
+# probabilities, 4 bytes a score; 12.0 GiB at BERT-large L=512 batch 32, the difference in
+# memory (the step held 34.0 GiB, torch.compile 21.7).
+# So this call puts the two ways of not keeping them against torch.compile at BERT-large
+# L=512 first: `flash` (the fused Pallas kernel, dropout fused, no L x L tensor in memory at
+# all; never reached at L=512 before) and `attn` (model.remat=attention: XLA's attention, its
+# scores, softmax and masks recomputed in the backward pass: the memory back, for a second
+# QK^T; expected to cost time at the same batch, measured to know how much); then the
+# BERT-base L=128 pair, the same three at BERT-base L=512, the layers under nn.scan (`scan`:
+# the first step's compile against torch.compile's, 59-64 s vs 54 s for BERT-base in the
+# third loan; on CPU scan compiles 4x faster), and last `attn` at L=128.
 # Each row costs ~60-150 s (process start, initialisation beside the compile). ONLY
 # overrides the rows (WORKLOAD:SYSTEM,...), VARIANTS the extra bert_jax systems.
-left=$(( 560 - ($(date +%s) - start) ))
-V="triton:xla=--xla_gpu_enable_triton_gemm=true"
+V="attn:model.remat=attention"
 V="$V;flash:bert.model.attention_impl=pallas,modern.model.attention=flash"
-V="$V;scan:bert.model.scan_layers=True"
-O="bert-base-128:bert_jax,bert-base-128:compile,bert-large-512:bert_jax[flash]"
-O="$O,bert-base-512:bert_jax[flash],bert-base-128:bert_jax[triton],bert-large-128:bert_jax"
-O="$O,bert-base-512:bert_jax,bert-base-512:compile,bert-base-128:bert_jax[scan]"
-timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 130 )) --child_timeout_s=200 \
+V="$V;scan:bert.model.scan_layers=True;triton:xla=--xla_gpu_enable_triton_gemm=true"
+O="bert-large-512:bert_jax[flash],bert-large-512:bert_jax[attn],bert-large-512:compile"
+O="$O,bert-base-128:bert_jax,bert-base-128:compile"
+O="$O,bert-base-512:bert_jax[flash],bert-base-512:bert_jax[attn],bert-base-512:compile"
+O="$O,bert-base-128:bert_jax[scan],bert-base-128:bert_jax[attn]"
+left=$(( 430 - ($(date +%s) - start) ))
+timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 100 )) --child_timeout_s=200 \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
   --matmul_sizes=8192 --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
+# 2. With what is left of ~9.5 minutes: where BERT-base's step spends its time at L=512
+# (batch 32, bf16; L=128's profile is in bench/RESULTS.md, third loan): kernels by category,
+# by kernel and by the model code they run (op_name, file:line); the optimized HLO comes back.
+left=$(( 560 - ($(date +%s) - start) ))
+if [ $left -gt 90 ]; then
+  timeout $left python3 -m bench.profile_step --preset=base --batch=32 --seq_len=512 \
+    --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
+  cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
+fi
 echo "gpu_check: $(( $(date +%s) - start )) s; outputs in $OUT"

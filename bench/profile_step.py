@@ -3,6 +3,7 @@
     python -m bench.profile_step                          # variants of XLA:CPU options, interleaved
     python -m bench.profile_step --ref_rev=HEAD~1         # this checkout's model vs an earlier one
     python -m bench.profile_step --pieces                 # forward / backward / optimizer split
+    python -m bench.profile_step --model_variants="attn:remat=attention"  # config variants
     python -m bench.profile_step --trace=/tmp/step_trace  # trace + top kernels by time, grouped
     python -m bench.profile_step --trace=/tmp/t --dtype=bfloat16 --batch=256  # on a GPU
 
@@ -29,6 +30,8 @@ import tempfile
 import time
 
 import numpy as np
+
+from bench import gpu_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -392,6 +395,9 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--options", default="",
                       help="';'-separated variants of XLA:CPU compiler options, each "
                            "'name=value&name=value' (e.g. 'xla_cpu_experimental_ynn_fusion_type=')")
+  parser.add_argument("--model_variants", default="",
+                      help="';'-separated variants of the model's config, each "
+                           "'NAME:field=value,field=value' (e.g. 'attn:remat=attention')")
   parser.add_argument("--no_mesh", action="store_true",
                       help="plain jax.jit of train_step (no mesh, rules or shardings)")
   parser.add_argument("--compare_no_mesh", action="store_true",
@@ -466,7 +472,8 @@ def _trace(args, run) -> None:
 
 
 def _variant_steps(args, cfg, model, compiled_step, fns: dict) -> None:
-  """Into `fns`: this checkout's step, --ref_rev's and --model_files' models, the plain jit
+  """Into `fns`: this checkout's step, --ref_rev's and --model_files' models, the
+  --model_variants of its config, the plain jit
   (--compare_no_mesh) and each --options variant of XLA:CPU options."""
   fns["step (this checkout)"] = (compiled_step(model), ())
   variants = [(f"model.py @ {args.ref_rev}", _model_at(args.ref_rev))] if args.ref_rev else []
@@ -476,6 +483,8 @@ def _variant_steps(args, cfg, model, compiled_step, fns: dict) -> None:
     other = mod.BertForPreTraining(mod.BertConfig(
         **{k: v for k, v in cfg.to_dict().items() if k in known}))
     fns[f"step ({name})"] = (compiled_step(other), ())
+  for name, overrides, _ in gpu_step.parse_variants(args.model_variants):
+    fns[f"step ({name})"] = (compiled_step(type(model)(cfg.replace(**overrides))), ())
   if args.compare_no_mesh:
     fns["step (no mesh)"] = (compiled_step(model, use_mesh=False), ())
   for variant in filter(None, args.options.split(";")):

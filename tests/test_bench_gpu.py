@@ -154,3 +154,14 @@ def test_profile_step_trace_summary_on_cpu(tmp_path):
       timeout=600, env=tu.env(XLA_FLAGS="--xla_cpu_enable_xprof_traceme=true"))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "matmuls" in proc.stdout and "share of step" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_profile_step_times_config_variants_beside_the_step():
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.profile_step", "--preset=tiny", "--batch=2", "--seq_len=32",
+       "--rounds=1", "--model_variants=attention:remat=attention;dots:remat=dots"],
+      cwd=tu.REPO, capture_output=True, text=True, timeout=600, env=tu.env())
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = [line.split()[:2] for line in proc.stdout.splitlines() if line.startswith("step (")]
+  assert rows == [["step", "(this"], ["step", "(attention)"], ["step", "(dots)"]], proc.stdout

@@ -34,7 +34,7 @@ def _model() -> ml_collections.ConfigDict:
   m.attention_dropout_rate = 0.1
   m.dtype = "bfloat16"  # compute dtype; master weights stay param_dtype
   m.param_dtype = "float32"  # master weights and optimizer state
-  m.remat = "none"  # none | full | dots: recompute layer activations in backward
+  m.remat = "none"  # none | attention | dots | full: what the backward pass recomputes
   m.scan_layers = False  # nn.scan over layers: compile time flat in depth
   m.attention_impl = config_dict.placeholder(str)  # jax.nn.dot_product_attention impl
   m.dropout_rng = "hash"  # hash (cheap counter hash) | threefry (jax.random.bernoulli)

@@ -35,7 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model.embedding_dropout_rate = ml_collections.config_dict.placeholder(float)
   c.model.mlp_dropout_rate = ml_collections.config_dict.placeholder(float)
   c.model.classifier_dropout_rate = ml_collections.config_dict.placeholder(float)
-  c.model.remat = "none"  # none | full | dots: recompute layer activations (BERT-large, long L)
+  c.model.remat = "none"  # none | attention | dots | full (BERT-large, long L)
   c.model.scan_layers = False  # nn.scan over layers: compile time flat in depth
 
   # Feature-based (the paper's Table 7; every task, heads.FeatureBased): what the head reads

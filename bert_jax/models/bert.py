@@ -29,7 +29,7 @@ from bert_jax.models.bert_attention import ATTENTION_IMPLS, fused_attention
 from bert_jax.models.layers import (ACTIVATIONS, DROPOUT_RNGS, REMAT_POLICIES, Dropout,
                                     ModelConfig, Rows, attention_bias, causal_bias,
                                     gather_positions, layer_stack, one_hot_lookup,
-                                    packed_attention_bias, take_rows)
+                                    packed_attention_bias, recomputed, take_rows)
 from bert_jax.models.layers import NEG_INF, dropout, hash_bits  # noqa: F401  (here before layers.py)
 from input_pipeline import errors
 
@@ -62,7 +62,10 @@ class BertConfig(ModelConfig):
   initializer_range: float = 0.02
   dtype: Any = "float32"  # compute dtype ("bfloat16" for mixed precision)
   param_dtype: Any = "float32"  # master weights
-  remat: str = "none"  # "none" | "full" | "dots": rematerialise each layer
+  # Recompute in the backward pass instead of keeping: "none"; "attention" (the attention's
+  # scores, softmax and dropout masks: no [B, H, L, M] tensor kept); "dots" (all but the
+  # layers' matmul outputs); "full" (each layer from its input).
+  remat: str = "none"
   scan_layers: bool = False  # nn.scan over layers: compile time flat in depth
   # The attention kernel: None = jax.nn.dot_product_attention with the additive bias;
   # "cudnn" = cuDNN's fused flash attention (GPU, bfloat16/float16) and "xla" = the same
@@ -262,17 +265,18 @@ class SelfAttention(nn.Module):
     if bias_B11M.shape[2] > 1:  # packed rows: a bias per query
       bias_B11M = take_rows(bias_B11M, query_positions_BE, 2)
     if deterministic or cfg.attention_dropout_rate == 0.0:
-      ctx_BLHK = fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, cfg.attention_impl)
+      attend = functools.partial(fused_attention, implementation=cfg.attention_impl)
+      extra = ()
     else:
       # Dropout on the attention probabilities (as in BERT) needs them explicitly;
       # jax.nn.dot_product_attention does not expose dropout.
-      scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK) / jnp.sqrt(cfg.head_dim).astype(cfg.dtype)
-      scores_BHLM = scores_BHLM.astype(jnp.float32) + bias_B11M.astype(jnp.float32)
-      probs_BHLM = jax.nn.softmax(scores_BHLM, axis=-1).astype(cfg.dtype)
-      rows = None if query_positions_BE is None else Rows(2, query_positions_BE, x_BLD.shape[1])
-      probs_BHLM = Dropout(cfg.attention_dropout_rate, cfg.dropout_rng)(
-          probs_BHLM, deterministic=False, rows=rows)
-      ctx_BLHK = jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
+      attend = functools.partial(
+          bert_attention.explicit_attention, rate=cfg.attention_dropout_rate,
+          rng=cfg.dropout_rng, length=x_BLD.shape[1], dtype=cfg.dtype)
+      extra = (Dropout(cfg.attention_dropout_rate, cfg.dropout_rng).key(), query_positions_BE)
+    if cfg.remat == "attention" and cfg.attention_impl != "cudnn":
+      attend = recomputed(attend)
+    ctx_BLHK = attend(q_BLHK, k_BMHK, v_BMHK, bias_B11M, *extra)
     return _Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,
                        name="output")(ctx_BLHK)
 

@@ -1,5 +1,6 @@
 """BERT's attention computations, functions of queries, keys, values and the additive bias
-(`SelfAttention` in bert.py chooses among them with `model.attention_impl`): XLA's or cuDNN's
+(`SelfAttention` in bert.py chooses among them with `model.attention_impl`): the explicit
+softmax with the paper's dropout on the probabilities (`explicit_attention`), XLA's or cuDNN's
 fused attention through jax.nn.dot_product_attention (`fused_attention`), and bert_jax.flash
 on the segments the bias encodes, its probability dropout fused (`flash_attention`).
 
@@ -11,9 +12,24 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import flash
-from bert_jax.models.layers import NEG_INF
+from bert_jax.models.layers import NEG_INF, Rows, dropout
 
 ATTENTION_IMPLS = (None, "xla", "cudnn", "pallas")
+
+
+def explicit_attention(q_BLHK, k_BMHK, v_BMHK, bias_B1LM, key, query_positions_BE, *, rate,
+                       rng, length, dtype):
+  """Softmax(q k^T / sqrt(K) + bias) with inverted dropout at `rate` on the probabilities
+  (`key`, `rng`: `layers.dropout`'s), times v. Scores in `dtype`, the softmax in float32.
+  With `query_positions_BE`, q holds only those rows of the `length` queries: the masks are
+  the full array's at those rows."""
+  scale = jnp.sqrt(q_BLHK.shape[-1]).astype(dtype)
+  scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK) / scale
+  scores_BHLM = scores_BHLM.astype(jnp.float32) + bias_B1LM.astype(jnp.float32)
+  probs_BHLM = jax.nn.softmax(scores_BHLM, axis=-1).astype(dtype)
+  rows = None if query_positions_BE is None else Rows(2, query_positions_BE, length)
+  probs_BHLM = dropout(probs_BHLM, rate, key, rng, rows)
+  return jnp.einsum("BHLM,BMHK->BLHK", probs_BHLM, v_BMHK)
 
 
 def fused_attention(q_BLHK, k_BMHK, v_BMHK, bias_B11M, implementation: str | None):

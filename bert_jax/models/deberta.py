@@ -14,6 +14,7 @@ the model, the HuggingFace format both ways, the FLOPs and the Family record.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import Any, Mapping
@@ -27,6 +28,7 @@ from bert_jax import families
 from bert_jax import flops as flops_lib
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
+from bert_jax.models import layers
 from input_pipeline import errors
 from input_pipeline import fileio
 
@@ -138,6 +140,26 @@ def _layer_norm(cfg, name):
                       name=name)
 
 
+def disentangled_attention(q_BLHK, k_BMHK, v_BMHK, pos_k_RHK, pos_q_RHK, index_BLM, bias_B1LM,
+                           key, *, cfg: DebertaConfig, rate: float):
+  """Softmax of the content-to-content scores plus, per cfg.pos_att_type, content-to-position
+  (q_i . P^k[d(i, j)], `pos_k` the projected relative-position table) and position-to-content
+  (k_j . P^q[d(i, j)]) at the pairs' relative rows `index`, each over sqrt(K x the kinds);
+  inverted dropout at `rate` on the probabilities (`key`); times v."""
+  scale = math.sqrt(q_BLHK.shape[-1] * (1 + len(cfg.pos_att_type)))
+  scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK) / scale
+  if "c2p" in cfg.pos_att_type:
+    c2p_BHLR = jnp.einsum("BLHK,RHK->BHLR", q_BLHK, pos_k_RHK)
+    scores_BHLM += jnp.take_along_axis(c2p_BHLR, index_BLM[:, None], axis=-1) / scale
+  if "p2c" in cfg.pos_att_type:
+    p2c_BHMR = jnp.einsum("BMHK,RHK->BHMR", k_BMHK, pos_q_RHK)
+    p2c_BHML = jnp.take_along_axis(p2c_BHMR, jnp.swapaxes(index_BLM, 1, 2)[:, None], axis=-1)
+    scores_BHLM += jnp.swapaxes(p2c_BHML, -1, -2) / scale
+  probs = jax.nn.softmax(scores_BHLM.astype(jnp.float32) + bias_B1LM, axis=-1).astype(cfg.dtype)
+  probs = layers.dropout(probs, rate, key, cfg.dropout_rng)
+  return jnp.einsum("BHLM,BMHK->BLHK", probs, v_BMHK)
+
+
 class Layer(nn.Module):
   """One post-norm layer with disentangled self-attention."""
   config: DebertaConfig
@@ -150,20 +172,19 @@ class Layer(nn.Module):
     split = lambda t: t.reshape(t.shape[:-1] + (heads, k))
     query, key = proj("query_proj"), proj("key_proj")
     q_BLHK, k_BMHK, v_BMHK = split(query(x_BLD)), split(key(x_BLD)), split(proj("value_proj")(x_BLD))
-    scale = math.sqrt(k * (1 + len(cfg.pos_att_type)))
-    scores_BHLM = jnp.einsum("BLHK,BMHK->BHLM", q_BLHK, k_BMHK) / scale
-    if "c2p" in cfg.pos_att_type:  # q_i . P^k[d(i, j)]
+    pos_k_RHK = pos_q_RHK = None
+    if "c2p" in cfg.pos_att_type:
       pos_k_RHK = split((key if cfg.share_att_key else proj("pos_key_proj"))(rel_RD))
-      c2p_BHLR = jnp.einsum("BLHK,RHK->BHLR", q_BLHK, pos_k_RHK)
-      scores_BHLM += jnp.take_along_axis(c2p_BHLR, index_BLM[:, None], axis=-1) / scale
-    if "p2c" in cfg.pos_att_type:  # k_j . P^q[d(i, j)]
+    if "p2c" in cfg.pos_att_type:
       pos_q_RHK = split((query if cfg.share_att_key else proj("pos_query_proj"))(rel_RD))
-      p2c_BHMR = jnp.einsum("BMHK,RHK->BHMR", k_BMHK, pos_q_RHK)
-      p2c_BHML = jnp.take_along_axis(p2c_BHMR, jnp.swapaxes(index_BLM, 1, 2)[:, None], axis=-1)
-      scores_BHLM += jnp.swapaxes(p2c_BHML, -1, -2) / scale
-    probs = jax.nn.softmax(scores_BHLM.astype(jnp.float32) + bias_B1LM, axis=-1).astype(cfg.dtype)
-    probs = model_lib.Dropout(cfg.attention_dropout_rate, cfg.dropout_rng)(probs, deterministic)
-    ctx_BLD = jnp.einsum("BHLM,BMHK->BLHK", probs, v_BMHK).reshape(x_BLD.shape)
+    rate = 0.0 if deterministic else cfg.attention_dropout_rate
+    probs_dropout = model_lib.Dropout(cfg.attention_dropout_rate, cfg.dropout_rng)  # Dropout_0
+    drop_key = probs_dropout.key() if rate > 0 else None
+    attend = functools.partial(disentangled_attention, cfg=cfg, rate=rate)
+    if cfg.remat == "attention":
+      attend = layers.recomputed(attend)
+    ctx_BLHK = attend(q_BLHK, k_BMHK, v_BMHK, pos_k_RHK, pos_q_RHK, index_BLM, bias_B1LM, drop_key)
+    ctx_BLD = ctx_BLHK.reshape(x_BLD.shape)
     drop = lambda y: model_lib.Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(y, deterministic)
     out = drop(_dense(cfg, cfg.hidden_size, ("mlp", "embed"), "attention_output")(ctx_BLD))
     a_BLD = _layer_norm(cfg, "attention_LayerNorm")(x_BLD + out)
@@ -227,7 +248,9 @@ class Encoder(nn.Module):
     if cfg.norm_rel_ebd:
       rel_RD = _layer_norm(cfg, "LayerNorm")(rel_RD)
     rel_RD = model_lib.Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(rel_RD, deterministic)
-    layer_cls = nn.remat(Layer, static_argnums=(5,)) if cfg.remat != "none" else Layer
+    layer_cls = Layer
+    if cfg.remat not in ("none", "attention"):
+      layer_cls = nn.remat(Layer, static_argnums=(5,), policy=layers.REMAT_POLICIES[cfg.remat])
     states = [x_BLD]
     for i in range(cfg.num_layers):
       x_BLD = layer_cls(cfg, name=f"layer_{i}")(x_BLD, bias_B1LM, index_BLM, rel_RD, deterministic)

@@ -40,8 +40,11 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
 }
 
+# model.remat -> the policy the layers are rematerialised with ("attention": the layers are
+# not; each family recomputes its attention core alone, `recomputed`).
 REMAT_POLICIES = {
     "none": None,
+    "attention": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
@@ -225,6 +228,28 @@ def _rows_of_bwd(num_rows, ids, g):
 _rows_of.defvjp(_rows_of_fwd, _rows_of_bwd)
 
 
+def recomputed(attention):
+  """`attention` whose backward pass keeps only its inputs (queries, keys, values, bias, ...)
+  and recomputes the scores, the softmax and the dropout masks from them, so no [B, H, L, M]
+  tensor outlives the forward pass (Megatron-LM's selective activation recomputation). The
+  recomputation waits for the incoming cotangent (an optimization barrier over both): under
+  jax.checkpoint alone, XLA may schedule it early, in the forward pass of unrolled layers,
+  where it keeps what it was meant to drop. The same values: it repeats the forward's ops."""
+  @jax.custom_vjp
+  def run(*args):
+    return attention(*args)
+
+  def forward(*args):
+    return attention(*args), args
+
+  def backward(args, cotangent):
+    args, cotangent = jax.lax.optimization_barrier((args, cotangent))
+    return jax.vjp(attention, *args)[1](cotangent)
+
+  run.defvjp(forward, backward)
+  return run
+
+
 def layer_stack(cfg: Any, unrolled: type, scanned: type, *, static_argnums: tuple[int, ...],
                 scan_static_argnums: tuple[int, ...], in_axes: tuple[Any, ...],
                 all_layers: bool = False) -> type:
@@ -238,10 +263,10 @@ def layer_stack(cfg: Any, unrolled: type, scanned: type, *, static_argnums: tupl
                              "config.features) needs unrolled layers: set "
                              "--config.model.scan_layers=False.")
   policy = REMAT_POLICIES[cfg.remat]
+  whole = cfg.remat not in ("none", "attention")  # the layer under nn.remat
   if not cfg.scan_layers:
-    return unrolled if cfg.remat == "none" else nn.remat(unrolled, policy=policy,
-                                                         static_argnums=static_argnums)
-  if cfg.remat != "none":
+    return nn.remat(unrolled, policy=policy, static_argnums=static_argnums) if whole else unrolled
+  if whole:
     scanned = nn.remat(scanned, policy=policy, prevent_cse=False, static_argnums=scan_static_argnums)
   return nn.scan(scanned, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                  in_axes=in_axes, length=cfg.num_layers,

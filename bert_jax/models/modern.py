@@ -19,6 +19,7 @@ Axis legend as in bert.py, plus G = key/value heads (grouped-query attention).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Mapping
 
@@ -127,7 +128,7 @@ class ModernConfig(layers.ModelConfig):
   initializer_cutoff_factor: float = 2.0
   dtype: Any = "float32"
   param_dtype: Any = "float32"
-  remat: str = "none"
+  remat: str = "none"  # as BertConfig.remat
   scan_layers: bool = False
   # "banded": XLA, local layers over their band only; "dense": XLA, masked L x L everywhere
   # (the reference); "splash": the Pallas splash-attention kernel (TPU; interpreted
@@ -303,18 +304,17 @@ class Attention(nn.Module):
     q_BLHK, k_BLGK, v_BLGK = proj(h, "query"), proj(g, "key"), proj(g, "value")
     q_BLHK = nn.with_logical_constraint(
         q_BLHK, ("activation_batch", "activation_length", "activation_heads", "activation_kv"))
-    drop = key = None
-    if not deterministic and cfg.attention_dropout_rate > 0:
-      key = self.make_rng("dropout")  # drawn here: the kinds may be branches of a lax.cond
-      drop = lambda p: layers.dropout(p, cfg.attention_dropout_rate, key, cfg.dropout_rng)
+    rate = 0.0 if deterministic else cfg.attention_dropout_rate
+    key = self.make_rng("dropout") if rate > 0 else None  # here: kinds may be lax.cond branches
 
-    def attend(glob: bool):
+    def attend(glob: bool, q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, positions_BL, key):
+      drop = None if key is None else (
+          lambda p: layers.dropout(p, rate, key, cfg.dropout_rng))
       theta = cfg.rope_theta if glob else cfg.local_rope_theta
       q, kk = rope(q_BLHK, positions_BL, theta), rope(k_BLGK, positions_BL, theta)
       if cfg.attention == "flash" and (drop is None or cfg.dropout_rng == "hash"):
         return flash_attention(q, kk, v_BLGK, segment_ids_BL,
-                               None if glob else cfg.local_window // 2,
-                               0.0 if drop is None else cfg.attention_dropout_rate, key)
+                               None if glob else cfg.local_window // 2, rate, key)
       if cfg.attention == "splash" and drop is None:
         return splash_attention(q, kk, v_BLGK, segment_ids_BL,
                                 None if glob else cfg.local_window // 2, cfg.dtype)
@@ -331,10 +331,17 @@ class Attention(nn.Module):
       fn = dense_attention if cfg.attention == "dense" else banded_attention
       return fn(q, kk, v_BLGK, segment_ids_BL, cfg.local_window // 2, cfg.dtype, drop)
 
+    def attention(glob: bool):
+      fn = functools.partial(attend, glob)
+      kernel = cfg.attention in ("flash", "splash") or (glob and cfg.attention_impl == "cudnn")
+      if cfg.remat == "attention" and not kernel:  # XLA's: recompute its L x M intermediates
+        fn = layers.recomputed(fn)
+      return fn(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, positions_BL, key)
+
     if isinstance(is_global, bool):
-      ctx_BLHK = attend(is_global)
+      ctx_BLHK = attention(is_global)
     else:  # scanned layers: the kind is a traced flag
-      ctx_BLHK = jax.lax.cond(is_global, lambda: attend(True), lambda: attend(False))
+      ctx_BLHK = jax.lax.cond(is_global, lambda: attention(True), lambda: attention(False))
     out = _Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), cfg.attention_bias,
                   std=_out_std(cfg), contract=2, name="output")(ctx_BLHK)
     return layers.Dropout(cfg.attention_dropout_rate, cfg.dropout_rng)(

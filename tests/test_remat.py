@@ -1,0 +1,81 @@
+"""model.remat in every family: what the backward pass keeps (the residuals of jax.vjp) and
+that recomputing changes no value. `attention` keeps no [.., L, M] score, probability or
+dropout-mask tensor (and every other residual); `dots` keeps the layers' matmul outputs;
+`full` keeps each layer's input alone."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import families
+from bert_jax.models import bert as model_lib
+from bert_jax.models import deberta, modern
+
+B, L, F = 2, 40, 96  # no other axis is 40 or 96 long
+FAMILIES = {
+    "bert": lambda **kw: model_lib.BertConfig(
+        vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=F,
+        max_position_embeddings=64, attention_dropout_rate=0.2, **kw),
+    "deberta": lambda **kw: deberta.DebertaConfig(
+        vocab_size=64, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=F,
+        max_position_embeddings=64, position_buckets=8, attention_dropout_rate=0.2, **kw),
+    # Local layers (window 16) over their band: blocks of 8 queries reading 24 keys.
+    "modernbert": lambda **kw: modern.ModernConfig.from_preset(
+        "modernbert-tiny", vocab_size=64, intermediate_size=F, local_window=16,
+        attention_dropout_rate=0.2, **kw),
+}
+
+
+def _scores(a) -> bool:
+  """An [.., L, M] tensor over queries and keys: the dense L x L, or a band's blocks (W
+  queries reading 3 W keys)."""
+  s = a.shape
+  return a.ndim >= 4 and (s[-2:] == (L, L) or (s[-1] == 3 * s[-2] and L % s[-2] == 0))
+
+
+def _loss_and_residuals(cfg, params=None):
+  """The encoder's (dropout on) sum of squares, its gradient (jitted), and the shapes of the
+  residuals its vjp keeps."""
+  enc = families.of(cfg).encoder(cfg)
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(3, 60, (B, L)), jnp.int32)
+  mask = jnp.ones((B, L), jnp.int32).at[1, 29:].set(0)
+  seg = jnp.zeros((B, L), jnp.int32).at[:, 20:].set(1)
+  if params is None:
+    params = enc.init(jax.random.key(0), ids, seg, mask, deterministic=True)["params"]
+
+  def loss(p):
+    out = enc.apply({"params": p}, ids, seg, mask, deterministic=False,
+                    rngs={"dropout": jax.random.key(2)})
+    return sum((x.astype(jnp.float32) ** 2).sum() for x in jax.tree.leaves(out))
+  kept = jax.eval_shape(lambda p: jax.tree.leaves(jax.vjp(loss, p)[1]), params)
+  value, grads = jax.jit(jax.value_and_grad(loss))(params)
+  return params, value, grads, kept
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_attention_remat_keeps_no_scores_and_changes_no_value(family):
+  params, value, grads, kept = _loss_and_residuals(FAMILIES[family]())
+  assert any(_scores(a) for a in kept)  # the test sees them when they are kept
+  _, value2, grads2, kept2 = _loss_and_residuals(FAMILIES[family](remat="attention"), params)
+  assert not [a.shape for a in kept2 if _scores(a)]
+  # Everything else is still kept: a layer's feed-forward output is not recomputed.
+  assert any(a.shape == (B, L, F) for a in kept2)
+  np.testing.assert_array_equal(value2, value)
+  jax.tree.map(np.testing.assert_array_equal, grads2, grads)
+
+
+# BERT's layers take REMAT_POLICIES through layers.layer_stack (tests/test_model.py checks the
+# values); DeBERTa's applied full remat for `dots` until this test.
+@pytest.mark.parametrize("family", ["deberta", pytest.param("bert", marks=pytest.mark.slow)])
+def test_dots_keeps_the_matmul_outputs_and_full_keeps_none(family):
+  params, value, grads, _ = _loss_and_residuals(FAMILIES[family]())
+  for remat, kept_f in (("dots", True), ("full", False)):
+    _, value2, grads2, kept = _loss_and_residuals(FAMILIES[family](remat=remat), params)
+    assert any(a.shape == (B, L, F) for a in kept) == kept_f, remat
+    assert not [a.shape for a in kept if _scores(a)], remat
+    np.testing.assert_allclose(value2, value, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads2,
+                 grads)
