@@ -51,18 +51,21 @@ fi
 # all; never reached at L=512 before) and `attn` (model.remat=attention: XLA's attention, its
 # scores, softmax and masks recomputed in the backward pass: the memory back, for a second
 # QK^T; expected to cost time at the same batch, measured to know how much); then the
-# BERT-base L=128 pair, the same three at BERT-base L=512, the layers under nn.scan (`scan`:
-# the first step's compile against torch.compile's, 59-64 s vs 54 s for BERT-base in the
-# third loan; on CPU scan compiles 4x faster), and last `attn` at L=128.
+# BERT-base L=128 pair; then two ways to a first step no slower than torch.compile's (59-64
+# s vs 54 s for BERT-base in the third loan, most of it the step's compile): the layers under
+# nn.scan (`scan`; on CPU scan compiles 4x faster) and no autotuning of the GEMMs' algorithms
+# (`noautotune`, XLA's --xla_gpu_autotune_level=0: what it costs the step); then the same three
+# at BERT-base L=512, and last `attn` at L=128.
 # Each row costs ~60-150 s (process start, initialisation beside the compile). ONLY
 # overrides the rows (WORKLOAD:SYSTEM,...), VARIANTS the extra bert_jax systems.
 V="attn:model.remat=attention"
 V="$V;flash:bert.model.attention_impl=pallas,modern.model.attention=flash"
-V="$V;scan:bert.model.scan_layers=True;triton:xla=--xla_gpu_enable_triton_gemm=true"
+V="$V;scan:bert.model.scan_layers=True;noautotune:xla=--xla_gpu_autotune_level=0"
 O="bert-large-512:bert_jax[flash],bert-large-512:bert_jax[attn],bert-large-512:compile"
 O="$O,bert-base-128:bert_jax,bert-base-128:compile"
+O="$O,bert-base-128:bert_jax[scan],bert-base-128:bert_jax[noautotune]"
 O="$O,bert-base-512:bert_jax[flash],bert-base-512:bert_jax[attn],bert-base-512:compile"
-O="$O,bert-base-128:bert_jax[scan],bert-base-128:bert_jax[attn]"
+O="$O,bert-base-128:bert_jax[attn]"
 left=$(( 430 - ($(date +%s) - start) ))
 timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 100 )) --child_timeout_s=200 \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
