@@ -43,9 +43,9 @@ fi
 # torch.compile in the same call, 1.21x with Triton GEMMs off (now the job's GPU default,
 # bert_jax.process.GPU_XLA_FLAGS); BERT-large L=512 0.83x with 1.56x its memory; BERT-base
 # L=512 0.93x (second loan). The third loan's optimized HLO (BERT-base, L=128) shows what the
-# explicit attention keeps for the backward pass: each layer's bf16 scores and dropped
-# probabilities, 4 bytes a score; 12.0 GiB at BERT-large L=512 batch 32, the difference in
-# memory (the step held 34.0 GiB, torch.compile 21.7).
+# explicit attention keeps for the backward pass: each layer's bf16 scores, dropout masks and
+# dropped probabilities, 5 bytes a score; 15.0 GiB at BERT-large L=512 batch 32, more than the
+# step's excess memory (34.0 GiB, torch.compile 21.7).
 # So this call puts the two ways of not keeping them against torch.compile at BERT-large
 # L=512 first: `flash` (the fused Pallas kernel, dropout fused, no L x L tensor in memory at
 # all; never reached at L=512 before) and `attn` (model.remat=attention: XLA's attention, its

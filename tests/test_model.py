@@ -109,7 +109,7 @@ def test_bad_configs_are_clear_errors():
     model_lib.BertConfig(hidden_act="swish")
 
 
-@pytest.mark.parametrize("remat", ["none", "full", "dots"])
+@pytest.mark.parametrize("remat", ["none", "attention", "full", "dots"])
 def test_scan_and_remat_compute_the_same_function(remat):
   batch = _batch(4)
   base = model_lib.BertForPreTraining(SMALL)

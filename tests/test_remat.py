@@ -67,6 +67,20 @@ def test_attention_remat_keeps_no_scores_and_changes_no_value(family):
   jax.tree.map(np.testing.assert_array_equal, grads2, grads)
 
 
+def test_attention_remat_under_scan_where_the_layer_kind_is_traced():
+  """ModernBERT's scanned layers choose global or local attention in a lax.cond: each branch
+  recomputes its own. The loss is bitwise the same, the gradients to float32 rounding (XLA
+  fuses the scanned body differently)."""
+  cfg = FAMILIES["modernbert"](scan_layers=True)
+  params, value, grads, kept = _loss_and_residuals(cfg)
+  assert any(_scores(a) for a in kept)
+  _, value2, grads2, kept2 = _loss_and_residuals(cfg.replace(remat="attention"), params)
+  assert not [a.shape for a in kept2 if _scores(a)]
+  np.testing.assert_array_equal(value2, value)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads2)):
+    assert float(jnp.abs(a - b).max()) <= 1e-4 * float(jnp.abs(a).max()), a.shape
+
+
 # BERT's layers take REMAT_POLICIES through layers.layer_stack (tests/test_model.py checks the
 # values); DeBERTa's applied full remat for `dots` until this test.
 @pytest.mark.parametrize("family", ["deberta", pytest.param("bert", marks=pytest.mark.slow)])
