@@ -483,7 +483,10 @@ def _variant_steps(args, cfg, model, compiled_step, fns: dict) -> None:
     other = mod.BertForPreTraining(mod.BertConfig(
         **{k: v for k, v in cfg.to_dict().items() if k in known}))
     fns[f"step ({name})"] = (compiled_step(other), ())
-  for name, overrides, _ in gpu_step.parse_variants(args.model_variants):
+  for name, overrides, flags in gpu_step.parse_variants(args.model_variants):
+    if flags:
+      raise SystemExit(f"--model_variants {name!r}: XLA flags apply to a whole process; pass "
+                       "compiler options with --options instead.")
     fns[f"step ({name})"] = (compiled_step(type(model)(cfg.replace(**overrides))), ())
   if args.compare_no_mesh:
     fns["step (no mesh)"] = (compiled_step(model, use_mesh=False), ())

@@ -157,9 +157,9 @@ def test_pretraining_loss_is_weighted_mean_of_cross_entropies():
   assert float(m["nsp_correct_sum"]) == 1.0 and float(m["num_examples"]) == 1.0
 
 
-# Two of the eight in the default tier (the rest moved to slow: its time, ~12 min on 2 cores).
+# Three of the nine in the default tier (the rest moved to slow: its time, ~12 min on 2 cores).
 @pytest.mark.parametrize("dropout_rng,remat,deterministic", [
-    ("hash", "none", False), ("threefry", "full", False),
+    ("hash", "none", False), ("threefry", "full", False), ("hash", "attention", False),
     *(pytest.param(r, m, d, marks=pytest.mark.slow) for r in model_lib.DROPOUT_RNGS
       for m in ("none", "full") for d in (True, False)
       if (r, m, d) not in (("hash", "none", False), ("threefry", "full", False)))])

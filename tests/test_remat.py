@@ -35,22 +35,25 @@ def _scores(a) -> bool:
   return a.ndim >= 4 and (s[-2:] == (L, L) or (s[-1] == 3 * s[-2] and L % s[-2] == 0))
 
 
-def _loss_and_residuals(cfg, params=None):
-  """The encoder's (dropout on) sum of squares, its gradient (jitted), and the shapes of the
-  residuals its vjp keeps."""
+def _loss_and_residuals(cfg, params=None, values=True):
+  """The encoder's (dropout on) sum of squares, its gradient (jitted; None without `values`),
+  and the shapes of the residuals its vjp keeps."""
   enc = families.of(cfg).encoder(cfg)
   rng = np.random.default_rng(0)
   ids = jnp.asarray(rng.integers(3, 60, (B, L)), jnp.int32)
   mask = jnp.ones((B, L), jnp.int32).at[1, 29:].set(0)
   seg = jnp.zeros((B, L), jnp.int32).at[:, 20:].set(1)
   if params is None:
-    params = enc.init(jax.random.key(0), ids, seg, mask, deterministic=True)["params"]
+    params = enc.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, ids, seg,
+                      mask, deterministic=False)["params"]  # (dropout on: no cuDNN call)
 
   def loss(p):
     out = enc.apply({"params": p}, ids, seg, mask, deterministic=False,
                     rngs={"dropout": jax.random.key(2)})
     return sum((x.astype(jnp.float32) ** 2).sum() for x in jax.tree.leaves(out))
   kept = jax.eval_shape(lambda p: jax.tree.leaves(jax.vjp(loss, p)[1]), params)
+  if not values:
+    return params, None, None, kept
   value, grads = jax.jit(jax.value_and_grad(loss))(params)
   return params, value, grads, kept
 
@@ -65,6 +68,19 @@ def test_attention_remat_keeps_no_scores_and_changes_no_value(family):
   assert any(a.shape == (B, L, F) for a in kept2)
   np.testing.assert_array_equal(value2, value)
   jax.tree.map(np.testing.assert_array_equal, grads2, grads)
+
+
+@pytest.mark.parametrize("family,kernel", [
+    ("bert", dict(dtype="bfloat16", attention_impl="cudnn")),  # cuDNN has no dropout
+    ("modernbert", dict(attention="flash", dropout_rng="threefry")),  # flash draws hash masks
+])
+def test_attention_remat_recomputes_where_a_kernel_gives_way_to_xla(family, kernel):
+  """With the probabilities' dropout on, these kernels give way to XLA's attention: its
+  scores are recomputed like any other's."""
+  kept = _loss_and_residuals(FAMILIES[family](**kernel), values=False)[3]
+  assert any(_scores(a) for a in kept)
+  kept = _loss_and_residuals(FAMILIES[family](remat="attention", **kernel), values=False)[3]
+  assert not [a.shape for a in kept if _scores(a)]
 
 
 def test_attention_remat_under_scan_where_the_layer_kind_is_traced():

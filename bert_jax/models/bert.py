@@ -264,9 +264,11 @@ class SelfAttention(nn.Module):
                          name="output")(ctx_BLHK)
     if bias_B11M.shape[2] > 1:  # packed rows: a bias per query
       bias_B11M = take_rows(bias_B11M, query_positions_BE, 2)
+    kernel = False  # cuDNN's fused attention keeps no [B, H, L, M] tensor: nothing to recompute
     if deterministic or cfg.attention_dropout_rate == 0.0:
       attend = functools.partial(fused_attention, implementation=cfg.attention_impl)
       extra = ()
+      kernel = cfg.attention_impl == "cudnn"
     else:
       # Dropout on the attention probabilities (as in BERT) needs them explicitly;
       # jax.nn.dot_product_attention does not expose dropout.
@@ -274,7 +276,7 @@ class SelfAttention(nn.Module):
           bert_attention.explicit_attention, rate=cfg.attention_dropout_rate,
           rng=cfg.dropout_rng, length=x_BLD.shape[1], dtype=cfg.dtype)
       extra = (Dropout(cfg.attention_dropout_rate, cfg.dropout_rng).key(), query_positions_BE)
-    if cfg.remat == "attention" and cfg.attention_impl != "cudnn":
+    if cfg.remat == "attention" and not kernel:
       attend = recomputed(attend)
     ctx_BLHK = attend(q_BLHK, k_BMHK, v_BMHK, bias_B11M, *extra)
     return _Projection(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), contract=2,

@@ -331,10 +331,17 @@ class Attention(nn.Module):
       fn = dense_attention if cfg.attention == "dense" else banded_attention
       return fn(q, kk, v_BLGK, segment_ids_BL, cfg.local_window // 2, cfg.dtype, drop)
 
+    def kernel(glob: bool) -> bool:  # `attend` takes a fused kernel (no L x M tensor kept)
+      if cfg.attention == "flash" and (rate == 0 or cfg.dropout_rng == "hash"):
+        return True
+      if rate > 0 or not (cfg.attention == "splash" or glob):
+        return False
+      packed_global = packed and cfg.attention == "banded" and cfg.global_block_budget > 0
+      return cfg.attention == "splash" or (cfg.attention_impl == "cudnn" and not packed_global)
+
     def attention(glob: bool):
       fn = functools.partial(attend, glob)
-      kernel = cfg.attention in ("flash", "splash") or (glob and cfg.attention_impl == "cudnn")
-      if cfg.remat == "attention" and not kernel:  # XLA's: recompute its L x M intermediates
+      if cfg.remat == "attention" and not kernel(glob):  # XLA's: recompute its L x M tensors
         fn = layers.recomputed(fn)
       return fn(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, positions_BL, key)
 
