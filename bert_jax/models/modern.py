@@ -290,6 +290,25 @@ class _Linear(nn.Module):
     return y
 
 
+def _fused_kernel(cfg: ModernConfig, glob: bool, rate: float, packed: bool):
+  """The fused kernel a global (`glob`) or local layer attends with, called as
+  (q, k, v, segment_ids, dropout key) -> context, or None where XLA's attention runs. No
+  kernel keeps an L x M tensor for the backward pass (nothing for remat=attention)."""
+  window = None if glob else cfg.local_window // 2
+  if cfg.attention == "flash" and (rate == 0 or cfg.dropout_rng == "hash"):
+    return lambda q, k, v, seg, key: flash_attention(q, k, v, seg, window, rate, key)
+  if cfg.attention == "splash" and rate == 0:
+    return lambda q, k, v, seg, key: splash_attention(q, k, v, seg, window, cfg.dtype)
+  packed_global = packed and cfg.attention == "banded" and cfg.global_block_budget > 0
+  if glob and rate == 0 and cfg.attention_impl == "cudnn" and not packed_global:
+    def cudnn(q, k, v, seg, key):
+      del key
+      mask = allowed_keys(seg, seg, None, None, None)[:, None]
+      return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="cudnn")
+    return cudnn
+  return None
+
+
 class Attention(nn.Module):
   """Multi-head (grouped-query) self-attention with rotary positions; global or local."""
   config: ModernConfig
@@ -312,18 +331,15 @@ class Attention(nn.Module):
           lambda p: layers.dropout(p, rate, key, cfg.dropout_rng))
       theta = cfg.rope_theta if glob else cfg.local_rope_theta
       q, kk = rope(q_BLHK, positions_BL, theta), rope(k_BLGK, positions_BL, theta)
-      if cfg.attention == "flash" and (drop is None or cfg.dropout_rng == "hash"):
-        return flash_attention(q, kk, v_BLGK, segment_ids_BL,
-                               None if glob else cfg.local_window // 2, rate, key)
-      if cfg.attention == "splash" and drop is None:
-        return splash_attention(q, kk, v_BLGK, segment_ids_BL,
-                                None if glob else cfg.local_window // 2, cfg.dtype)
+      kernel = _fused_kernel(cfg, glob, rate, packed)
+      if kernel is not None:
+        return kernel(q, kk, v_BLGK, segment_ids_BL, key)
       if glob and packed and drop is None and cfg.attention == "banded" and (
           cfg.global_block_budget > 0):
         return packed_global_attention(q, kk, v_BLGK, segment_ids_BL, cfg.dtype,
                                        cfg.global_block, cfg.global_block_budget)
       if glob:
-        if drop is None and cfg.attention_impl:  # e.g. "cudnn" on GPU
+        if drop is None and cfg.attention_impl:  # "xla" (cuDNN is a fused kernel)
           mask = allowed_keys(segment_ids_BL, segment_ids_BL, None, None, None)[:, None]
           return jax.nn.dot_product_attention(q, kk, v_BLGK, mask=mask,
                                               implementation=cfg.attention_impl)
@@ -331,18 +347,10 @@ class Attention(nn.Module):
       fn = dense_attention if cfg.attention == "dense" else banded_attention
       return fn(q, kk, v_BLGK, segment_ids_BL, cfg.local_window // 2, cfg.dtype, drop)
 
-    def kernel(glob: bool) -> bool:  # `attend` takes a fused kernel (no L x M tensor kept)
-      if cfg.attention == "flash" and (rate == 0 or cfg.dropout_rng == "hash"):
-        return True
-      if rate > 0 or not (cfg.attention == "splash" or glob):
-        return False
-      packed_global = packed and cfg.attention == "banded" and cfg.global_block_budget > 0
-      return cfg.attention == "splash" or (cfg.attention_impl == "cudnn" and not packed_global)
-
     def attention(glob: bool):
       fn = functools.partial(attend, glob)
-      if cfg.remat == "attention" and not kernel(glob):  # XLA's: recompute its L x M tensors
-        fn = layers.recomputed(fn)
+      if cfg.remat == "attention" and _fused_kernel(cfg, glob, rate, packed) is None:
+        fn = layers.recomputed(fn)  # XLA's attention: recompute its L x M tensors
       return fn(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, positions_BL, key)
 
     if isinstance(is_global, bool):
