@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax import families
 from bert_jax.models import bert as model_lib
-from bert_jax.models import deberta, modern
+from bert_jax.models import deberta, layers, modern
 
 B, L, F = 2, 40, 96  # no other axis is 40 or 96 long
 FAMILIES = {
@@ -109,3 +109,42 @@ def test_dots_keeps_the_matmul_outputs_and_full_keeps_none(family):
     np.testing.assert_allclose(value2, value, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads2,
                  grads)
+
+
+# What a layer's feed-forward keeps for the backward pass: BERT's and DeBERTa's intermediate
+# output and its GELU (the output layer's weight gradient reads it); ModernBERT's gate, up and
+# their product. The activations recompute their tanh or erf (layers.recomputed), which
+# autodiff would keep: 6, 4 and 6 such [B, L, F] tensors a layer before.
+FFN_KEPT = {"bert": 2, "deberta": 2, "modernbert": 3}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", pytest.param("float32", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_activations_keep_their_input_alone_with_autodiffs_values(family, dtype, monkeypatch):
+  cfg = FAMILIES[family](dtype=dtype)
+  params, value, grads, kept = _loss_and_residuals(cfg)
+  assert sum(a.shape == (B, L, F) for a in kept) == FFN_KEPT[family] * cfg.num_layers
+  # The same values as autodiff through the plain functions (bitwise in bfloat16; XLA fuses
+  # float32's differently, to its rounding).
+  monkeypatch.setitem(layers.ACTIVATIONS, "gelu", layers.gelu)
+  monkeypatch.setitem(layers.ACTIVATIONS, "gelu_tanh", layers.gelu_tanh)
+  monkeypatch.setitem(modern.GATED, "gelu", lambda gate, up: layers.gelu(gate) * up)
+  _, value2, grads2, kept2 = _loss_and_residuals(cfg, params)
+  assert sum(a.shape == (B, L, F) for a in kept2) > FFN_KEPT[family] * cfg.num_layers
+  np.testing.assert_array_equal(value2, value)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads2)):
+    if dtype == "bfloat16":
+      np.testing.assert_array_equal(a, b)
+    else:
+      assert float(jnp.abs(a - b).max()) <= 1e-6 * float(jnp.abs(a).max()), a.shape
+
+
+def test_activations_gradients_are_autodiffs_under_jit_and_vmap():
+  x = jnp.linspace(-6, 6, 97, dtype=jnp.float32)
+  for name, plain in (("gelu", layers.gelu), ("gelu_tanh", layers.gelu_tanh)):
+    act = layers.ACTIVATIONS[name]
+    assert [r.shape for r in jax.tree.leaves(jax.vjp(act, x)[1])] == [x.shape]
+    np.testing.assert_array_equal(act(x), plain(x))
+    for transform in (lambda f: jax.jit(jax.grad(lambda v: (f(v) * x).sum())),
+                      lambda f: jax.vmap(jax.grad(f))):
+      np.testing.assert_array_equal(transform(act)(x), transform(plain)(x))

@@ -25,6 +25,29 @@ from input_pipeline import errors
 NEG_INF = -1e9
 
 
+def recomputed(fn):
+  """`fn` whose backward pass keeps only its inputs and recomputes everything else from them.
+  Attention (remat=attention): the scores, softmax and dropout masks, so no [B, H, L, M]
+  tensor outlives the forward pass (Megatron-LM's selective activation recomputation). The
+  activations: GELU's tanh or erf, recomputed from its input in the backward pass's own
+  fusion instead of written beside its output. The recomputation waits for the incoming
+  cotangent (an optimization barrier over both): under jax.checkpoint alone, XLA may schedule
+  it early, in the forward pass of unrolled layers, where it keeps what it was meant to drop.
+  The same values: it repeats the forward's ops."""
+  @jax.custom_vjp
+  def run(*args):
+    return fn(*args)
+
+  def forward(*args):
+    return fn(*args), args
+
+  def backward(args, cotangent):
+    args, cotangent = jax.lax.optimization_barrier((args, cotangent))
+    return jax.vjp(fn, *args)[1](cotangent)
+
+  run.defvjp(forward, backward)
+  return run
+
 
 def gelu(x: jax.Array) -> jax.Array:
   """The exact (erf) GELU as transformers and torch write it, x/2 (1 + erf(x/sqrt 2)):
@@ -33,12 +56,27 @@ def gelu(x: jax.Array) -> jax.Array:
   return 0.5 * x * (1.0 + jax.lax.erf(x * (1 / math.sqrt(2))))
 
 
+def gelu_tanh(x: jax.Array) -> jax.Array:
+  """The tanh approximation of GELU (Google's original BERT; transformers' "gelu_new")."""
+  return jax.nn.gelu(x, approximate=True)
+
+
+# The activations by name. The GELUs keep only their input for the backward pass
+# (`recomputed`): autodiff would also keep the tanh (erf) of every element, which XLA writes
+# beside the output (the GPU step's HLO: one more bf16 [B, L, F] tensor a layer). The same
+# values (tests/test_remat.py).
 ACTIVATIONS = {
     # Original TF BERT uses the tanh approximation; HuggingFace "gelu" is exact erf.
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu": gelu,
+    "gelu_tanh": recomputed(gelu_tanh),
+    "gelu": recomputed(gelu),
     "relu": jax.nn.relu,
 }
+
+
+def gated(act):
+  """act(gate) * up (GeGLU, SwiGLU) keeping only gate and up for the backward pass."""
+  return recomputed(lambda gate, up: act(gate) * up)
+
 
 # model.remat -> the policy the layers are rematerialised with ("attention": the layers are
 # not; each family recomputes its attention core alone, `recomputed`).
@@ -226,28 +264,6 @@ def _rows_of_bwd(num_rows, ids, g):
 
 
 _rows_of.defvjp(_rows_of_fwd, _rows_of_bwd)
-
-
-def recomputed(attention):
-  """`attention` whose backward pass keeps only its inputs (queries, keys, values, bias, ...)
-  and recomputes the scores, the softmax and the dropout masks from them, so no [B, H, L, M]
-  tensor outlives the forward pass (Megatron-LM's selective activation recomputation). The
-  recomputation waits for the incoming cotangent (an optimization barrier over both): under
-  jax.checkpoint alone, XLA may schedule it early, in the forward pass of unrolled layers,
-  where it keeps what it was meant to drop. The same values: it repeats the forward's ops."""
-  @jax.custom_vjp
-  def run(*args):
-    return attention(*args)
-
-  def forward(*args):
-    return attention(*args), args
-
-  def backward(args, cotangent):
-    args, cotangent = jax.lax.optimization_barrier((args, cotangent))
-    return jax.vjp(attention, *args)[1](cotangent)
-
-  run.defvjp(forward, backward)
-  return run
 
 
 def layer_stack(cfg: Any, unrolled: type, scanned: type, *, static_argnums: tuple[int, ...],

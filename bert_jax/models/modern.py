@@ -39,6 +39,9 @@ from input_pipeline import errors
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
 ACTIVATIONS = {"gelu": layers.ACTIVATIONS["gelu"], "gelu_tanh": layers.ACTIVATIONS["gelu_tanh"],
                "silu": jax.nn.silu, "relu": jax.nn.relu}
+GATED = {name: layers.gated(act) for name, act in  # the MLP's act(gate) * up
+         {"gelu": layers.gelu, "gelu_tanh": layers.gelu_tanh, "silu": jax.nn.silu,
+          "relu": jax.nn.relu}.items()}
 NORMS = ("layernorm", "rmsnorm")
 POOLINGS = ("cls", "mean", "late")  # "late": EuroBERT's mean of per-token head outputs
 ATTENTIONS = ("banded", "dense", "splash", "flash")  # flash: bert_jax.flash (Pallas; GPU)
@@ -374,7 +377,7 @@ class MLP(nn.Module):
                                                   name=name)
     gate_BLF = lin(cfg.intermediate_size, ("embed", "mlp"), "gate")(x_BLD)
     up_BLF = lin(cfg.intermediate_size, ("embed", "mlp"), "up")(x_BLD)
-    h_BLF = ACTIVATIONS[cfg.hidden_act](gate_BLF) * up_BLF
+    h_BLF = GATED[cfg.hidden_act](gate_BLF, up_BLF)
     h_BLF = nn.with_logical_constraint(
         h_BLF, ("activation_batch", "activation_length", "activation_mlp"))
     h_BLF = layers.Dropout(cfg.mlp_dropout_rate, cfg.dropout_rng)(h_BLF, deterministic)
