@@ -1,7 +1,8 @@
 """model.remat in every family: what the backward pass keeps (the residuals of jax.vjp) and
 that recomputing changes no value. `attention` keeps no [.., L, M] score, probability or
 dropout-mask tensor (and every other residual); `dots` keeps the layers' matmul outputs;
-`full` keeps each layer's input alone."""
+`full` keeps each layer's input alone. At every `remat`, the activations (and ModernBERT's gated
+MLP) keep their inputs alone."""
 from __future__ import annotations
 
 import jax
@@ -148,3 +149,18 @@ def test_activations_gradients_are_autodiffs_under_jit_and_vmap():
     for transform in (lambda f: jax.jit(jax.grad(lambda v: (f(v) * x).sum())),
                       lambda f: jax.vmap(jax.grad(f))):
       np.testing.assert_array_equal(transform(act)(x), transform(plain)(x))
+
+
+@pytest.mark.parametrize("name", sorted(modern.GATED))
+def test_gated_mlps_keep_gate_and_up_alone_with_autodiffs_gradients(name):
+  """GeGLU and SwiGLU (EuroBERT's silu): act(gate) * up recomputed in the backward pass."""
+  plain = {"gelu": layers.gelu, "gelu_tanh": layers.gelu_tanh, "silu": jax.nn.silu,
+           "relu": jax.nn.relu}[name]
+  rng = np.random.default_rng(0)
+  gate, up = (jnp.asarray(rng.normal(size=(3, 97)), jnp.float32) for _ in range(2))
+  glu = modern.GATED[name]
+  assert [r.shape for r in jax.tree.leaves(jax.vjp(glu, gate, up)[1])] == [gate.shape] * 2
+  np.testing.assert_array_equal(glu(gate, up), plain(gate) * up)
+  grad = lambda f: jax.jit(jax.grad(lambda g, u: (f(g, u) * gate).sum(), argnums=(0, 1)))
+  for a, b in zip(grad(glu)(gate, up), grad(lambda g, u: plain(g) * u)(gate, up)):
+    np.testing.assert_array_equal(a, b)

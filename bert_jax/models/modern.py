@@ -163,8 +163,8 @@ class ModernConfig(layers.ModelConfig):
          f"divisible by num_heads {self.num_heads}."),
         (self.num_heads % self.kv_heads == 0, f"num_heads {self.num_heads} is not a multiple "
          f"of num_kv_heads {self.num_kv_heads}."),
-        (self.hidden_act in ACTIVATIONS, f"hidden_act {self.hidden_act!r} unknown; choose one "
-         f"of {sorted(ACTIVATIONS)}."),
+        (self.hidden_act in GATED, f"hidden_act {self.hidden_act!r} unknown; choose one "
+         f"of {sorted(GATED)}."),
         (self.head_act in ACTIVATIONS, f"head_act {self.head_act!r} unknown; choose one of "
          f"{sorted(ACTIVATIONS)}."),
         (self.norm in NORMS, f"norm {self.norm!r} unknown; choose one of {NORMS}."),
