@@ -154,8 +154,7 @@ def test_activations_gradients_are_autodiffs_under_jit_and_vmap():
 @pytest.mark.parametrize("name", sorted(modern.GATED))
 def test_gated_mlps_keep_gate_and_up_alone_with_autodiffs_gradients(name):
   """GeGLU and SwiGLU (EuroBERT's silu): act(gate) * up recomputed in the backward pass."""
-  plain = {"gelu": layers.gelu, "gelu_tanh": layers.gelu_tanh, "silu": jax.nn.silu,
-           "relu": jax.nn.relu}[name]
+  plain = modern.PLAIN_ACTIVATIONS[name]
   rng = np.random.default_rng(0)
   gate, up = (jnp.asarray(rng.normal(size=(3, 97)), jnp.float32) for _ in range(2))
   glu = modern.GATED[name]

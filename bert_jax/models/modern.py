@@ -37,11 +37,11 @@ from bert_jax.models.modern_attention import (  # noqa: F401  (here before moder
 from input_pipeline import errors
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
-ACTIVATIONS = {"gelu": layers.ACTIVATIONS["gelu"], "gelu_tanh": layers.ACTIVATIONS["gelu_tanh"],
-               "silu": jax.nn.silu, "relu": jax.nn.relu}
-GATED = {name: layers.gated(act) for name, act in  # the MLP's act(gate) * up
-         {"gelu": layers.gelu, "gelu_tanh": layers.gelu_tanh, "silu": jax.nn.silu,
-          "relu": jax.nn.relu}.items()}
+PLAIN_ACTIVATIONS = {"gelu": layers.gelu, "gelu_tanh": layers.gelu_tanh, "silu": jax.nn.silu,
+                     "relu": jax.nn.relu}
+# The heads' (the GELUs recomputed, as layers.ACTIVATIONS'), and the MLP's act(gate) * up.
+ACTIVATIONS = {name: layers.ACTIVATIONS.get(name, act) for name, act in PLAIN_ACTIVATIONS.items()}
+GATED = {name: layers.gated(act) for name, act in PLAIN_ACTIVATIONS.items()}
 NORMS = ("layernorm", "rmsnorm")
 POOLINGS = ("cls", "mean", "late")  # "late": EuroBERT's mean of per-token head outputs
 ATTENTIONS = ("banded", "dense", "splash", "flash")  # flash: bert_jax.flash (Pallas; GPU)
