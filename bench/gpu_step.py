@@ -117,7 +117,7 @@ def _time_steps(step, n_warmup: int, n: int, sync) -> dict[str, float]:
   return dict(step_s=(time.perf_counter() - t) / n, synced_s=statistics.median(times))
 
 
-def _bert_jax_workload(spec: dict):
+def bert_jax_workload(spec: dict):
   """The trainer's config (the row's overrides applied), the host batches, their useful
   tokens and, for ModernBERT, modern_step's steps (None for BERT)."""
   if "bert" in spec:
@@ -149,12 +149,23 @@ def _bert_jax_workload(spec: dict):
   return config, host_batches, tokens, steps
 
 
+def step_flops(spec: dict, cfg, steps) -> float:
+  """The row's training FLOPs a step (ModernBERT's: of its examples' useful tokens, the
+  mean over bert_jax_workload's `steps`)."""
+  from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top
+  if "bert" in spec:
+    preset, L, batch, P = spec["bert"]
+    return flops_lib.train_flops_per_step(cfg, batch, L, P)
+  from bench import modern_step  # pylint: disable=g-import-not-at-top
+  return statistics.mean(modern_step.useful_flops(cfg, s) for s in steps)
+
+
 def child_bert_jax(spec: dict) -> dict:
   from bert_jax import process  # pylint: disable=g-import-not-at-top
   process.job_xla_flags()  # as the job (bert_jax.main) runs: its XLA flags, before any device
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import flops as flops_lib, registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  config, host_batches, tokens, steps = _bert_jax_workload(spec)
+  from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  config, host_batches, tokens, steps = bert_jax_workload(spec)
   model, objective, sample = registry.pretraining(config)
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
                               devices=jax.devices()[:1])
@@ -186,16 +197,9 @@ def child_bert_jax(spec: dict) -> dict:
     if mem is None:
       ma = compiled.memory_analysis()
       mem = getattr(ma, "temp_size_in_bytes", 0) + getattr(ma, "argument_size_in_bytes", 0)
-  cfg = model.config
-  if "bert" in spec:
-    preset, L, batch, P = spec["bert"]
-    flops = flops_lib.train_flops_per_step(cfg, batch, L, P)
-  else:
-    from bench import modern_step  # pylint: disable=g-import-not-at-top
-    flops = statistics.mean(modern_step.useful_flops(cfg, s) for s in steps)
   return dict(**timed, first_s=first_s, compile_s=compile_s,
               setup_s=setup_s, imports_s=imports_s, init_s=init_s, mem_gib=mem / 2**30,
-              flops=flops, tokens=statistics.mean(tokens),
+              flops=step_flops(spec, model.config, steps), tokens=statistics.mean(tokens),
               loss=float(box[1]["loss"]), versions=f"jax {jax.__version__}",
               device=jax.devices()[0].device_kind)
 
@@ -392,17 +396,23 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _spec(args, workload: str, system: str, overrides: dict) -> dict:
-  """What a child runs: one (workload, system) at the run's settings."""
-  spec = dict(system=system.split("[")[0], dtype=args.dtype, steps=args.steps, warmup=args.warmup,
-              vocab=500 if args.smoke else VOCAB, smoke=args.smoke, overrides=overrides,
-              torch_mode=args.modern_torch_mode)
+def workload_spec(workload: str, dtype: str, smoke: bool, overrides: dict) -> dict:
+  """A workload's model and data (its tiny CPU version with `smoke`), config `overrides`
+  applied by bert_jax_workload."""
+  spec = dict(dtype=dtype, vocab=500 if smoke else VOCAB, smoke=smoke, overrides=overrides)
   if workload in BERT:
     preset, L, batch, P = BERT[workload]
-    spec["bert"] = ("tiny", 32, 2, 5) if args.smoke else (preset, L, batch, P)
+    spec["bert"] = ("tiny", 32, 2, 5) if smoke else (preset, L, batch, P)
   else:
-    spec["modern"] = modern_opts(workload, args.smoke)
+    spec["modern"] = modern_opts(workload, smoke)
   return spec
+
+
+def _spec(args, workload: str, system: str, overrides: dict) -> dict:
+  """What a child runs: one (workload, system) at the run's settings."""
+  return dict(workload_spec(workload, args.dtype, args.smoke, overrides),
+              system=system.split("[")[0], steps=args.steps, warmup=args.warmup,
+              torch_mode=args.modern_torch_mode)
 
 
 def _run_rows(args, workloads: list[str], systems: list[tuple], start: float) -> list[dict]:

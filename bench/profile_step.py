@@ -6,6 +6,7 @@
     python -m bench.profile_step --model_variants="attn:remat=attention"  # config variants
     python -m bench.profile_step --trace=/tmp/step_trace  # trace + top kernels by time, grouped
     python -m bench.profile_step --trace=/tmp/t --dtype=bfloat16 --batch=256  # on a GPU
+    python -m bench.profile_step --trace=/tmp/t --dtype=bfloat16 --workload=modern-packed  # ModernBERT
 
 On a shared CPU, step times drift by 2x with the load of other processes, so
 every comparison here is made inside one process: all variants are compiled
@@ -21,6 +22,7 @@ import collections
 import dataclasses
 import functools
 import importlib.util
+import itertools
 import os
 import re
 import statistics
@@ -408,6 +410,14 @@ def _parser() -> argparse.ArgumentParser:
                            "by time, grouped (matmuls, attention, elementwise, copies, "
                            "gather/scatter, optimizer)")
   parser.add_argument("--trace_steps", type=int, default=3)
+  parser.add_argument("--workload", default="", choices=("",) + gpu_step.WORKLOADS,
+                      help="with --trace: the step of this bench/gpu_step.py row instead "
+                           "(e.g. modern-packed: ModernBERT-base on packed rows), at --dtype")
+  parser.add_argument("--overrides", default="",
+                      help="with --workload: config fields, as a gpu_step variant's "
+                           "'field=value,...' (e.g. 'modern.model.attention=flash')")
+  parser.add_argument("--smoke", action="store_true",
+                      help="with --workload: its tiny CPU version (what the test runs)")
   return parser
 
 
@@ -441,9 +451,42 @@ def _step_compiler(args, config, tx, objective, state, data, rng):
   return compiled_step
 
 
-def _trace(args, run) -> None:
-  """--trace: the untraced step time, then --trace_steps steps traced and their kernels."""
+def _workload_step(args, rng):
+  """--workload: bench/gpu_step.py's bert_jax row (its config with --overrides, its batches)
+  compiled as the trainer compiles it; run() steps through the batches in turn. Returns
+  (run, a label, useful tokens a step, FLOPs a step)."""
   import jax
+  from bert_jax import registry, trainer as trainer_lib
+  _, overrides, flags = gpu_step.parse_variants("overrides:" + args.overrides)[0]
+  if flags:
+    raise SystemExit("--overrides: XLA flags apply to the whole process; set XLA_FLAGS instead.")
+  spec = gpu_step.workload_spec(args.workload, args.dtype, args.smoke, overrides)
+  config, host_batches, tokens, steps = gpu_step.bert_jax_workload(spec)
+  model, objective, sample = registry.pretraining(config)
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
+                              devices=jax.devices()[:1])
+  with trainer.activate():
+    state = trainer.init()
+    batches = [trainer.to_global(b) for b in host_batches]
+    t = time.perf_counter()
+    c = trainer.train_step.lower(state, batches[0], rng).compile()
+  print(f"compiled in {time.perf_counter() - t:.1f} s: {args.workload} {args.overrides}".rstrip(),
+        flush=True)
+  box, cycle = [state], itertools.cycle(batches)
+
+  def run():
+    box[0], metrics = c(box[0], next(cycle), rng)
+    return metrics
+  run.hlo = c.as_text()
+  label = f"{args.workload}{' (smoke)' if args.smoke else ''}, {args.dtype}"
+  return run, label, statistics.mean(tokens), gpu_step.step_flops(spec, model.config, steps)
+
+
+def _trace(args, run, label: str, tokens: float, flops: float) -> None:
+  """--trace: the untraced step time (its tokens/s and MFU against the chip's dense peak),
+  then --trace_steps steps traced and their kernels."""
+  import jax
+  from bert_jax import flops as flops_lib
   for _ in range(3):  # warm-up; then the untraced step time, then the traced steps
     jax.block_until_ready(run())
   t = time.perf_counter()  # steps queued back to back, as training runs them
@@ -452,9 +495,11 @@ def _trace(args, run) -> None:
   jax.profiler.start_trace(args.trace)
   jax.block_until_ready([run() for _ in range(args.trace_steps)])
   jax.profiler.stop_trace()
-  print(f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype} on "
-        f"{jax.devices()[0].device_kind}; {args.trace_steps} steps traced into {args.trace} "
-        "(xprof / TensorBoard read it too)")
+  kind = jax.devices()[0].device_kind
+  peak = flops_lib.PEAK_BF16_FLOPS.get(kind)
+  mfu = f", {100 * flops / step_s / peak:.1f}% of the dense bf16 peak" if peak else ""
+  print(f"{label} on {kind}: {tokens / step_s / 1e3:.1f}k tokens/s{mfu}; {args.trace_steps} "
+        f"steps traced into {args.trace} (xprof / TensorBoard read it too)")
   try:
     events = trace_events(args.trace)
   except FileNotFoundError as e:
@@ -525,6 +570,11 @@ def main(argv=None) -> None:
   from bert_jax import process
   process.job_xla_flags()  # the XLA flags the pre-training job runs with (before any device)
   import jax
+  if args.workload:
+    if not args.trace:
+      raise SystemExit("--workload profiles a traced step: give --trace=DIR too.")
+    _trace(args, *_workload_step(args, jax.random.key(1)))
+    return
   import jax.numpy as jnp
   from bert_jax import flops as flops_lib
   from bert_jax.models import bert as model_lib
@@ -538,7 +588,8 @@ def main(argv=None) -> None:
   compiled_step = _step_compiler(args, config, tx, objective, state, data, rng)
   model = model_lib.BertForPreTraining(cfg)
   if args.trace:
-    _trace(args, compiled_step(model))
+    label = f"{args.preset}, batch {args.batch} x {args.seq_len}, {args.dtype}"
+    _trace(args, compiled_step(model), label, args.batch * args.seq_len, flops)
     return
   _variant_steps(args, cfg, model, compiled_step, fns)
   if args.pieces:

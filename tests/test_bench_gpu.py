@@ -157,6 +157,25 @@ def test_profile_step_trace_summary_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+def test_profile_step_traces_gpu_step_workloads_on_cpu(tmp_path):
+  """--workload profiles gpu_step's row (ModernBERT on packed rows here, an override
+  applied): its kernels come from ModernBERT's code, and its tokens/s is printed."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.profile_step", "--workload=modern-packed", "--smoke",
+       "--overrides=modern.model.attention=dense,bert.model.attention_impl=cudnn",
+       f"--trace={tmp_path}", "--trace_steps=2"], cwd=tu.REPO, capture_output=True, text=True,
+      timeout=600, env=tu.env(XLA_FLAGS="--xla_cpu_enable_xprof_traceme=true"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "modern-packed (smoke), float32 on cpu: " in proc.stdout, proc.stdout
+  assert "k tokens/s" in proc.stdout and "share of step" in proc.stdout, proc.stdout
+  assert "(modern_attention.py:" in proc.stdout and "(bert.py:" not in proc.stdout, proc.stdout
+  assert (tmp_path / "step.hlo.txt.gz").exists()
+  refused = subprocess.run([sys.executable, "-m", "bench.profile_step", "--workload=modern-full"],
+                           cwd=tu.REPO, capture_output=True, text=True, timeout=120, env=tu.env())
+  assert refused.returncode != 0 and "give --trace" in refused.stderr, refused.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_profile_step_times_config_variants_beside_the_step():
   proc = subprocess.run(
       [sys.executable, "-m", "bench.profile_step", "--preset=tiny", "--batch=2", "--seq_len=32",
