@@ -8,7 +8,9 @@ each layer kind, forward only, and reads XLA's own FLOP count (`cost_analysis`):
   - local: modern.banded_attention (3 blocks of window // 2 keys per query block);
   - global over packed rows: modern.packed_global_attention within its static budget of
     block pairs (the dense fallback branch is not counted: it runs only when a batch needs
-    more pairs than the budget; the script reports how often a realistic length mix does).
+    more pairs than the budget; the script reports how often a realistic length mix does);
+  - bert_jax.flash (model.attention=flash): the share of block pairs its kernels visit on
+    packed rows of that length mix (they skip the pairs no query reads).
 The model total weights each kind by the preset's layer pattern (global every 3rd layer)
 and compares with every layer dense. The length mix: document lengths log-normal (median
 300 tokens, sigma 1.0, capped at L), packed greedily into rows of L in arrival order.
@@ -61,6 +63,20 @@ def need_fraction(seg: np.ndarray, block: int) -> float:
   return float(need.mean())
 
 
+def flash_visits(seg: np.ndarray, half_window: int | None, block: int = 64) -> tuple[float, float]:
+  """Shares of the (query block, key block) pairs that bert_jax.flash's kernels visit on these
+  packed rows (padding, example id 0, reads nothing): the forward and dq kernels', and the
+  dk/dv kernel's (the rest are skipped; looping over every pair is 1.0)."""
+  from bert_jax import flash  # pylint: disable=g-import-not-at-top
+  rows, L = seg.shape
+  q_ranges, k_ranges = flash._block_ranges(  # pylint: disable=protected-access
+      jnp.asarray(np.where(seg > 0, seg, -1)), jnp.asarray(seg),
+      jnp.broadcast_to(jnp.arange(L), (rows, L)), block, block, causal=False, window=half_window)
+  visits = lambda r: float(np.sum(np.asarray(r[..., 1] - r[..., 0] + r[..., 3] - r[..., 2])))
+  full = rows * (L // block) ** 2
+  return visits(q_ranges) / full, visits(k_ranges) / full
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--preset", default="modernbert-base")
@@ -92,6 +108,13 @@ def main(argv=None):
   for _ in range(50):
     fractions.append(need_fraction(length_mix(rng, L, args.batch), cfg.global_block))
   fits = float(np.mean([f <= args.budget for f in fractions]))
+  mix = length_mix(np.random.default_rng(1), L, args.batch)
+  flash_global, flash_local = flash_visits(mix, None), flash_visits(mix, cfg.local_window // 2)
+  from bench import gpu_step  # pylint: disable=g-import-not-at-top
+  _, batches, _, _ = gpu_step.bert_jax_workload(gpu_step.workload_spec(
+      "modern-packed", "bfloat16", False, {}))
+  rows = np.asarray(batches[0]["packed_example_ids"])
+  row_global, row_local = flash_visits(rows, None), flash_visits(rows, cfg.local_window // 2)
   analytic = flops_lib.attention_flops(cfg, L, executed=True) / flops_lib.attention_flops(
       cfg.replace(global_every=1, global_block_budget=0.0), L)
   lines = [
@@ -105,6 +128,12 @@ def main(argv=None):
       f"  length mix (log-normal, median 300): block pairs needed per batch of {args.batch} "
       f"rows: median {np.median(fractions):.3f}, max {max(fractions):.3f}; batches within the "
       f"budget: {100 * fits:.0f}%",
+      f"  bert_jax.flash (model.attention=flash, blocks of 64) on one batch of that mix: block "
+      f"pairs visited, forward and dq / dk and dv: global {flash_global[0]:.3f} / "
+      f"{flash_global[1]:.3f}, local {flash_local[0]:.3f} / {flash_local[1]:.3f}",
+      f"  the same on bench/gpu_step.py's modern-packed batch ({rows.shape[0]} rows of "
+      f"{rows.shape[1]}, {100 * (rows == 0).mean():.1f}% padding): global {row_global[0]:.3f} / "
+      f"{row_global[1]:.3f}, local {row_local[0]:.3f} / {row_local[1]:.3f}",
   ]
   print("\n".join(lines))
   if not args.no_record:

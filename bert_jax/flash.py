@@ -12,6 +12,13 @@ bits of probability (b, h, position, key) are fmix32(fmix32(index ^ k0) + k1) of
 row-major index in the [B, H, full_length, M] array, so this path drops exactly what the
 explicit path (`SelfAttention` with `dropout_rng="hash"`) drops for the same key (tested).
 
+Each query block loops over only the key blocks some of its queries read (and each key
+block of the backward over only the query blocks that read it): a window, causal order or
+packed segments skip the blocks that are wholly masked, which add nothing (exact zeros), so
+the results are the same bits as looping over every block. A block holding a query that reads
+no key at all (padding) loops over every block, as before, so even its unread row keeps its
+values.
+
 Pallas lowers the kernels through Triton on NVIDIA GPUs; on CPU they run in Pallas's
 interpret mode (slow: for tests); other backends are refused. Block sizes: 64 x 64 by
 default, head dims padded to a power of two. Selected by `model.attention_impl=pallas`
@@ -85,8 +92,8 @@ def _scores(q, k, q_seg, k_seg, q_pos, k_idx, *, scale, causal, window):
   return jnp.where(allowed, s, MASKED)
 
 
-def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, o_ref, lse_ref,
-                    *, cfg):
+def _forward_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, o_ref,
+                    lse_ref, *, cfg):
   q, q_seg, q_pos = q_ref[...], qseg_ref[...], qpos_ref[...]
   bq, bk = q.shape[0], cfg["block_k"]
   keys, bh = _program(keys_ref)
@@ -111,13 +118,13 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref,
 
   init = (jnp.zeros((bq, q.shape[1]), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
           jnp.zeros((bq,), jnp.float32))
-  acc, m, l = lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
+  acc, m, l = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, init)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log(l)
 
 
-def _dkv_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_ref, lse_ref,
-                delta_ref, dk_ref, dv_ref, *, cfg):
+def _dkv_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_ref,
+                lse_ref, delta_ref, dk_ref, dv_ref, *, cfg):
   k, v, k_seg = k_ref[...], v_ref[...], kseg_ref[...]
   bk, bq = k.shape[0], cfg["block_q"]
   keys, bh = _program(keys_ref)
@@ -144,13 +151,14 @@ def _dkv_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_
     return dk, dv
 
   zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
+  carry = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, (zeros, zeros))
+  dk, dv = lax.fori_loop(ranges_ref[2], ranges_ref[3], body, carry)
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_ref, lse_ref,
-               delta_ref, dq_ref, *, cfg):
+def _dq_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_ref,
+               lse_ref, delta_ref, dq_ref, *, cfg):
   q, do, q_seg, q_pos = q_ref[...], do_ref[...], qseg_ref[...], qpos_ref[...]
   lse, delta = lse_ref[...], delta_ref[...]
   bk = cfg["block_k"]
@@ -171,15 +179,17 @@ def _dq_kernel(keys_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_r
     ds = p * (dp - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k) * cfg["scale"]
 
-  dq = lax.fori_loop(0, k_ref.shape[0] // bk, body, jnp.zeros(q.shape, jnp.float32))
+  dq = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, jnp.zeros(q.shape, jnp.float32))
   dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def _specs(cfg, lp: int, mp: int, along: str):
-  """BlockSpecs of (keys, q, k, v, q_seg, q_pos, kv_seg, do, lse, delta) for a grid over
-  (batch, head, query blocks) or (batch, head, key blocks)."""
+  """BlockSpecs of (keys, ranges, q, k, v, q_seg, q_pos, kv_seg, do, lse, delta) for a grid over
+  (batch, head, query blocks) or (batch, head, key blocks); `ranges`: the program's block's
+  row of `_block_ranges`."""
   K, bq, bk = cfg["head_dim"], cfg["block_q"], cfg["block_k"]
   keys = pl.BlockSpec((4,), lambda b, h, i: (0,))
+  ranges = pl.BlockSpec((None, None, 4), lambda b, h, i: (b, i, 0))
   if along == "q":
     q_rows = pl.BlockSpec((None, bq, None, K), lambda b, h, i: (b, i, h, 0))
     q_vec = pl.BlockSpec((None, bq), lambda b, h, i: (b, i))
@@ -192,8 +202,8 @@ def _specs(cfg, lp: int, mp: int, along: str):
     stat = pl.BlockSpec((None, None, lp), lambda b, h, j: (b, h, 0))
     kv_rows = pl.BlockSpec((None, bk, None, K), lambda b, h, j: (b, j, h, 0))
     kv_vec = pl.BlockSpec((None, bk), lambda b, h, j: (b, j))
-  return dict(keys=keys, q=q_rows, k=kv_rows, v=kv_rows, q_seg=q_vec, q_pos=q_vec,
-              kv_seg=kv_vec, do=q_rows, lse=stat, delta=stat)
+  return dict(keys=keys, ranges=ranges, q=q_rows, k=kv_rows, v=kv_rows, q_seg=q_vec,
+              q_pos=q_vec, kv_seg=kv_vec, do=q_rows, lse=stat, delta=stat)
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,47 +215,86 @@ def _attention(cfg_items: tuple):
   params = plgpu.CompilerParams(num_warps=4 if cfg["head_dim"] <= 64 else 8, num_stages=2)
   call = functools.partial(pl.pallas_call, interpret=cfg["interpret"], compiler_params=params)
 
-  def forward(q, k, v, q_seg, kv_seg, q_pos, keys):
+  def forward(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges):
     B, lp, H, K = q.shape
     mp = k.shape[1]
     s = _specs(cfg, lp, mp, "q")
     o, lse = call(
         functools.partial(_forward_kernel, cfg=cfg), grid=(B, H, lp // cfg["block_q"]),
-        in_specs=[s["keys"], s["q"], s["k"], s["v"], s["q_seg"], s["q_pos"], s["kv_seg"]],
+        in_specs=[s["keys"], s["ranges"], s["q"], s["k"], s["v"], s["q_seg"], s["q_pos"],
+                  s["kv_seg"]],
         out_specs=[s["q"], s["lse"]],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((B, H, lp), jnp.float32)],
-    )(keys, q, k, v, q_seg, q_pos, kv_seg)
+    )(keys, q_ranges, q, k, v, q_seg, q_pos, kv_seg)
     return o, lse
 
   @jax.custom_vjp
-  def attention(q, k, v, q_seg, kv_seg, q_pos, keys):
-    return forward(q, k, v, q_seg, kv_seg, q_pos, keys)[0]
+  def attention(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges, k_ranges):
+    del k_ranges
+    return forward(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges)[0]
 
-  def fwd(q, k, v, q_seg, kv_seg, q_pos, keys):
-    o, lse = forward(q, k, v, q_seg, kv_seg, q_pos, keys)
-    return o, (q, k, v, q_seg, kv_seg, q_pos, keys, o, lse)
+  def fwd(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges, k_ranges):
+    o, lse = forward(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges)
+    return o, (q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges, k_ranges, o, lse)
 
   def bwd(res, do):
-    q, k, v, q_seg, kv_seg, q_pos, keys, o, lse = res
+    q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges, k_ranges, o, lse = res
     B, lp, H, K = q.shape
     mp = k.shape[1]
     delta = jnp.einsum("blhk,blhk->bhl", o.astype(jnp.float32), do.astype(jnp.float32))
-    args = (keys, q, k, v, q_seg, q_pos, kv_seg, do, lse, delta)
-    names = ("keys", "q", "k", "v", "q_seg", "q_pos", "kv_seg", "do", "lse", "delta")
+    args = (q, k, v, q_seg, q_pos, kv_seg, do, lse, delta)
+    names = ("keys", "ranges", "q", "k", "v", "q_seg", "q_pos", "kv_seg", "do", "lse", "delta")
     sk = _specs(cfg, lp, mp, "k")
     dk, dv = call(functools.partial(_dkv_kernel, cfg=cfg), grid=(B, H, mp // cfg["block_k"]),
                   in_specs=[sk[n] for n in names], out_specs=[sk["k"], sk["v"]],
                   out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
-                             jax.ShapeDtypeStruct(v.shape, v.dtype)])(*args)
+                             jax.ShapeDtypeStruct(v.shape, v.dtype)])(keys, k_ranges, *args)
     sq = _specs(cfg, lp, mp, "q")
     dq = call(functools.partial(_dq_kernel, cfg=cfg), grid=(B, H, lp // cfg["block_q"]),
               in_specs=[sq[n] for n in names], out_specs=sq["q"],
-              out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype))(*args)
-    return dq, dk, dv, None, None, None, None
+              out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype))(keys, q_ranges, *args)
+    return dq, dk, dv, None, None, None, None, None, None
 
   attention.defvjp(fwd, bwd)
   return attention
+
+
+def _interval(mask):
+  """[..., n] bool -> (lo, hi): the first True and one past the last (0, 0 where none)."""
+  n, some = mask.shape[-1], mask.any(-1)
+  lo, hi = jnp.argmax(mask, -1), n - jnp.argmax(mask[..., ::-1], -1)
+  return jnp.where(some, lo, 0), jnp.where(some, hi, 0)
+
+
+def _block_ranges(q_seg, kv_seg, q_pos, bq: int, bk: int, *, causal: bool, window):
+  """(q_ranges [B, Lp/bq, 4], k_ranges [B, Mp/bk, 4]) int32: the key blocks each query block
+  loops over (forward, dq) and the query blocks each key block loops over (dk, dv), as two
+  ascending, disjoint ranges [lo, hi) of block numbers. A block pair is visited when a query
+  of one reads a key of the other. A query that reads no key (padding) averages every key, as
+  the masked softmax does: its block visits every key block, and every key block visits it
+  (its gradient, when it has one, reaches every key)."""
+  B, lp = q_seg.shape
+  mp = kv_seg.shape[1]
+  k_idx = jnp.arange(mp, dtype=jnp.int32)[None, None, :]
+  reads = q_seg[:, :, None] == kv_seg[:, None, :]  # [B, Lp, Mp]
+  if causal:
+    reads &= k_idx <= q_pos[:, :, None]
+  if window is not None:
+    reads &= jnp.abs(k_idx - q_pos[:, :, None]) <= window
+  nq, nk = lp // bq, mp // bk
+  pairs = reads.reshape(B, nq, bq, nk, bk).any(axis=(2, 4))  # [B, nq, nk]
+  blind = (~reads.any(-1)).reshape(B, nq, bq).any(-1)  # [B, nq]: a query there reads nothing
+  lo, hi = _interval(pairs | blind[:, :, None])
+  q_ranges = jnp.stack([lo, hi, hi, hi], -1)
+  lo1, hi1 = _interval(jnp.swapaxes(pairs, 1, 2))  # [B, nk]
+  lo2, hi2 = (jnp.broadcast_to(x[:, None], lo1.shape) for x in _interval(blind))
+  swap = (hi1 <= lo1) | ((hi2 > lo2) & (lo2 < lo1))  # the range that starts first goes first
+  first_lo, first_hi = jnp.where(swap, lo2, lo1), jnp.where(swap, hi2, hi1)
+  then_lo = jnp.maximum(jnp.where(swap, lo1, lo2), first_hi)
+  then_hi = jnp.maximum(jnp.where(swap, hi1, hi2), then_lo)
+  k_ranges = jnp.stack([first_lo, first_hi, then_lo, then_hi], -1)
+  return q_ranges.astype(jnp.int32), k_ranges.astype(jnp.int32)
 
 
 def _block(n: int, block: int) -> int:
@@ -256,13 +305,15 @@ def _block(n: int, block: int) -> int:
 def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_positions_BL,
                     dropout_keys=None, *, rate: float = 0.0, full_length: int | None = None,
                     causal: bool = False, window: int | None = None, block_q: int = 64,
-                    block_k: int = 64, interpret: bool | None = None) -> jax.Array:
+                    block_k: int = 64, interpret: bool | None = None,
+                    skip_blocks: bool = True) -> jax.Array:
   """Attention of queries [B, L, H, K] over keys and values [B, M, H, K] (see the module doc).
 
   q_segments_BL / kv_segments_BM: int; a query sees the keys of equal segment. q_positions_BL:
   each query's position among the M keys (the causal and window masks, and the dropout
   counters: `full_length` rows in all, default M). dropout_keys: uint32 [2] (`hash_keys` of the
-  dropout key), needed when rate > 0."""
+  dropout key), needed when rate > 0. skip_blocks=False loops over every block pair (the
+  same values; for tests and timing)."""
   B, L, H, K = q_BLHK.shape
   M = k_BMHK.shape[1]
   if rate > 0 and dropout_keys is None:
@@ -279,6 +330,11 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
   q_seg = jnp.pad(q_segments_BL.astype(jnp.int32), ((0, 0), (0, lp - L)), constant_values=-1)
   kv_seg = jnp.pad(kv_segments_BM.astype(jnp.int32), ((0, 0), (0, mp - M)), constant_values=-2)
   q_pos = jnp.pad(q_positions_BL.astype(jnp.int32), ((0, 0), (0, lp - L)))
+  if skip_blocks:
+    q_ranges, k_ranges = _block_ranges(q_seg, kv_seg, q_pos, bq, bk, causal=causal, window=window)
+  else:
+    every = lambda n, blocks: jnp.broadcast_to(jnp.array([0, n, n, n], jnp.int32), (B, blocks, 4))
+    q_ranges, k_ranges = every(mp // bk, lp // bq), every(lp // bq, mp // bk)
   keys = jnp.zeros((4,), jnp.uint32)  # k0, k1, batch offset, head offset (set per shard)
   if dropout_keys is not None:
     keys = keys.at[:2].set(jnp.asarray(dropout_keys, jnp.uint32))
@@ -295,7 +351,8 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
                                                      default=kernel(True))
   else:
     attention = kernel(interpret)
-  return _per_shard(attention, B, H)(q, k, v, q_seg, kv_seg, q_pos, keys)[:, :L, :, :K]
+  return _per_shard(attention, B, H)(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges,
+                                     k_ranges)[:, :L, :, :K]
 
 
 def _per_shard(attention, batch: int, heads: int):
@@ -309,13 +366,15 @@ def _per_shard(attention, batch: int, heads: int):
   if not (batch_axes or head_axes):
     return attention
 
-  def local(q, k, v, q_seg, kv_seg, q_pos, keys):
+  def local(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges, k_ranges):
     offsets = [lax.axis_index(axes) * n if axes else 0
                for axes, n in ((batch_axes, q.shape[0]), (head_axes, q.shape[2]))]
     keys = keys.at[2:].set(jnp.asarray(offsets, jnp.int32).astype(jnp.uint32))
-    return attention(q, k, v, q_seg, kv_seg, q_pos, keys)
+    return attention(q, k, v, q_seg, kv_seg, q_pos, keys, q_ranges, k_ranges)
   P = jax.sharding.PartitionSpec
   rows = P(batch_axes or None, None, head_axes or None, None)
   vec = P(batch_axes or None, None)
-  return jax.shard_map(local, mesh=mesh, in_specs=(rows, rows, rows, vec, vec, vec, P()),
+  blocks = P(batch_axes or None, None, None)
+  return jax.shard_map(local, mesh=mesh,
+                       in_specs=(rows, rows, rows, vec, vec, vec, P(), blocks, blocks),
                        out_specs=rows, check_vma=False)

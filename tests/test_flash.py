@@ -91,6 +91,81 @@ def test_fewer_queries_than_keys_at_their_positions():
   np.testing.assert_allclose(np.asarray(got(q5, k, v)), np.asarray(want(q, k, v)), atol=2e-5)
 
 
+@pytest.mark.parametrize("case", ["window", "causal", "packed", "rows"])
+def test_skipping_masked_blocks_changes_no_bit(case):
+  """Each block loops over only the blocks it reads (far fewer here) and computes the same
+  bits as looping over every block: values, and gradients under a cotangent on every row,
+  the rows that read nothing included (padding in the middle of a row and at its end, and
+  the rows padded to a whole block), with dropout."""
+  q, k, v = _qkv(b=2, l=72, k=8)
+  seg = np.array([[1] * 20 + [0] * 5 + [2] * 30 + [3] * 10 + [0] * 7,
+                  [4] * 40 + [5] * 32])
+  pos = np.broadcast_to(np.arange(72), (2, 72))
+  kw = dict(rate=0.2, dropout_keys=jax.random.bits(jax.random.key(5), (2,), jnp.uint32),
+            block_q=16, block_k=16)
+  q_seg = np.where(seg > 0, seg, -1)
+  if case == "window":
+    kw["window"] = 6
+  elif case == "causal":
+    kw["causal"], q_seg, seg = True, np.ones_like(seg), np.ones_like(seg)
+  elif case == "rows":  # queries at some positions, the keys every position
+    at = np.array([[0, 3, 30, 31, 60, 61, 70], [1, 2, 39, 40, 41, 50, 71]])
+    q, q_seg, pos = jnp.take_along_axis(q, jnp.asarray(at)[:, :, None, None], 1), \
+        np.take_along_axis(q_seg, at, 1), at
+  fn = lambda skip: lambda q, k, v: flash.flash_attention(q, k, v, q_seg, seg, pos,
+                                                           skip_blocks=skip, **kw)
+  w = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32)
+  for skip in (True, False):
+    out = fn(skip)(q, k, v)
+    grads = jax.grad(lambda *a: jnp.sum(fn(skip)(*a) * w), argnums=(0, 1, 2))(q, k, v)
+    if skip:
+      want = (out, grads)
+  np.testing.assert_array_equal(np.asarray(want[0]), np.asarray(out))
+  for name, a, b in zip("qkv", want[1], grads):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"d{name}")
+  if case != "rows":
+    lp = 80  # 72 rounded up to the 16-row blocks
+    q_ranges, k_ranges = flash._block_ranges(  # pylint: disable=protected-access
+        jnp.pad(jnp.asarray(q_seg), ((0, 0), (0, 8)), constant_values=-1),
+        jnp.pad(jnp.asarray(seg), ((0, 0), (0, 8)), constant_values=-2),
+        jnp.pad(jnp.asarray(pos), ((0, 0), (0, 8))), 16, 16, causal=case == "causal",
+        window=kw.get("window"))
+    visits = lambda r: int(jnp.sum(r[..., 1] - r[..., 0] + r[..., 3] - r[..., 2]))
+    full = 2 * (lp // 16) ** 2
+    assert visits(q_ranges) < 0.8 * full and visits(k_ranges) < full, (q_ranges, k_ranges)
+
+
+def test_block_ranges_cover_every_block_pair_a_query_reads():
+  """Random layouts of segments, padding, windows and causal order: every (query block, key
+  block) pair where a query reads a key, or where a query reads nothing, is visited, in
+  ascending order, once."""
+  rng = np.random.default_rng(0)
+  for trial in range(40):
+    b, lp, mp, bq, bk = 2, 64, 64, 8, 16
+    seg = np.cumsum(rng.random((b, mp)) < 0.08, 1) + 1
+    seg[rng.random((b, mp)) < 0.1] = 0  # padding reads nothing and is read by nothing
+    q_seg = np.where(seg > 0, seg, -1)
+    pos = np.broadcast_to(np.arange(lp), (b, lp))
+    causal, window = bool(trial % 2), (None if trial % 3 else int(rng.integers(1, 20)))
+    reads = q_seg[:, :, None] == seg[:, None, :]
+    if causal:
+      reads &= np.arange(mp)[None, None] <= pos[:, :, None]
+    if window is not None:
+      reads &= np.abs(np.arange(mp)[None, None] - pos[:, :, None]) <= window
+    blind = ~reads.any(-1)
+    need = (reads | blind[:, :, None]).reshape(b, lp // bq, bq, mp // bk, bk).any(axis=(2, 4))
+    q_ranges, k_ranges = (np.asarray(r) for r in flash._block_ranges(  # pylint: disable=protected-access
+        jnp.asarray(q_seg), jnp.asarray(seg), jnp.asarray(pos), bq, bk, causal=causal,
+        window=window))
+    for ranges, pairs in ((q_ranges, need), (k_ranges, need.transpose(0, 2, 1))):
+      for row, r in np.ndindex(ranges.shape[:2]):
+        lo1, hi1, lo2, hi2 = ranges[row, r]
+        assert 0 <= lo1 <= hi1 <= lo2 <= hi2 <= pairs.shape[2] or (lo1 == hi1 and lo2 <= hi2)
+        visited = np.zeros(pairs.shape[2], bool)
+        visited[lo1:hi1] = visited[lo2:hi2] = True
+        assert not (pairs[row, r] & ~visited).any(), (trial, row, r, ranges[row, r])
+
+
 def test_missing_dropout_keys_is_an_error():
   q, k, v = _qkv()
   with pytest.raises(ValueError, match="dropout_keys"):
@@ -213,3 +288,12 @@ def test_the_kernels_lower_through_triton_for_cuda(dtype, head_dim):
         lambda q, k, v: f(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v))
     text = step.trace(q[:, :40], q, q).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("custom_call @__gpu$xla.gpu.triton") == 3, (kw, text[:500])  # fwd, dkv, dq
+
+
+def test_attention_bench_counts_the_block_pairs_the_kernels_visit():
+  from bench import attention_flops  # pylint: disable=g-import-not-at-top
+  one = np.ones((1, 512), np.int32)
+  assert attention_flops.flash_visits(one, None) == (1.0, 1.0)
+  assert attention_flops.flash_visits(one, 64) == (22 / 64, 22 / 64)  # 3 blocks, 2 at the ends
+  two = np.repeat([[1, 2]], 256, axis=1)
+  assert attention_flops.flash_visits(two, None) == (0.5, 0.5)
