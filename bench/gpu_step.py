@@ -30,6 +30,7 @@ bert_jax rows run with the job's XLA flags, bert_jax.process.GPU_XLA_FLAGS, unle
 a field prefixed `bert.` or `modern.` applies to that family's workloads only:
   flash:bert.model.attention_impl=pallas,modern.model.attention=flash  (bert_jax.flash kernels)
   cudnn:bert.model.attention_impl=cudnn,bert.model.attention_dropout_rate=0
+  threefry:jax.jax_threefry_gpu_kernel_lowering=True   (a jax.config option: `jax.NAME=value`)
   triton:xla=--xla_gpu_enable_triton_gemm=true   (XLA's Triton GEMMs: the job turns them off)
 --budget_s skips the rows that would start after it (reported as not run). Imports no
 TensorFlow. Appends the table to bench/RESULTS.md unless --no_record or --smoke; --json
@@ -141,12 +142,23 @@ def bert_jax_workload(spec: dict):
   fields = {}  # a field prefixed bert. / modern. is that family's only
   for key, value in spec.get("overrides", {}).items():
     scope, _, rest = key.partition(".")
+    if scope == "jax":  # jax_options' (set before anything traces)
+      continue
     if scope not in ("bert", "modern"):
       fields[key] = value
     elif scope == family:
       fields[rest] = value
   config.update_from_flattened_dict(fields)
   return config, host_batches, tokens, steps
+
+
+def jax_options(spec: dict) -> None:
+  """The row's `jax.NAME=value` overrides as jax.config options (e.g.
+  jax.jax_threefry_gpu_kernel_lowering=True), set before anything traces."""
+  import jax  # pylint: disable=g-import-not-at-top
+  for key, value in spec.get("overrides", {}).items():
+    if key.startswith("jax."):
+      jax.config.update(key[4:], value)
 
 
 def step_flops(spec: dict, cfg, steps) -> float:
@@ -165,6 +177,7 @@ def child_bert_jax(spec: dict) -> dict:
   process.job_xla_flags()  # as the job (bert_jax.main) runs: its XLA flags, before any device
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  jax_options(spec)
   config, host_batches, tokens, steps = bert_jax_workload(spec)
   model, objective, sample = registry.pretraining(config)
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None,

@@ -461,6 +461,7 @@ def _workload_step(args, rng):
   if flags:
     raise SystemExit("--overrides: XLA flags apply to the whole process; set XLA_FLAGS instead.")
   spec = gpu_step.workload_spec(args.workload, args.dtype, args.smoke, overrides)
+  gpu_step.jax_options(spec)
   config, host_batches, tokens, steps = gpu_step.bert_jax_workload(spec)
   model, objective, sample = registry.pretraining(config)
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None,

@@ -111,6 +111,25 @@ def test_only_picks_rows_in_its_order_and_refuses_unknown_systems():
     gpu_step.main(["--only=bert-base-128:bert_jax[cudnn]"])
 
 
+def test_variants_set_jax_options_beside_config_fields():
+  """`jax.NAME=value` in a variant is a jax.config option, set before the row traces (here:
+  threefry lowered to its CUDA kernel, seen in a program lowered for CUDA); the other fields
+  still reach the config."""
+  (_, overrides, _), = gpu_step.parse_variants(
+      "threefry:jax.jax_threefry_gpu_kernel_lowering=True,bert.model.attention_impl=xla")
+  spec = gpu_step.workload_spec("bert-base-128", "float32", True, overrides)
+  config, _, _, _ = gpu_step.bert_jax_workload(spec)
+  assert config.model.attention_impl == "xla"
+  draw = jax.jit(lambda k: jax.random.normal(k, (8,)))
+  cuda = lambda: draw.trace(jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
+  assert "threefry2x32_ffi" not in cuda()
+  try:
+    gpu_step.jax_options(spec)
+    assert "threefry2x32_ffi" in cuda()
+  finally:
+    jax.config.update("jax_threefry_gpu_kernel_lowering", False)
+
+
 def test_gpu_step_imports_no_tensorflow():
   out = subprocess.run(tu.without_tensorflow([sys.executable, "-m", "bench.gpu_step", "--help"]),
                        cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=120)
