@@ -17,7 +17,9 @@ block of the backward over only the query blocks that read it): a window, causal
 packed segments skip the blocks that are wholly masked, which add nothing (exact zeros), so
 the results are the same bits as looping over every block. A block holding a query that reads
 no key at all (padding) loops over every block, as before, so even its unread row keeps its
-values.
+values. The ranges come from each row's keys sorted by (segment, index): O((L + M) log M)
+work and memory per call, no [L, M] array (the same bits assume finite inputs: a NaN in a
+key nobody reads no longer reaches the result).
 
 Pallas lowers the kernels through Triton on NVIDIA GPUs; on CPU they run in Pallas's
 interpret mode (slow: for tests); other backends are refused. Block sizes: 64 x 64 by
@@ -119,6 +121,7 @@ def _forward_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_re
   init = (jnp.zeros((bq, q.shape[1]), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
           jnp.zeros((bq,), jnp.float32))
   acc, m, l = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, init)
+  l = jnp.where(l == 0.0, 1.0, l)  # rows padded to a block that visits nothing (sliced off)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
   lse_ref[...] = m + jnp.log(l)
 
@@ -267,27 +270,67 @@ def _interval(mask):
   return jnp.where(some, lo, 0), jnp.where(some, hi, 0)
 
 
-def _block_ranges(q_seg, kv_seg, q_pos, bq: int, bk: int, *, causal: bool, window):
+def _lower_bound(sorted_seg, sorted_idx, seg, idx):
+  """[B, L]: how many of each row's keys, sorted by (segment, index) into `sorted_seg` and
+  `sorted_idx` [B, M], come before (seg, idx) [B, L]: a vectorised binary search."""
+  m = sorted_seg.shape[1]
+  lo, hi = jnp.zeros(seg.shape, jnp.int32), jnp.full(seg.shape, m, jnp.int32)
+  for _ in range(max(1, m.bit_length())):
+    mid = (lo + hi) // 2
+    at = jnp.minimum(mid, m - 1)
+    s_mid = jnp.take_along_axis(sorted_seg, at, 1)
+    i_mid = jnp.take_along_axis(sorted_idx, at, 1)
+    before = (s_mid < seg) | ((s_mid == seg) & (i_mid < idx))
+    lo, hi = jnp.where((lo < hi) & before, mid + 1, lo), jnp.where((lo < hi) & ~before, mid, hi)
+  return lo
+
+
+def _keys_read(q_seg, kv_seg, q_pos, *, causal: bool, window):
+  """(first, last) [B, L]: the first and last key each query reads (a key of its segment,
+  within its window and causal bound), first > last where it reads none. Sorting the keys
+  by (segment, index) makes it O((L + M) log M), no [L, M] array."""
+  m = kv_seg.shape[1]
+  idx = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), kv_seg.shape)
+  sorted_seg, sorted_idx = lax.sort((kv_seg, idx), dimension=1, num_keys=2)
+  lo = jnp.zeros_like(q_pos) if window is None else jnp.maximum(q_pos - window, 0)
+  hi = jnp.full_like(q_pos, m - 1) if window is None else jnp.minimum(q_pos + window, m - 1)
+  if causal:
+    hi = jnp.minimum(hi, q_pos)
+  at = lambda i: jnp.take_along_axis(sorted_idx, jnp.clip(i, 0, m - 1), 1)
+  same = lambda i: (i >= 0) & (i < m) & (jnp.take_along_axis(sorted_seg, jnp.clip(i, 0, m - 1),
+                                                             1) == q_seg)
+  first = _lower_bound(sorted_seg, sorted_idx, q_seg, lo)
+  last = _lower_bound(sorted_seg, sorted_idx, q_seg, hi + 1) - 1
+  first = jnp.where(same(first), at(first), m)
+  last = jnp.where(same(last), at(last), -1)
+  return first, jnp.where(first <= hi, last, -1)
+
+
+def _block_ranges(q_seg, kv_seg, q_pos, bq: int, bk: int, *, causal: bool, window,
+                  length: int | None = None):
   """(q_ranges [B, Lp/bq, 4], k_ranges [B, Mp/bk, 4]) int32: the key blocks each query block
   loops over (forward, dq) and the query blocks each key block loops over (dk, dv), as two
-  ascending, disjoint ranges [lo, hi) of block numbers. A block pair is visited when a query
-  of one reads a key of the other. A query that reads no key (padding) averages every key, as
-  the masked softmax does: its block visits every key block, and every key block visits it
-  (its gradient, when it has one, reaches every key)."""
+  ascending, disjoint ranges [lo, hi) of block numbers. A query block visits the key blocks
+  from the first to the last key its queries read; a key block, the query blocks whose
+  range holds it. A query that reads no key (padding) averages every key, as the masked
+  softmax does: its block visits every key block, and every key block visits it (its
+  gradient, when it has one, reaches every key). Queries from `length` on (rows padded to
+  whole blocks, sliced off: no cotangent) need nothing."""
   B, lp = q_seg.shape
-  mp = kv_seg.shape[1]
-  k_idx = jnp.arange(mp, dtype=jnp.int32)[None, None, :]
-  reads = q_seg[:, :, None] == kv_seg[:, None, :]  # [B, Lp, Mp]
-  if causal:
-    reads &= k_idx <= q_pos[:, :, None]
-  if window is not None:
-    reads &= jnp.abs(k_idx - q_pos[:, :, None]) <= window
-  nq, nk = lp // bq, mp // bk
-  pairs = reads.reshape(B, nq, bq, nk, bk).any(axis=(2, 4))  # [B, nq, nk]
-  blind = (~reads.any(-1)).reshape(B, nq, bq).any(-1)  # [B, nq]: a query there reads nothing
-  lo, hi = _interval(pairs | blind[:, :, None])
+  nq, nk = lp // bq, kv_seg.shape[1] // bk
+  first, last = _keys_read(q_seg, kv_seg, q_pos, causal=causal, window=window)
+  live = jnp.arange(lp) < (lp if length is None else length)
+  reads = live & (first <= last)
+  blind = (live & (first > last)).reshape(B, nq, bq).any(-1)  # [B, nq]
+  big = jnp.iinfo(jnp.int32).max
+  lo = jnp.where(reads, first // bk, big).reshape(B, nq, bq).min(-1)
+  hi = jnp.where(reads, last // bk + 1, 0).reshape(B, nq, bq).max(-1)
+  lo, hi = jnp.where(lo < hi, lo, 0), jnp.maximum(hi, 0)
+  lo, hi = jnp.where(blind, 0, lo), jnp.where(blind, nk, hi)
   q_ranges = jnp.stack([lo, hi, hi, hi], -1)
-  lo1, hi1 = _interval(jnp.swapaxes(pairs, 1, 2))  # [B, nk]
+  j = jnp.arange(nk)[None, :, None]
+  visits = (lo[:, None, :] <= j) & (j < hi[:, None, :]) & ~blind[:, None, :]  # [B, nk, nq]
+  lo1, hi1 = _interval(visits)
   lo2, hi2 = (jnp.broadcast_to(x[:, None], lo1.shape) for x in _interval(blind))
   swap = (hi1 <= lo1) | ((hi2 > lo2) & (lo2 < lo1))  # the range that starts first goes first
   first_lo, first_hi = jnp.where(swap, lo2, lo1), jnp.where(swap, hi2, hi1)
@@ -331,7 +374,8 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
   kv_seg = jnp.pad(kv_segments_BM.astype(jnp.int32), ((0, 0), (0, mp - M)), constant_values=-2)
   q_pos = jnp.pad(q_positions_BL.astype(jnp.int32), ((0, 0), (0, lp - L)))
   if skip_blocks:
-    q_ranges, k_ranges = _block_ranges(q_seg, kv_seg, q_pos, bq, bk, causal=causal, window=window)
+    q_ranges, k_ranges = _block_ranges(q_seg, kv_seg, q_pos, bq, bk, causal=causal,
+                                       window=window, length=L)
   else:
     every = lambda n, blocks: jnp.broadcast_to(jnp.array([0, n, n, n], jnp.int32), (B, blocks, 4))
     q_ranges, k_ranges = every(mp // bk, lp // bq), every(lp // bq, mp // bk)

@@ -91,7 +91,7 @@ def test_fewer_queries_than_keys_at_their_positions():
   np.testing.assert_allclose(np.asarray(got(q5, k, v)), np.asarray(want(q, k, v)), atol=2e-5)
 
 
-@pytest.mark.parametrize("case", ["window", "causal", "packed", "rows"])
+@pytest.mark.parametrize("case", ["window", "causal", "packed", "rows", "rows_causal"])
 def test_skipping_masked_blocks_changes_no_bit(case):
   """Each block loops over only the blocks it reads (far fewer here) and computes the same
   bits as looping over every block: values, and gradients under a cotangent on every row,
@@ -108,10 +108,11 @@ def test_skipping_masked_blocks_changes_no_bit(case):
     kw["window"] = 6
   elif case == "causal":
     kw["causal"], q_seg, seg = True, np.ones_like(seg), np.ones_like(seg)
-  elif case == "rows":  # queries at some positions, the keys every position
-    at = np.array([[0, 3, 30, 31, 60, 61, 70], [1, 2, 39, 40, 41, 50, 71]])
+  elif case.startswith("rows"):  # queries at some positions (in any order), keys at every one
+    at = np.array([[0, 3, 30, 31, 60, 61, 70], [50, 2, 39, 40, 41, 1, 71]])
     q, q_seg, pos = jnp.take_along_axis(q, jnp.asarray(at)[:, :, None, None], 1), \
         np.take_along_axis(q_seg, at, 1), at
+    kw.update(dict(window=6) if case == "rows" else dict(causal=True))
   fn = lambda skip: lambda q, k, v: flash.flash_attention(q, k, v, q_seg, seg, pos,
                                                            skip_blocks=skip, **kw)
   w = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32)
@@ -123,16 +124,45 @@ def test_skipping_masked_blocks_changes_no_bit(case):
   np.testing.assert_array_equal(np.asarray(want[0]), np.asarray(out))
   for name, a, b in zip("qkv", want[1], grads):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"d{name}")
-  if case != "rows":
+  if not case.startswith("rows"):
     lp = 80  # 72 rounded up to the 16-row blocks
     q_ranges, k_ranges = flash._block_ranges(  # pylint: disable=protected-access
         jnp.pad(jnp.asarray(q_seg), ((0, 0), (0, 8)), constant_values=-1),
         jnp.pad(jnp.asarray(seg), ((0, 0), (0, 8)), constant_values=-2),
         jnp.pad(jnp.asarray(pos), ((0, 0), (0, 8))), 16, 16, causal=case == "causal",
-        window=kw.get("window"))
+        window=kw.get("window"), length=72)
     visits = lambda r: int(jnp.sum(r[..., 1] - r[..., 0] + r[..., 3] - r[..., 2]))
     full = 2 * (lp // 16) ** 2
     assert visits(q_ranges) < 0.8 * full and visits(k_ranges) < full, (q_ranges, k_ranges)
+
+
+def test_the_kernels_skip_the_blocks_no_query_reads():
+  """Values at keys no query reads never reach the result when whole blocks of them are
+  skipped (NaN there: finite output and gradients); looping over every block, 0 x NaN
+  spreads it."""
+  q, k, v = _qkv(b=1, l=64, k=8)
+  seg = np.array([[1] * 32 + [2] * 16 + [3] * 16])
+  q_seg = np.where(seg == 2, 3, seg)  # segment 2's keys (the third block): read by no query
+  v = v.at[:, 32:48].set(jnp.nan)
+  pos = np.arange(64)[None]
+  f = lambda skip: lambda q, k, v: flash.flash_attention(q, k, v, q_seg, seg, pos, block_q=16,
+                                                         block_k=16, skip_blocks=skip)
+  assert np.isfinite(np.asarray(f(True)(q, k, v))).all()
+  assert np.isnan(np.asarray(f(False)(q, k, v))).any()
+  grads = jax.grad(lambda *a: jnp.sum(f(True)(*a)), argnums=(0, 1, 2))(q, k, v)
+  assert all(np.isfinite(np.asarray(g)).all() for g in grads[:2])
+  assert np.isfinite(np.delete(np.asarray(grads[2]), np.s_[32:48], 1)).all()
+
+
+def test_block_ranges_need_no_length_by_length_array():
+  """The ranges come from sorting each row's keys, not from an [L, M] array: XLA's
+  temporaries at L = M = 8192 stay far below B x L x M bytes."""
+  b, n = 4, 8192
+  spec = lambda dtype: jax.ShapeDtypeStruct((b, n), dtype)
+  compiled = jax.jit(lambda s, t, p: flash._block_ranges(  # pylint: disable=protected-access
+      s, t, p, 64, 64, causal=False, window=64)).lower(
+          spec(jnp.int32), spec(jnp.int32), spec(jnp.int32)).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < b * n * n / 16
 
 
 def test_block_ranges_cover_every_block_pair_a_query_reads():
@@ -141,22 +171,24 @@ def test_block_ranges_cover_every_block_pair_a_query_reads():
   ascending order, once."""
   rng = np.random.default_rng(0)
   for trial in range(40):
-    b, lp, mp, bq, bk = 2, 64, 64, 8, 16
+    b, mp, bq, bk = 2, 64, 8, 16
+    lp, length = (64, 64) if trial % 4 else (32, 27)  # fewer queries; rows padded to blocks
     seg = np.cumsum(rng.random((b, mp)) < 0.08, 1) + 1
     seg[rng.random((b, mp)) < 0.1] = 0  # padding reads nothing and is read by nothing
-    q_seg = np.where(seg > 0, seg, -1)
-    pos = np.broadcast_to(np.arange(lp), (b, lp))
+    pos = np.stack([rng.permutation(mp)[:lp] if trial % 4 == 0 else np.arange(lp)] * b)
+    q_seg = np.take_along_axis(np.where(seg > 0, seg, -1), pos, 1)
     causal, window = bool(trial % 2), (None if trial % 3 else int(rng.integers(1, 20)))
     reads = q_seg[:, :, None] == seg[:, None, :]
     if causal:
       reads &= np.arange(mp)[None, None] <= pos[:, :, None]
     if window is not None:
       reads &= np.abs(np.arange(mp)[None, None] - pos[:, :, None]) <= window
-    blind = ~reads.any(-1)
+    reads &= (np.arange(lp) < length)[None, :, None]  # rows past `length` need nothing
+    blind = ~reads.any(-1) & (np.arange(lp) < length)[None]
     need = (reads | blind[:, :, None]).reshape(b, lp // bq, bq, mp // bk, bk).any(axis=(2, 4))
     q_ranges, k_ranges = (np.asarray(r) for r in flash._block_ranges(  # pylint: disable=protected-access
         jnp.asarray(q_seg), jnp.asarray(seg), jnp.asarray(pos), bq, bk, causal=causal,
-        window=window))
+        window=window, length=length))
     for ranges, pairs in ((q_ranges, need), (k_ranges, need.transpose(0, 2, 1))):
       for row, r in np.ndindex(ranges.shape[:2]):
         lo1, hi1, lo2, hi2 = ranges[row, r]
