@@ -356,7 +356,9 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
   each query's position among the M keys (the causal and window masks, and the dropout
   counters: `full_length` rows in all, default M). dropout_keys: uint32 [2] (`hash_keys` of the
   dropout key), needed when rate > 0. skip_blocks=False loops over every block pair (the
-  same values; for tests and timing)."""
+  same values; for tests and timing). A query that reads no key gets a finite row with no
+  meaning (not the masked softmax's mean of the values) and its gradient none either: give
+  it no cotangent (padding, which the models never read)."""
   B, L, H, K = q_BLHK.shape
   M = k_BMHK.shape[1]
   if rate > 0 and dropout_keys is None:
