@@ -72,7 +72,7 @@ def flash_visits(seg: np.ndarray, half_window: int | None, block: int = 64) -> t
   q_ranges, k_ranges = flash._block_ranges(  # pylint: disable=protected-access
       jnp.asarray(np.where(seg > 0, seg, -1)), jnp.asarray(seg),
       jnp.broadcast_to(jnp.arange(L), (rows, L)), block, block, causal=False, window=half_window)
-  visits = lambda r: float(np.sum(np.asarray(r[..., 1] - r[..., 0] + r[..., 3] - r[..., 2])))
+  visits = lambda r: float(np.sum(np.asarray(r[..., 1] - r[..., 0])))
   full = rows * (L // block) ** 2
   return visits(q_ranges) / full, visits(k_ranges) / full
 

@@ -15,9 +15,8 @@ explicit path (`SelfAttention` with `dropout_rng="hash"`) drops for the same key
 Each query block loops over only the key blocks some of its queries read (and each key
 block of the backward over only the query blocks that read it): a window, causal order or
 packed segments skip the blocks that are wholly masked, which add nothing (exact zeros), so
-the results are the same bits as looping over every block. A block holding a query that reads
-no key at all (padding) loops over every block, as before, so even its unread row keeps its
-values. The ranges come from each row's keys sorted by (segment, index): O((L + M) log M)
+the results are the same bits as looping over every block. A query that reads no key at all
+(padding) gets zeros and passes no gradient: attention over nothing. The ranges come from each row's keys sorted by (segment, index): O((L + M) log M)
 work and memory per call, no [L, M] array (the same bits assume finite inputs: a NaN in a
 key nobody reads no longer reaches the result).
 
@@ -121,9 +120,12 @@ def _forward_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_re
   init = (jnp.zeros((bq, q.shape[1]), jnp.float32), jnp.full((bq,), MASKED, jnp.float32),
           jnp.zeros((bq,), jnp.float32))
   acc, m, l = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, init)
-  l = jnp.where(l == 0.0, 1.0, l)  # rows padded to a block that visits nothing (sliced off)
-  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
-  lse_ref[...] = m + jnp.log(l)
+  # A query that read no key (m never left MASKED): zeros, and an lse that makes its
+  # probabilities 0 in the backward pass (no gradient).
+  none = m == MASKED
+  o_ref[...] = jnp.where(none[:, None], 0.0, acc / jnp.where(none, 1.0, l)[:, None]).astype(
+      o_ref.dtype)
+  lse_ref[...] = jnp.where(none, jnp.inf, m + jnp.log(jnp.where(none, 1.0, l)))
 
 
 def _dkv_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, kseg_ref, do_ref,
@@ -154,8 +156,7 @@ def _dkv_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, k
     return dk, dv
 
   zeros = jnp.zeros(k.shape, jnp.float32)
-  carry = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, (zeros, zeros))
-  dk, dv = lax.fori_loop(ranges_ref[2], ranges_ref[3], body, carry)
+  dk, dv = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, (zeros, zeros))
   dk_ref[...] = dk.astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -192,7 +193,7 @@ def _specs(cfg, lp: int, mp: int, along: str):
   row of `_block_ranges`."""
   K, bq, bk = cfg["head_dim"], cfg["block_q"], cfg["block_k"]
   keys = pl.BlockSpec((4,), lambda b, h, i: (0,))
-  ranges = pl.BlockSpec((None, None, 4), lambda b, h, i: (b, i, 0))
+  ranges = pl.BlockSpec((None, None, 2), lambda b, h, i: (b, i, 0))
   if along == "q":
     q_rows = pl.BlockSpec((None, bq, None, K), lambda b, h, i: (b, i, h, 0))
     q_vec = pl.BlockSpec((None, bq), lambda b, h, i: (b, i))
@@ -308,36 +309,23 @@ def _keys_read(q_seg, kv_seg, q_pos, *, causal: bool, window):
 
 def _block_ranges(q_seg, kv_seg, q_pos, bq: int, bk: int, *, causal: bool, window,
                   length: int | None = None):
-  """(q_ranges [B, Lp/bq, 4], k_ranges [B, Mp/bk, 4]) int32: the key blocks each query block
-  loops over (forward, dq) and the query blocks each key block loops over (dk, dv), as two
-  ascending, disjoint ranges [lo, hi) of block numbers. A query block visits the key blocks
-  from the first to the last key its queries read; a key block, the query blocks whose
-  range holds it. A query that reads no key (padding) averages every key, as the masked
-  softmax does: its block visits every key block, and every key block visits it (its
-  gradient, when it has one, reaches every key). Queries from `length` on (rows padded to
-  whole blocks, sliced off: no cotangent) need nothing."""
+  """(q_ranges [B, Lp/bq, 2], k_ranges [B, Mp/bk, 2]) int32: the key blocks each query block
+  loops over (forward, dq) and the query blocks each key block loops over (dk, dv), as
+  ranges [lo, hi) of block numbers. A query block visits the key blocks from the first to
+  the last key its queries read; a key block, the query blocks whose range holds it. Queries
+  that read no key, and those from `length` on (rows padded to whole blocks), need none."""
   B, lp = q_seg.shape
   nq, nk = lp // bq, kv_seg.shape[1] // bk
   first, last = _keys_read(q_seg, kv_seg, q_pos, causal=causal, window=window)
-  live = jnp.arange(lp) < (lp if length is None else length)
-  reads = live & (first <= last)
-  blind = (live & (first > last)).reshape(B, nq, bq).any(-1)  # [B, nq]
+  reads = (jnp.arange(lp) < (lp if length is None else length)) & (first <= last)
   big = jnp.iinfo(jnp.int32).max
   lo = jnp.where(reads, first // bk, big).reshape(B, nq, bq).min(-1)
   hi = jnp.where(reads, last // bk + 1, 0).reshape(B, nq, bq).max(-1)
   lo, hi = jnp.where(lo < hi, lo, 0), jnp.maximum(hi, 0)
-  lo, hi = jnp.where(blind, 0, lo), jnp.where(blind, nk, hi)
-  q_ranges = jnp.stack([lo, hi, hi, hi], -1)
   j = jnp.arange(nk)[None, :, None]
-  visits = (lo[:, None, :] <= j) & (j < hi[:, None, :]) & ~blind[:, None, :]  # [B, nk, nq]
-  lo1, hi1 = _interval(visits)
-  lo2, hi2 = (jnp.broadcast_to(x[:, None], lo1.shape) for x in _interval(blind))
-  swap = (hi1 <= lo1) | ((hi2 > lo2) & (lo2 < lo1))  # the range that starts first goes first
-  first_lo, first_hi = jnp.where(swap, lo2, lo1), jnp.where(swap, hi2, hi1)
-  then_lo = jnp.maximum(jnp.where(swap, lo1, lo2), first_hi)
-  then_hi = jnp.maximum(jnp.where(swap, hi1, hi2), then_lo)
-  k_ranges = jnp.stack([first_lo, first_hi, then_lo, then_hi], -1)
-  return q_ranges.astype(jnp.int32), k_ranges.astype(jnp.int32)
+  k_lo, k_hi = _interval((lo[:, None, :] <= j) & (j < hi[:, None, :]))  # [B, nk]
+  return (jnp.stack([lo, hi], -1).astype(jnp.int32),
+          jnp.stack([k_lo, k_hi], -1).astype(jnp.int32))
 
 
 def _block(n: int, block: int) -> int:
@@ -356,9 +344,9 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
   each query's position among the M keys (the causal and window masks, and the dropout
   counters: `full_length` rows in all, default M). dropout_keys: uint32 [2] (`hash_keys` of the
   dropout key), needed when rate > 0. skip_blocks=False loops over every block pair (the
-  same values; for tests and timing). A query that reads no key gets a finite row with no
-  meaning (not the masked softmax's mean of the values) and its gradient none either: give
-  it no cotangent (padding, which the models never read)."""
+  same values; for tests and timing). A query that reads no key gets zeros and passes no
+  gradient (the masked softmax's reference gives the mean of the values: a row the models
+  never read)."""
   B, L, H, K = q_BLHK.shape
   M = k_BMHK.shape[1]
   if rate > 0 and dropout_keys is None:
@@ -379,7 +367,7 @@ def flash_attention(q_BLHK, k_BMHK, v_BMHK, q_segments_BL, kv_segments_BM, q_pos
     q_ranges, k_ranges = _block_ranges(q_seg, kv_seg, q_pos, bq, bk, causal=causal,
                                        window=window, length=L)
   else:
-    every = lambda n, blocks: jnp.broadcast_to(jnp.array([0, n, n, n], jnp.int32), (B, blocks, 4))
+    every = lambda n, blocks: jnp.broadcast_to(jnp.array([0, n], jnp.int32), (B, blocks, 2))
     q_ranges, k_ranges = every(mp // bk, lp // bq), every(lp // bq, mp // bk)
   keys = jnp.zeros((4,), jnp.uint32)  # k0, k1, batch offset, head offset (set per shard)
   if dropout_keys is not None:

@@ -211,7 +211,7 @@ def splash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, dtype)
 
 def flash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, rate=0.0, key=None):
   """bert_jax.flash over a row's examples (padding, segment 0, reads and is read by nothing:
-  its rows are finite and unread), within `half_window` positions when given; grouped keys
+  its rows are zeros, unread), within `half_window` positions when given; grouped keys
   and values repeated to the query heads. With `rate`, the probabilities' dropout draws
   `dense_attention`'s masks for the same key (dropout_rng "hash")."""
   h, g = q_BLHK.shape[2], k_BLGK.shape[2]
