@@ -107,7 +107,9 @@ def _forward_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_re
                 causal=cfg["causal"], window=cfg["window"])
     m_new = jnp.maximum(m, s.max(axis=-1))
     correction = jnp.exp(m - m_new)
-    p = jnp.exp(s - m_new[:, None])
+    # Masked scores are exactly MASKED: 0, also while a row has read no key yet (m still
+    # MASKED), so values it never reads cannot overflow its sums before they are cleared.
+    p = jnp.where(s == MASKED, 0.0, jnp.exp(s - m_new[:, None]))
     l = l * correction + p.sum(axis=-1)
     if cfg["rate"] > 0:
       keep = _keep(keys, bh, q_pos, k_idx, heads=cfg["heads"], full_length=cfg["full_length"],
@@ -151,7 +153,7 @@ def _dkv_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, k
     else:
       p_dropped = p
     dv = dv + _dot(p_dropped.astype(do.dtype), do, trans_a=True)
-    ds = p * (dp - delta_ref[rows][:, None])
+    ds = jnp.where(s == MASKED, 0.0, p * (dp - delta_ref[rows][:, None]))
     dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True) * cfg["scale"]
     return dk, dv
 
@@ -180,7 +182,7 @@ def _dq_kernel(keys_ref, ranges_ref, q_ref, k_ref, v_ref, qseg_ref, qpos_ref, ks
       keep = _keep(keys, bh, q_pos, k_idx, heads=cfg["heads"], full_length=cfg["full_length"],
                    kv_length=cfg["kv_length"], rate=cfg["rate"])
       dp = jnp.where(keep, dp / (1.0 - cfg["rate"]), 0.0)
-    ds = p * (dp - delta[:, None])
+    ds = jnp.where(s == MASKED, 0.0, p * (dp - delta[:, None]))
     return dq + _dot(ds.astype(k.dtype), k) * cfg["scale"]
 
   dq = lax.fori_loop(ranges_ref[0], ranges_ref[1], body, jnp.zeros(q.shape, jnp.float32))
@@ -293,6 +295,7 @@ def _keys_read(q_seg, kv_seg, q_pos, *, causal: bool, window):
   m = kv_seg.shape[1]
   idx = jnp.broadcast_to(jnp.arange(m, dtype=jnp.int32), kv_seg.shape)
   sorted_seg, sorted_idx = lax.sort((kv_seg, idx), dimension=1, num_keys=2)
+  window = None if window is None else min(window, m)  # no int32 overflow below
   lo = jnp.zeros_like(q_pos) if window is None else jnp.maximum(q_pos - window, 0)
   hi = jnp.full_like(q_pos, m - 1) if window is None else jnp.minimum(q_pos + window, m - 1)
   if causal:

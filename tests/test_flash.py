@@ -155,6 +155,30 @@ def test_a_query_that_reads_no_key_gets_zeros_and_passes_no_gradient(rate):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"d{name}")
 
 
+def test_values_a_query_never_reads_cannot_overflow_its_row():
+  """Rows of a block that meet their first key late: the values of the keys before it
+  (huge here, finite) never enter their sums; a window larger than int32 allows is a whole
+  row's (found in review)."""
+  q, k, v = _qkv(b=1, l=48, k=8)
+  q_seg, seg = np.array([[1] * 8 + [2] * 40]), np.array([[1] * 16 + [2] * 32])
+  v = v.at[:, :16].set(6e37)
+  pos = np.arange(48)[None]
+  for skip in (True, False):
+    f = lambda q, k, v: flash.flash_attention(q, k, v, q_seg, seg, pos, block_q=16, block_k=16,
+                                              skip_blocks=skip)
+    assert np.isfinite(np.asarray(f(q, k, v))[:, 8:]).all(), skip
+    w = jnp.zeros((1, 48, 2, 8)).at[:, 8:].set(1.0)
+    dq, dk = jax.grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1))(q, k, v)
+    # (rows 0-7 read the huge values themselves: their own sums may overflow)
+    assert np.isfinite(np.asarray(dq)[:, 8:]).all() and np.isfinite(np.asarray(dk)[:, 16:]).all()
+  one = np.ones((1, 48), np.int32)
+  wide = lambda skip: flash.flash_attention(q, k, v, one, one, pos, window=2 ** 31 - 1,
+                                            block_q=16, block_k=16, skip_blocks=skip)
+  np.testing.assert_array_equal(np.asarray(wide(True)), np.asarray(wide(False)))
+  np.testing.assert_array_equal(np.asarray(wide(True)), np.asarray(
+      flash.flash_attention(q, k, v, one, one, pos, block_q=16, block_k=16)))
+
+
 def test_the_kernels_skip_the_blocks_no_query_reads():
   """Values at keys no query reads never reach the result when whole blocks of them are
   skipped (NaN there: finite output and gradients); looping over every block, 0 x NaN
