@@ -16,9 +16,10 @@ Each query block loops over only the key blocks some of its queries read (and ea
 block of the backward over only the query blocks that read it): a window, causal order or
 packed segments skip the blocks that are wholly masked, which add nothing (exact zeros), so
 the results are the same bits as looping over every block. A query that reads no key at all
-(padding) gets zeros and passes no gradient: attention over nothing. The ranges come from each row's keys sorted by (segment, index): O((L + M) log M)
-work and memory per call, no [L, M] array (the same bits assume finite inputs: a NaN in a
-key nobody reads no longer reaches the result).
+(padding) gets zeros and passes no gradient: attention over nothing. The ranges come from
+each row's keys sorted by (segment, index): O((L + M) log M) work and memory per call, no
+[L, M] array (the same bits assume finite inputs: a NaN in a key nobody reads no longer
+reaches the result).
 
 Pallas lowers the kernels through Triton on NVIDIA GPUs; on CPU they run in Pallas's
 interpret mode (slow: for tests); other backends are refused. Block sizes: 64 x 64 by
@@ -38,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 BATCH_AXES, HEAD_AXES = ("data", "fsdp"), ("tensor",)  # mesh axes (bert_jax/sharding.py)
-MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: exp(MASKED - m) is 0 or, all masked, 1
+MASKED = -0.7 * float(np.finfo(np.float32).max)  # a masked score (its probability: exactly 0)
 
 
 def fmix32(h: jax.Array) -> jax.Array:
