@@ -161,6 +161,19 @@ def jax_options(spec: dict) -> None:
       jax.config.update(key[4:], value)
 
 
+def bert_jax_trainer(spec: dict):
+  """(model, trainer on one device, host batches, useful tokens, modern_step's steps) of the
+  row: its jax options set, its config built (bert_jax_workload)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  jax_options(spec)
+  config, host_batches, tokens, steps = bert_jax_workload(spec)
+  model, objective, sample = registry.pretraining(config)
+  trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
+                              devices=jax.devices()[:1])
+  return model, trainer, host_batches, tokens, steps
+
+
 def step_flops(spec: dict, cfg, steps) -> float:
   """The row's training FLOPs a step (ModernBERT's: of its examples' useful tokens, the
   mean over bert_jax_workload's `steps`)."""
@@ -176,12 +189,7 @@ def child_bert_jax(spec: dict) -> dict:
   from bert_jax import process  # pylint: disable=g-import-not-at-top
   process.job_xla_flags()  # as the job (bert_jax.main) runs: its XLA flags, before any device
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
-  jax_options(spec)
-  config, host_batches, tokens, steps = bert_jax_workload(spec)
-  model, objective, sample = registry.pretraining(config)
-  trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
-                              devices=jax.devices()[:1])
+  model, trainer, host_batches, tokens, steps = bert_jax_trainer(spec)
   # As the pre-training job does: the step compiles in a thread beside initialisation.
   imports_s = time.perf_counter() - START  # imports, the config, the trainer's build
   t = time.perf_counter()

@@ -455,17 +455,11 @@ def _workload_step(args, rng):
   """--workload: bench/gpu_step.py's bert_jax row (its config with --overrides, its batches)
   compiled as the trainer compiles it; run() steps through the batches in turn. Returns
   (run, a label, useful tokens a step, FLOPs a step)."""
-  import jax
-  from bert_jax import registry, trainer as trainer_lib
   _, overrides, flags = gpu_step.parse_variants("overrides:" + args.overrides)[0]
   if flags:
     raise SystemExit("--overrides: XLA flags apply to the whole process; set XLA_FLAGS instead.")
   spec = gpu_step.workload_spec(args.workload, args.dtype, args.smoke, overrides)
-  gpu_step.jax_options(spec)
-  config, host_batches, tokens, steps = gpu_step.bert_jax_workload(spec)
-  model, objective, sample = registry.pretraining(config)
-  trainer = trainer_lib.build(config, model, objective, sample, workdir=None,
-                              devices=jax.devices()[:1])
+  model, trainer, host_batches, tokens, steps = gpu_step.bert_jax_trainer(spec)
   with trainer.activate():
     state = trainer.init()
     batches = [trainer.to_global(b) for b in host_batches]

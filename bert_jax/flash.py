@@ -325,7 +325,7 @@ def _block_ranges(q_seg, kv_seg, q_pos, bq: int, bk: int, *, causal: bool, windo
   big = jnp.iinfo(jnp.int32).max
   lo = jnp.where(reads, first // bk, big).reshape(B, nq, bq).min(-1)
   hi = jnp.where(reads, last // bk + 1, 0).reshape(B, nq, bq).max(-1)
-  lo, hi = jnp.where(lo < hi, lo, 0), jnp.maximum(hi, 0)
+  lo = jnp.where(lo < hi, lo, 0)  # (0, 0) where no query of the block reads a key
   j = jnp.arange(nk)[None, :, None]
   k_lo, k_hi = _interval((lo[:, None, :] <= j) & (j < hi[:, None, :]))  # [B, nk]
   return (jnp.stack([lo, hi], -1).astype(jnp.int32),
