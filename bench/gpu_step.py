@@ -33,7 +33,9 @@ a field prefixed `bert.` or `modern.` applies to that family's workloads only:
   cudnn:bert.model.attention_impl=cudnn,bert.model.attention_dropout_rate=0
   threefry:jax.jax_threefry_gpu_kernel_lowering=True   (a jax.config option: `jax.NAME=value`)
   triton:xla=--xla_gpu_enable_triton_gemm=true   (XLA's Triton GEMMs: the job turns them off)
---budget_s skips the rows that would start after it (reported as not run). Imports no
+--budget_s skips the rows that would start after it (reported as not run); --deadline_s cuts
+each row's time so that all end by then (for a caller's own timeout); --json is rewritten
+after each row, --logs keeps each child's whole output. Imports no
 TensorFlow. Appends the table to bench/RESULTS.md unless --no_record or --smoke; --json
 writes the rows too.
 """
@@ -208,7 +210,7 @@ def child_bert_jax(spec: dict) -> dict:
     rng = jax.random.key(0)
     jax.block_until_ready((state, batches))
     setup_s = time.perf_counter() - START  # ... and the model's and optimizer's initialisation
-    compiled = trainer.compiled_ahead() or trainer.train_step  # (None: it failed; jit then)
+    compiled = trainer.compiled_ahead(fallback=False)  # a failure: its error (not a 2nd try)
     compile_s = time.perf_counter() - t  # compile_ahead's start to its step (init beside it)
     box, cycle = [state, None], itertools.cycle(batches)
 
@@ -347,7 +349,13 @@ def child(spec: dict) -> None:
 # ----------------------------------------------------------------------------
 # The driver.
 
-def run_child(spec: dict, timeout: float, xla_flags: str = "") -> dict:
+def _text(out) -> str:
+  return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+
+def run_child(spec: dict, timeout: float, xla_flags: str = "", log: str = "") -> dict:
+  """The child's RESULT row, or its error; `log`: a file for its whole stdout and stderr
+  (a timed-out child's too)."""
   env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   if xla_flags:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
@@ -355,12 +363,20 @@ def run_child(spec: dict, timeout: float, xla_flags: str = "") -> dict:
   try:
     proc = subprocess.run([sys.executable, "-m", "bench.gpu_step", "--child", json.dumps(spec)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return dict(error=f"timed out after {timeout:.0f} s")
-  for line in proc.stdout.splitlines():
+    out, err, row = proc.stdout, proc.stderr, None
+  except subprocess.TimeoutExpired as e:
+    out, err, row = _text(e.stdout), _text(e.stderr), dict(error=f"timed out after {timeout:.0f} s")
+  if log:
+    os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+    with open(log, "w") as f:
+      f.write(f"{json.dumps(spec)}\nXLA_FLAGS={env.get('XLA_FLAGS', '')}\n--- stdout\n{out}\n"
+              f"--- stderr\n{err}")
+  if row is not None:
+    return row
+  for line in out.splitlines():
     if line.startswith("RESULT "):
       return dict(json.loads(line[7:]), wall_s=time.perf_counter() - t)
-  tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+  tail = (err or out).strip().splitlines()[-3:]
   return dict(error=f"exit {proc.returncode}: " + " | ".join(tail)[-400:])
 
 
@@ -416,6 +432,9 @@ def _parser() -> argparse.ArgumentParser:
                            "bert-base-128:bert_jax[flash]), in this order")
   parser.add_argument("--budget_s", type=float, default=450.0)
   parser.add_argument("--child_timeout_s", type=float, default=240.0)
+  parser.add_argument("--deadline_s", type=float, default=float("inf"),
+                      help="every row ends by then (a child's timeout is cut to it)")
+  parser.add_argument("--logs", default="", help="a folder for each child's whole output")
   parser.add_argument("--matmul_sizes", default="4096,8192")
   parser.add_argument("--smoke", action="store_true", help="CPU, tiny models, seconds")
   parser.add_argument("--json", default="", help="also write the rows here")
@@ -445,18 +464,24 @@ def _spec(args, workload: str, system: str, overrides: dict) -> dict:
 
 def _run_rows(args, workloads: list[str], systems: list[tuple], start: float) -> list[dict]:
   """Every (workload, system) once a round, each in its own process, the systems' order
-  alternating; the rows that would start after --budget_s are not run."""
+  alternating; the rows that would start after --budget_s are not run, and none runs past
+  --deadline_s. --json holds the rows so far after each one (--logs: each child's output)."""
   rows = []
   for r in range(args.rounds):
     for workload, system, overrides, flags in _plan(args, workloads, systems, r):
       spec = _spec(args, workload, system, overrides)
       row = dict(workload=workload, system=system, round=r, xla_flags=flags)
-      if time.perf_counter() - start > args.budget_s:
-        row["error"] = f"budget of {args.budget_s:.0f} s spent"
+      elapsed = time.perf_counter() - start
+      timeout = min(args.child_timeout_s, args.deadline_s - elapsed)
+      if elapsed > args.budget_s or timeout < 30:
+        row["error"] = f"budget of {min(args.budget_s, args.deadline_s):.0f} s spent"
       else:
-        row.update(run_child(spec, args.child_timeout_s, flags))
+        log = os.path.join(args.logs, f"{len(rows):02d}_{workload}_{system}.log") if args.logs else ""
+        row.update(run_child(spec, timeout, flags, log))
       rows.append(row)
       print(json.dumps(row), flush=True)
+      if args.json:
+        _write_json(args.json, "(partial: the rows so far)", rows)
   return rows
 
 
@@ -486,11 +511,15 @@ def _vs_best_peer(rows: list[dict], workloads: list[str]) -> None:
         r["vs_best"] = best_peer / r["step_s"]
 
 
+def _write_json(path: str, summary: str, rows: list[dict]) -> None:
+  with open(path, "w") as f:
+    json.dump(dict(summary=summary, rows=rows), f, indent=1)
+
+
 def _write(args, argv, summary: str, table: str, rows: list[dict]) -> None:
   """--json's rows; the RESULTS.md section unless --no_record or --smoke."""
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(dict(summary=summary, rows=rows), f, indent=1)
+    _write_json(args.json, summary, rows)
   if not args.no_record and not args.smoke:
     cmd = "python -m bench.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:])
     with open(RESULTS, "a") as f:
@@ -521,7 +550,8 @@ def main(argv=None) -> list[dict]:
   if unknown:
     parser.error(f"unknown workloads {sorted(unknown)}; choose from {list(WORKLOADS)}")
   mm = run_child(dict(system="matmul", sizes=[int(n) for n in args.matmul_sizes.split(",")]),
-                 args.child_timeout_s)
+                 min(args.child_timeout_s, args.deadline_s),
+                 log=os.path.join(args.logs, "matmul.log") if args.logs else "")
   measured = mm.get("flops_per_s", 0.0)
   device = mm.get("device", "?")
   from bert_jax import flops as flops_lib  # pylint: disable=g-import-not-at-top

@@ -243,12 +243,15 @@ class Trainer:
     thread.start()
     self._ahead = (thread, result)
 
-  def compiled_ahead(self) -> Callable | None:
-    """compile_ahead's step (waiting for it), once; None without one or when it failed."""
+  def compiled_ahead(self, fallback: bool = True) -> Callable | None:
+    """compile_ahead's step (waiting for it), once; None without one or when it failed
+    (`fallback=False`: its compilation's error is raised instead)."""
     if self._ahead is None:
       return None
     (thread, result), self._ahead = self._ahead, None
     thread.join()
+    if "error" in result and not fallback:
+      raise result["error"]
     if "error" in result:
       logging.warning("Compiling the train step ahead failed (%s); the first step compiles "
                       "it instead.", result["error"])

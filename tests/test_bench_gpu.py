@@ -130,6 +130,45 @@ def test_variants_set_jax_options_beside_config_fields():
     jax.config.update("jax_threefry_gpu_kernel_lowering", False)
 
 
+def test_rows_end_by_the_deadline_and_the_json_holds_each_row_as_it_ends(tmp_path, monkeypatch):
+  """A caller's own timeout must not lose rows: each child's timeout is cut to --deadline_s,
+  a row with under 30 s left is not run, and --json is rewritten after every row."""
+  clock, calls = [0.0], []
+
+  def fake_child(spec, timeout, flags="", log=""):
+    calls.append((spec["system"], timeout, log))
+    clock[0] += 50.0
+    saved = json.loads((tmp_path / "rows.json").read_text())["rows"] if calls[1:] else []
+    assert len(saved) == len(calls) - 1  # the rows before this one are already on disk
+    return dict(step_s=0.1)
+
+  monkeypatch.setattr(gpu_step, "run_child", fake_child)
+  monkeypatch.setattr(gpu_step.time, "perf_counter", lambda: clock[0])
+  args = gpu_step._parser().parse_args(  # pylint: disable=protected-access
+      ["--only=bert-base-128:bert_jax,bert-base-128:eager,bert-base-128:compile",
+       "--child_timeout_s=70", "--deadline_s=125", "--budget_s=1000",
+       f"--json={tmp_path / 'rows.json'}", f"--logs={tmp_path / 'logs'}"])
+  systems = [(s, {}, "") for s in ("bert_jax", "eager", "compile")]
+  rows = gpu_step._run_rows(args, ["bert-base-128"], systems, 0.0)  # pylint: disable=protected-access
+  # 0 s: 70 (the child's limit); 50 s: 75 left, 70; 100 s: 25 left, not run.
+  assert [(c[0], c[1]) for c in calls] == [("bert_jax", 70), ("eager", 70)]
+  assert calls[1][2] == str(tmp_path / "logs" / "01_bert-base-128_eager.log")
+  assert "budget" in rows[2]["error"] and "error" not in rows[1]
+  assert len(json.loads((tmp_path / "rows.json").read_text())["rows"]) == 3
+
+
+def test_a_timed_out_child_keeps_its_output(tmp_path, monkeypatch):
+  def timeout(cmd, **kw):
+    raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"compiling...", stderr=b"E0001 slow")
+
+  monkeypatch.setattr(gpu_step.subprocess, "run", timeout)
+  log = tmp_path / "rows" / "00_x.log"
+  row = gpu_step.run_child(dict(system="bert_jax"), 12.0, "--xla_flag=1", str(log))
+  assert row == dict(error="timed out after 12 s")
+  text = log.read_text()
+  assert "compiling..." in text and "E0001 slow" in text and "--xla_flag=1" in text
+
+
 def test_gpu_step_imports_no_tensorflow():
   out = subprocess.run(tu.without_tensorflow([sys.executable, "-m", "bench.gpu_step", "--help"]),
                        cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=120)

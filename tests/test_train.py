@@ -1,5 +1,6 @@
 """The train step and optimizers on one device: learning, accumulation, decay mask,
 LAMB, FLOPs accounting, NaN stop, the in-process entry point."""
+import dataclasses
 import json
 import sys
 
@@ -265,6 +266,24 @@ print("ending", "compiled" if trainer._ahead[1] else "compiling")
   assert proc.returncode == 0 and "ending" in proc.stdout, proc.stderr[-3000:]
   if "compiling" not in proc.stdout:
     pytest.skip("the tiny step compiled within 2 s on this machine: nothing in flight at exit")
+
+
+def test_a_failed_compile_ahead_falls_back_or_raises_its_error():
+  config = tu.tiny_config()
+
+  class Unlowerable:
+    def lower(self, *args):
+      raise ValueError("no program for these shapes")
+
+  trainer = dataclasses.replace(tu.pretraining_trainer(config, workdir=None),
+                                train_step=Unlowerable())
+  shapes = pretrain_data.batch_shapes(config.data, config.global_batch_size)
+  trainer.compile_ahead(shapes)
+  assert trainer.compiled_ahead() is None  # the job's way: the jitted step compiles instead
+  trainer.compile_ahead(shapes)
+  with pytest.raises(ValueError, match="no program for these shapes"):  # a benchmark's
+    trainer.compiled_ahead(fallback=False)
+  assert trainer.compiled_ahead(fallback=False) is None  # once
 
 
 @pytest.mark.slow  # three more compilations of the tiny step (~10 s)
