@@ -5,7 +5,9 @@
 #   here, once:   echo /.whl/ >> .git/info/exclude && bash bench/gpu_check.sh --wheels
 #   device run:   bash bench/gpu_check.sh          (carry [".whl"], timeout_s 600)
 #   then, on the still-warm machine (within 30 s), with the device time left (status's
-#   budget_left_s, B): bash bench/gpu_check.sh --modern $((B - 30)) (carry [".whl"], timeout_s B)
+#   budget_left_s, B): bash bench/gpu_check.sh --modern $((B - 45)) (carry [".whl"], timeout_s B)
+#   (the seconds are the two profiles'; the wheels' install and the version line come first)
+# Each call leaves at most 6 files in $OUT: the device returns 8 at most.
 #   here, a CPU rehearsal of the same script in a minute or two:  bash bench/gpu_check.sh --smoke
 #
 # The device image has jax, flax, optax, orbax, torch and transformers but not ml_collections
@@ -63,6 +65,7 @@ if [ "$MODERN" = 1 ]; then
   exit
 fi
 if [ "$SMOKE" = 1 ]; then
+  rm -rf /tmp/gpu_check_rows
   export XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true
   timeout 300 python3 -m bench.profile_step \
     --preset=tiny --batch=2 --seq_len=32 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
@@ -70,8 +73,9 @@ if [ "$SMOKE" = 1 ]; then
   unset XLA_FLAGS
   timeout 600 python3 -m bench.gpu_step --smoke --workloads=bert-base-128 --systems=bert_jax,eager \
     --variants="flash:bert.model.attention_impl=pallas;attn:model.remat=attention;threefry:jax.jax_threefry_gpu_kernel_lowering=True" \
-    --json="$OUT/gpu_step.json" --deadline_s=580 --logs="$OUT/rows" "$@" 2>&1 \
+    --json="$OUT/gpu_step.json" --deadline_s=580 --logs=/tmp/gpu_check_rows "$@" 2>&1 \
     | tee "$OUT/gpu_step.log"
+  tar czf "$OUT/rows.tar.gz" -C /tmp gpu_check_rows
   exit
 fi
 # 1. The benchmark, within ~7 minutes (rows past the budget are reported as not run).
@@ -109,12 +113,14 @@ O="$O,bert-base-128:bert_jax[scan],bert-base-128:bert_jax[noautotune]"
 O="$O,bert-base-512:bert_jax[flash],bert-base-512:bert_jax[attn],bert-base-512:compile"
 O="$O,bert-base-128:bert_jax[attn]"
 # Every row ends by --deadline_s (its child's timeout cut to it); each row is in gpu_step.json
-# as it ends, each child's whole output in rows/.
+# as it ends, each child's whole output in rows.tar.gz (the device returns 8 files at most).
+rm -rf /tmp/gpu_check_rows
 left=$(( 430 - ($(date +%s) - start) ))
 timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 100 )) --child_timeout_s=200 \
-  --deadline_s=$(( left - 10 )) --logs="$OUT/rows" \
+  --deadline_s=$(( left - 10 )) --logs=/tmp/gpu_check_rows \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
   --matmul_sizes=8192 --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
+tar czf "$OUT/rows.tar.gz" -C /tmp gpu_check_rows
 # 2. With what is left of ~9.5 minutes: where BERT-base's step spends its time at L=512
 # (batch 32, bf16; L=128's profile is in bench/RESULTS.md, third loan): kernels by category,
 # by kernel and by the model code they run (op_name, file:line); the optimized HLO comes back.

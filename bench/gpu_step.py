@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import itertools
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -198,9 +200,10 @@ def child_bert_jax(spec: dict) -> dict:
   t = time.perf_counter()
   trainer.compile_ahead({k: (v.shape, v.dtype) for k, v in host_batches[0].items()})
   with trainer.activate():
-    # trainer.init() as two timed halves (the same work): is a slow first step the init's
-    # own compilation, or its wait behind the step's (init_s - init_compile_s)?
-    init = trainer.init  # functools.partial(the jitted init, its rng)
+    # trainer.init() as two timed halves (the same work), both beside the step's compile:
+    # does a slow first step wait on the init's compilation or on its run?
+    init = trainer.init
+    assert isinstance(init, functools.partial), init  # (the jitted init, its rng)
     init_compiled = init.func.lower(*init.args).compile()
     init_compile_s = time.perf_counter() - t
     state = init_compiled(*init.args)
@@ -356,7 +359,8 @@ def _text(out) -> str:
 def run_child(spec: dict, timeout: float, xla_flags: str = "", log: str = "") -> dict:
   """The child's RESULT row, or its error; `log`: a file for its whole stdout and stderr
   (a timed-out child's too)."""
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             PYTHONUNBUFFERED="1")  # a timed-out child's output up to its end
   if xla_flags:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
   t = time.perf_counter()
@@ -473,11 +477,14 @@ def _run_rows(args, workloads: list[str], systems: list[tuple], start: float) ->
       row = dict(workload=workload, system=system, round=r, xla_flags=flags)
       elapsed = time.perf_counter() - start
       timeout = min(args.child_timeout_s, args.deadline_s - elapsed)
-      if elapsed > args.budget_s or timeout < 30:
-        row["error"] = f"budget of {min(args.budget_s, args.deadline_s):.0f} s spent"
+      if elapsed > args.budget_s:
+        row["error"] = f"budget of {args.budget_s:.0f} s spent"
+      elif timeout < min(30, args.child_timeout_s):
+        row["error"] = f"deadline: {max(timeout, 0):.0f} s left of {args.deadline_s:.0f}"
       else:
-        log = os.path.join(args.logs, f"{len(rows):02d}_{workload}_{system}.log") if args.logs else ""
-        row.update(run_child(spec, timeout, flags, log))
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{len(rows):02d}_{workload}_{system}").strip("-")
+        row.update(run_child(spec, timeout, flags,
+                             os.path.join(args.logs, name + ".log") if args.logs else ""))
       rows.append(row)
       print(json.dumps(row), flush=True)
       if args.json:
@@ -512,8 +519,9 @@ def _vs_best_peer(rows: list[dict], workloads: list[str]) -> None:
 
 
 def _write_json(path: str, summary: str, rows: list[dict]) -> None:
-  with open(path, "w") as f:
+  with open(path + ".tmp", "w") as f:  # then renamed: a run killed meanwhile leaves the last
     json.dump(dict(summary=summary, rows=rows), f, indent=1)
+  os.replace(path + ".tmp", path)
 
 
 def _write(args, argv, summary: str, table: str, rows: list[dict]) -> None:

@@ -145,19 +145,24 @@ def test_rows_end_by_the_deadline_and_the_json_holds_each_row_as_it_ends(tmp_pat
   monkeypatch.setattr(gpu_step, "run_child", fake_child)
   monkeypatch.setattr(gpu_step.time, "perf_counter", lambda: clock[0])
   args = gpu_step._parser().parse_args(  # pylint: disable=protected-access
-      ["--only=bert-base-128:bert_jax,bert-base-128:eager,bert-base-128:compile",
-       "--child_timeout_s=70", "--deadline_s=125", "--budget_s=1000",
+      ["--only=bert-base-128:bert_jax,bert-base-128:bert_jax[x],bert-base-128:compile",
+       "--child_timeout_s=70", "--deadline_s=110", "--budget_s=1000", "--variants=x:model.y=1",
        f"--json={tmp_path / 'rows.json'}", f"--logs={tmp_path / 'logs'}"])
-  systems = [(s, {}, "") for s in ("bert_jax", "eager", "compile")]
+  systems = [("bert_jax", {}, ""), ("bert_jax[x]", {"model.y": 1}, ""), ("compile", {}, "")]
   rows = gpu_step._run_rows(args, ["bert-base-128"], systems, 0.0)  # pylint: disable=protected-access
-  # 0 s: 70 (the child's limit); 50 s: 75 left, 70; 100 s: 25 left, not run.
-  assert [(c[0], c[1]) for c in calls] == [("bert_jax", 70), ("eager", 70)]
-  assert calls[1][2] == str(tmp_path / "logs" / "01_bert-base-128_eager.log")
-  assert "budget" in rows[2]["error"] and "error" not in rows[1]
+  # At 0 s: the child's own 70 s; at 50 s: the 60 s left; at 100 s: 10 s left, not run.
+  assert [(c[0], c[1]) for c in calls] == [("bert_jax", 70), ("bert_jax", 60)]
+  assert calls[1][2] == str(tmp_path / "logs" / "01_bert-base-128_bert_jax-x.log")  # plain names
+  assert rows[2]["error"] == "deadline: 10 s left of 110" and "error" not in rows[1]
   assert len(json.loads((tmp_path / "rows.json").read_text())["rows"]) == 3
+  args.budget_s = 40  # and --budget_s still stops rows from starting
+  clock[0], calls[:] = 0.0, []
+  (tmp_path / "rows.json").unlink()
+  assert [r.get("error") for r in gpu_step._run_rows(args, ["bert-base-128"], systems, 0.0)] == [  # pylint: disable=protected-access
+      None, "budget of 40 s spent", "budget of 40 s spent"]
 
 
-def test_a_timed_out_child_keeps_its_output(tmp_path, monkeypatch):
+def test_a_child_that_fails_or_times_out_keeps_its_output(tmp_path, monkeypatch):
   def timeout(cmd, **kw):
     raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"compiling...", stderr=b"E0001 slow")
 
@@ -167,6 +172,11 @@ def test_a_timed_out_child_keeps_its_output(tmp_path, monkeypatch):
   assert row == dict(error="timed out after 12 s")
   text = log.read_text()
   assert "compiling..." in text and "E0001 slow" in text and "--xla_flag=1" in text
+  failed = lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "started\n", "a\nb\nc\nTriton: boom\n")
+  monkeypatch.setattr(gpu_step.subprocess, "run", failed)
+  row = gpu_step.run_child(dict(system="bert_jax"), 12.0, "", str(log))
+  assert row == dict(error="exit 1: b | c | Triton: boom")
+  assert "started" in log.read_text() and "Triton: boom" in log.read_text()
 
 
 def test_gpu_step_imports_no_tensorflow():
