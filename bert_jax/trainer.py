@@ -250,9 +250,9 @@ class Trainer:
       return None
     (thread, result), self._ahead = self._ahead, None
     thread.join()
-    if "error" in result and not fallback:
-      raise result["error"]
     if "error" in result:
+      if not fallback:
+        raise result["error"]
       logging.warning("Compiling the train step ahead failed (%s); the first step compiles "
                       "it instead.", result["error"])
       return None
