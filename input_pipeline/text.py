@@ -21,11 +21,12 @@ Formats (of a file, or of each record's text):
               (Wikipedia's records) holds several sentences a line, BERT-format text ends
               almost every line with the full stop of its one sentence.
 
-Project Gutenberg text keeps only what lies between the `*** START OF` and `*** END OF`
-lines (when the markers are present). Undecodable UTF-8 bytes become U+FFFD and are
-counted in `stats["replaced_bytes"]`, and a file with any is named in a warning; a file
-where they are more than `max_replaced_fraction` of the bytes read (default 1%: a binary
-file, or another encoding) is refused with an error naming it.
+Project Gutenberg text keeps only what lies between each `*** START OF` line and the next
+`*** END OF` (when the markers are present); a text holding several books gives each book
+its own documents. Undecodable UTF-8 bytes become U+FFFD and are counted in
+`stats["replaced_bytes"]`, and a file with any is named in a warning; a file where they
+are more than `max_replaced_fraction` of the bytes read (default 1%: a binary file, or
+another encoding) is refused with an error naming it.
 """
 import codecs
 import itertools
@@ -185,25 +186,45 @@ def json_objects(lines: Iterable[str], path: str, error: Callable[[str], Excepti
     yield n, record
 
 
-def strip_gutenberg(lines: Iterator[str]) -> Iterator[str]:
-  """Drops a Project Gutenberg header/footer; other text passes unchanged."""
+def strip_gutenberg(lines: Iterable[str]) -> Iterator[str | None]:
+  """Drops Project Gutenberg headers and footers; other text passes unchanged.
+
+  Every book of the text is kept: the lines between each `*** START OF` line and the next
+  `*** END OF`, with None yielded before every book after the first (a file may hold
+  several books, concatenated). What lies after an END up to the next START is a footer
+  and the next book's header, dropped. Inside a book only an END counts: a second START
+  there (some books repeat their header's marker, pg148) is kept as a line of the book.
+  """
   lines, head = iter(lines), []
+  in_book = True
   for line in lines:
     if _START.match(line):
-      head = None  # Header found: everything before it is dropped.
+      head = []  # Header found: everything before it is dropped.
       break
     if _END.match(line):
-      yield from head
-      return
+      in_book = False
+      break
     head.append(line)
     if len(head) >= _HEADER_LOOKAHEAD_LINES:
       break
-  if head is not None:
-    yield from head
+  yield from head
   for line in lines:
-    if _END.match(line):
-      return
-    yield line
+    if in_book:
+      if _END.match(line):
+        in_book = False
+      else:
+        yield line
+    elif _START.match(line):
+      yield None
+      in_book = True
+
+
+def _books(lines: Iterator[str | None]) -> Iterator[Iterator[str]]:
+  """The lines of each book of strip_gutenberg's stream, streamed (each book is to be read
+  through before the next is asked for)."""
+  for is_break, book in itertools.groupby(lines, key=lambda line: line is None):
+    if not is_break:
+      yield book
 
 
 _SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]]*$")
@@ -273,20 +294,22 @@ def text_documents(text: str, fmt: str = "auto") -> list[dict]:
 
 def lines_documents(lines: Iterator[str], fmt: str) -> Iterator[dict]:
   """Raw documents of a text's lines (without line ends): the one reading of free text
-  (module doc), for files and records alike."""
+  (module doc), for files and records alike. The format is guessed once for the whole
+  text; each Gutenberg book of it gives its own documents."""
   lines = strip_gutenberg(lines)
   if fmt == "auto":
     sample, nonblank = [], 0
     for line in lines:
       sample.append(line)
-      nonblank += bool(line.strip())
+      nonblank += bool(line and line.strip())
       if nonblank >= _AUTO_SAMPLE_LINES:
         break
-    fmt = detect_format(sample)
+    fmt = detect_format([line for line in sample if line is not None])
     lines = itertools.chain(sample, lines)
-  if fmt == "lines":
-    yield from _lines_documents(lines)
-  else:
-    paragraphs = join_paragraphs(lines)
-    if paragraphs:
-      yield {"texts": paragraphs, "split": True}
+  for book in _books(lines):
+    if fmt == "lines":
+      yield from _lines_documents(book)
+    else:
+      paragraphs = join_paragraphs(book)
+      if paragraphs:
+        yield {"texts": paragraphs, "split": True}

@@ -69,6 +69,34 @@ def test_formats_and_gutenberg_markers(tmp_path):
   assert _read(plain)[0] == [{"texts": ["Just some words wrapped here"], "split": True}]
 
 
+def _book(title: str, body: str, footer_lines: int = 3) -> str:
+  licence = "".join(f"Licence line {i}.\r\n" for i in range(footer_lines))
+  return (f"The Project Gutenberg eBook of {title}\r\n\r\n"
+          f"*** START OF THE PROJECT GUTENBERG EBOOK {title.upper()} ***\r\n\r\n{body}"
+          f"\r\n*** END OF THE PROJECT GUTENBERG EBOOK {title.upper()} ***\r\n{licence}")
+
+
+def test_every_gutenberg_book_of_a_file_is_its_own_document(tmp_path):
+  """Several books concatenated in one file (or one record's text) keep every book, each
+  its own document (issue 56 item 1: reading stopped at the first END marker), and the
+  bytes counted are the file's own; text after the last END is its footer, dropped."""
+  bodies = ["The first book\r\nbegins here.\r\n\r\nIt ends.",
+            "The second book,\r\nafter a long licence.",
+            "The third\r\nbook.\r\n\r\nIts last\r\nparagraph."]
+  joined = (_book("One", bodies[0]) + _book("Two", bodies[1], footer_lines=1500)
+            + _book("Three", bodies[2]))
+  path = tmp_path / "books.txt"
+  path.write_text(joined, newline="")
+  docs, stats = _read(path)
+  want = [{"texts": ["The first book begins here.", "It ends."], "split": True},
+          {"texts": ["The second book, after a long licence."], "split": True},
+          {"texts": ["The third book.", "Its last paragraph."], "split": True}]
+  assert docs == want
+  assert stats["bytes"] == path.stat().st_size and stats["raw_documents"] == 3
+  assert text.text_documents(joined) == want  # A record's text reads the same.
+  assert "Licence" not in str(docs)
+
+
 def test_detect_format():
   assert text.detect_format(["One sentence.", "Another one!", "", "Third?"]) == "lines"
   assert text.detect_format(["a wrapped line that goes", "on and on until", "it ends."]) == (
