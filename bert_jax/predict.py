@@ -221,7 +221,8 @@ def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence
 def write_features_jsonl(f, batches, tokenizer, layers: Sequence[int], pooled: bool) -> int:
   """Google's extract_features.py output: one JSON object per line of input, {"linex_index",
   "features": [{"token", "layers": [{"index", "values"}]}]} over the real tokens (or, pooled,
-  {"linex_index", "pooled": [...]}); returns the number of lines written."""
+  {"linex_index", "pooled": [...]}), a row whose mask is all zero (a blank line) with
+  "blank": true; returns the number of lines written."""
   n = 0
   for ids, feats, mask in batches:
     for row_ids, row, row_mask in zip(ids, feats, mask):
@@ -233,6 +234,8 @@ def write_features_jsonl(f, batches, tokenizer, layers: Sequence[int], pooled: b
             {"token": token, "layers": [{"index": layer, "values": [round(float(v), 6) for v in vec]}
                                         for layer, vec in zip(layers, row[t])]}
             for t, token in enumerate(tokenizer.convert_ids_to_tokens(row_ids[:length]))]}
+      if not row_mask.any():  # a blank line (_blank_rows): no tokens
+        record["blank"] = True
       f.write((json.dumps(record) + "\n").encode("utf-8"))
       n += 1
   return n
@@ -293,8 +296,10 @@ def _flags():
                             flag_values=fv)
   flags.DEFINE_string("question", None, "qa: the question.", flag_values=fv)
   flags.DEFINE_string("context", None, "qa: the passage holding the answer.", flag_values=fv)
-  flags.DEFINE_string("input_file", None, "One text per line (read as it is used).",
-                      flag_values=fv)
+  flags.DEFINE_string("input_file", None, "One text per line (read as it is used); a blank "
+                      "line keeps its place (features / embed: a row of zeros, mask 0, "
+                      "\"blank\": true in .jsonl; classify: a record with \"blank\": true; "
+                      "fill_mask, tag: an empty line).", flag_values=fv)
   flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].", lower_bound=1,
                        flag_values=fv)
   flags.DEFINE_string("layers", "-1", "features: comma-separated layer indices.", flag_values=fv)
@@ -316,7 +321,8 @@ def _flags():
   flags.DEFINE_string("output", None, "features / embed: the file to write: .npy (default "
                       "features.npy / embeddings.npy; features with FILE_mask.npy beside it) or "
                       ".jsonl (features: Google's extract_features.py format; embed: "
-                      "{\"line_index\", \"embedding\"} a line).",
+                      "{\"line_index\", \"embedding\"} a line, line_index counting --text "
+                      "then --input_file's lines from 0).",
                       flag_values=fv)
   return fv
 
@@ -328,10 +334,11 @@ _SNIFF_BYTES = 1 << 16
 
 
 def _input_lines(path: str) -> Iterator[str]:
-  """The non-blank lines of a text file, read as they are used (a BOM is dropped); a line
-  ends at "\\n", a "\\r" before it is dropped. A file whose first 64 KiB hold a NUL byte or
-  more than 1% of bytes that are not UTF-8 (a binary file, another encoding) is refused, as
-  prepare refuses one; a few such bytes become U+FFFD, said in one warning at the end."""
+  """Every line of a text file, blank ones too (each mode answers each line in its place),
+  read as they are used (a BOM is dropped); a line ends at "\\n", a "\\r" before it is
+  dropped. A file whose first 64 KiB hold a NUL byte or more than 1% of bytes that are not
+  UTF-8 (a binary file, another encoding) is refused, as prepare refuses one; a few such
+  bytes become U+FFFD, said in one warning at the end."""
   with fileio.path(path).open("rb") as f:
     head = f.read(_SNIFF_BYTES)
     sniffed = {"replaced_bytes": 0}
@@ -349,10 +356,7 @@ def _input_lines(path: str) -> Iterator[str]:
       line = text_lib.decode_bytes(raw, stats).rstrip("\n").rstrip("\r")
       if first_bad is None and stats["replaced_bytes"] > before:
         first_bad = i + 1
-      if i == 0:
-        line = line.removeprefix("\ufeff")
-      if line.strip():
-        yield line
+      yield line.removeprefix("\ufeff") if i == 0 else line
   if first_bad is not None:
     logging.warning("%s: %d bytes are not UTF-8 (the first on line %d) and were read as U+FFFD: "
                     "save the file as UTF-8 to keep those characters.", path,
@@ -441,15 +445,23 @@ def _finetuned_mode(args, texts: Iterable[str], vocabulary) -> None:
   if not (args.text or args.input_file):
     raise PredictError("Give --text (repeatable) or --input_file.")
   progress = _Progress(texts, "texts")
+
+  def real(text: str) -> bool:
+    """Not blank: a blank input gets its line and no prediction (--text_pair's never is)."""
+    return bool(text.strip() or args.text_pair)
+
   if args.mode == "classify":
     inputs, shown = itertools.tee(progress)
-    for text, (label, p, _) in zip(shown, finetuned.iter_classify(
-        cfg, params, task, labels, tokenizer, inputs, args.text_pair or None, args.batch_size)):
-      print(json.dumps({"text": text, "prediction": label, "probability": p}))
+    results = finetuned.iter_classify(cfg, params, task, labels, tokenizer, filter(real, inputs),
+                                      args.text_pair or None, args.batch_size)
+    for text in shown:
+      label, p, _ = next(results) if real(text) else (None, None, None)
+      print(json.dumps({"text": text, "prediction": label, "probability": p,
+                        **({} if real(text) else {"blank": True})}))
   else:
     for text in progress:
-      print(" ".join(f"{w}/{t}" for w, t in finetuned.tag(cfg, params, task, labels, tokenizer,
-                                                          text)))
+      print(" ".join(f"{w}/{t}" for w, t in (finetuned.tag(
+          cfg, params, task, labels, tokenizer, text) if real(text) else ())))
   progress.done()
 
 
@@ -479,9 +491,11 @@ def _features(args, texts: Iterable[str], out: str, vocabulary) -> None:
   tokenizer = vocabulary()
   _check_vocab(cfg, tokenizer)
   check_layers(layers, cfg.num_layers, args.layers)
-  progress = _Progress(texts, "texts")
-  batches = iter_features(cfg, params, tokenizer, progress, layers, args.max_seq_length,
-                          args.pooled, args.batch_size)
+  progress, blanks = _Progress(texts, "texts"), []
+  inputs, shown = itertools.tee(progress)
+  batches = _blank_rows(iter_features(cfg, params, tokenizer, inputs, layers,
+                                      args.max_seq_length, args.pooled, args.batch_size),
+                        shown, blanks)
   if out.endswith(".jsonl"):
     with fileio.path(out).open("wb") as f:
       n = write_features_jsonl(f, batches, tokenizer, layers, args.pooled)
@@ -489,7 +503,32 @@ def _features(args, texts: Iterable[str], out: str, vocabulary) -> None:
   else:  # .npy: the rows are counted first, so that the file is written as they come
     shape = list(write_features_npy(out, batches, _count_inputs(args)))
   progress.done()
-  print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled}))
+  print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled,
+                    **_said_blank(blanks)}))
+
+
+def _blank_rows(batches, texts: Iterator[str], blanks: list[int]):
+  """The (ids, values, mask) batches with the rows of blank texts zeroed, mask included (a
+  row for every line, so that row i is line i's); `texts` are the batches' texts, read in
+  step with them; the index of each blank one is appended to `blanks`."""
+  done = 0
+  for ids, values, mask in batches:
+    rows = [i for i, t in enumerate(itertools.islice(texts, len(values))) if not t.strip()]
+    if rows:
+      values, mask = np.array(values), np.array(mask)
+      values[rows], mask[rows] = 0, 0
+      blanks.extend(done + i for i in rows)
+    done += len(values)
+    yield ids, values, mask
+
+
+def _said_blank(blanks: list[int]) -> dict:
+  """The report's count of blank lines (zero rows), said in a warning too; {} for none."""
+  if not blanks:
+    return {}
+  logging.warning("%d blank inputs (the first: input %d, counted from 0) have rows of zeros "
+                  "(features: mask 0; .jsonl: \"blank\": true).", len(blanks), blanks[0])
+  return {"blank_lines": len(blanks)}
 
 
 def _count_inputs(args) -> int:
@@ -506,23 +545,26 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
   if spec.max_seq_length is None:
     spec = dataclasses.replace(spec, max_seq_length=args.max_seq_length)
   _check_vocab(cfg, tokenizer)
-  progress = _Progress(texts, "texts")
-  vectors = embed.iter_embeddings(cfg, params, tokenizer, progress, spec, args.batch_size)
+  progress, blanks = _Progress(texts, "texts"), []
+  inputs, shown = itertools.tee(progress)
+  vectors = embed.iter_embeddings(cfg, params, tokenizer, inputs, spec, args.batch_size)
+  batches = _blank_rows(((None, v, np.ones(len(v), bool)) for v in vectors), shown, blanks)
   if out.endswith(".jsonl"):
     with fileio.path(out).open("wb") as f:
       n = 0
-      for batch in vectors:
-        for v in batch:
-          f.write((json.dumps({"line_index": n, "embedding": [float(x) for x in v]}) + "\n"
-                   ).encode("utf-8"))
+      for _, batch, real in batches:
+        for v, r in zip(batch, real):
+          row = {"line_index": n, "embedding": [float(x) for x in v],
+                 **({} if r else {"blank": True})}
+          f.write((json.dumps(row) + "\n").encode("utf-8"))
           n += 1
     shape = [n, embed.dim(cfg, spec)]
   else:
-    shape = list(write_features_npy(out, ((None, v, None) for v in vectors), _count_inputs(args),
-                                    masks=False))
+    shape = list(write_features_npy(out, batches, _count_inputs(args), masks=False))
   progress.done()
   print(json.dumps({"output": out, "shape": shape, "pooling": spec.pooling,
-                    "normalize": spec.normalize, "truncate_dim": spec.truncate_dim}))
+                    "normalize": spec.normalize, "truncate_dim": spec.truncate_dim,
+                    **_said_blank(blanks)}))
 
 
 def _check_mode(mode: str, task: dict, checkpoint: str) -> None:

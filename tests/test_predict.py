@@ -307,3 +307,85 @@ def test_features_stream_to_npy_and_jsonl_as_extract_features_gives_them(tmp_pat
     for t, f in enumerate(r["features"]):
       assert [l["index"] for l in f["layers"]] == [-1, -2]
       np.testing.assert_allclose([l["values"] for l in f["layers"]], row[t], atol=1e-6)
+
+
+BLANKS = ["the cat sat", "", "a dog ran", "   ", "on the mat"]  # lines 1 and 3 are blank
+
+
+def _last_json(capsys) -> dict:
+  import json  # pylint: disable=g-import-not-at-top
+  return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_blank_lines_keep_their_rows_in_features_and_embed(tmp_path, capsys):
+  """5 lines with 2 blank gave a [3, D] array and line_index 0, 1, 2 (issue 56 item 2): every
+  line now has its row, a blank one's zero and marked (its mask zero, "blank": true in
+  .jsonl, counted in the report), the others as the same texts give without blank lines."""
+  import json  # pylint: disable=g-import-not-at-top
+  _checkpoint(tmp_path)
+  (tmp_path / "in.txt").write_text("\n".join(BLANKS) + "\n")
+  (tmp_path / "full.txt").write_text("\n".join(l for l in BLANKS if l.strip()) + "\n")
+  base = [f"--checkpoint={tmp_path / 'ckpt'}", f"--vocab={tmp_path / 'vocab.txt'}",
+          "--max_seq_length=8", "--batch_size=2"]
+  real, blank = [0, 2, 4], [1, 3]
+  for mode, name in (("features", "f"), ("embed", "e")):
+    predict.main(base + [f"--mode={mode}", f"--input_file={tmp_path / 'full.txt'}",
+                         f"--output={tmp_path / name}_full.npy"])
+    assert _last_json(capsys)["shape"][0] == 3
+    predict.main(base + [f"--mode={mode}", f"--input_file={tmp_path / 'in.txt'}",
+                         f"--output={tmp_path / name}.npy"])
+    report = _last_json(capsys)
+    assert report["shape"][0] == 5 and report["blank_lines"] == 2, report
+    rows = np.load(tmp_path / f"{name}.npy")
+    np.testing.assert_allclose(rows[real], np.load(tmp_path / f"{name}_full.npy"), atol=1e-6)
+    assert rows[real].any(axis=tuple(range(1, rows.ndim))).all() and not rows[blank].any()
+    predict.main(base + [f"--mode={mode}", f"--input_file={tmp_path / 'in.txt'}",
+                         f"--output={tmp_path / name}.jsonl"])
+    records = [json.loads(l) for l in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    index = "linex_index" if mode == "features" else "line_index"
+    assert [r[index] for r in records] == [0, 1, 2, 3, 4]
+    assert [r.get("blank", False) for r in records] == [False, True, False, True, False]
+    if mode == "features":
+      assert [len(r["features"]) > 0 for r in records] == [True, False, True, False, True]
+  mask = np.load(tmp_path / "f_mask.npy")
+  assert mask[real, 0].all() and not mask[blank].any()
+
+
+def _finetuned_workdir(tmp_path, cfg, head, task: dict, labels) -> str:
+  """A fine-tuning run's workdir as predict reads it: best/ with `head`'s fresh parameters."""
+  from bert_jax import best_dir  # pylint: disable=g-import-not-at-top
+  ids = jnp.ones((1, 4), jnp.int32)
+  params = nn.unbox(head.init(jax.random.key(0), ids, ids, ids))["params"]
+  best = tmp_path / task["task"] / "best"
+  formats.save_native(str(best), cfg, params)
+  best_dir.mark(best, labels, {"max_seq_length": 16, **task})
+  return str(best.parent)
+
+
+def test_blank_lines_keep_their_place_in_every_mode(tmp_path, capsys):
+  """fill_mask, classify and tag answer every input line in its place as features and embed
+  do (issue 56 item 2): a blank line gives an empty line (classify: a record marked
+  "blank": true, no prediction), never a prediction for an empty text, never nothing."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  _, cfg, _ = _checkpoint(tmp_path)
+  vocab = f"--vocab={tmp_path / 'vocab.txt'}"
+  (tmp_path / "mask.txt").write_text("the [MASK] sat\n\n  \na dog [MASK]\n")
+  predict.main([f"--checkpoint={tmp_path / 'ckpt'}", vocab, f"--input_file={tmp_path / 'mask.txt'}"])
+  shown = [l for l in capsys.readouterr().out.splitlines() if not l.startswith("  [MASK]")]
+  assert shown == ["the [MASK] sat", "", "  ", "a dog [MASK]"]  # each line as it is
+  (tmp_path / "in.txt").write_text("\n".join(BLANKS) + "\n")
+  work = _finetuned_workdir(tmp_path, cfg, heads.BertForSequenceClassification(cfg, num_labels=2),
+                            {"task": "glue"}, ["0", "1"])
+  predict.main([f"--checkpoint={work}", vocab, "--mode=classify", f"--input_file={tmp_path / 'in.txt'}",
+                "--batch_size=2"])
+  records = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+  assert [r["text"] for r in records] == BLANKS
+  assert [r["prediction"] in ("0", "1") for r in records] == [True, False, True, False, True]
+  assert [r.get("blank", False) for r in records] == [False, True, False, True, False]
+  work = _finetuned_workdir(tmp_path, cfg, heads.BertForTokenClassification(cfg, num_labels=2),
+                            {"task": "conll"}, ["O", "B-X"])
+  predict.main([f"--checkpoint={work}", vocab, "--mode=tag", f"--input_file={tmp_path / 'in.txt'}"])
+  tagged = capsys.readouterr().out.splitlines()
+  assert [" ".join(w.rsplit("/", 1)[0] for w in l.split()) for l in tagged] == [
+      "the cat sat", "", "a dog ran", "", "on the mat"]
