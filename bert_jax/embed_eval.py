@@ -152,11 +152,32 @@ def metrics(ranked: np.ndarray, qrels: dict[str, dict[str, int]], query_ids: lis
           f"mrr@{MRR_AT}": 100 * float(np.mean(mrr))}
 
 
+def _corpus_ids(path: str) -> set[str]:
+  """The _id of every document of corpus.jsonl (the ids alone are held, not the texts); an
+  _id on more than one line is a RetrievalDataError naming the first repeat and how many
+  ids repeat (a document found twice would count twice: recall above 100%)."""
+  ids, repeated, first = set(), set(), None
+  for n, record in _jsonl(path, ("_id", "text")):
+    doc = str(record["_id"])
+    if doc in ids:
+      first = first or (n, doc)
+      repeated.add(doc)
+    ids.add(doc)
+  if repeated:
+    raise RetrievalDataError(
+        f"{path}:{first[0]}: _id {first[1]!r} (and {len(repeated) - 1} more) is repeated: each "
+        "document needs its own _id (else it is found, and counted, more than once); remove "
+        "the repeated lines or give them ids of their own.")
+  return ids
+
+
 def read_queries(path: str, split: str = "test"
                  ) -> tuple[dict[str, dict[str, int]], list[str], list[str]]:
   """(qrels, query ids, their texts) of the BEIR-layout directory `path`: the judged queries of
-  qrels/<split>.tsv, each of which must be in queries.jsonl (else a RetrievalDataError naming
-  it); corpus.jsonl must exist. Read before any training, so that bad input costs nothing."""
+  qrels/<split>.tsv, each of which must be in queries.jsonl, and their judged documents, each
+  of which must be in corpus.jsonl, whose ids must not repeat (else a RetrievalDataError
+  naming the first and the count). Read before any training, so that bad input costs
+  nothing (corpus.jsonl is read through once for its ids)."""
   root = fileio.path(path)
   qrels = read_qrels(str(root / "qrels" / f"{split}.tsv"))
   for name in ("corpus.jsonl", "queries.jsonl"):
@@ -170,6 +191,13 @@ def read_queries(path: str, split: str = "test"
   if missing:
     raise RetrievalDataError(f"{root / 'qrels' / (split + '.tsv')}: query {missing[0]!r} "
                              f"(and {len(missing) - 1} more) is not in {root / 'queries.jsonl'}.")
+  corpus = _corpus_ids(str(root / "corpus.jsonl"))
+  unknown = list(dict.fromkeys(d for judged in qrels.values() for d in judged if d not in corpus))
+  if unknown:
+    raise RetrievalDataError(
+        f"{root / 'qrels' / (split + '.tsv')}: corpus id {unknown[0]!r} (and {len(unknown) - 1} "
+        f"more) is not in {root / 'corpus.jsonl'}: a judged document missing from the corpus is "
+        "never found; add it to corpus.jsonl or remove its lines from the qrels.")
   query_ids = list(qrels)
   return qrels, query_ids, [texts[q] for q in query_ids]
 

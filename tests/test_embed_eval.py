@@ -68,10 +68,11 @@ def test_metrics_are_trec_evals():
   assert m["mrr@10"] == pytest.approx(100 * (1 + 0) / 2)  # q2's first hit is at rank 11
 
 
-def _beir(tmp_path, queries=None, qrels="query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td3\t1\n"):
+def _beir(tmp_path, queries=None, qrels="query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td3\t1\n",
+          docs=None):
   d = tmp_path / "beir"
   (d / "qrels").mkdir(parents=True)
-  docs = [{"_id": f"d{i}", "title": "", "text": s} for i, s in enumerate(SENTENCES)]
+  docs = docs or [{"_id": f"d{i}", "title": "", "text": s} for i, s in enumerate(SENTENCES)]
   (d / "corpus.jsonl").write_text("\n".join(json.dumps(x) for x in docs) + "\n")
   queries = queries or [{"_id": "q0", "text": "Who plays guitar?"},
                         {"_id": "q1", "text": "cutting onions"},
@@ -96,11 +97,34 @@ def test_retrieval_by_exact_search_in_chunks(tmp_path):
     (dict(qrels="query-id\tcorpus-id\tscore\nq7\td0\t1\n"), r"query 'q7' .* is not in .*queries.jsonl"),
     (dict(qrels="query-id\tcorpus-id\tscore\nq0\td0\n"), r"test.tsv:2: expected query-id"),
     (dict(queries=[{"_id": "q0"}]), r"queries.jsonl:1: no 'text' field"),
+    # Issue 56 item 3: a repeated _id scored recall@100 175 (a document found twice counted
+    # twice), judged documents missing from the corpus scored 0 without a word.
+    (dict(docs=[{"_id": i, "text": s} for i, s in zip(["d0", "d1", "d0", "d3", "d1", "d0"],
+                                                     SENTENCES)]),
+     r"corpus.jsonl:3: _id 'd0' \(and 1 more\) is repeated"),
+    (dict(qrels="query-id\tcorpus-id\tscore\nq0\td0\t1\nq0\td77\t1\nq1\td99\t0\n"),
+     r"test.tsv: corpus id 'd77' \(and 1 more\) is not in .*corpus.jsonl"),
+    (dict(docs=[{"_id": "d0"}]), r"corpus.jsonl:1: no 'text' field"),
 ])
 def test_bad_beir_directories_are_one_line_naming_the_file(tmp_path, change, match):
   _, cfg, params, tok, spec = _minilm()
   with pytest.raises(embed_eval.RetrievalDataError, match=match):
     embed_eval.retrieval(cfg, params, tok, spec, _beir(tmp_path, **change))
+  with pytest.raises(embed_eval.RetrievalDataError, match=match):  # before any training
+    embed_eval.read_queries(str(tmp_path / "beir"))
+
+
+def test_a_repeated_corpus_id_is_one_line_from_the_command(tmp_path, capsys):
+  """embed_eval --beir_dir with a corpus.jsonl whose _id repeats: exit 2, one line naming the
+  file, the line and the id, no scores (issue 56 item 3)."""
+  path = _minilm()[0]
+  docs = [{"_id": f"d{i % 4}", "text": s} for i, s in enumerate(SENTENCES)]
+  beir = _beir(tmp_path, docs=docs)
+  with pytest.raises(SystemExit) as e:
+    embed_eval.main([f"--checkpoint={path}", f"--beir_dir={beir}", "--batch_size=8"])
+  out, err = capsys.readouterr()
+  assert e.value.code == 2 and not out and "Traceback" not in err, err
+  assert f"{beir}/corpus.jsonl:5: _id 'd0' (and 3 more) is repeated" in err.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
