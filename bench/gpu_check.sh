@@ -79,39 +79,28 @@ if [ "$SMOKE" = 1 ]; then
   exit
 fi
 # 1. The benchmark, within ~7 minutes (rows past the budget are reported as not run).
-# Measured on an H200 on 2026-11-27, third loan (bench/RESULTS.md): BERT-base L=128 1.18x
-# torch.compile in the same call, 1.21x with Triton GEMMs off (now the job's GPU default,
-# bert_jax.process.GPU_XLA_FLAGS); BERT-large L=512 0.83x with 1.56x its memory; BERT-base
-# L=512 0.93x (second loan). The third loan's optimized HLO (BERT-base, L=128) shows what the
-# explicit attention keeps for the backward pass: each layer's bf16 scores, dropout masks and
-# dropped probabilities, 5 bytes a score; 15.0 GiB at BERT-large L=512 batch 32, more than the
-# step's excess memory (34.0 GiB, torch.compile 21.7).
-# So this call puts the two ways of not keeping them against torch.compile at BERT-large
-# L=512 first: `flash` (the fused Pallas kernel, dropout fused, no L x L tensor in memory at
-# all; never reached at L=512 before) and `attn` (model.remat=attention: XLA's attention, its
-# scores, softmax and masks recomputed in the backward pass: the memory back, for a second
-# QK^T; expected to cost time at the same batch, measured to know how much); then the
-# BERT-base L=128 pair, bert_jax's row with threefry lowered to its CUDA kernel (`threefry`:
-# jax_threefry_gpu_kernel_lowering, the same bits): a first step no slower than torch.compile's
-# is one of the issue's figures (59-64 s vs 54 s for BERT-base in the third loan), and there
-# the state's initialisation (99 threefry draws, unrolled into a 38.7k-line program: 7.8 s to
-# compile on this CPU against 17.6 s for the step) ended with the step's compile, 59 s, while
-# the step alone compiled in 40.8 s in the profile; this row's step time is also the first
-# since the GELUs keep only their input. Then two more ways to an earlier first step: the layers
-# under nn.scan (`scan`; on CPU scan compiles 4x faster) and no autotuning of the GEMMs'
-# algorithms (`noautotune`, XLA's --xla_gpu_autotune_level=0: what it costs the step); then the
-# same three at BERT-base L=512, and last `attn` at L=128.
-# Each row costs ~60-150 s (process start, initialisation beside the compile). ONLY
-# overrides the rows (WORKLOAD:SYSTEM,...), VARIANTS the extra bert_jax systems.
+# Fifth loan (H200, 2026-12-04, bench/RESULTS.md): the fused Pallas attention won at L=512
+# (BERT-large 1.04x torch.compile with 0.79x its memory, BERT-base 1.21x) and is now the
+# pre-training job's default on GPU from 256 tokens on (bert_jax rows get it through
+# registry.pretraining; `explicit` is XLA's attention); O1 changed nothing; BERT-base L=128
+# 1.24x (two calls apart). Each row costs ~60-120 s, so a call runs 3-4 of them. This call:
+# BERT-large at L=128, furthest from the issue's figures (0.94x, 37% of the dense peak asked
+# to reach 45%, measured on 2026-11-27 only), against torch.compile in the same call, then
+# without XLA's CUDA graphs (`nocmdbuf`: what the command buffers XLA makes by default give;
+# bert_jax's step waited for alone is ~28 ms slower than queued at BERT-large L=512: launch
+# latency), then BERT-large L=512 with the job's defaults beside torch.compile again (the
+# second measurement of the 1.04x), then the rest. ONLY overrides the rows
+# (WORKLOAD:SYSTEM,...), VARIANTS the extra bert_jax systems.
 V="attn:model.remat=attention"
 V="$V;flash:bert.model.attention_impl=pallas,modern.model.attention=flash"
+V="$V;explicit:bert.model.attention_impl=explicit"
 V="$V;scan:bert.model.scan_layers=True;noautotune:xla=--xla_gpu_autotune_level=0"
-V="$V;threefry:jax.jax_threefry_gpu_kernel_lowering=True"
-O="bert-large-512:bert_jax[flash],bert-large-512:bert_jax[attn],bert-large-512:compile"
-O="$O,bert-base-128:bert_jax[threefry],bert-base-128:compile,bert-base-128:bert_jax"
-O="$O,bert-base-128:bert_jax[scan],bert-base-128:bert_jax[noautotune]"
-O="$O,bert-base-512:bert_jax[flash],bert-base-512:bert_jax[attn],bert-base-512:compile"
-O="$O,bert-base-128:bert_jax[attn]"
+V="$V;nocmdbuf:xla=--xla_gpu_enable_command_buffer="
+V="$V;threefry:jax.jax_threefry_gpu_kernel_lowering=True;o1:jax.jax_optimization_level=O1"
+O="bert-large-128:bert_jax,bert-large-128:compile,bert-large-128:bert_jax[nocmdbuf]"
+O="$O,bert-large-512:bert_jax,bert-large-512:compile,bert-large-128:bert_jax[flash]"
+O="$O,bert-base-512:bert_jax,bert-base-512:compile,bert-base-128:bert_jax,bert-base-128:compile"
+O="$O,bert-base-512:bert_jax[explicit],bert-base-128:bert_jax[noautotune]"
 # Every row ends by --deadline_s (its child's timeout cut to it); each row is in gpu_step.json
 # as it ends, each child's whole output in rows.tar.gz (the device returns 8 files at most).
 rm -rf /tmp/gpu_check_rows
@@ -121,12 +110,13 @@ timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 100 )) --child_tim
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
   --matmul_sizes=8192 --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
 tar czf "$OUT/rows.tar.gz" -C /tmp gpu_check_rows
-# 2. With what is left of ~9.5 minutes: where BERT-base's step spends its time at L=512
-# (batch 32, bf16; L=128's profile is in bench/RESULTS.md, third loan): kernels by category,
-# by kernel and by the model code they run (op_name, file:line); the optimized HLO comes back.
+# 2. With what is left of ~9.5 minutes: where BERT-large's step spends its time at L=128
+# (batch 256, bf16; BERT-base's at L=128 and L=512 are in bench/RESULTS.md, third and fifth
+# loans): kernels by category, by kernel and by the model code they run (op_name,
+# file:line); the optimized HLO comes back.
 left=$(( 560 - ($(date +%s) - start) ))
-if [ $left -gt 90 ]; then
-  timeout $left python3 -m bench.profile_step --preset=base --batch=32 --seq_len=512 \
+if [ $left -gt 120 ]; then
+  timeout $left python3 -m bench.profile_step --preset=large --batch=256 --seq_len=128 \
     --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
   cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
 fi

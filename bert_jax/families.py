@@ -65,6 +65,9 @@ class Family:
   causal_lm: Callable[[Any], Any] | None = None  # the left-to-right LM (objective ltr), if any
   # (cfg, generator size) -> ELECTRA's generator + discriminator (objective electra), if any
   replaced_token_detection: Callable[[Any, float], Any] | None = None
+  # sequence length -> the config.model fields a pre-training job on GPU sets where the
+  # config leaves them unset (None), each measured (e.g. BERT's fused attention from 256 on)
+  gpu_defaults: Callable[[int], Mapping[str, Any]] = lambda length: {}
 
 
 def preset_sizes(presets: Mapping[str, Mapping[str, Any]], name: str, label: str

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
+import jax
 import ml_collections
 import numpy as np
 
@@ -120,12 +121,28 @@ def _choose(table: Mapping[str, Any], name: str, field: str) -> Any:
   return table[name]
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None) -> Any:
+def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = None,
+                 defaults: Mapping[str, Any] | None = None) -> Any:
   """config.model (a family, a preset and overrides; None = the preset's value) -> the
-  model's config; `vocab_size` is the vocabulary's, used where the fields leave it unset."""
+  model's config; `vocab_size` is the vocabulary's, used where the fields leave it unset;
+  `defaults` (gpu_defaults') fill fields the config leaves unset."""
   fields = dict(config.model)
   fields.pop("family", None)
+  fields.update({k: v for k, v in (defaults or {}).items() if fields.get(k) is None})
   return family(config).from_fields(fields, vocab_size)
+
+
+def gpu_defaults(config: ml_collections.ConfigDict,
+                 data_cfg: ml_collections.ConfigDict | None = None,
+                 backend: str | None = None) -> dict[str, Any]:
+  """The config.model fields a pre-training job chooses itself on `backend` (default JAX's):
+  on GPU, those of the family's Family.gpu_defaults at the data's max_seq_length (data_cfg,
+  default config.data) that config.model leaves unset (None); elsewhere none."""
+  if (backend or jax.default_backend()) != "gpu":
+    return {}
+  data_cfg = data_cfg if data_cfg is not None else config.data
+  chosen = family(config).gpu_defaults(int(data_cfg.max_seq_length))
+  return {k: v for k, v in chosen.items() if config.model.get(k) is None}
 
 
 def family(config: ml_collections.ConfigDict) -> families.Family:
@@ -136,13 +153,15 @@ def family(config: ml_collections.ConfigDict) -> families.Family:
 
 
 def pretraining(config: ml_collections.ConfigDict, vocab_size: int | None = None,
-                data_cfg: ml_collections.ConfigDict | None = None
+                data_cfg: ml_collections.ConfigDict | None = None, backend: str | None = None
                 ) -> tuple[nn.Module, objectives.Objective, dict[str, np.ndarray]]:
   """(model, objective, one sample row of the model inputs) that config.objective names for
-  config.model and `data_cfg` (default config.data)."""
+  config.model and `data_cfg` (default config.data), with the fields the job chooses for
+  `backend` (default JAX's; gpu_defaults)."""
   entry = _choose(PRETRAINING, config.get("objective", "mlm"), "objective")
   data_cfg = data_cfg if data_cfg is not None else config.data
   entry.check(data_cfg)
-  model = entry.model(model_config(config, vocab_size), data_cfg, config)
+  model = entry.model(model_config(config, vocab_size, gpu_defaults(config, data_cfg, backend)),
+                      data_cfg, config)
   sample = {k: np.ones((1,) + shape, np.int32) for k, shape in entry.inputs(data_cfg).items()}
   return model, entry.objective(config), sample

@@ -94,6 +94,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
                                                vocab_kind=registry.family(config).vocab_kind)
   model, objective, sample = registry.pretraining(config, vocab_size, data_cfg)
   cfg = model.config
+  for field, value in registry.gpu_defaults(config, data_cfg).items():
+    logging.info("On GPU at max_seq_length %d the job sets model.%s=%r (measured faster; "
+                 "set --config.model.%s to choose otherwise).", data_cfg.max_seq_length, field,
+                 value, field)
   do_eval = config.eval_steps > 0
   trainer = trainer_lib.build(config, model, objective, sample, workdir,
                               eval_batch_size=config.eval_batch_size if do_eval else None)

@@ -39,3 +39,37 @@ def test_setup_sets_the_flags_before_the_backend_starts():
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=120, check=True).stdout
   assert out.split() == ["--xla_force_host_platform_device_count=3"]
+
+
+def test_the_pretraining_job_chooses_the_fused_attention_on_gpu_at_long_lengths():
+  """registry.pretraining on GPU: bert_jax.flash (attention_impl="pallas") from
+  bert_attention.GPU_FLASH_FROM tokens on for the families that run BERT's attention, where
+  config.model.attention_impl is unset; the user's value (also "explicit") wins; CPU, TPU,
+  shorter rows and ModernBERT keep their own."""
+  from bert_jax import registry  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert_attention  # pylint: disable=g-import-not-at-top
+  from tests.test_train_utils import tiny_config  # pylint: disable=g-import-not-at-top
+  L = bert_attention.GPU_FLASH_FROM
+  assert L == 256  # the measured threshold (bench/RESULTS.md, 2026-12-04)
+  impl = lambda config, backend: registry.pretraining(config, 64, backend=backend)[0].config \
+      .attention_impl
+  for family in ("bert", "roberta", "electra"):
+    config = tiny_config(model__family=family, data__max_seq_length=L,
+                         model__max_position_embeddings=L + 2)
+    config.model.preset = "tiny" if family == "bert" else "base"  # (the model is not built)
+    if family == "electra":
+      config.objective, config.data.nsp = "electra", False
+    assert registry.gpu_defaults(config, backend="gpu") == {"attention_impl": "pallas"}, family
+    assert impl(config, "gpu") == "pallas", family
+    assert impl(config, "cpu") is None and impl(config, "tpu") is None, family
+    config.model.attention_impl = "explicit"  # the user's choice: XLA's explicit attention
+    assert registry.gpu_defaults(config, backend="gpu") == {}
+    assert impl(config, "gpu") is None, family
+    config.model.attention_impl = "cudnn"
+    config.model.dtype = "bfloat16"
+    assert impl(config, "gpu") == "cudnn", family
+  short = tiny_config(data__max_seq_length=L - 1)
+  assert registry.gpu_defaults(short, backend="gpu") == {} and impl(short, "gpu") is None
+  modern = tiny_config(model__family="modernbert", model__preset="base",
+                       data__max_seq_length=L)
+  assert registry.gpu_defaults(modern, backend="gpu") == {}

@@ -70,7 +70,9 @@ class BertConfig(ModelConfig):
   # The attention kernel: None = jax.nn.dot_product_attention with the additive bias;
   # "cudnn" = cuDNN's fused flash attention (GPU, bfloat16/float16) and "xla" = the same
   # arguments on XLA, both without probability dropout (`fused_attention`); "pallas" =
-  # bert_jax.flash, with the probability dropout fused (the explicit path's masks).
+  # bert_jax.flash, with the probability dropout fused (the explicit path's masks);
+  # "explicit" = None (a pre-training job on GPU chooses "pallas" for None at long lengths:
+  # bert_attention.gpu_defaults).
   attention_impl: str | None = None
   # Dropout's random bits: "hash" (a counter hash keyed by threefry; masks ~7x cheaper
   # on CPU) or "threefry" (jax.random.bernoulli, as flax's nn.Dropout). See `Dropout`.
@@ -105,6 +107,8 @@ class BertConfig(ModelConfig):
     if self.attention_impl not in ATTENTION_IMPLS:
       raise errors.ConfigError(f"attention_impl {self.attention_impl!r} unknown; choose one of "
                                f"{ATTENTION_IMPLS} (model.attention_impl).")
+    if self.attention_impl == "explicit":
+      object.__setattr__(self, "attention_impl", None)
     if self.attention_impl == "cudnn" and self.dtype not in (jnp.bfloat16, jnp.float16):
       raise errors.ConfigError(f"attention_impl 'cudnn' computes in bfloat16 or float16, not "
                                f"{self.dtype}: set model.dtype=bfloat16 (or attention_impl=xla).")

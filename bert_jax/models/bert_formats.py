@@ -27,6 +27,7 @@ from bert_jax import flops
 from bert_jax import formats
 from bert_jax.formats import CheckpointMismatchError, CheckpointNotFoundError, Params
 from bert_jax.models import bert as model_lib
+from bert_jax.models import bert_attention
 from bert_jax.models import bert_tf_checkpoint
 from bert_jax.models.bert import BertConfig
 from input_pipeline import errors
@@ -338,4 +339,5 @@ FAMILIES = {"bert": families.Family(
     export_hf=lambda path, cfg, params, tokenizer=None: export_huggingface(path, cfg, params),
     model_types=("bert",), architecture_fields=ARCHITECTURE_FIELDS,
     dropout={"hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1},  # the paper's
-    forward_flops=flops.bert_forward_flops)}
+    forward_flops=flops.bert_forward_flops,
+    gpu_defaults=bert_attention.gpu_defaults)}
