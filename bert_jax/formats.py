@@ -15,8 +15,9 @@ import json
 import os
 import pickle
 import re
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
+from absl import logging
 from etils import epath
 import flax.linen as nn
 import jax
@@ -130,8 +131,9 @@ def write_safetensors(p: epath.Path, tensors: dict[str, Array], metadata=None) -
   p.write_bytes(safetensors.numpy.save(tensors, metadata=metadata))
 
 
-def read_hf_state(path: str) -> dict[str, Array]:
-  """model.safetensors (sharded too) or pytorch_model.bin, `bert.` prefix stripped."""
+def read_hf_state(path: str, origin: dict[str, str] | None = None) -> dict[str, Array]:
+  """model.safetensors (sharded too) or pytorch_model.bin, `bert.` prefix stripped
+  (canonical_names; `origin` gets each name's in the file)."""
   d = fileio.path(path)
   files = sorted((f for f in d.iterdir() if f.name.endswith(".safetensors")), key=str)
   state: dict[str, Array] = {}
@@ -161,32 +163,60 @@ def read_hf_state(path: str) -> dict[str, Array]:
         + (f" (it holds {', '.join(others)}: bert_jax reads the PyTorch weights, which the "
            "model's Hub page also offers; or convert them with transformers)" if others else "")
         + ".")
-  return canonical_names(state)
+  return canonical_names(state, origin)
 
 
-def canonical_names(state: Mapping[str, Array]) -> dict[str, Array]:
-  out = {}
+def canonical_names(state: Mapping[str, Array], origin: dict[str, str] | None = None
+                    ) -> dict[str, Array]:
+  """`state` without the `bert.` prefix, LayerNorm's gamma/beta as weight/bias; `origin`
+  (when given) maps each new name to the file's (see `file_names`)."""
+  out, given = {}, dict(origin or {})
   for name, value in state.items():
-    name = name.removeprefix("bert.")
-    if "LayerNorm" in name:  # Old checkpoints name LayerNorm params gamma/beta.
-      name = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", name))
-    out[name] = np.asarray(value)
+    new = name.removeprefix("bert.")
+    if "LayerNorm" in new:  # Old checkpoints name LayerNorm params gamma/beta.
+      new = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", new))
+    out[new] = np.asarray(value)
+    if origin is not None:
+      origin[new] = given.get(name, name)
   return out
 
 
 def renamed(state: Mapping[str, Array], pairs: tuple[tuple[str, str], ...], strip: str = "",
-            add: str = "") -> dict[str, Array]:
+            add: str = "", origin: dict[str, str] | None = None) -> dict[str, Array]:
   """`state` with each name that starts with a pair's first string starting with its second
   instead, and every other name without the prefix `strip` and with the prefix `add` (a
-  family's HuggingFace names <-> BERT's canonical ones)."""
-  out = {}
+  family's HuggingFace names <-> BERT's canonical ones); `origin` as canonical_names'."""
+  out, given = {}, dict(origin or {})
   for name, value in state.items():
     old = next((a for a, _ in pairs if name.startswith(a)), None)
-    if old is None:
-      out[add + name.removeprefix(strip)] = value
-    else:
-      out[dict(pairs)[old] + name[len(old):]] = value
+    new = (add + name.removeprefix(strip) if old is None
+           else dict(pairs)[old] + name[len(old):])
+    out[new] = value
+    if origin is not None:
+      origin[new] = given.get(name, name)
   return out
+
+
+def file_names(names: Iterable[str], origin: Mapping[str, str] | None) -> list[str]:
+  """Tensor names as the checkpoint's file spells them (a reader's `origin`: its names ->
+  the file's; a name it does not hold is its own), for messages."""
+  return [(origin or {}).get(k, k) for k in names]
+
+
+def describe_model(cfg: Any, target: str) -> str:
+  """"the roberta encoder", "the bert pre-training model", ... for messages."""
+  kind = {"encoder": "encoder", "pretraining": "pre-training model"}.get(target, "model")
+  return f"the {cfg.family} {kind}"
+
+
+def warn_left_out(source: str, model: str, names: Iterable[str],
+                  origin: Mapping[str, str] | None = None) -> None:
+  """The one warning naming the tensors of `source` (other tasks' heads) that `model`
+  (describe_model) does not use, as the file names them."""
+  names = sorted(file_names(names, origin))
+  if names:
+    logging.warning("%s: %d tensors that %s does not use are left out: %s", source,
+                    len(names), model, ", ".join(names))
 
 
 # transformers' task heads -> ours (checkpoints read as "all"): a sequence classifier's dense

@@ -161,3 +161,20 @@ def test_the_suite_runs_on_electra(tmp_path):
                     max_position_embeddings=32)
   (tmp_path / "vocab.txt").rename(f"{path}/vocab.txt")
   hf_parity.suite_runs_on(tmp_path, path)
+
+
+@pytest.mark.parametrize("arch,names", [
+    ("ForPreTraining", ("discriminator_predictions.dense.weight",)),
+    ("ForMaskedLM", ("generator_predictions.dense.weight", "generator_lm_head.bias"))])
+def test_tensors_left_out_are_named_as_the_file_names_them(tmp_path, caplog, arch, names):
+  """The encoder of a discriminator or generator leaves its head out: the warning names
+  ELECTRA's encoder and the file's tensors, not "a encoder BERT" and BERT's cls.predictions.*
+  (issue 56 item 11)."""
+  import logging  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, arch)
+  caplog.set_level(logging.WARNING)
+  loader.read(path, "encoder")
+  warned = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+  assert len(warned) == 1, warned
+  assert "the electra encoder" in warned[0] and all(n in warned[0] for n in names), warned
+  assert "BERT" not in warned[0] and "cls.predictions" not in warned[0], warned

@@ -302,3 +302,18 @@ def test_the_suite_runs_on_roberta(tmp_path):
   reported."""
   path = _roberta_model_dir(tmp_path)
   hf_parity.suite_runs_on(tmp_path, path)
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+def test_tensors_left_out_are_named_as_the_file_names_them(tmp_path, family, caplog):
+  """The encoder of a ...ForMaskedLM directory leaves its head out: the warning names the
+  family's model and the file's tensors (lm_head.*), not "a encoder BERT" and BERT's
+  cls.predictions.* (issue 56 item 11)."""
+  import logging  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, family, "ForMaskedLM")
+  caplog.set_level(logging.WARNING)
+  loader.read(path, "encoder")
+  warned = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+  assert len(warned) == 1, warned
+  assert f"the {family} encoder" in warned[0] and "lm_head.dense.weight" in warned[0], warned
+  assert "BERT" not in warned[0] and "cls.predictions" not in warned[0], warned

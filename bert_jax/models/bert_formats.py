@@ -16,7 +16,6 @@ import json
 import re
 from typing import Any, Callable, Mapping
 
-from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -117,7 +116,8 @@ def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Cal
 # Canonical dict <-> params.
 
 def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str = "pretraining",
-                        source: str = "checkpoint", require_mlm: bool = True) -> Params:
+                        source: str = "checkpoint", require_mlm: bool = True,
+                        origin: Mapping[str, str] | None = None) -> Params:
   """Maps a canonical flat dict onto the param tree of `target`; fails on any mismatch.
 
   The encoder must be complete. The pooler, the masked-LM head and the NSP head are each
@@ -126,9 +126,10 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
   target="pretraining" with `require_mlm` fails without the masked-LM head. Tensors of no
   part (another task's head, e.g. `cls.extra.*` or `classifier.*`; the heads when
   target="encoder") are named in one warning and left out; unknown tensors inside the
-  encoder's namespaces (embeddings., encoder., pooler.) are an error.
+  encoder's namespaces (embeddings., encoder., pooler.) are an error. Messages name tensors
+  as the file does (`origin`: canonical name -> the file's, formats.file_names).
   """
-  state = _untie_decoder(dict(state), source)
+  state = _untie_decoder(dict(state), source, origin)
   rules = _rules(cfg, target)
   present = {part: [hf in state for hf, *_, p in rules if p == part] for part in PARTS}
   loaded = {part: part == "encoder" or (bool(flags) and all(flags))
@@ -153,17 +154,17 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
   structural = [k for k in unused if k.startswith(("embeddings.", "encoder.", "pooler."))]
   no_mlm = target == "pretraining" and require_mlm and not any(present["mlm"])
   if missing or bad_shape or structural or no_mlm:
-    raise _mismatch(f"{source} does not match a {target} BERT of config {cfg.to_dict()}:",
-                    missing, bad_shape, unused,
+    raise _mismatch(f"{source} does not match {formats.describe_model(cfg, target)} of config "
+                    f"{cfg.to_dict()}:", missing, bad_shape,
+                    formats.file_names(unused, origin),
                     no_mlm=no_mlm and not (missing or bad_shape or structural))
-  if unused:
-    logging.warning("%s: %d tensors that a %s BERT does not use are left out: %s",
-                    source, len(unused), target, ", ".join(unused))
+  formats.warn_left_out(source, formats.describe_model(cfg, target), unused, origin)
   _check_shapes(params, cfg, target)
   return params
 
 
-def _untie_decoder(state: dict[str, Array], source: str) -> dict[str, Array]:
+def _untie_decoder(state: dict[str, Array], source: str,
+                  origin: Mapping[str, str] | None = None) -> dict[str, Array]:
   """`state` without the MLM decoder's copies of the word embeddings and the output bias
   (tied: accepted only when they really are the same tensors), in place."""
   for dup, orig in (("cls.predictions.decoder.weight", "embeddings.word_embeddings.weight"),
@@ -174,6 +175,7 @@ def _untie_decoder(state: dict[str, Array], source: str) -> dict[str, Array]:
       elif orig not in state and dup.endswith("bias"):
         state[orig] = state.pop(dup)
       else:
+        dup, orig = formats.file_names((dup, orig), origin)
         raise CheckpointMismatchError(
             f"{source}: {dup} differs from {orig}; bert_jax ties the MLM output "
             "projection to the word embeddings and cannot load an untied one.")
@@ -270,9 +272,10 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
             ) -> tuple[BertConfig, Params]:
   """A HuggingFace BERT directory (config.json + model.safetensors / pytorch_model.bin)."""
   cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
-  return cfg, canonical_to_params(formats.read_hf_state(path), cfg,
-                                  formats.canonical_target(target),
-                                  require_mlm=require_mlm, source=f"HuggingFace checkpoint {path}")
+  origin = {}
+  return cfg, canonical_to_params(formats.read_hf_state(path, origin), cfg,
+                                  formats.canonical_target(target), require_mlm=require_mlm,
+                                  source=f"HuggingFace checkpoint {path}", origin=origin)
 
 
 def read_tf(path: str, target: str = "pretraining", require_mlm: bool = True
@@ -290,9 +293,10 @@ def read_tf(path: str, target: str = "pretraining", require_mlm: bool = True
   if hf.get("hidden_act") == "gelu":
     hf = {**hf, "hidden_act": "gelu_new"}
   cfg = config_from_hf(hf)
-  return cfg, canonical_to_params(bert_tf_checkpoint.read_tf_state(ckpt), cfg,
+  origin = {}
+  return cfg, canonical_to_params(bert_tf_checkpoint.read_tf_state(ckpt, origin), cfg,
                                   formats.canonical_target(target), require_mlm=require_mlm,
-                                  source=f"TF checkpoint {ckpt}")
+                                  source=f"TF checkpoint {ckpt}", origin=origin)
 
 
 # ----------------------------------------------------------------------------

@@ -28,8 +28,9 @@ def tf_name_to_canonical(name: str) -> tuple[str, bool]:
   return name.replace("/", "."), transpose
 
 
-def read_tf_state(ckpt_path: str) -> dict[str, np.ndarray]:
-  """The canonical flat dict of the TF checkpoint `ckpt_path` (its prefix, without .index)."""
+def read_tf_state(ckpt_path: str, origin: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+  """The canonical flat dict of the TF checkpoint `ckpt_path` (its prefix, without .index);
+  `origin` (when given) gets each canonical name's variable name."""
   tf = records.tensorflow()  # only Google TF checkpoints
   reader = tf.train.load_checkpoint(ckpt_path)
   state = {}
@@ -39,6 +40,8 @@ def read_tf_state(ckpt_path: str) -> dict[str, np.ndarray]:
     canonical, transpose = tf_name_to_canonical(name)
     value = reader.get_tensor(name)
     state[canonical] = np.ascontiguousarray(value.T) if transpose else value
+    if origin is not None:
+      origin[canonical] = name
   return state
 
 

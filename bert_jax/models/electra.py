@@ -165,8 +165,9 @@ _DISCRIMINATOR = {"discriminator_predictions.dense": "discriminator_dense",
 _READ_ONLY = (("sequence_summary.summary.", "pooler.dense."),)
 
 
-def to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return formats.renamed(state, _NAMES + _READ_ONLY, strip="electra.")
+def to_canonical(state: Mapping[str, np.ndarray], origin: dict[str, str] | None = None
+                 ) -> dict[str, np.ndarray]:
+  return formats.renamed(state, _NAMES + _READ_ONLY, strip="electra.", origin=origin)
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> ElectraConfig:
@@ -189,7 +190,8 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   discriminator's head read as `discriminator_dense` / `discriminator_prediction` (it stands
   in for the masked-LM head a generator has), "all" a task head too."""
   cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
-  state = to_canonical(formats.read_hf_state(path))
+  origin = {}
+  state = to_canonical(formats.read_hf_state(path, origin), origin)
   extra = {}
   if target != "encoder":
     for hf, ours in _DISCRIMINATOR.items():
@@ -200,7 +202,7 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   params = bert_formats.canonical_to_params(
       state, cfg, "pretraining" if target == "all" else target,
       require_mlm=require_mlm and not extra and target != "all",
-      source=f"HuggingFace checkpoint {path}")
+      source=f"HuggingFace checkpoint {path}", origin=origin)
   return cfg, {**params, **extra, **({"classifier": head} if head else {})}
 
 

@@ -81,8 +81,9 @@ _NAMES = (("lm_head.dense.", "cls.predictions.transform.dense."),
           ("lm_head.bias", "cls.predictions.bias"))
 
 
-def to_canonical(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return formats.renamed(state, _NAMES, strip="roberta.")
+def to_canonical(state: Mapping[str, np.ndarray], origin: dict[str, str] | None = None
+                 ) -> dict[str, np.ndarray]:
+  return formats.renamed(state, _NAMES, strip="roberta.", origin=origin)
 
 
 def from_canonical(state: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
@@ -107,11 +108,13 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   """(config, unrolled params on the host) of a HuggingFace RoBERTa / XLM-R directory;
   "all" also reads a task head (sequence or token classification, spans, multiple choice)."""
   cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
-  state = to_canonical(formats.read_hf_state(path))
+  origin = {}
+  state = to_canonical(formats.read_hf_state(path, origin), origin)
   head = formats.pop_task_head(state) if target == "all" else {}
   params = bert_formats.canonical_to_params(
       state, cfg, "pretraining" if target == "all" else target,
-      require_mlm=require_mlm and target != "all", source=f"HuggingFace checkpoint {path}")
+      require_mlm=require_mlm and target != "all", source=f"HuggingFace checkpoint {path}",
+      origin=origin)
   return cfg, {**params, "classifier": head} if head else params
 
 
