@@ -59,7 +59,10 @@ class InputsChangedError(errors.UserError, ValueError):
 
 INPUTS_KEY = "bert_jax_inputs"  # what the run is made from (Trainer.inputs)
 SCHEDULE_KEY = "bert_jax_schedule_steps"  # the learning-rate schedule's length
-_SAVED_EXTRA = (loader.MODEL_CONFIG_KEY, INPUTS_KEY, SCHEDULE_KEY)
+# When the checkpoint's MANIFEST.json was due: "on_completion" (as soon as its save
+# completed); absent in checkpoints of versions that wrote it when the next save began.
+CHECKSUMS_KEY = "bert_jax_checksums"
+_SAVED_EXTRA = (loader.MODEL_CONFIG_KEY, INPUTS_KEY, SCHEDULE_KEY, CHECKSUMS_KEY)
 
 
 class NoRestorableCheckpointError(errors.UserError, RuntimeError):
@@ -147,6 +150,7 @@ class Checkpointer:
         max_to_keep=keep, keep_period=keep_period or None, create=True,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True)
     self._manifest_thread: threading.Thread | None = None
+    self._save_error: Exception | None = None  # what made the save in flight fail
     _quiet_failed_saves()
     self.manager = ocp.CheckpointManager(self.directory, item_names=("state", "data", "config"),
                                          options=options)
@@ -159,13 +163,15 @@ class Checkpointer:
            ) -> None:
     """Starts an asynchronous save (all processes must call it). `extra` is kept beside the
     run's config (Trainer.saved_with_config: the model's BertConfig, so the checkpoint says
-    what model it holds whatever the job; the run's inputs and schedule length). Once the
-    step is complete, process 0 writes its MANIFEST.json (sizes and checksums)."""
+    what model it holds whatever the job; the run's inputs and schedule length). As soon as
+    the step is complete, process 0 writes its MANIFEST.json (sizes and checksums), in a
+    thread that the next save, `wait` or `close` joins."""
+    self.wait()  # the previous save (its checksums are usually long written)
     if step in self.manager.all_steps():
       return
     saved_config = json.loads(config.to_json_best_effort())
     saved_config.update(extra or {})
-    self.wait(background=True)
+    saved_config[CHECKSUMS_KEY] = "on_completion"
     self._saving = step
     with self._reporting_save_errors(step):
       self.manager.save(step, force=True, args=ocp.args.Composite(
@@ -173,24 +179,32 @@ class Checkpointer:
           data=ocp.args.JsonSave({"process_count": jax.process_count(),
                                   "states": gather_process_states(data_state)}),
           config=ocp.args.JsonSave(saved_config)))
+    if jax.process_index() == 0:
+      self._manifest_thread = threading.Thread(target=self._complete, args=(step,),
+                                               name="checkpoint-manifest", daemon=True)
+      self._manifest_thread.start()
 
-  def wait(self, background: bool = False) -> None:
-    """Waits for the save in flight; then process 0 checksums it (in a thread that the next
-    save, `wait` or `close` joins, when `background`)."""
-    with self._reporting_save_errors():
+  def _complete(self, step: int) -> None:
+    """Waits for the save of `step` to complete, then checksums it (the manifest thread);
+    a failed save is kept for the main thread's `wait` to raise."""
+    try:
       self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      self._save_error = e
+      return
+    self._write_manifest(step)
+
+  def wait(self) -> None:
+    """Waits for the save in flight and its checksums; raises what made it fail."""
     if self._manifest_thread is not None:
       self._manifest_thread.join()
       self._manifest_thread = None
-    step, self._saving = self._saving, None
-    if step is None or jax.process_index() != 0:
-      return
-    if background:
-      self._manifest_thread = threading.Thread(target=self._write_manifest, args=(step,),
-                                               name="checkpoint-manifest", daemon=True)
-      self._manifest_thread.start()
-    else:
-      self._write_manifest(step)
+    with self._reporting_save_errors():
+      failed, self._save_error = self._save_error, None
+      if failed is not None:
+        raise failed
+      self.manager.wait_until_finished()
+    self._saving = None
 
   def _write_manifest(self, step: int) -> None:
     step_dir = self.directory / str(step)
@@ -241,9 +255,7 @@ class Checkpointer:
         intact_error=lambda path, e: self._unrestorable(int(path.name), config, e))
     if found is not None:
       path, (restored, target), verified = found
-      if not verified:
-        logging.info("Checkpoint %s has no checksums (saved by an older version or killed "
-                     "before they were written): restored unverified.", path)
+      _log_verification(path, verified, restored["config"] or {})
       state = restored["state"]
       if target is not abstract_state:
         state = loader.onto_layout_of(state, abstract_state)
@@ -351,6 +363,21 @@ class Checkpointer:
   def close(self) -> None:
     self.wait()
     self.manager.close()
+
+
+def _log_verification(path: epath.Path, verified: bool, saved_config: Mapping[str, Any]
+                      ) -> None:
+  if verified:
+    logging.info("Checkpoint %s verified: its files match the checksums written when it was "
+                 "saved.", path)
+  elif saved_config.get(CHECKSUMS_KEY):
+    logging.info("Checkpoint %s has no checksums (MANIFEST.json): the job was stopped after "
+                 "its save completed, before its checksums were written (or writing them "
+                 "failed, as logged then); restored unverified.", path)
+  else:
+    logging.info("Checkpoint %s has no checksums (MANIFEST.json): it was saved by an earlier "
+                 "version of bert_jax, which wrote them only when the next save began; "
+                 "restored unverified.", path)
 
 
 def _data_state(step: int, data: Mapping[str, Any] | None) -> Any:

@@ -356,3 +356,58 @@ def test_kill_during_the_final_evaluation_evaluates_on_rerun(tmp_path):
   assert "eval at step 4" in out.stderr
   assert 4 in tu.read_scalars(tmp_path / "w", "eval/loss")
   assert tu.checkpoint_steps(tmp_path / "w")[-1] == 4
+
+
+def test_sigkill_after_a_completed_save_resumes_verified(tmp_path):
+  """The newest checkpoint's checksums used to be written only when the next save began,
+  so after kill -9 the rerun always restored it unverified. Now they are written as soon as
+  its save completes: killed while the last step's long evaluation runs (checkpoint 2 done,
+  none begun since), the rerun says checkpoint 2 was verified."""
+  log = tmp_path / "log.txt"
+  workdir = tmp_path / "w"
+  args = lambda eval_steps: tu.main_args(workdir, num_train_steps=4, checkpoint_every_steps=2,
+                                        eval_steps=eval_steps)
+  manifest = workdir / "checkpoints" / "2" / "MANIFEST.json"
+  with open(log, "w") as f:
+    proc = subprocess.Popen(args(100_000), cwd=tu.REPO, env=tu.env(), stdout=f, stderr=f)
+    try:
+      tu.wait_for(lambda: "step 4/4" in log.read_text(), 180, "step 4/4", proc)
+      deadline = time.time() + 20  # the save of step 2 is long done: its checksums follow it
+      while not manifest.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    finally:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+  assert "eval at step 4" not in log.read_text() and tu.checkpoint_steps(workdir) == [2]
+  assert manifest.exists(), "checkpoint 2 complete, its checksums still not written"
+  out = tu.run(args(0))
+  assert f"Checkpoint {workdir / 'checkpoints' / '2'} verified" in out.stderr, out.stderr[-3000:]
+  assert "unverified" not in out.stderr
+  assert f"Resumed from {workdir / 'checkpoints'}/2." in out.stderr
+
+
+def test_a_checkpoint_without_checksums_is_not_blamed_on_an_older_version(tmp_path, caplog):
+  """A checkpoint of this version lacking MANIFEST.json (the job was killed between the end
+  of its save and the checksums) is restored unverified with that said, not blamed on "an
+  older version"; one whose saved config predates checksums at save says so."""
+  from bert_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  config = tu.tiny_config(num_train_steps=3, checkpoint_every_steps=3, eval_steps=0)
+  train.train_and_evaluate(config, str(tmp_path))
+  step_dir = tmp_path / "checkpoints" / "3"
+  (step_dir / "MANIFEST.json").unlink()
+  caplog.set_level(logging.INFO)
+  ckpt = checkpointing.Checkpointer(str(tmp_path), keep=5, keep_period=0)
+  assert ckpt.restore(_abstract_state(config), config)[0] == 3
+  ckpt.close()
+  assert "restored unverified" in caplog.text and "older version" not in caplog.text
+  assert "stopped after its save completed, before its checksums were written" in caplog.text
+  # A checkpoint whose config lacks the mark (saved before checksums followed each save).
+  metadata = step_dir / "config" / "metadata"
+  saved = json.loads(metadata.read_text())
+  del saved[checkpointing.CHECKSUMS_KEY]
+  metadata.write_text(json.dumps(saved))
+  caplog.clear()
+  ckpt = checkpointing.Checkpointer(str(tmp_path), keep=5, keep_period=0)
+  assert ckpt.restore(_abstract_state(config), config)[0] == 3
+  ckpt.close()
+  assert "earlier version of bert_jax" in caplog.text and "restored unverified" in caplog.text
