@@ -19,7 +19,8 @@ once finished (the main job and the suite resume; a rerun after kill -9 continue
 the same table). The table is printed in the paper's layout with the paper's numbers beside
 ours (BERT-base/large scale: not comparable to a minutes-long run) and the command of each
 row at the paper's scale, written to WORKDIR/table_<N>.md and appended to bench/RESULTS.md
-unless --no_record.
+unless --no_record. Every input directory given is read before any pre-training (a wrong one:
+one line, exit 2); a failing job ends the command with that job's own last line, exit 2.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from bench import finetune_step  # machine(): lscpu's model and flags
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
+DIRECTORIES = {"mnli": "MNLI", "mrpc": "MRPC", "sst2": "SST-2"}  # as GLUE's download lays them out
 
 # Table 6 (layers, hidden, heads) and, beside each, a tiny row of the same shape ratios.
 TABLE6 = [((3, 768, 12), (1, 96, 4)), ((6, 768, 3), (2, 96, 1)), ((6, 768, 12), (2, 96, 4)),
@@ -61,11 +63,55 @@ PAPER_SCALE = ("python -m bert_jax.main --config=configs/base_pretrain.py --work
                "--config.build.corpus='books/*.txt,wiki/*.parquet'")
 
 
+def _fail(message: str) -> None:
+  """One line on stderr, exit 2 (what the jobs do with a user's error)."""
+  print(f"bench.paper: {message}", file=sys.stderr)
+  raise SystemExit(2)
+
+
 def _run(cmd: list[str], log: pathlib.Path) -> None:
+  start = log.stat().st_size if log.exists() else 0
   with log.open("a") as f:
     proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, check=False)
   if proc.returncode:
-    raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n  log: {log}")
+    with log.open("rb") as f:
+      f.seek(start)
+      lines = [l for l in f.read().decode("utf-8", "replace").splitlines() if l.strip()]
+    job = next((a for a in cmd if a.startswith("--config=")), cmd[-1])
+    _fail(f"{job[len('--config='):]} failed (exit {proc.returncode}): "
+          f"{lines[-1].strip() if lines else 'no output'} (whole log: {log})")
+
+
+# The inputs each table reads: "glue" (--glue_dir's MNLI, MRPC, SST-2, else CoLA from
+# --cola_dir) and "conll" (--conll_dir, else a tagging set made here).
+NEEDS = {"6": ("glue",), "7": ("conll",), "8": ("glue", "conll"), "fig2": ("glue",)}
+
+
+def check_inputs(args, explicit_cola: bool) -> str | None:
+  """Reads what the table will read from each input directory given, before any
+  pre-training: a directory that does not hold it fails in one line (exit 2). Returns why
+  the table is skipped (it needs GLUE data, none was given and the default CoLA is absent)."""
+  sys.path.insert(0, str(REPO))
+  from input_pipeline import errors, glue, tagging  # pylint: disable=g-import-not-at-top
+  needs, flag = NEEDS[args.table], "--conll_dir"
+  try:
+    if "conll" in needs and args.conll_dir:
+      for name in ("train.txt", "valid.txt"):
+        tagging.read_conll(str(pathlib.Path(args.conll_dir) / name))
+    flag = "--glue_dir"
+    if "glue" in needs and args.glue_dir:
+      for task in glue_tasks(args)[0]:
+        for split in ("train", "dev"):
+          glue.read_glue(task, str(pathlib.Path(args.glue_dir) / DIRECTORIES[task]), split)
+    elif "glue" in needs and (explicit_cola or pathlib.Path(args.cola_dir).exists()):
+      flag = "--cola_dir"
+      for split in ("train", "dev"):
+        glue.read_glue("cola", args.cola_dir, split)
+    elif "glue" in needs:
+      return f"neither --glue_dir nor {args.cola_dir} (CoLA 1.1's raw files)"
+  except (errors.UserError, OSError) as e:
+    _fail(f"{flag}: {str(e).splitlines()[0]} (nothing was run)")
+  return None
 
 
 def pretrain(root: pathlib.Path, name: str, steps: int, flags: list[str],
@@ -271,12 +317,15 @@ def main(argv=None) -> None:
   parser.add_argument("--ner_lr", type=float, default=3e-4,
                       help="NER fine-tuning's rate (feature-based: configs/conll.py:features')")
   parser.add_argument("--glue_dir", default="", help="GLUE's directories (MNLI, MRPC, SST-2)")
-  parser.add_argument("--cola_dir", default=str(COLA))
+  parser.add_argument("--cola_dir", default="", help=f"CoLA (default {COLA})")
   parser.add_argument("--conll_dir", default="", help="CoNLL-2003 train.txt / valid.txt")
   parser.add_argument("--no_record", action="store_true")
   args = parser.parse_args(argv)
-  if not args.glue_dir and not pathlib.Path(args.cola_dir).exists():
-    print(f"skipped: neither --glue_dir nor {args.cola_dir} (CoLA 1.1's raw files)")
+  explicit_cola = bool(args.cola_dir)
+  args.cola_dir = args.cola_dir or str(COLA)
+  skipped = check_inputs(args, explicit_cola)
+  if skipped:
+    print(f"skipped: {skipped}")
     return
   root = pathlib.Path(args.workdir) / f"table_{args.table}"
   root.mkdir(parents=True, exist_ok=True)

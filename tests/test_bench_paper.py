@@ -21,10 +21,45 @@ def test_the_synthetic_tagging_set_is_conll_with_both_entity_kinds(tmp_path):
   assert all(any(t != "O" for t in ts) for _, ts in train[:50])  # sentences naming code
 
 
-def test_without_data_it_skips_cleanly(tmp_path, capsys):
-  paper.main(["--table=6", f"--cola_dir={tmp_path / 'absent'}", f"--workdir={tmp_path / 'w'}",
-              "--no_record"])
+def test_without_data_it_skips_cleanly(tmp_path, capsys, monkeypatch):
+  """No GLUE data given and CoLA absent from its default place (a fresh clone): skipped."""
+  monkeypatch.setattr(paper, "COLA", tmp_path / "absent")
+  paper.main(["--table=6", f"--workdir={tmp_path / 'w'}", "--no_record"])
   assert "skipped:" in capsys.readouterr().out and not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("table,flag", [("6", "--glue_dir"), ("fig2", "--glue_dir"),
+                                        ("6", "--cola_dir"), ("7", "--conll_dir"),
+                                        ("8", "--conll_dir")])
+def test_a_wrong_input_directory_is_one_line_before_any_pretraining(tmp_path, capsys, table,
+                                                                      flag):
+  """A mistyped --glue_dir / --conll_dir / --cola_dir: exit 2 and one line naming the
+  missing file, before any pre-training (it pre-trained a row for minutes, then exited 1
+  with its child's command line; a wrong --cola_dir alone was "skipped", exit 0)."""
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  suite_data.make_glue(tmp_path / "glue")  # a real CoLA for the other flags
+  typo = tmp_path / "typo"
+  args = [f"--table={table}", f"--workdir={tmp_path / 'w'}", "--no_record",
+          f"--cola_dir={tmp_path / 'glue' / 'CoLA'}", f"{flag}={typo}"]
+  with pytest.raises(SystemExit) as exit_:
+    paper.main(args)
+  err = capsys.readouterr().err.strip()
+  assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+  assert err.startswith(f"bench.paper: {flag}: ") and str(typo) in err and "nothing was run" in err
+  assert not (tmp_path / "w" / f"table_{table}" / "pretrain").exists()
+
+
+def test_a_failing_job_ends_with_its_own_error_line_and_exit_2(tmp_path, capsys):
+  fail = ("import sys; print('progress...'); "
+          "print('ConfigError: --config.x=1: what to do.', file=sys.stderr); sys.exit(2)")
+  log = tmp_path / "job.log"
+  log.write_text("an earlier run's line\n")
+  with pytest.raises(SystemExit) as exit_:
+    paper._run([sys.executable, "-c", fail, "--config=configs/conll.py"], log)  # pylint: disable=protected-access
+  err = capsys.readouterr().err.strip()
+  assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
+  assert "configs/conll.py failed (exit 2): ConfigError: --config.x=1: what to do." in err
+  assert str(log) in err
 
 
 @pytest.mark.slow
