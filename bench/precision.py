@@ -1,6 +1,8 @@
-"""bfloat16 vs float32 compute: loss curves of a short real pre-training run.
+"""bfloat16 vs float32 compute (or, with --fp8, FP8 matmuls vs bfloat16): loss curves of a
+short real pre-training run.
 
     python -m bench.precision                 # BERT-mini, L=128, batch 16, 200 steps, built-in corpus
+    python -m bench.precision --fp8           # the same, bf16 + model.matmul_dtype=fp8 vs bf16
     python -m bench.precision --corpus=tagged:64   # the same on a made-up corpus learnt fast
     python -m bench.precision --smoke         # seconds; BERT-tiny on a tiny tagged corpus
 
@@ -65,8 +67,9 @@ def read_batches(prepared: str, *, seq_len: int, preds: int, batch: int, steps: 
 
 
 def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: int, vocab: int,
-        lr: float, warmup: int, seed: int) -> list[float]:
-  """Per-step training loss of one run in `dtype` compute (float32 master weights)."""
+        lr: float, warmup: int, seed: int, matmul_dtype: str | None = None) -> list[float]:
+  """Per-step training loss of one run in `dtype` compute (float32 master weights), the
+  encoder layers' matmuls in `matmul_dtype` (None: `dtype`)."""
   import jax
   from bert_jax import registry, trainer as trainer_lib
   from bert_jax.configs import default
@@ -74,6 +77,7 @@ def run(dtype: str, batches: list[dict], *, preset: str, seq_len: int, preds: in
   config.seed = seed
   config.model.preset, config.model.vocab_size, config.model.dtype = preset, vocab, dtype
   config.model.param_dtype = "float32"
+  config.model.matmul_dtype = matmul_dtype
   config.data.max_seq_length, config.data.max_predictions_per_seq = seq_len, preds
   config.global_batch_size = len(batches[0]["input_ids"])
   config.opt.learning_rate = lr
@@ -121,6 +125,8 @@ def main(argv=None) -> dict:
                       help="corpus spec (default = built-in), or tagged:N (see build_data)")
   parser.add_argument("--vocab_size", type=int, default=8000, help="WordPiece entries to train")
   parser.add_argument("--data_dir", default=DEFAULT_DATA, help="vocab + prepared corpus cache")
+  parser.add_argument("--fp8", action="store_true",
+                      help="bf16 with FP8 matmuls (model.matmul_dtype=fp8) against bf16")
   parser.add_argument("--smoke", action="store_true", help="tiny settings, seconds")
   parser.add_argument("--no_record", action="store_true")
   args = parser.parse_args(argv)
@@ -136,31 +142,36 @@ def main(argv=None) -> dict:
   data_s = time.perf_counter() - t
   common = dict(preset=args.preset, seq_len=args.seq_len, preds=args.preds, vocab=vocab,
                 lr=args.lr, warmup=args.warmup, seed=args.seed)
+  # (label, compute dtype, matmul dtype): the reference run, then the one checked against it
+  pair = ([("bf16", "bfloat16", None), ("fp8", "bfloat16", "fp8")] if args.fp8 else
+          [("fp32", "float32", None), ("bf16", "bfloat16", None)])
   timing, curves = {}, {}
-  for dtype in ("float32", "bfloat16"):
+  for label, dtype, matmul_dtype in pair:
     t = time.perf_counter()
-    curves[dtype] = run(dtype, batches, **common)
-    timing[dtype] = time.perf_counter() - t
-  fp32, bf16 = curves["float32"], curves["bfloat16"]
-  res = compare(fp32, bf16)
-  ok = res["final_rel"] <= args.tolerance and np.all(np.isfinite(bf16))
+    curves[label] = run(dtype, batches, matmul_dtype=matmul_dtype, **common)
+    timing[label] = time.perf_counter() - t
+  (r, _, _), (c, _, _) = pair
+  ref, cand = curves[r], curves[c]  # the reference, the candidate
+  res = compare(ref, cand)
+  ok = res["final_rel"] <= args.tolerance and np.all(np.isfinite(cand))
   k = args.log_every
-  lines = [f"| steps | fp32 loss | bf16 loss | rel. diff |", "|---|---|---|---|"]
-  for s in range(0, len(fp32), k):
-    a, b = float(np.mean(fp32[s:s + k])), float(np.mean(bf16[s:s + k]))
-    lines.append(f"| {s + 1}-{min(s + k, len(fp32))} | {a:.4f} | {b:.4f} | {100 * abs(b - a) / a:.2f}% |")
+  lines = [f"| steps | {r} loss | {c} loss | rel. diff |", "|---|---|---|---|"]
+  for s in range(0, len(ref), k):
+    a, b = float(np.mean(ref[s:s + k])), float(np.mean(cand[s:s + k]))
+    lines.append(f"| {s + 1}-{min(s + k, len(ref))} | {a:.4f} | {b:.4f} | {100 * abs(b - a) / a:.2f}% |")
   table = "\n".join(lines)
-  summary = (f"Over the last {res['last']} steps, per-step |bf16 - fp32| / fp32: max "
+  summary = (f"Over the last {res['last']} steps, per-step |{c} - {r}| / {r}: max "
              f"{100 * res['max_rel']:.2f}%, mean {100 * res['mean_rel']:.2f}%. Final loss (mean of "
-             f"the last {res['final']} steps): fp32 {res['final_fp32']:.4f}, bf16 "
+             f"the last {res['final']} steps): {r} {res['final_fp32']:.4f}, {c} "
              f"{res['final_bf16']:.4f}, {100 * res['final_rel']:.2f}% apart; tolerance "
              f"{100 * args.tolerance:.0f}%: {'PASS' if ok else 'FAIL'}.")
   setup = (f"BERT-{args.preset}, vocab {vocab}, L={args.seq_len}, P={args.preds}, batch "
            f"{args.batch}, {args.steps} steps, AdamW lr {args.lr} (warmup {args.warmup}, linear "
            f"decay to 0 at step {args.steps}), seed {args.seed}, dropout 0.1; corpus "
            f"{args.corpus!r}, prepared in "
-           f"{args.data_dir}; data read once ({data_s:.0f} s) and fed to both runs; run time fp32 "
-           f"{timing['float32']:.0f} s, bf16 {timing['bfloat16']:.0f} s")
+           f"{args.data_dir}; data read once ({data_s:.0f} s) and fed to both runs; run time {r} "
+           f"{timing[r]:.0f} s, {c} {timing[c]:.0f} s"
+           + ("; fp8 = model.matmul_dtype=fp8 over bf16 compute" if args.fp8 else ""))
   print(setup)
   print(table)
   print(summary)
@@ -168,13 +179,13 @@ def main(argv=None) -> dict:
     cmd = "python -m bench.precision " + " ".join(argv if argv is not None else sys.argv[1:])
     import jax
     with open(RESULTS, "a") as f:
-      f.write(f"\n## bf16 vs fp32 loss curves ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
+      f.write(f"\n## {c} vs {r} loss curves ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
               f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
               f"jax {jax.__version__} (CPU). {setup}. Loss = MLM + NSP, mean over each "
               f"{k}-step window.\n\n{table}\n\n{summary}\n")
   if not ok and not args.smoke:
     sys.exit(1)
-  return dict(res, ok=bool(ok), fp32=fp32, bf16=bf16)
+  return dict(res, ok=bool(ok), **curves)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from bert_jax import families
 from bert_jax.models import bert_attention
+from bert_jax.models import fp8
 from bert_jax.models.bert_attention import ATTENTION_IMPLS, fused_attention
 from bert_jax.models.layers import (ACTIVATIONS, DROPOUT_RNGS, REMAT_POLICIES, Dropout,
                                     ModelConfig, Rows, attention_bias, causal_bias,
@@ -74,6 +75,10 @@ class BertConfig(ModelConfig):
   # "explicit" = None (a pre-training job on GPU chooses "pallas" for None at long lengths:
   # bert_attention.gpu_defaults).
   attention_impl: str | None = None
+  # The encoder layers' dense matmuls (q, k, v, attention output, intermediate, output): None
+  # in `dtype`; "fp8" through FP8 (E4M3 operands, E5M2 gradients, per-tensor current scaling:
+  # models/fp8.py), the embeddings, heads and everything else as before.
+  matmul_dtype: str | None = None
   # Dropout's random bits: "hash" (a counter hash keyed by threefry; masks ~7x cheaper
   # on CPU) or "threefry" (jax.random.bernoulli, as flax's nn.Dropout). See `Dropout`.
   dropout_rng: str = "hash"
@@ -112,6 +117,9 @@ class BertConfig(ModelConfig):
     if self.attention_impl == "cudnn" and self.dtype not in (jnp.bfloat16, jnp.float16):
       raise errors.ConfigError(f"attention_impl 'cudnn' computes in bfloat16 or float16, not "
                                f"{self.dtype}: set model.dtype=bfloat16 (or attention_impl=xla).")
+    if self.matmul_dtype not in fp8.MATMUL_DTYPES:
+      raise errors.ConfigError(f"matmul_dtype {self.matmul_dtype!r} unknown; choose one of "
+                               f"{fp8.MATMUL_DTYPES} (model.matmul_dtype).")
     if self.remat not in REMAT_POLICIES:
       raise errors.ConfigError(f"remat {self.remat!r} unknown; "
                        f"choose one of {sorted(REMAT_POLICIES)}.")
@@ -174,10 +182,12 @@ def _layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
       bias_init=_zeros(("embed",)), name=name)
 
 
-def dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+def dense(cfg: BertConfig, features: int, axes: tuple[str, str], name: str,
+          layer: bool = False) -> nn.Dense:
+  """A dense layer; `layer`: an encoder layer's, its matmul in cfg.matmul_dtype."""
   return nn.Dense(features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   kernel_init=_kernel_init(cfg, axes), bias_init=_zeros(axes[1:]),
-                  name=name)
+                  dot_general=fp8.dot_general(cfg.matmul_dtype) if layer else None, name=name)
 
 
 class Embeddings(nn.Module):
@@ -237,7 +247,7 @@ class _Projection(nn.Module):
     bias = self.param("bias", _zeros(self.axes[n:]), tuple(self.features), cfg.param_dtype)
     x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=cfg.dtype)
     dims = (((tuple(range(x.ndim - n, x.ndim))), tuple(range(n))), ((), ()))
-    return jax.lax.dot_general(x, kernel, dims) + bias
+    return fp8.dot_general(cfg.matmul_dtype)(x, kernel, dims) + bias
 
 
 class SelfAttention(nn.Module):
@@ -308,11 +318,11 @@ class EncoderLayer(nn.Module):
                                                               rows=rows)
     x_BLD = _layer_norm(cfg, "attention_LayerNorm")(
         take_rows(x_BLD, query_positions_BE, 1) + h_BLD)
-    h_BLF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x_BLD)
+    h_BLF = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate", True)(x_BLD)
     h_BLF = ACTIVATIONS[cfg.hidden_act](h_BLF)
     h_BLF = nn.with_logical_constraint(
         h_BLF, ("activation_batch", "activation_length", "activation_mlp"))
-    h_BLD = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h_BLF)
+    h_BLD = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output", True)(h_BLF)
     h_BLD = Dropout(cfg.hidden_dropout_rate, cfg.dropout_rng)(h_BLD, deterministic=deterministic,
                                                               rows=rows)
     return _layer_norm(cfg, "output_LayerNorm")(x_BLD + h_BLD)
