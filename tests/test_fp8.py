@@ -76,3 +76,21 @@ def test_fp8_trains_as_bf16_does(tmp_path):
   first, last = np.mean(res["bf16"][:25]), np.mean(res["bf16"][-25:])
   assert last < 0.95 * first, (first, last)  # it trained (6.77 -> 6.04 when written)
   assert res["fp8"] != res["bf16"]  # the FP8 path ran
+
+
+def test_the_training_step_lowers_for_cuda_with_fp8_operands():
+  """No GPU here: the CUDA program of a training step's gradient holds the E4M3 operands and
+  E5M2 gradients the FP8 matmuls are made of (XLA's GPU compiler fuses them into cuBLASLt)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=97, dtype="bfloat16",
+                                         matmul_dtype="fp8")
+  B, L = 2, 16
+  batch = dict(input_ids=jnp.ones((B, L), jnp.int32), segment_ids=jnp.zeros((B, L), jnp.int32),
+               input_mask=jnp.ones((B, L), jnp.int32),
+               masked_lm_positions=jnp.zeros((B, 3), jnp.int32))
+  model = model_lib.BertForPreTraining(cfg)
+  params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), **batch)))["params"]
+  loss = lambda p: model.apply({"params": p}, **batch)["mlm_logits"].astype(jnp.float32).sum()
+  text = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
+  layers = cfg.num_layers * 6  # q, k, v, attention output, intermediate, output
+  assert text.count("f8E4M3FN>") >= 2 * layers and text.count("f8E5M2>") >= layers
