@@ -20,6 +20,11 @@ class MissingDependencyError(UserError, ImportError):
   """A package that this path or feature needs is not installed."""
 
 
+class PathError(UserError, FileNotFoundError):
+  """A path the user gave that is missing, or of the wrong kind (a directory where a file is
+  expected, a file where a directory goes): the message names it and what to give."""
+
+
 def reported(main):
   """Decorates a CLI `main`: a UserError becomes one line on stderr and exit status 2."""
 

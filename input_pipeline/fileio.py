@@ -190,6 +190,20 @@ def write_bytes_atomic(p: str | os.PathLike, data: bytes) -> None:
       tmp.unlink()
 
 
+def check_output_dir(p: str | os.PathLike) -> None:
+  """Refuses (errors.PathError) an output directory that a file stands in the way of: the
+  path itself or one of its parents (local paths: on gs:// any name can hold objects)."""
+  if is_remote(p):
+    return
+  for d in (path(p), *path(p).parents):
+    if d.is_dir():
+      return
+    if d.exists():
+      raise errors.PathError(f"The output directory {os.fspath(p)} cannot be created: {d} is a "
+                             "file. Give another path for the output (a directory, created "
+                             "if missing).")
+
+
 def mark_complete(directory: str | os.PathLike) -> None:
   """Written last into a directory whose other files are complete."""
   (path(directory) / COMPLETE_MARKER).write_text("")

@@ -226,6 +226,7 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
   SIGTERM (while this runs in the main thread) ends the process with status 143 and a
   message saying that the output is incomplete.
   """
+  fileio.check_output_dir(output_dir)
   with _StopOnSigterm():
     try:
       with hold_output(output_dir):
@@ -331,11 +332,14 @@ def load_summary(prepared_dir: str) -> dict:
   """summary.json of a prepared corpus, with a clear error if the run never finished or
   the directory is of another format."""
   path = prepared_dir.rstrip("/") + "/" + SUMMARY_NAME
-  if not fileio.path(path).exists():
-    raise FileNotFoundError(
-        f"{path} not found: {prepared_dir!r} is not a (completely) prepared corpus. Run "
-        "`python -m input_pipeline.prepare --input=... --vocab=... "
-        f"--output_dir={prepared_dir}`.")
+  if not fileio.path(path).is_file():
+    where = fileio.path(prepared_dir)
+    why = ("it does not exist" if not where.exists() else "it is a file, not a directory"
+           if not where.is_dir() else f"it has no {SUMMARY_NAME}, which prepare writes last")
+    raise errors.PathError(
+        f"{prepared_dir} is not a (completely) prepared corpus: {why}. Prepare it with `python "
+        f"-m input_pipeline.prepare --input=... --vocab=... --output_dir={prepared_dir}`, or "
+        "give the directory prepare wrote.")
   summary = json.loads(fileio.path(path).read_text())
   store.check_format(prepared_dir, summary)
   return summary

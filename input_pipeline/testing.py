@@ -6,11 +6,14 @@ continuation piece "##sfx" (words written "d3w17sfx" tokenize to two pieces, for
 whole-word masking), and the prepared corpus. `token_document` maps token ids back to
 documents, so tests can check where each segment came from.
 """
+import contextlib
+import io
 import os
 import random
 
 import numpy as np
 
+from input_pipeline import errors
 from input_pipeline import prepare
 from input_pipeline import tokenizer as tokenizer_lib
 
@@ -63,3 +66,20 @@ def token_document(ids, num_docs: int, words_per_doc: int) -> np.ndarray:
   first = len(tokenizer_lib.SPECIAL_TOKENS)
   doc = (ids - first) // words_per_doc
   return np.where((ids >= first) & (doc < num_docs), doc, -1)
+
+
+def refusal(main, argv: list[str]) -> str:
+  """`main(argv)` run as its command line runs it (errors.reported), in this process: the
+  one line it prints for a refused input. AssertionError unless it exits with status 2
+  after exactly that line on stderr (any other exception propagates, traceback and all)."""
+  stderr = io.StringIO()
+  with contextlib.redirect_stderr(stderr):
+    try:
+      errors.reported(main)(argv)
+      code = 0
+    except SystemExit as e:
+      code = e.code
+  lines = stderr.getvalue().splitlines()
+  assert code == 2 and len(lines) == 1, (code, lines)
+  assert ": error: " in lines[0], lines
+  return lines[0]

@@ -68,21 +68,35 @@ def expand_patterns(patterns: str,
   for pattern in (p.strip() for p in patterns.split(",")):
     if not pattern:
       continue
-    matched = []
+    matched, directories = [], []
     for m in fileio.glob(pattern):
       if not fileio.path(m).is_dir():
         matched.append(m)
-      elif expand_dir is not None:
-        matched.extend(expand_dir(m))
+      elif expand_dir is not None and (found := expand_dir(m)):
+        matched.extend(found)
+      else:
+        directories.append(m)
     if not matched:
-      raise FileNotFoundError(
-          f"Input pattern {pattern!r} matches no files. Check the path (globs such as "
-          "'data/*.txt' and comma-separated lists are accepted), or use --input=default "
-          "for the built-in corpus.")
+      raise errors.PathError(_no_files(pattern, directories))
     files.extend(matched)
   if not files:
     raise ValueError(f"No input files given (input={patterns!r}).")
   return sorted(set(files))
+
+
+def _no_files(pattern: str, directories: list[str]) -> str:
+  """Why a corpus pattern gave no file to read, and what to give instead."""
+  if directories == [pattern]:
+    return (f"{pattern} is a directory, not a corpus file (nor a HuggingFace `datasets` "
+            "directory written by save_to_disk): give the files in it, e.g. "
+            f"'{pattern.rstrip('/')}/*.txt'.")
+  if directories:
+    shown = ", ".join(directories[:3]) + (", ..." if len(directories) > 3 else "")
+    return (f"Input pattern {pattern!r} matches directories only ({shown}), no corpus file: "
+            "give the files in them, e.g. 'DIR/*.txt'.")
+  return (f"Input pattern {pattern!r} matches no files. Check the path (globs such as "
+          "'data/*.txt' and comma-separated lists are accepted), or give 'default' for the "
+          "built-in corpus.")
 
 
 # Undecodable bytes seen by this process; read_lines adds the change to its stats.

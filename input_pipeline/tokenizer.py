@@ -58,7 +58,7 @@ def resolve_vocab_path(path: str) -> tuple[str, str]:
   for name, kind in ((WORDPIECE_FILE, "wordpiece"), (SENTENCEPIECE_FILE, "sentencepiece"),
                      (HF_TOKENIZER_FILE, "hf")):
     candidate = path.rstrip("/") + "/" + name
-    if _exists(candidate):
+    if _exists(candidate) and not epath.Path(candidate).is_dir():
       return kind, candidate
   if path.endswith(".model") and _exists(path):
     return "sentencepiece", path

@@ -81,15 +81,8 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
   threads. A corpus file with more than max_replaced_fraction undecodable bytes is
   refused (text.TooManyReplacedBytesError). `lowercase` None: default_lowercase(kind).
   """
-  if kind not in KINDS:
-    raise ValueError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")
+  _check_request(kind, vocab_size, output_dir)
   lowercase = default_lowercase(kind) if lowercase is None else lowercase
-  if vocab_size <= len(tokenizer_lib.SPECIAL_TOKENS):
-    raise ValueError(f"vocab_size={vocab_size} leaves no room beyond the special tokens.")
-  if kind == "bpe" and vocab_size <= BYTES + len(tokenizer_lib.SPECIAL_TOKENS):
-    raise ValueError(f"vocab_size={vocab_size} leaves no room for merges: a byte-level BPE "
-                     f"holds the {BYTES} bytes and the {len(tokenizer_lib.SPECIAL_TOKENS)} "
-                     "special tokens first; ask for more (RoBERTa's has 50265 entries).")
   stats = corpus.new_stats()
   texts = corpus.iter_texts(input_spec, sentences=kind == "sentencepiece",
                             max_chars=max_chars, fmt=fmt, text_field=text_field,
@@ -129,6 +122,19 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
   logging.info("Trained a %s vocabulary of %d entries in %.1fs.", kind, entries,
                time.time() - start)
   return output_dir.rstrip("/") + "/" + name
+
+
+def _check_request(kind: str, vocab_size: int, output_dir: str) -> None:
+  """Refuses, before any reading, what train_vocab cannot do."""
+  if kind not in KINDS:
+    raise ValueError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")
+  if vocab_size <= len(tokenizer_lib.SPECIAL_TOKENS):
+    raise ValueError(f"vocab_size={vocab_size} leaves no room beyond the special tokens.")
+  if kind == "bpe" and vocab_size <= BYTES + len(tokenizer_lib.SPECIAL_TOKENS):
+    raise ValueError(f"vocab_size={vocab_size} leaves no room for merges: a byte-level BPE "
+                     f"holds the {BYTES} bytes and the {len(tokenizer_lib.SPECIAL_TOKENS)} "
+                     "special tokens first; ask for more (RoBERTa's has 50265 entries).")
+  fileio.check_output_dir(output_dir)
 
 
 def _write_texts(texts, path, alphabet: "_Alphabet | None") -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from input_pipeline import errors
 from input_pipeline import build
+from input_pipeline import testing
 from input_pipeline import text
 from tests import test_train_utils as tu
 
@@ -82,6 +83,33 @@ def test_build_refuses_a_binary_corpus_file(tmp_path, caplog):
   found = re.search(r"Prepared corpus .*; ([\d,]+) of its [\d,]+ input bytes were not valid "
                     r"UTF-8", logged)
   assert found and int(found.group(1).replace(",", "")) > 5000, logged
+
+
+def _job_refusal(config, workdir) -> str:
+  """The one line the pre-training job prints when its data step refuses `config`."""
+  return testing.refusal(lambda argv: build.build_data(config, str(workdir)), ["main.py"])
+
+
+def test_missing_corpus_or_prepared_dir_is_one_line(tmp_path):
+  """The job given a build.corpus that is missing or a directory, or a data.prepared_dir
+  that is missing or a file: one line naming the path and what to do, exit 2 (issue 56
+  item 10)."""
+  missing = tmp_path / "nope.txt"
+  line = _job_refusal(_config(str(missing)), tmp_path / "run")
+  assert f"Input pattern '{missing}' matches no files" in line, line
+  assert "give 'default' for the built-in corpus" in line, line
+  line = _job_refusal(_config(str(tmp_path)), tmp_path / "run2")
+  assert f"{tmp_path} is a directory" in line, line
+  vocab = testing.write_vocab(str(tmp_path / "vocab.txt"), ["a", "b"])
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  for prepared, why in ((tmp_path / "none", "it does not exist"),
+                        (a_file, "it is a file, not a directory"),
+                        (tmp_path, "it has no summary.json")):
+    config = _config("", data__prepared_dir=str(prepared), data__vocab_path=vocab)
+    line = _job_refusal(config, tmp_path / "run3")
+    assert f"{prepared} is not a (completely) prepared corpus: {why}" in line, line
+    assert f"--output_dir={prepared}" in line, line
 
 
 @pytest.mark.slow

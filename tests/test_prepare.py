@@ -173,6 +173,35 @@ def test_prepare_errors(books, tmp_path):
     prepare.prepare_corpus(books["glob"], bad_vocab, str(tmp_path / "o"))
 
 
+def test_missing_paths_and_directories_for_files_are_one_line(books, tmp_path):
+  """prepare given a missing input, a directory where a file is expected (an input, the
+  vocabulary's file) or a file where its output directory goes: one line naming the path
+  and what to do, exit 2, nothing written (issue 56 item 10)."""
+  run = lambda *flags: testing.refusal(prepare.main, ["prepare", *flags])
+  vocab, out = f"--vocab={books['vocab']}", f"--output_dir={tmp_path / 'out'}"
+  missing = tmp_path / "nope.txt"
+  line = run(f"--input={missing}", vocab, out)
+  assert f"Input pattern '{missing}' matches no files. Check the path" in line, line
+  plain = tmp_path / "plain"
+  plain.mkdir()
+  (plain / "a.txt").write_text("Some text.\n")
+  line = run(f"--input={plain}", vocab, out)
+  assert f"{plain} is a directory" in line, line
+  assert f"give the files in it, e.g. '{plain}/*.txt'" in line, line
+  line = run(f"--input={tmp_path}/pl*", vocab, out)
+  assert f"'{tmp_path}/pl*' matches directories only ({plain})" in line, line
+  vocab_dir = tmp_path / "v"
+  (vocab_dir / "vocab.txt").mkdir(parents=True)
+  line = run(f"--input={books['glob']}", f"--vocab={vocab_dir}", out)
+  assert f"No vocabulary at '{vocab_dir}'" in line, line
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  for output in (a_file, a_file / "sub"):
+    line = run(f"--input={books['glob']}", vocab, f"--output_dir={output}")
+    assert f"The output directory {output} cannot be created: {a_file} is a file" in line
+  assert not list((tmp_path / "out").iterdir()) and a_file.read_text() == "x"
+
+
 def test_prepare_refuses_binary_input_and_logs_replaced_bytes(books, tmp_path, caplog):
   """A binary corpus file fails prepare with an error naming it (no summary.json: the
   output is incomplete); the replaced bytes of the accepted books are logged."""

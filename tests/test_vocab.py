@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from input_pipeline import testing
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline import vocab as vocab_lib
 
@@ -70,6 +71,22 @@ def test_errors(tmp_path):
     vocab_lib.train_vocab(str(empty), str(tmp_path / "out"), kind="unigram")
   with pytest.raises(ValueError, match="256 bytes and the 5 special tokens"):
     vocab_lib.train_vocab(str(empty), str(tmp_path / "out"), kind="bpe", vocab_size=261)
+
+
+def test_missing_input_or_a_file_for_the_output_is_one_line(corpus_file, tmp_path):
+  """The vocab command given a missing input, a directory for an input file or a file where
+  its output directory goes: one line naming the path and what to do, exit 2, nothing
+  written (issue 56 item 10)."""
+  run = lambda *flags: testing.refusal(vocab_lib.main, ["vocab", *flags, "--vocab_size=120"])
+  out = tmp_path / "v"
+  line = run(f"--input={tmp_path / 'nope.txt'}", f"--output={out}")
+  assert f"Input pattern '{tmp_path / 'nope.txt'}' matches no files" in line, line
+  line = run(f"--input={tmp_path}", f"--output={out}")
+  assert f"{tmp_path} is a directory" in line, line
+  assert f"give the files in it, e.g. '{tmp_path}/*.txt'" in line, line
+  line = run(f"--input={corpus_file}", f"--output={corpus_file}")
+  assert f"The output directory {corpus_file} cannot be created: {corpus_file} is a file" in line
+  assert not out.exists() and not pathlib.Path(vocab_lib.scratch_dir(corpus_file)).exists()
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
