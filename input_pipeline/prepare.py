@@ -340,8 +340,19 @@ def load_summary(prepared_dir: str) -> dict:
         f"{prepared_dir} is not a (completely) prepared corpus: {why}. Prepare it with `python "
         f"-m input_pipeline.prepare --input=... --vocab=... --output_dir={prepared_dir}`, or "
         "give the directory prepare wrote.")
-  summary = json.loads(fileio.path(path).read_text())
+  summary = _read_summary(path)
   store.check_format(prepared_dir, summary)
+  return summary
+
+
+def _read_summary(path: str) -> dict:
+  try:
+    summary = json.loads(fileio.path(path).read_bytes())
+    if not isinstance(summary, dict):
+      raise ValueError(f"it holds a {type(summary).__name__}")
+  except (ValueError, UnicodeDecodeError) as e:
+    raise store.DamagedCorpusError(f"{path} is damaged (not a JSON object: {e}). Run "
+                                   "prepare again.") from e
   return summary
 
 

@@ -149,6 +149,10 @@ class FormatError(errors.UserError, ValueError):
   """A prepared directory of another format than this version reads."""
 
 
+class DamagedCorpusError(errors.UserError, ValueError):
+  """A prepared directory whose files are cut short, unreadable or from another run."""
+
+
 def check_format(prepared_dir: str, summary: dict) -> None:
   """Refuses a directory of another format, with the command that converts it."""
   version = summary.get("format_version", 1)
@@ -304,21 +308,21 @@ def open_arrays(prepared_dir: str, summary: dict, cache_dir: str | None = None,
   out = {}
   for key, name in zip(("tokens", "sentence_starts", "document_starts"), FILES):
     path = fileio.path(local) / name
-    if not path.exists():
-      raise FileNotFoundError(f"{fileio.join(prepared_dir, name)} is missing: the prepared "
-                              "corpus is incomplete. Run prepare again.")
+    if not path.is_file():
+      raise errors.PathError(f"{fileio.join(prepared_dir, name)} is missing: the prepared "
+                             "corpus is incomplete. Run prepare again.")
     try:
       # A plain ndarray view of the map: np.memmap's subclass hooks would run on every
-      # slice and scalar read of the pairing loop (a 15% slower pipeline).
-      out[key] = np.asarray(np.load(os.fspath(path), mmap_mode="r"))
-    except (OSError, ValueError) as e:
-      raise ValueError(f"{fileio.join(prepared_dir, name)} is damaged or incomplete ({e}). "
-                       "Run prepare again.") from e
+      # slice and scalar read of the pairing loop (a 15% slower pipeline). Never unpickled.
+      out[key] = np.asarray(np.load(os.fspath(path), mmap_mode="r", allow_pickle=False))
+    except (OSError, ValueError, EOFError) as e:
+      raise DamagedCorpusError(f"{fileio.join(prepared_dir, name)} is damaged or incomplete "
+                               f"({str(e).rstrip('.')}). Run prepare again.") from e
   expected = {"tokens": summary["tokens"], "sentence_starts": summary["sentences"] + 1,
               "document_starts": summary["documents"] + 1}
   for key, length in expected.items():
     if len(out[key]) != length:
-      raise ValueError(f"{prepared_dir}: {key} has {len(out[key]):,} entries where its "
-                       f"summary.json says {length:,}: the files are damaged or from "
-                       "another run. Run prepare again.")
+      raise DamagedCorpusError(f"{prepared_dir}: {key} has {len(out[key]):,} entries where "
+                               f"its summary.json says {length:,}: the files are damaged or "
+                               "from another run. Run prepare again.")
   return out

@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from input_pipeline import documents
+from input_pipeline import inspect as inspect_lib
 from input_pipeline import data_config
 from input_pipeline import prepare
 from input_pipeline import pretrain
@@ -157,6 +158,49 @@ def test_prepared_arrays_are_memory_mapped_and_sized_to_the_vocabulary(books, tm
     f.truncate(os.path.getsize(tokens) - 2)
   with pytest.raises(ValueError, match=r"tokens\.npy is damaged or incomplete.*Run prepare"):
     documents.load_documents(out, nsp=False)
+
+
+class _Planted:
+  """Unpickling this object creates the directory `marker`: a load that unpickles shows."""
+
+  def __init__(self, marker):
+    self.marker = marker
+
+  def __reduce__(self):
+    return (os.makedirs, (self.marker,))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "pickled objects"])
+def test_a_damaged_tokens_file_is_one_line_and_never_unpickled(tmp_path, damage):
+  """A prepared corpus whose tokens.npy is cut short or holds a pickled object array: one
+  line naming the file and what to do, exit 2, from the tools and the job's iterator; the
+  objects are never unpickled (issue 56 item 10)."""
+  corpus = testing.make_tagged_corpus(str(tmp_path / "c"), num_docs=6, num_shards=2)
+  tokens = os.path.join(corpus["prepared"], store.TOKENS)
+  marker = str(tmp_path / "unpickled")
+  if damage == "cut short":
+    with open(tokens, "r+b") as f:
+      f.truncate(os.path.getsize(tokens) - 2)
+  else:
+    np.save(tokens, np.array([1, _Planted(marker)], dtype=object), allow_pickle=True)
+  line = testing.refusal(inspect_lib.main, ["inspect", f"--prepared_dir={corpus['prepared']}",
+                                            "--num_batches=1", "--max_seq_length=32"])
+  assert f"{tokens} is damaged or incomplete (" in line and "Run prepare again" in line, line
+  cfg = data_config.default_data_config()
+  cfg.prepared_dir, cfg.vocab_path, cfg.eval_fraction = corpus["prepared"], corpus["vocab"], 0.2
+  line = testing.refusal(lambda argv: pretrain.PretrainIterator(cfg, batch_size=4, seed=0),
+                         ["main.py"])
+  assert f"{tokens} is damaged or incomplete (" in line, line
+  assert not os.path.exists(marker)
+
+
+def test_a_summary_that_is_not_json_is_one_line(tmp_path):
+  """A prepared directory whose summary.json does not parse (cut short, or another file
+  under that name): one line naming it, exit 2 (issue 56 item 10)."""
+  (tmp_path / prepare.SUMMARY_NAME).write_text('{"documents": 3, "tok')
+  line = testing.refusal(inspect_lib.main, ["inspect", f"--prepared_dir={tmp_path}"])
+  assert f"{tmp_path}/summary.json is damaged (not a JSON object: " in line, line
+  assert "Run prepare again" in line, line
 
 
 def test_prepare_errors(books, tmp_path):
