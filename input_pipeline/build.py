@@ -11,6 +11,7 @@ import ml_collections
 
 from input_pipeline import fileio
 from input_pipeline import data_config
+from input_pipeline import documents
 from input_pipeline import mixture as mixture_lib
 from input_pipeline import prepare as prepare_lib
 from input_pipeline import tokenizer as tokenizer_lib
@@ -62,6 +63,21 @@ def _build(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDic
                                max_bad_records=build.max_bad_records)
 
 
+def _check_splits(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
+                  summary: dict) -> None:
+  """documents.TooFewDocumentsError for a corpus too small to hold documents out, saying
+  how to rebuild it when the job built it (a prepared directory is built once)."""
+  try:
+    documents.eval_document_count(summary["documents"], data_cfg.eval_fraction, data_cfg.nsp,
+                                  data_cfg.prepared_dir)
+  except documents.TooFewDocumentsError as e:
+    if not config.build.corpus:
+      raise
+    raise documents.TooFewDocumentsError(
+        f"{e} It was prepared from --config.build.corpus={config.build.corpus}: delete "
+        f"{data_cfg.prepared_dir} for the job to prepare it again.") from e
+
+
 def build_data(config: ml_collections.ConfigDict, workdir: str, vocab_kind: str = "wordpiece"
                ) -> tuple[ml_collections.ConfigDict, int | None]:
   """Resolves the data config's paths (relative ones live in the workdir), builds the
@@ -85,6 +101,8 @@ def build_data(config: ml_collections.ConfigDict, workdir: str, vocab_kind: str 
     return data_cfg, int(summary["vocab"]["vocab_size"])
   if data_cfg.prepared_dir:
     summary = prepare_lib.load_summary(data_cfg.prepared_dir)
+    if not data_cfg.get("tfrecord_pattern"):  # too small to split: refused before the model
+      _check_splits(config, data_cfg, summary)
     logging.info("Prepared corpus %s: %s documents, %s tokens, vocabulary %s (%d entries); "
                  "%s of its %s input bytes were not valid UTF-8 (replaced by U+FFFD).",
                  data_cfg.prepared_dir, f"{summary['documents']:,}",

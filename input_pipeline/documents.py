@@ -22,6 +22,7 @@ do not grow with the corpus's tokens.
 """
 import numpy as np
 
+from input_pipeline import errors
 from input_pipeline import instances
 from input_pipeline import prepare
 from input_pipeline import store
@@ -29,13 +30,24 @@ from input_pipeline import store
 SPLITS = ("train", "eval")
 
 
-def eval_document_count(num_documents: int, eval_fraction: float, nsp: bool) -> int:
+class TooFewDocumentsError(errors.UserError, ValueError):
+  """A prepared corpus too small to split into held-out and training documents."""
+
+
+def eval_document_count(num_documents: int, eval_fraction: float, nsp: bool,
+                        prepared_dir: str = "") -> int:
+  """How many documents are held out (module doc); TooFewDocumentsError when either split
+  would have fewer than NSP needs (2: NotNext takes a segment of another document) or 1."""
   minimum = 2 if nsp else 1
   count = max(minimum, round(eval_fraction * num_documents))
   if num_documents - count < minimum:
-    raise ValueError(
-        f"The prepared corpus has {num_documents} documents: too few to hold out {count} "
-        f"for evaluation and keep {minimum} for training. Use a larger corpus.")
+    plural = "" if num_documents == 1 else "s"
+    raise TooFewDocumentsError(
+        f"The prepared corpus {prepared_dir + ' ' if prepared_dir else ''}has {num_documents} "
+        f"document{plural}: too few to hold out {count} for evaluation and keep {minimum} for "
+        "training. Prepare a larger corpus, or one cut into more documents: in BERT's "
+        "one-sentence-per-line text a blank line ends a document, free text is one document "
+        "per file (or record).")
   return count
 
 
@@ -70,7 +82,7 @@ def load_documents(prepared_dir: str, *, split: str = "train", eval_fraction: fl
     raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
   summary = prepare.load_summary(prepared_dir)
   num_docs, num_shards = summary["documents"], summary["num_shards"]
-  n_eval = eval_document_count(num_docs, eval_fraction, nsp)
+  n_eval = eval_document_count(num_docs, eval_fraction, nsp, prepared_dir)
   positions, doc_ids = host_documents(summary["shard_documents"], split, n_eval,
                                       process_index, process_count)
   if not len(positions):

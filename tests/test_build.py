@@ -10,15 +10,18 @@ import pytest
 
 from input_pipeline import errors
 from input_pipeline import build
+from input_pipeline import inspect as inspect_lib
 from input_pipeline import testing
 from input_pipeline import text
 from tests import test_train_utils as tu
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-TEXT = ("The quick brown fox jumps over the lazy dog. Playing games is fun.\n"
+# BERT's format (a sentence a line, a blank line after each document): TEXT * 30 prepares
+# into 60 documents, enough to hold some out (a text of one document is refused).
+TEXT = ("The quick brown fox jumps over the lazy dog.\nPlaying games is fun.\n"
         "The players played and the playful puppy was playing in the garden.\n\n"
-        "Another document starts here. It talks about running and runners who run.\n"
+        "Another document starts here.\nIt talks about running and runners who run.\n"
         "Jumping jumpers jumped over the fences while the crowd was cheering.\n\n")
 
 
@@ -110,6 +113,21 @@ def test_missing_corpus_or_prepared_dir_is_one_line(tmp_path):
     line = _job_refusal(config, tmp_path / "run3")
     assert f"{prepared} is not a (completely) prepared corpus: {why}" in line, line
     assert f"--output_dir={prepared}" in line, line
+
+
+def test_a_corpus_of_one_document_is_one_line_before_the_model(tmp_path):
+  """A corpus that prepares into one document cannot give held-out and training documents:
+  the job says so in one line (exit 2) at its data step, before the model is built, and so
+  does inspect on the prepared directory (issue 56 item 10)."""
+  one = tmp_path / "one.txt"
+  one.write_text(TEXT.split("\n\n")[0] * 30, encoding="utf-8")
+  line = _job_refusal(_config(str(one)), tmp_path / "run")
+  prepared = tmp_path / "run" / "prepared"
+  assert f"The prepared corpus {prepared} has 1 document: too few to hold out 2 for " in line
+  assert "a blank line ends a document" in line, line
+  assert f"--config.build.corpus={one}: delete {prepared} for the job to prepare it" in line
+  line = testing.refusal(inspect_lib.main, ["inspect", f"--prepared_dir={prepared}"])
+  assert "has 1 document: too few" in line, line
 
 
 @pytest.mark.slow
