@@ -222,7 +222,9 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], pa
         train, global_batch_size=B, num_epochs=config.num_epochs, seed=config.seed,
         max_per_row=config.max_examples_per_row,
         row_multiple=math.lcm(max(num_devices // jax.process_count(), 1), chunk),  # per host
-        process_index=jax.process_index(), process_count=jax.process_count())
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        no_duplicates=config.get("no_duplicates", False))
+    _check_deduplicated(batches, n_train, B)
     texts = batches.texts_per_batch
     if auto and batches.rows * 10 > B * 9:
       logging.info("Packing: off (each batch's %d examples need %d rows of %d; "
@@ -238,7 +240,9 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], pa
   batches = EpochIterator(train, global_batch_size=B, num_epochs=config.num_epochs,
                           seed=config.seed, max_seq_length=config.max_seq_length,
                           max_examples_per_row=config.max_examples_per_row if packed else 0,
-                          process_index=jax.process_index(), process_count=jax.process_count())
+                          process_index=jax.process_index(), process_count=jax.process_count(),
+                          no_duplicates=config.get("no_duplicates", False))
+  _check_deduplicated(batches, n_train, B)
   steps, rows = batches.steps_per_epoch, batches.rows_per_epoch
   if packed:
     lengths = train["input_mask"].sum(-1)
@@ -252,6 +256,23 @@ def _batches(config: ml_collections.ConfigDict, train: dict[str, np.ndarray], pa
     raise errors.ConfigError(f"{n_train} training examples is fewer than one batch of {B}: lower "
                       "--config.global_batch_size.")
   return batches
+
+
+def _check_deduplicated(batches: EpochIterator | PackedBatches, n_train: int, B: int) -> None:
+  """Logs what keeping repeated texts out of each batch (config.no_duplicates) did; an epoch
+  left without a batch is a ConfigError."""
+  if not batches.deduplicated:
+    return
+  moved, dropped = (list(x) for x in zip(*batches.deduplicated))
+  logging.info("No text repeats within a batch (anchors, positives and hard negatives alike, as "
+               "sentence-transformers' NoDuplicatesBatchSampler; --config.no_duplicates=False "
+               "turns it off): of the %d pairs, each epoch's moved to a later batch: %s; dropped "
+               "at its end: %s (a plain shuffle drops %d).", n_train, moved, dropped, n_train % B)
+  if min(batches.steps_per_epoch) == 0:
+    raise errors.ConfigError(
+        f"The {n_train} training pairs repeat their texts too much to fill one batch of {B} "
+        "without a text twice: lower --config.global_batch_size (or set "
+        "--config.no_duplicates=False).")
 
 
 def _encoder_features(task: tasks.TaskData, encoder_params, batch_size: int) -> np.ndarray:

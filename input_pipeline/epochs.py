@@ -9,7 +9,9 @@ Epoch `e` visits the examples in the order `permutation(seed, e)`, a pure functi
 (seed, epoch), so any process count sees the same global batches and a resumed run
 continues exactly. With `max_examples_per_row > 0` each epoch's shuffled examples are
 packed into rows first (input_pipeline/packing.py): steps and offsets then count rows.
-A remainder smaller than the global batch is dropped at the end of each epoch.
+A remainder smaller than the global batch is dropped at the end of each epoch. With
+`no_duplicates` (contrastive pairs) each epoch's shuffled pairs are regrouped so that no text
+repeats within a batch (`no_duplicates_order`), still a pure function of (seed, epoch).
 """
 from __future__ import annotations
 
@@ -17,11 +19,64 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from input_pipeline import errors
 from input_pipeline import packing
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
   return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def text_ids(feats: Mapping[str, np.ndarray], chunk: int = 1 << 16) -> np.ndarray:
+  """[N, T]: each pair's texts (anchor, positive, hard negatives: TEXT_COLUMNS) numbered by
+  their tokens: two texts the tokenizer makes alike are one text to the model. A text's key
+  is a 64-bit hash of its tokens, computed `chunk` rows at a time (no copy of the features)."""
+  cols = []
+  for i, m in TEXT_COLUMNS:
+    if i not in feats:
+      continue
+    ids, mask = feats[i], feats[m]
+    weights = np.random.default_rng(0).integers(1, 2**63, ids.shape[-1], np.uint64) | 1
+    keys = np.empty(ids.shape[:-1], np.uint64)
+    for lo in range(0, len(ids), chunk):
+      toks = (ids[lo:lo + chunk] * mask[lo:lo + chunk]).astype(np.uint64)
+      keys[lo:lo + chunk] = (toks * weights).sum(-1)  # wraps mod 2**64
+    cols.append(keys.reshape(len(ids), -1))
+  keys = np.concatenate(cols, 1)
+  return np.unique(keys, return_inverse=True)[1].reshape(keys.shape)
+
+
+def no_duplicates_order(order: np.ndarray, texts: np.ndarray, batch_size: int
+                        ) -> tuple[np.ndarray, int, int]:
+  """`order`'s rows regrouped into batches of `batch_size` in none of which a text repeats
+  (`texts` [N, T]: each row's text numbers), as sentence-transformers'
+  NoDuplicatesBatchSampler: each batch takes, in `order`, the rows that share no text with
+  those it holds; a row passed over waits, ahead of the later rows, for the next batch.
+  Returns (the batches' rows in order, rows moved to a later batch, rows dropped: those
+  left at the end, too few or too alike to fill a batch)."""
+  rows = texts.tolist()
+  out, waiting, moved = [], [], set()
+  fresh = iter(order.tolist())
+  while True:
+    batch, seen, passed, k = [], set(), [], 0
+    while len(batch) < batch_size:
+      if k < len(waiting):
+        r, k = waiting[k], k + 1
+      else:
+        r = next(fresh, None)
+        if r is None:
+          break
+      if seen.isdisjoint(rows[r]):
+        batch.append(r)
+        seen.update(rows[r])
+      else:
+        passed.append(r)
+    moved.update(passed)
+    waiting = passed + waiting[k:]
+    if len(batch) < batch_size:
+      left = set(waiting) | set(batch)
+      return np.array(out, np.int64), len(moved - left), len(left)
+    out.extend(batch)
 
 
 def pack_epoch(feats: Mapping[str, np.ndarray], order: np.ndarray, max_seq_length: int,
@@ -38,7 +93,7 @@ class EpochIterator:
 
   def __init__(self, feats: Mapping[str, np.ndarray], *, global_batch_size: int, num_epochs: int,
                seed: int, max_seq_length: int | None = None, max_examples_per_row: int = 0,
-               process_index: int = 0, process_count: int = 1):
+               process_index: int = 0, process_count: int = 1, no_duplicates: bool = False):
     if global_batch_size % process_count:
       raise ValueError(f"global_batch_size {global_batch_size} does not split over "
                        f"{process_count} processes.")
@@ -48,11 +103,25 @@ class EpochIterator:
     self.max_seq_length, self.max_examples_per_row = max_seq_length, max_examples_per_row
     self.process_index, self.process_count = process_index, process_count
     self.num_examples = len(self.feats["input_ids"])
-    if self.packed:
+    self.no_duplicates = no_duplicates
+    # Per epoch: (pairs moved to a later batch, pairs dropped at its end), with no_duplicates.
+    self.deduplicated: list[tuple[int, int]] = []
+    self._orders: list[np.ndarray] = []
+    if no_duplicates:
+      if self.packed:
+        raise ValueError("no_duplicates batches pairs; packed rows of examples have no pairs.")
+      texts = text_ids(self.feats)
+      for e in range(num_epochs):
+        order, moved, dropped = no_duplicates_order(
+            epoch_order(seed, e, self.num_examples), texts, global_batch_size)
+        self._orders.append(order)
+        self.deduplicated.append((moved, dropped))
+      self.rows_per_epoch = [len(o) for o in self._orders]
+    elif self.packed:
       # Rows per epoch depend on that epoch's shuffle: counted up front (row assignment only).
       lengths = self.feats["input_mask"].sum(-1)
       self.rows_per_epoch = [
-          packing.assign_rows(lengths[self._order(e)], np.zeros_like(lengths),
+          packing.assign_rows(lengths[self.order(e)], np.zeros_like(lengths),
                               max_seq_length=max_seq_length,
                               max_examples_per_row=max_examples_per_row,
                               max_predictions_per_row=0)[-1]
@@ -63,18 +132,21 @@ class EpochIterator:
     self.epoch, self.offset = 0, 0
     self._cached: tuple[int, dict[str, np.ndarray], np.ndarray] | None = None
 
-  def _order(self, epoch: int) -> np.ndarray:
+  def order(self, epoch: int) -> np.ndarray:
+    """The examples of `epoch`, in the order its batches take them."""
+    if self._orders:
+      return self._orders[epoch]
     return epoch_order(self.seed, epoch, self.num_examples)
 
   def _epoch(self, epoch: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(features, row order) of an epoch: packed rows in order, or the examples shuffled."""
     if self._cached is None or self._cached[0] != epoch:
       if self.packed:
-        rows = pack_epoch(self.feats, self._order(epoch), self.max_seq_length,
+        rows = pack_epoch(self.feats, self.order(epoch), self.max_seq_length,
                           self.max_examples_per_row)
         self._cached = (epoch, rows, np.arange(len(rows["input_ids"])))
       else:
-        self._cached = (epoch, self.feats, self._order(epoch))
+        self._cached = (epoch, self.feats, self.order(epoch))
     return self._cached[1], self._cached[2]
 
   def _normalize(self) -> None:
@@ -98,10 +170,19 @@ class EpochIterator:
   def get_state(self) -> dict[str, Any]:
     """Where the next batch starts (an epoch's end is the next epoch's start)."""
     self._normalize()
-    return {"epoch": self.epoch, "offset": self.offset, "packing": self.packed}
+    state = {"epoch": self.epoch, "offset": self.offset, "packing": self.packed}
+    if self.no_duplicates:
+      state["no_duplicates"] = True
+    return state
 
   def set_state(self, state: Mapping[str, Any]) -> None:
     epoch, offset = int(state.get("epoch", 0)), int(state.get("offset", 0))
+    if offset and bool(state.get("no_duplicates", False)) != self.no_duplicates:
+      raise errors.ConfigError(
+          f"The checkpoint stopped mid-epoch in batches ordered "
+          f"{'without' if self.no_duplicates else 'with'} no_duplicates: resume with "
+          f"--config.no_duplicates={not self.no_duplicates} as before, or start afresh in a "
+          "new --workdir.")
     if offset and bool(state.get("packing", False)) != self.packed:
       was = ("--config.packing=True --config.packed_batch=rows" if not self.packed else
              "--config.packing=False (or packed_batch=examples, the default)")
@@ -131,15 +212,16 @@ class PackedBatches:
 
   def __init__(self, feats: Mapping[str, np.ndarray], *, global_batch_size: int, num_epochs: int,
                seed: int, max_per_row: int, row_multiple: int = 1, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, no_duplicates: bool = False):
     self.batches = EpochIterator(feats, global_batch_size=global_batch_size,
-                                 num_epochs=num_epochs, seed=seed)
+                                 num_epochs=num_epochs, seed=seed, no_duplicates=no_duplicates)
     self.steps_per_epoch = self.batches.steps_per_epoch
+    self.deduplicated = self.batches.deduplicated
     self.max_per_row = max_per_row
     self.process_index, self.process_count = process_index, process_count
     lengths = self._lengths(feats)  # [N, texts an item]
     self.row_length = feats["input_mask"].shape[-1]
-    needed = [packing.rows_needed(lengths[epoch_order(seed, e, len(lengths))[
+    needed = [packing.rows_needed(lengths[self.batches.order(e)[
                   s * global_batch_size:(s + 1) * global_batch_size]].reshape(-1),
                                   self.row_length, max_per_row)
               for e, steps in enumerate(self.steps_per_epoch) for s in range(steps)]

@@ -440,3 +440,65 @@ def test_a_beir_directory_without_qrels_fails_before_training(tmp_path, pretrain
   with pytest.raises(errors.UserError, match=r"qrels/dev.tsv does not exist"):
     finetune.finetune(config, str(tmp_path / "run"))
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _allnli_like(L=6):
+  """48 training pairs as AllNLI has them: each of 12 anchors with two positives, one pair of
+  each repeated whole, and 12 pairs whose anchor is another pair's positive."""
+  pairs_at = [(a, 100 + 2 * a + p) for a in range(12) for p in (0, 1, 0)]
+  pairs_at += [(100 + 2 * a, 200 + a) for a in range(12)]
+  ids = np.zeros((len(pairs_at), 2, L), np.int32)
+  for i, texts in enumerate(pairs_at):
+    for t, text in enumerate(texts):
+      ids[i, t, :3] = (5 + text % 50, 5 + text // 50, 4)
+  mask = (ids > 0).astype(np.int32)
+  return {"input_ids": ids[:, 0], "segment_ids": np.zeros_like(ids[:, 0]),
+          "input_mask": mask[:, 0], "positive_ids": ids[:, 1], "positive_mask": mask[:, 1]}
+
+
+def _batch_texts(batch) -> list[tuple[int, ...]]:
+  """Every text (anchor and positive) of a batch, unpacked or packed, as its tokens."""
+  if "text_at" not in batch:
+    ids, mask = epochs.pair_texts(batch)
+    return [tuple(i[m > 0].tolist()) for row_i, row_m in zip(ids, mask)
+            for i, m in zip(row_i, row_m)]
+  return [tuple(batch["input_ids"][r][batch["packed_example_ids"][r] == s + 1].tolist())
+          for r, s in batch["text_at"].reshape(-1, 2)]
+
+
+@pytest.mark.parametrize("packing_kind", ["", "texts"])
+def test_no_text_repeats_within_a_contrastive_batch(packing_kind, caplog):
+  """A pair repeated, or an anchor with several positives (AllNLI), used to land twice in one
+  batch, its own positive scored as one of its negatives. As sentence-transformers'
+  NoDuplicatesBatchSampler: no text repeats within a batch (anchors and positives alike), the
+  order depends on the seed only, a resumed run gets the same batches, and the pairs moved
+  to a later batch or dropped at an epoch's end are counted in the log."""
+  train = _allnli_like()
+  config = embed_config.get_config()
+  config.update(global_batch_size=8, num_epochs=2, seed=3, max_seq_length=6,
+                packing=bool(packing_kind))
+  caplog.set_level("INFO")
+  make = lambda: finetune._batches(config, train, packing_kind, 1)  # pylint: disable=protected-access
+  batches = make()
+  seen = [_batch_texts(b) for b in batches]
+  assert len(seen) == sum(batches.steps_per_epoch) >= 8
+  for texts in seen:
+    assert len(texts) == 16 and len(set(texts)) == 16, texts
+  moved, dropped = zip(*batches.deduplicated)
+  assert sum(moved) > 0
+  assert [48 - 8 * s for s in batches.steps_per_epoch] == list(dropped)
+  assert (f"moved to a later batch: {list(moved)}; dropped at its end: {list(dropped)}"
+          in caplog.text), caplog.text
+  again = make()  # the same seed, the same batches; another seed, others
+  assert [_batch_texts(b) for b in again] == seen
+  config.seed = 4
+  assert [_batch_texts(b) for b in make()] != seen
+  config.seed = 3
+  resumed, first = make(), make()
+  for _ in range(3):
+    next(first)
+  resumed.set_state(json.loads(json.dumps(first.get_state())))
+  assert [_batch_texts(b) for b in resumed] == seen[3:]
+  one_anchor = {**train, "input_ids": np.repeat(train["input_ids"][:1], 48, 0)}
+  with pytest.raises(errors.ConfigError, match="repeat their texts too much"):
+    finetune._batches(config, one_anchor, packing_kind, 1)  # pylint: disable=protected-access

@@ -57,6 +57,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # needs, counted when it starts. Evaluation stays unpacked.
   c.packing = False
   c.max_examples_per_row = 8
+  # No text (anchor, positive or hard negative) twice in a batch, as sentence-transformers'
+  # NoDuplicatesBatchSampler: a pair repeated, or an anchor with several positives, would
+  # score its own positive as a negative. A pair that would repeat a text waits for a later
+  # batch; the pairs moved and dropped are counted in the log. False: batches as shuffled.
+  c.no_duplicates = True
   c.max_seq_length = 128
   c.global_batch_size = 64  # each anchor's negatives: the other 63 positives (and negatives)
   c.num_epochs = 1
