@@ -209,6 +209,73 @@ def describe_model(cfg: Any, target: str) -> str:
   return f"the {cfg.family} {kind}"
 
 
+def untie_decoder(state: dict[str, Array], source: str,
+                  origin: Mapping[str, str] | None = None) -> dict[str, Array]:
+  """`state` (canonical, BERT's masked-LM head layout) without the MLM decoder's copies of
+  the word embeddings and the output bias (tied: accepted only when they really are the same
+  tensors), in place."""
+  for dup, orig in (("cls.predictions.decoder.weight", "embeddings.word_embeddings.weight"),
+                    ("cls.predictions.decoder.bias", "cls.predictions.bias")):
+    if dup in state:
+      if orig in state and state[orig].shape == state[dup].shape and np.array_equal(state[orig], state[dup]):
+        del state[dup]
+      elif orig not in state and dup.endswith("bias"):
+        state[orig] = state.pop(dup)
+      else:
+        dup, orig = file_names((dup, orig), origin)
+        raise CheckpointMismatchError(
+            f"{source}: {dup} differs from {orig}; bert_jax ties the MLM output "
+            "projection to the word embeddings and cannot load an untied one.")
+  return state
+
+
+# Buffers transformers saves beside the weights in some uploads and ignores when it reads
+# them (position ids, token types, old rotary models' frequencies): no weights of ours.
+IGNORED_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|rotary_emb\.inv_freq)$")
+# transformers' task heads every family may hold outside its encoder: a tensor under one
+# that a read does not use is another task's head, left out (named); any other unused
+# tensor is refused (check_read).
+HEADS = ("cls.", "classifier.", "qa_outputs.")
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def check_read(source: str, model: str, *, missing=(), bad_shape=(), unused=(),
+               heads: tuple[str, ...] = HEADS, origin: Mapping[str, str] | None = None,
+               num_layers: int | None = None, config_file: str = "config.json") -> list[str]:
+  """The one check every family's reader makes of a checkpoint's tensors, against the model
+  its config file describes (`model`: describe_model's words). Refused in one line naming
+  the tensors as the file does (the first few and the count) and what to do: `missing`
+  ones, `bad_shape` ones ("name: shape"), and every `unused` one but the buffers
+  transformers ignores too (IGNORED_BUFFERS) and those under `heads` (another task's head):
+  a layer more than the config says, a tensor no such model has. Returns those heads, for
+  warn_left_out once the read succeeds."""
+  unused = [k for k in unused if not IGNORED_BUFFERS.search(k)]
+  left_out = [k for k in unused if k.startswith(heads)]
+  others = [k for k in unused if not k.startswith(heads)]
+  foreign = sorted(file_names(others, origin))
+  if not (missing or bad_shape or foreign):
+    return left_out
+  problems = [_few(label, list(names)) for label, names in (
+      ("missing tensors", missing), ("tensors of the wrong shape", bad_shape),
+      ("unused tensors", foreign)) if names]
+  more = sorted({int(m.group(1)) for m in map(_LAYER.search, others) if m} - set(
+      range(num_layers or 0)))
+  fix = (f"fix {config_file} so that it describes the weights (or copy or download the "
+         "checkpoint again)")
+  if num_layers is not None and more and more == list(range(num_layers, more[-1] + 1)):
+    fix = (f"the weights hold {more[-1] + 1} layers where {config_file} says "
+           f"num_hidden_layers={num_layers}: {fix}")
+  elif foreign:
+    fix = f"no such model has the unused ones: remove them from the file, or {fix}"
+  raise CheckpointMismatchError(f"{source} does not match {model} of its {config_file}: "
+                                f"{'; '.join(problems)}. {fix[0].upper()}{fix[1:]}.")
+
+
+def _few(label: str, names: list[str], shown: int = 5) -> str:
+  """"label (count): the first `shown` names, ..." for a one-line message."""
+  return f"{label} ({len(names)}): {', '.join(names[:shown])}{', ...' if len(names) > shown else ''}"
+
+
 def warn_left_out(source: str, model: str, names: Iterable[str],
                   origin: Mapping[str, str] | None = None) -> None:
   """The one warning naming the tensors of `source` (other tasks' heads) that `model`

@@ -37,6 +37,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -362,21 +363,56 @@ def convert_legacy(old_dir: str, output_dir: str) -> dict:
   The token ids are copied shard by shard, nothing is tokenized again, so the converted
   corpus gives the same batches as one prepared afresh from the same text.
   """
-  path = old_dir.rstrip("/") + "/" + SUMMARY_NAME
-  if not fileio.path(path).exists():
-    raise FileNotFoundError(f"{path} not found: {old_dir} is not a complete prepared corpus.")
-  old = json.loads(fileio.path(path).read_text())
-  if old.get("format_version", 1) != 1:
-    raise ValueError(f"{old_dir} is not of the first format (its format_version is "
-                     f"{old['format_version']}); it needs no conversion.")
+  old = _first_format_summary(old_dir)
   if old_dir.rstrip("/") == output_dir.rstrip("/"):
-    raise ValueError("--output_dir must differ from --convert: the original is read while "
-                     "the arrays are written (delete it yourself afterwards).")
+    raise errors.UserError("--output_dir must differ from --convert: the original is read "
+                           "while the arrays are written (delete it yourself afterwards).")
+  fileio.check_output_dir(output_dir)
   with hold_output(output_dir):
     return _write_converted(old_dir, old, output_dir)
 
 
+def _first_format_summary(old_dir: str) -> dict:
+  """summary.json of a prepared corpus of the first format, its files there; else a
+  UserError saying what `old_dir` is instead."""
+  flag, where = f"--convert={old_dir}", fileio.path(old_dir)
+  if not fileio.path(fileio.join(old_dir, SUMMARY_NAME)).is_file():
+    why = ("it does not exist" if not where.exists() else "it is a file, not a directory"
+           if not where.is_dir() else f"it has no {SUMMARY_NAME}, so it is not a prepared "
+           "corpus of the first format")
+    raise errors.PathError(f"{flag}: {why}. --convert takes a directory an earlier bert_jax "
+                           "prepared (TFRecord files and summary.json); to prepare text, "
+                           "pass --input=... --vocab=... instead.")
+  old = _read_summary(fileio.join(old_dir, SUMMARY_NAME))
+  version = old.get("format_version", 1)
+  if version == store.FORMAT_VERSION:
+    raise store.FormatError(f"{flag}: it is already a prepared corpus of arrays: it needs no "
+                            "conversion; use it as it is.")
+  if version != 1:
+    raise store.FormatError(f"{flag}: its format_version is {version!r}, not the first "
+                            "format's (1): it cannot be converted.")
+  vocab = old.get("vocab")
+  for key, present in (("num_shards", "num_shards" in old), ("files", "files" in old),
+                       ("shard_documents", "shard_documents" in old),
+                       ("vocab.vocab_size", isinstance(vocab, dict) and "vocab_size" in vocab)):
+    if not present:
+      raise store.FormatError(f"{flag}: its summary.json lacks {key!r}: it is not a prepared "
+                              "corpus of the first format, or it is damaged.")
+  for name in old["files"]:
+    if not fileio.path(fileio.join(old_dir, name)).is_file():
+      raise errors.PathError(f"{flag}: {fileio.join(old_dir, name)} is missing: the corpus is "
+                             "incomplete. Convert a complete copy, or prepare the text again.")
+  return old
+
+
+def _tf_reason(e: Exception) -> str:
+  """A TensorFlow error's message without its op and function names."""
+  text = re.sub(r"\{\{.*?\}\}|\[Op:.*$", "", getattr(e, "message", str(e)), flags=re.S)
+  return " ".join(text.split())
+
+
 def _write_converted(old_dir: str, old: dict, output_dir: str) -> dict:
+  tf = records.tensorflow()
   summary_path = fileio.path(fileio.join(output_dir, SUMMARY_NAME))
   if summary_path.exists():
     summary_path.unlink()
@@ -384,15 +420,22 @@ def _write_converted(old_dir: str, old: dict, output_dir: str) -> dict:
   writer = store.ShardWriter(output_dir, old["num_shards"], old["vocab"]["vocab_size"])
   try:
     for shard, name in enumerate(old["files"]):
-      for batch in records.read_documents([old_dir.rstrip("/") + "/" + name]):
-        writer.add(shard, batch["tokens"], batch["sentence_lengths"],
-                   batch["sentence_rows"])
+      file = fileio.join(old_dir, name)
+      try:
+        for batch in records.read_documents([file]):
+          writer.add(shard, batch["tokens"], batch["sentence_lengths"],
+                     batch["sentence_rows"])
+      except tf.errors.OpError as e:
+        raise store.DamagedCorpusError(f"{file} is damaged ({_tf_reason(e)}): convert an "
+                                       "intact copy, or prepare the text again.") from e
     shard_docs = writer.finish()
   finally:
     writer.discard()
   if shard_docs != old["shard_documents"]:
-    raise ValueError(f"{old_dir}: its shards hold {shard_docs} documents where its "
-                     f"summary.json says {old['shard_documents']}: it is damaged.")
+    raise store.DamagedCorpusError(
+        f"{old_dir}: its shards hold {shard_docs} documents where its summary.json says "
+        f"{old['shard_documents']}: it is damaged. Convert an intact copy, or prepare the "
+        "text again.")
   summary = dict(old, format_version=store.FORMAT_VERSION, files=list(store.FILES),
                  token_dtype=writer.dtype.name, converted_from=old_dir,
                  seconds=round(time.time() - start, 2),

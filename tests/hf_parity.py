@@ -155,3 +155,31 @@ def suite_runs_on(tmp_path, path: str) -> None:
   assert main.run(c, str(tmp_path / "suite")) is not None
   text = (tmp_path / "suite" / "report.md").read_text()
   assert all(t in text for t in ("CoLA", "MRPC", "STS-B")), text
+
+
+def edited_copy(path: str, dest, config_change=None, extra=None) -> str:
+  """A copy of the HuggingFace directory `path` at `dest` with config.json's fields changed
+  by `config_change` and the tensors `extra` (the file's names -> arrays) added to its
+  model.safetensors."""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  d = pathlib.Path(shutil.copytree(path, dest))
+  config = json.loads((d / "config.json").read_text())
+  (d / "config.json").write_text(json.dumps({**config, **(config_change or {})}))
+  state = {**load_file(d / "model.safetensors"), **(extra or {})}
+  save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+  return str(d)
+
+
+def refusal(path: str, target: str = "pretraining") -> str:
+  """The message of the CheckpointMismatchError that reading `path` as `target` raises: one
+  line, saying what to do."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from bert_jax import formats, loader  # pylint: disable=g-import-not-at-top
+  with pytest.raises(formats.CheckpointMismatchError) as e:
+    loader.read(path, target)
+  message = str(e.value)
+  assert "\n" not in message and ("fix config.json" in message or "remove" in message), message
+  return message

@@ -69,3 +69,60 @@ def test_checkpoint_that_does_not_exist_says_so(tmp_path, checkpoints, capsys):
   with pytest.raises(Exception) as e:
     loader.read(str(tmp_path / "bert_model.ckpt"))
   assert "does not exist" not in str(e.value)
+
+
+def _bert_form(checkpoints, d, form: str, config_change=None, extra=None):
+  """The tiny BertForPreTraining as `form` ships it in directory `d`: "safetensors" (the Hub's
+  model.safetensors + config.json), "bin" (an older upload's pytorch_model.bin) or "tf" (Google's
+  bert_model.ckpt + bert_config.json); its config changed by `config_change`, with the tensors
+  `extra` (file names) added."""
+  import json  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  d.mkdir()
+  state = {**load_file(checkpoints / "hf" / "model.safetensors"), **(extra or {})}
+  config = {**json.loads((checkpoints / "hf" / "config.json").read_text()), **(config_change or {})}
+  if form == "safetensors":
+    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+  elif form == "bin":
+    torch = pytest.importorskip("torch")
+    torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()},
+               d / "pytorch_model.bin")
+  else:
+    from tests.test_convert import _write_tf_checkpoint  # pylint: disable=g-import-not-at-top
+    _write_tf_checkpoint(d / "bert_model.ckpt", formats.canonical_names(state))
+    (d / "bert_config.json").write_text(json.dumps(config))
+    return d
+  (d / "config.json").write_text(json.dumps(config))
+  return d
+
+
+@pytest.mark.parametrize("form", ["safetensors", "bin", "tf"])
+def test_tensors_the_config_does_not_describe_are_refused_in_every_form(tmp_path, checkpoints,
+                                                                        capsys, form):
+  """A config that says 1 layer over weights of 2, or a tensor under the encoder that BERT
+  has not, is refused in one line naming the tensors as the file does (the first few and
+  the count) and what to do, exit 2; transformers' harmless buffers and another task's head
+  still read (issue 56 item 5)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  tf = form == "tf"
+  d = _bert_form(checkpoints, tmp_path / "fewer", form, {"num_hidden_layers": 1})
+  with pytest.raises(formats.CheckpointMismatchError) as e:
+    loader.read(str(d), "encoder")
+  layer1 = "bert/encoder/layer_1/" if tf else "bert.encoder.layer.1."
+  message, config = str(e.value), "bert_config.json" if tf else "config.json"
+  assert "\n" not in message and f"unused tensors (16): {layer1}" in message, message
+  assert f"hold 2 layers where {config} says num_hidden_layers=1" in message, message
+  with pytest.raises(SystemExit) as e:
+    convert.main([f"--input={d}", f"--output={tmp_path / 'out'}"])
+  err = capsys.readouterr().err.strip()
+  assert e.value.code == 2 and "\n" not in err and f"unused tensors (16): {layer1}" in err, err
+  d = _bert_form(checkpoints, tmp_path / "extra", form, extra={"bert.extra.weight": np.ones(3)})
+  with pytest.raises(formats.CheckpointMismatchError,
+                     match=f"unused tensors \\(1\\): bert{'/' if tf else '.'}extra"):
+    loader.read(str(d), "encoder")
+  harmless = {"cls.extra.weight": np.ones(3, np.float32)}  # another task's head: left out
+  if not tf:  # transformers' buffers of older uploads
+    harmless.update({"bert.embeddings.position_ids": np.arange(32)[None],
+                     "bert.embeddings.token_type_ids": np.zeros((1, 32), np.int64)})
+  loader.read(str(_bert_form(checkpoints, tmp_path / "fine", form, extra=harmless)), "encoder")

@@ -282,3 +282,34 @@ def test_analytic_flops_match_xla_cost_analysis():
   analytic = trainer.objective.flops(trainer.model, {k: v.shape for k, v in batch.items()})
   xla = flops_lib.xla_flops(compiled)
   assert 0.9 < analytic / xla < 1.1, (analytic, xla)
+
+
+def test_weights_config_json_does_not_describe_are_refused(tmp_path, caplog):
+  """A config.json of 1 layer over weights of 2 built a 1-layer model and an unknown tensor
+  was ignored: both are refused in one line naming the tensors as the file does (the first
+  few and the count) and what to do, as every family's reader (issue 56 item 5). What
+  transformers ignores harmlessly still reads: the position_ids buffer, v3's unused absolute
+  positions; the RTD head (mask_predictions.*) is named as left out; our own export reads
+  back without a word."""
+  import logging  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, "ForMaskedLM")
+  for target in ("pretraining", "encoder"):
+    message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / target,
+                                                      {"num_hidden_layers": 1}), target)
+    assert "unused tensors (16): deberta.encoder.layer.1." in message, message
+    assert "hold 2 layers where config.json says num_hidden_layers=1" in message, message
+  extra = {"deberta.encoder.layer.0.attention.extra.weight": np.ones(2, np.float32)}
+  message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / "extra", extra=extra))
+  assert "unused tensors (1): deberta.encoder.layer.0.attention.extra.weight" in message
+  harmless = {"deberta.embeddings.position_ids": np.arange(L)[None],
+              "deberta.embeddings.position_embeddings.weight": np.ones((L, 32), np.float32),
+              "mask_predictions.dense.weight": np.ones((32, 32), np.float32)}
+  caplog.set_level(logging.WARNING)
+  cfg, params = loader.read(hf_parity.edited_copy(path, tmp_path / "fine", extra=harmless))
+  warned = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+  assert len(warned) == 1 and "1 tensors that the deberta-v2 pre-training model" in warned[0]
+  assert "mask_predictions.dense.weight" in warned[0], warned
+  caplog.clear()
+  families.of(cfg).export_hf(str(tmp_path / "ours"), cfg, params)
+  loader.read(str(tmp_path / "ours"))
+  assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -178,3 +178,19 @@ def test_tensors_left_out_are_named_as_the_file_names_them(tmp_path, caplog, arc
   assert len(warned) == 1, warned
   assert "the electra encoder" in warned[0] and all(n in warned[0] for n in names), warned
   assert "BERT" not in warned[0] and "cls.predictions" not in warned[0], warned
+
+
+def test_weights_config_json_does_not_describe_are_refused(tmp_path):
+  """1 layer in config.json over a discriminator's 2, or a tensor under `electra.` that
+  ELECTRA has not: one line naming the tensors as the file does and what to do; the
+  position_ids buffer still reads (issue 56 item 5)."""
+  path, _ = _hf_dir(tmp_path, "ForPreTraining")
+  message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / "fewer",
+                                                    {"num_hidden_layers": 1}))
+  assert "unused tensors (16): electra.encoder.layer.1." in message, message
+  assert "hold 2 layers where config.json says num_hidden_layers=1" in message, message
+  extra = {"electra.extra.weight": np.ones(2, np.float32)}
+  message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / "extra", extra=extra))
+  assert "unused tensors (1): electra.extra.weight" in message, message
+  loader.read(hf_parity.edited_copy(path, tmp_path / "fine", extra={
+      "electra.embeddings.position_ids": np.arange(L)[None]}))

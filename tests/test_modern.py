@@ -305,3 +305,23 @@ def test_bfloat16_compute_stays_close_to_float32(tmp_path):
   assert bf16["mlm_logits"].dtype == jnp.float32
   assert np.abs(a - b)[real].max() <= 0.1 * np.abs(a)[real].max()
   assert (a[real].argmax(-1) == b[real].argmax(-1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_weights_config_json_does_not_describe_are_refused(tmp_path, family):
+  """One layer fewer in config.json than the weights hold, or a tensor under `model.` that
+  the family has not: one line naming the tensors as the file does and what to do; rotary
+  frequencies older uploads saved (per layer or once) still read (issue 56 item 5)."""
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, family, "ForMaskedLM")
+  n = _hf_config(family).num_hidden_layers
+  message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / "fewer",
+                                                    {"num_hidden_layers": n - 1}))
+  assert f"): model.layers.{n - 1}." in message, message
+  assert f"hold {n} layers where config.json says num_hidden_layers={n - 1}" in message, message
+  extra = {"model.extra.weight": np.ones(2, np.float32)}
+  message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / "extra", extra=extra))
+  assert "unused tensors (1): model.extra.weight" in message, message
+  loader.read(hf_parity.edited_copy(path, tmp_path / "fine", extra={
+      "model.rotary_emb.inv_freq": np.ones(8, np.float32),
+      "model.layers.0.attn.rotary_emb.inv_freq": np.ones(8, np.float32)}))

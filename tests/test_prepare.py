@@ -136,6 +136,45 @@ def test_first_format_is_refused_with_the_command_that_converts_it(tmp_path):
     prepare.convert_legacy(new, str(tmp_path / "again"))
 
 
+def test_convert_of_what_is_not_a_first_format_corpus_is_one_line(tmp_path):
+  """prepare --convert given a directory that is not a prepared corpus of the first format
+  (missing, a file, a plain directory, arrays already, a summary.json that does not parse or
+  describes no such corpus, its TFRecord files missing or damaged): one line naming it and
+  what to do, exit 2, nothing written (issue 56 item 10)."""
+  new = tmp_path / "new"
+  run = lambda old: testing.refusal(prepare.main, ["prepare", f"--convert={old}",
+                                                   f"--output_dir={new}"])
+  assert f"--convert={tmp_path / 'nope'}: it does not exist" in run(tmp_path / "nope")
+  a_file = tmp_path / "a_file"
+  a_file.write_text("x")
+  assert f"--convert={a_file}: it is a file, not a directory" in run(a_file)
+  old = tmp_path / "old"
+  old.mkdir()
+  line = run(old)
+  assert f"--convert={old}: it has no summary.json, so it is not a prepared corpus of the " \
+      "first format" in line and "--input=... --vocab=..." in line, line
+  summary = old / prepare.SUMMARY_NAME
+  summary.write_text(json.dumps({"format_version": 2, "documents": 3}))
+  assert "it is already a prepared corpus of arrays: it needs no conversion" in run(old)
+  summary.write_text("{oops")
+  assert f"{summary} is damaged (not a JSON object: " in run(old)
+  summary.write_text(json.dumps({"documents": 3}))
+  line = run(old)
+  assert f"--convert={old}: its summary.json lacks 'num_shards'" in line, line
+  names = ["docs-00000-of-00002.tfrecord", "docs-00001-of-00002.tfrecord"]
+  summary.write_text(json.dumps({"documents": 3, "num_shards": 2, "files": names,
+                                 "shard_documents": [2, 1], "vocab": {"vocab_size": 9}}))
+  (old / names[0]).write_bytes(b"not a TFRecord file at all")
+  line = run(old)
+  assert f"--convert={old}: {old / names[1]} is missing" in line, line
+  (old / names[1]).write_bytes(b"")
+  line = run(old)
+  assert f"{old / names[0]} is damaged" in line, line
+  line = testing.refusal(prepare.main, ["prepare", f"--convert={old}", f"--output_dir={old}"])
+  assert "--output_dir must differ from --convert" in line, line
+  assert not new.exists() or not list(new.iterdir())
+
+
 def _is_mapped(array) -> bool:
   """Whether the array's memory is a file mapping (not a copy in memory)."""
   while array is not None and not isinstance(array, mmap.mmap):

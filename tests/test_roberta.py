@@ -317,3 +317,21 @@ def test_tensors_left_out_are_named_as_the_file_names_them(tmp_path, family, cap
   assert len(warned) == 1, warned
   assert f"the {family} encoder" in warned[0] and "lm_head.dense.weight" in warned[0], warned
   assert "BERT" not in warned[0] and "cls.predictions" not in warned[0], warned
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+def test_weights_config_json_does_not_describe_are_refused(tmp_path, family):
+  """1 layer in config.json over weights of 2, or a tensor under `roberta.` that RoBERTa has
+  not: one line naming the tensors as the file does and what to do; the position_ids buffer
+  older uploads hold still reads (issue 56 item 5)."""
+  path, _ = _hf_dir(tmp_path, family, "ForMaskedLM")
+  message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / "fewer",
+                                                    {"num_hidden_layers": 1}))
+  assert "unused tensors (16): roberta.encoder.layer.1." in message, message
+  assert "hold 2 layers where config.json says num_hidden_layers=1" in message, message
+  extra = {"roberta.extra.weight": np.ones(2, np.float32)}
+  message = hf_parity.refusal(hf_parity.edited_copy(path, tmp_path / "extra", extra=extra),
+                              "encoder")
+  assert "unused tensors (1): roberta.extra.weight" in message, message
+  loader.read(hf_parity.edited_copy(path, tmp_path / "fine", extra={
+      "roberta.embeddings.position_ids": np.arange(L + 2)[None]}))

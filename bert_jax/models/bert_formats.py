@@ -13,7 +13,6 @@ layer_i`); the helpers every family's format shares are bert_jax/formats.py's.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -33,9 +32,6 @@ from input_pipeline import errors
 from input_pipeline import fileio
 
 Array = np.ndarray
-
-# Tensors a checkpoint may hold that carry no weights of ours.
-_IGNORED = re.compile(r"^(embeddings\.position_ids|embeddings\.token_type_ids)$")
 
 HF_TANH_ACTS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
@@ -117,19 +113,22 @@ def _rules(cfg: BertConfig, target: str) -> list[tuple[str, tuple[str, ...], Cal
 
 def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str = "pretraining",
                         source: str = "checkpoint", require_mlm: bool = True,
-                        origin: Mapping[str, str] | None = None) -> Params:
+                        origin: Mapping[str, str] | None = None,
+                        heads: tuple[str, ...] = formats.HEADS,
+                        config_file: str = "config.json") -> Params:
   """Maps a canonical flat dict onto the param tree of `target`; fails on any mismatch.
 
   The encoder must be complete. The pooler, the masked-LM head and the NSP head are each
   loaded when the checkpoint has them (a part present only in part is an error), so one
   call reads BertForPreTraining, BertForMaskedLM and BertModel checkpoints; see `heads`.
   target="pretraining" with `require_mlm` fails without the masked-LM head. Tensors of no
-  part (another task's head, e.g. `cls.extra.*` or `classifier.*`; the heads when
-  target="encoder") are named in one warning and left out; unknown tensors inside the
-  encoder's namespaces (embeddings., encoder., pooler.) are an error. Messages name tensors
-  as the file does (`origin`: canonical name -> the file's, formats.file_names).
+  part under `heads` (another task's head, e.g. `cls.extra.*` or `classifier.*`; the heads
+  when target="encoder") are named in one warning and left out; any other unused tensor
+  (a layer more than `config_file` says, a tensor BERT has not) is an error, as every
+  family's (formats.check_read). Messages name tensors as the file does (`origin`:
+  canonical name -> the file's, formats.file_names).
   """
-  state = _untie_decoder(dict(state), source, origin)
+  state = formats.untie_decoder(dict(state), source, origin)
   rules = _rules(cfg, target)
   present = {part: [hf in state for hf, *_, p in rules if p == part] for part in PARTS}
   loaded = {part: part == "encoder" or (bool(flags) and all(flags))
@@ -147,57 +146,22 @@ def canonical_to_params(state: Mapping[str, Array], cfg: BertConfig, target: str
     try:
       value = to_flax(value)
     except ValueError:
-      bad_shape.append(f"{hf}: {state[hf].shape}")
+      bad_shape.append(f"{formats.file_names([hf], origin)[0]}: {state[hf].shape}")
       continue
     formats.set_path(params, path, value)
-  unused = sorted(k for k in state if k not in used and not _IGNORED.match(k))
-  structural = [k for k in unused if k.startswith(("embeddings.", "encoder.", "pooler."))]
-  no_mlm = target == "pretraining" and require_mlm and not any(present["mlm"])
-  if missing or bad_shape or structural or no_mlm:
-    raise _mismatch(f"{source} does not match {formats.describe_model(cfg, target)} of config "
-                    f"{cfg.to_dict()}:", missing, bad_shape,
-                    formats.file_names(unused, origin),
-                    no_mlm=no_mlm and not (missing or bad_shape or structural))
-  formats.warn_left_out(source, formats.describe_model(cfg, target), unused, origin)
+  model = formats.describe_model(cfg, target)
+  left_out = formats.check_read(
+      source, model, missing=missing, bad_shape=bad_shape,
+      unused=[k for k in state if k not in used], heads=heads, origin=origin,
+      num_layers=cfg.num_layers, config_file=config_file)
+  if target == "pretraining" and require_mlm and not any(present["mlm"]):
+    raise CheckpointMismatchError(
+        f"{source} has no masked-LM head (cls.predictions.*): it is an encoder-only "
+        "checkpoint (BertModel). Load it with target='encoder' (fine-tuning, features); "
+        "fill-mask needs a BertForMaskedLM or BertForPreTraining checkpoint.")
+  formats.warn_left_out(source, model, left_out, origin)
   _check_shapes(params, cfg, target)
   return params
-
-
-def _untie_decoder(state: dict[str, Array], source: str,
-                  origin: Mapping[str, str] | None = None) -> dict[str, Array]:
-  """`state` without the MLM decoder's copies of the word embeddings and the output bias
-  (tied: accepted only when they really are the same tensors), in place."""
-  for dup, orig in (("cls.predictions.decoder.weight", "embeddings.word_embeddings.weight"),
-                    ("cls.predictions.decoder.bias", "cls.predictions.bias")):
-    if dup in state:
-      if orig in state and state[orig].shape == state[dup].shape and np.array_equal(state[orig], state[dup]):
-        del state[dup]
-      elif orig not in state and dup.endswith("bias"):
-        state[orig] = state.pop(dup)
-      else:
-        dup, orig = formats.file_names((dup, orig), origin)
-        raise CheckpointMismatchError(
-            f"{source}: {dup} differs from {orig}; bert_jax ties the MLM output "
-            "projection to the word embeddings and cannot load an untied one.")
-  return state
-
-
-def _mismatch(headline: str, missing: list[str], bad_shape: list[str], unused: list[str],
-              no_mlm: bool) -> CheckpointMismatchError:
-  """The error naming every tensor that keeps a checkpoint from loading."""
-  lines = [headline]
-  if missing:
-    lines.append(f"  missing tensors ({len(missing)}): {', '.join(missing)}")
-  if bad_shape:
-    lines.append(f"  tensors of the wrong shape ({len(bad_shape)}): {', '.join(bad_shape)}")
-  if unused:
-    lines.append(f"  unused tensors ({len(unused)}): {', '.join(unused)}")
-  if no_mlm:
-    lines.append("  The checkpoint has no masked-LM head (cls.predictions.*): it is an "
-                 "encoder-only checkpoint (BertModel). Load it with target='encoder' "
-                 "(fine-tuning, features); fill-mask needs a BertForMaskedLM or "
-                 "BertForPreTraining checkpoint.")
-  return CheckpointMismatchError("\n".join(lines))
 
 
 def _check_shapes(params: Params, cfg: BertConfig, target: str) -> None:
@@ -296,7 +260,9 @@ def read_tf(path: str, target: str = "pretraining", require_mlm: bool = True
   origin = {}
   return cfg, canonical_to_params(bert_tf_checkpoint.read_tf_state(ckpt, origin), cfg,
                                   formats.canonical_target(target), require_mlm=require_mlm,
-                                  source=f"TF checkpoint {ckpt}", origin=origin)
+                                  source=f"TF checkpoint {ckpt}", origin=origin,
+                                  heads=formats.HEADS + bert_tf_checkpoint.HEADS,
+                                  config_file="bert_config.json")
 
 
 # ----------------------------------------------------------------------------
@@ -310,7 +276,8 @@ def load_native(path: str, target: str = "pretraining", require_mlm: bool = True
   cfg, params = formats.read_native(path)
   state = params_to_canonical(params, cfg)
   return cfg, canonical_to_params(state, cfg, target, require_mlm=require_mlm,
-                                  source=f"bert_jax export {path}")
+                                  source=f"bert_jax export {path}",
+                                  config_file=formats.NATIVE_CONFIG)
 
 
 def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:

@@ -14,6 +14,9 @@ from input_pipeline import records
 
 # Variables of a TF checkpoint that carry no weights: optimizer slots and counters.
 _TF_IGNORED = re.compile(r"(/adam_[mv]$|^global_step$|/Momentum$|^bad_steps$|^loss_scale$|^good_steps$)")
+# The classifier head Google's run_classifier.py saves at the top (canonical names): another
+# task's head, left out when a read does not use it (formats.check_read).
+HEADS = ("output_weights", "output_bias")
 
 
 def tf_name_to_canonical(name: str) -> tuple[str, bool]:

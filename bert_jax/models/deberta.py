@@ -402,6 +402,9 @@ _MLM = {"cls.predictions.transform.dense": "transform",
         "cls.predictions.transform.LayerNorm": "transform_LayerNorm"}
 _MLM_NEW = {"lm_predictions.lm_head.dense": "transform",
             "lm_predictions.lm_head.LayerNorm": "transform_LayerNorm"}
+# What DeBERTa's classes hold outside the encoder: the masked-LM heads, v3's replaced-token
+# head, the pooler, the task heads (left out, named, where a read does not use them).
+HEADS = formats.HEADS + ("lm_predictions.", "mask_predictions.", "pooler.")
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> DebertaConfig:
@@ -472,43 +475,54 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
             ) -> tuple[DebertaConfig, dict]:
   """(config, unrolled params on the host) of a HuggingFace DeBERTa-v2/v3 directory: the
   encoder (complete), the masked-LM head when present ("pretraining"; `require_mlm`: a
-  directory without one is an error naming it), the pooler and a task head ("all")."""
-  d = fileio.path(path)
-  cfg = config_from_hf(formats.read_config_json(d / "config.json"))
-  state = {k.removeprefix("deberta."): v for k, v in formats.read_hf_state(path).items()}
-  source = f"HuggingFace checkpoint {path}"
-  encoder: dict = {}
+  directory without one is an error naming it), the pooler and a task head ("all"). Any
+  other tensor but another task's head (HEADS, named as left out) is refused, as by every
+  family's reader (formats.check_read)."""
+  cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
+  source, origin = f"HuggingFace checkpoint {path}", {}
+  state = formats.renamed(formats.read_hf_state(path, origin), (), strip="deberta.",
+                          origin=origin)
+  state = formats.untie_decoder(state, source, origin)
+  if not cfg.position_biased_input:  # a table v3 uploads may hold unused (transformers too)
+    state.pop("embeddings.position_embeddings.weight", None)
   missing = [hf for hf, _, _ in _rules(cfg) if hf not in state]
-  if missing:
-    raise formats.CheckpointMismatchError(
-        f"{source} lacks {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}: it is not "
-        "a complete DeBERTa-v2/v3 encoder of its config.json.")
+  encoder: dict = {}
   for hf, ours, transpose in _rules(cfg):
-    formats.set_path(encoder, ours, _linear(state.pop(hf), transpose))
-  if target == "encoder":
-    return cfg, encoder
+    if hf in state:
+      formats.set_path(encoder, ours, _linear(state.pop(hf), transpose))
+  params = encoder if target == "encoder" else _read_heads(state, encoder, target)
+  model = formats.describe_model(cfg, target)
+  left_out = formats.check_read(source, model, missing=missing, unused=list(state),
+                                heads=HEADS, origin=origin, num_layers=cfg.num_layers)
+  if target == "pretraining" and require_mlm and "transform" not in params:
+    raise formats.CheckpointMismatchError(
+        f"{source} has no masked-LM head (cls.predictions.*): continue pre-training from a "
+        "DebertaV2ForMaskedLM checkpoint, or fine-tune it (which reads the encoder alone).")
+  formats.warn_left_out(source, model, left_out, origin)
+  return cfg, params
+
+
+def _read_heads(state: dict, encoder: dict, target: str) -> dict:
+  """The tree of `encoder` with the pooler and the masked-LM head (when whole) of `state`
+  and, for "all", its task head (each popped from `state`)."""
   if "pooler.dense.weight" in state:
     encoder["pooler"] = {"kernel": _linear(state.pop("pooler.dense.weight"), True),
                          "bias": _linear(state.pop("pooler.dense.bias"), False)}
   params: dict = {"bert": encoder}
   names = _MLM if "cls.predictions.transform.dense.weight" in state else _MLM_NEW
-  bias = next((b for b in ("cls.predictions.bias", "cls.predictions.decoder.bias",
-                           "lm_predictions.lm_head.bias") if b in state), None)
+  bias = next((b for b in ("cls.predictions.bias", "lm_predictions.lm_head.bias")
+               if b in state), None)
   if bias is not None and all(f"{hf}.weight" in state for hf in names):
     for hf, ours in names.items():
       key = "kernel" if ours == "transform" else "scale"
       params[ours] = {key: _linear(state.pop(f"{hf}.weight"), ours == "transform"),
                       "bias": _linear(state.pop(f"{hf}.bias"), False)}
     params["output_bias"] = _linear(state.pop(bias), False)
-  elif require_mlm and target == "pretraining":
-    raise formats.CheckpointMismatchError(
-        f"{source} has no masked-LM head (cls.predictions.*): continue pre-training from a "
-        "DebertaV2ForMaskedLM checkpoint, or fine-tune it (which reads the encoder alone).")
   if target == "all":
     head = formats.pop_task_head(state)
     if head:
       params["classifier"] = head
-  return cfg, params
+  return params
 
 
 def params_to_hf(params: dict, cfg: DebertaConfig) -> tuple[dict[str, np.ndarray], str]:

@@ -161,6 +161,8 @@ _DISCRIMINATOR = {"discriminator_predictions.dense": "discriminator_dense",
                   "discriminator_predictions.dense_prediction": "discriminator_prediction"}
 
 
+# A discriminator's head, which the encoder alone leaves out (named; formats.check_read).
+HEADS = formats.HEADS + ("discriminator_predictions.",)
 # ElectraForMultipleChoice's summary of [CLS] (a dense layer, gelu) is our pooler.
 _READ_ONLY = (("sequence_summary.summary.", "pooler.dense."),)
 
@@ -202,7 +204,7 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   params = bert_formats.canonical_to_params(
       state, cfg, "pretraining" if target == "all" else target,
       require_mlm=require_mlm and not extra and target != "all",
-      source=f"HuggingFace checkpoint {path}", origin=origin)
+      source=f"HuggingFace checkpoint {path}", origin=origin, heads=HEADS)
   return cfg, {**params, **extra, **({"classifier": head} if head else {})}
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Mapping
 
-from absl import logging
 import flax
 import flax.linen as nn
 import jax
@@ -42,6 +41,9 @@ HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_
                "intermediate_size")
 
 
+# What the classes hold outside the encoder (its heads and task heads): left out, named,
+# where a read does not use them; any other tensor is refused (formats.check_read).
+HEADS = formats.HEADS + ("head.", "dense.", "decoder.", "lm_head.")
 def _t(x: Array) -> Array:
   return np.ascontiguousarray(x.T)
 
@@ -282,6 +284,7 @@ def hf_to_params(state: Mapping[str, Array], cfg: ModernConfig, target: str = "p
   each loaded when present (whole)."""
   state = _strip(state)
   out = "decoder" if cfg.family == "modernbert" else "lm_head"
+  origin = {k.removeprefix("model."): k for k in state}
   emb = ("embeddings.tok_embeddings.weight" if cfg.family == "modernbert"
          else "embed_tokens.weight")
   if cfg.tie_word_embeddings and f"{out}.weight" in state:
@@ -308,25 +311,17 @@ def hf_to_params(state: Mapping[str, Array], cfg: ModernConfig, target: str = "p
     try:
       values = r.load(np.asarray(state[r.hf], np.float32))
     except ValueError:
-      bad.append(f"{r.hf}: {state[r.hf].shape}")
+      bad.append(f"{origin.get(r.hf, r.hf)}: {state[r.hf].shape}")
       continue
     for path, value in zip(r.paths, values):
       if target == "encoder" and path[0] != "bert":
         continue
       formats.set_path(params, path[1:] if target == "encoder" else path, value)
-  unused = sorted(k for k in state if k not in used)
-  structural = [k for k in unused if k.startswith(("embeddings.", "embed_tokens.", "layers.",
-                                                   "final_norm.", "norm."))]
-  if missing or bad or structural:
-    lines = [f"{source} does not match a {cfg.family} model of config {cfg.to_dict()}:"]
-    for label, items in (("missing tensors", missing), ("tensors of the wrong shape", bad),
-                         ("unused tensors", unused)):
-      if items:
-        lines.append(f"  {label} ({len(items)}): {', '.join(items[:30])}")
-    raise formats.CheckpointMismatchError("\n".join(lines))
-  if unused:
-    logging.warning("%s: %d tensors the %s model does not use are left out: %s", source,
-                    len(unused), target, ", ".join(unused))
+  model = formats.describe_model(cfg, target)
+  left_out = formats.check_read(source, model, missing=missing, bad_shape=bad,
+                                unused=[k for k in state if k not in used], heads=HEADS,
+                                origin=origin, num_layers=cfg.num_layers)
+  formats.warn_left_out(source, model, left_out, origin)
   if not cfg.first_attn_norm:  # the unread attention norm of layer 0 (see modern.Layer)
     layer0 = (params if target == "encoder" else params["bert"])["encoder"]["layer_0"]
     layer0["attn_norm"] = {"scale": np.ones(cfg.hidden_size, np.float32)}
