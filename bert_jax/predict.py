@@ -40,10 +40,12 @@ from bert_jax import families
 from bert_jax import finetuned
 from bert_jax import formats
 from bert_jax import loader
+from bert_jax import predict_output
 from bert_jax import registry
 from bert_jax import tasks
 # Their names here before bert_jax/finetuned.py held them:
 from bert_jax.finetuned import classifier_logits, classify, load as load_finetuned  # noqa: F401
+from bert_jax.predict_output import PredictError
 from input_pipeline import errors
 from input_pipeline import features
 from input_pipeline import fileio
@@ -51,10 +53,6 @@ from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer
 
 MASK_TEXT = "[MASK]"
-
-
-class PredictError(errors.UserError, ValueError):
-  """An input predict cannot use (a layer the model lacks, a mode the checkpoint cannot do)."""
 
 
 def load_checkpoint(path: str, target: str = "pretraining"):
@@ -218,65 +216,6 @@ def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence
     yield ids[:n], np.asarray(pool if pooled else hidden)[:n], mask[:n]
 
 
-def write_features_jsonl(f, batches, tokenizer, layers: Sequence[int], pooled: bool) -> int:
-  """Google's extract_features.py output: one JSON object per line of input, {"linex_index",
-  "features": [{"token", "layers": [{"index", "values"}]}]} over the real tokens (or, pooled,
-  {"linex_index", "pooled": [...]}), a row whose mask is all zero (a blank line) with
-  "blank": true; returns the number of lines written."""
-  n = 0
-  for ids, feats, mask in batches:
-    for row_ids, row, row_mask in zip(ids, feats, mask):
-      if pooled:
-        record = {"linex_index": n, "pooled": [round(float(v), 6) for v in row]}
-      else:
-        length = int(row_mask.sum())
-        record = {"linex_index": n, "features": [
-            {"token": token, "layers": [{"index": layer, "values": [round(float(v), 6) for v in vec]}
-                                        for layer, vec in zip(layers, row[t])]}
-            for t, token in enumerate(tokenizer.convert_ids_to_tokens(row_ids[:length]))]}
-      if not row_mask.any():  # a blank line (_blank_rows): no tokens
-        record["blank"] = True
-      f.write((json.dumps(record) + "\n").encode("utf-8"))
-      n += 1
-  return n
-
-
-def write_features_npy(out: str, batches, num_texts: int, masks: bool = True) -> tuple[int, ...]:
-  """Streams the batches into OUT.npy (features) and, with `masks`, OUT_mask.npy, their
-  headers written first for `num_texts` rows (memory flat in the number of texts); returns
-  the shape."""
-  import contextlib  # pylint: disable=g-import-not-at-top
-  shape = None
-  with contextlib.ExitStack() as files:
-    f = files.enter_context(fileio.path(out).open("wb"))
-    fm = files.enter_context(fileio.path(out.removesuffix(".npy") + "_mask.npy").open("wb")
-                             ) if masks else None
-    written = 0
-    for _, feats, mask in batches:
-      if shape is None:
-        shape = (num_texts,) + feats.shape[1:]
-        f.write(_npy_header(feats.dtype, shape))
-        if fm:
-          fm.write(_npy_header(mask.dtype, (num_texts,) + mask.shape[1:]))
-      f.write(np.ascontiguousarray(feats).tobytes())
-      if fm:
-        fm.write(np.ascontiguousarray(mask).tobytes())
-      written += len(feats)
-  if written != num_texts:
-    raise PredictError(f"--input_file changed while it was read ({num_texts} lines counted, "
-                       f"{written} read): {out} is incomplete; run again.")
-  return shape
-
-
-def _npy_header(dtype, shape: tuple[int, ...]) -> bytes:
-  """The .npy format's header of an array of `dtype` and `shape` (C order)."""
-  import io  # pylint: disable=g-import-not-at-top
-  buf = io.BytesIO()
-  np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
-                                             "fortran_order": False, "shape": tuple(shape)})
-  return buf.getvalue()
-
-
 def _flags():
   """predict's flags, in their own FlagValues (absl syntax; importing adds no global flags)."""
   fv = flags.FlagValues()
@@ -322,7 +261,7 @@ def _flags():
                       "features.npy / embeddings.npy; features with FILE_mask.npy beside it) or "
                       ".jsonl (features: Google's extract_features.py format; embed: "
                       "{\"line_index\", \"embedding\"} a line, line_index counting --text "
-                      "then --input_file's lines from 0).",
+                      "then --input_file's lines from 0); any other suffix is refused.",
                       flag_values=fv)
   return fv
 
@@ -391,14 +330,6 @@ class _Progress:
       self._line("in all")
 
 
-def _check_output(path: str) -> None:
-  """Before any work: the directory an output goes to exists."""
-  parent = fileio.path(path).parent
-  if not fileio.is_remote(path) and not parent.is_dir():  # GCS has no directories to create
-    raise PredictError(f"--output={path}: the directory {parent} does not exist: create it or "
-                       "write elsewhere.")
-
-
 @errors.reported
 def main(argv: Sequence[str] | None = None) -> None:
   """`argv`: the flags (without the program name; default sys.argv[1:])."""
@@ -413,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   texts = itertools.chain(args.text, _input_lines(args.input_file) if args.input_file else ())
   out = args.output or ("embeddings.npy" if args.mode == "embed" else "features.npy")
   if args.mode in ("features", "embed"):
-    _check_output(out)
+    predict_output.check_output(out, args.mode)
   # The checkpoint's own vocabulary by default, read once the checkpoint is known good.
   vocabulary = lambda: Tokenizer.from_path(args.vocab or loader.checkpoint_vocab(args.checkpoint),
                                            args.lowercase)
@@ -498,10 +429,10 @@ def _features(args, texts: Iterable[str], out: str, vocabulary) -> None:
                         shown, blanks)
   if out.endswith(".jsonl"):
     with fileio.path(out).open("wb") as f:
-      n = write_features_jsonl(f, batches, tokenizer, layers, args.pooled)
+      n = predict_output.write_features_jsonl(f, batches, tokenizer, layers, args.pooled)
     shape = [n]
   else:  # .npy: the rows are counted first, so that the file is written as they come
-    shape = list(write_features_npy(out, batches, _count_inputs(args)))
+    shape = list(predict_output.write_features_npy(out, batches, _count_inputs(args)))
   progress.done()
   print(json.dumps({"output": out, "shape": shape, "layers": layers, "pooled": args.pooled,
                     **_said_blank(blanks)}))
@@ -551,16 +482,11 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
   batches = _blank_rows(((None, v, np.ones(len(v), bool)) for v in vectors), shown, blanks)
   if out.endswith(".jsonl"):
     with fileio.path(out).open("wb") as f:
-      n = 0
-      for _, batch, real in batches:
-        for v, r in zip(batch, real):
-          row = {"line_index": n, "embedding": [float(x) for x in v],
-                 **({} if r else {"blank": True})}
-          f.write((json.dumps(row) + "\n").encode("utf-8"))
-          n += 1
+      n = predict_output.write_embeddings_jsonl(f, batches)
     shape = [n, embed.dim(cfg, spec)]
   else:
-    shape = list(write_features_npy(out, batches, _count_inputs(args), masks=False))
+    shape = list(predict_output.write_features_npy(out, batches, _count_inputs(args),
+                                                   masks=False))
   progress.done()
   print(json.dumps({"output": out, "shape": shape, "pooling": spec.pooling,
                     "normalize": spec.normalize, "truncate_dim": spec.truncate_dim,

@@ -389,3 +389,20 @@ def test_blank_lines_keep_their_place_in_every_mode(tmp_path, capsys):
   tagged = capsys.readouterr().out.splitlines()
   assert [" ".join(w.rsplit("/", 1)[0] for w in l.split()) for l in tagged] == [
       "the cat sat", "", "a dog ran", "", "on the mat"]
+
+
+def test_an_output_suffix_the_mode_does_not_write_is_refused_first(tmp_path, capsys):
+  """--output=f.csv wrote a binary .npy under that name, and f.csv_mask.npy beside it (issue
+  56 item 10): a suffix features / embed do not write is one line naming the ones they do,
+  exit 2, before the checkpoint is read (so any directory stands for one here), nothing
+  written."""
+  base = [f"--checkpoint={tmp_path}", "--text=the cat"]
+  for mode in ("features", "embed"):
+    for name, suffix in (("f.csv", ".csv"), ("f", "no suffix")):
+      with pytest.raises(SystemExit) as e:
+        predict.main(base + [f"--mode={mode}", f"--output={tmp_path / name}"])
+      err = capsys.readouterr().err
+      assert e.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+      assert (f"--output={tmp_path / name}: --mode={mode} writes .npy or .jsonl, not {suffix}: "
+              f"name it e.g. {tmp_path / 'f.npy'}") in err, err
+  assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
