@@ -130,9 +130,7 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
     positions = [[j for j, t in enumerate(r) if t == tokenizer.mask_id] for r in rows]
     for text, x in zip(batch, positions):
       if not x and MASK_TEXT in text:
-        raise PredictError(f"Every {MASK_TEXT} of {text[:80]!r} lies beyond --max_seq_length="
-                           f"{max_len} tokens, where the text is cut: raise --max_seq_length (the "
-                           f"model takes up to {cfg.max_length}) or shorten the text.")
+        raise _mask_cut_off(text, max_len, cfg.max_length)
     ids, mask = _pad(rows, _bucket(max(map(len, rows)), high=max_len), batch_size)
     pos = np.zeros((batch_size, _bucket(max(map(len, positions)), low=1)), np.int32)
     for i, x in enumerate(positions):
@@ -144,6 +142,30 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
         best = np.argsort(probs[i, k])[::-1][:top_k]
         per_mask.append([(_shown(tokenizer, b), float(probs[i, k, b])) for b in best])
       yield per_mask
+
+
+def _mask_cut_off(text: str, max_len: int, model_max: int) -> PredictError:
+  """A text whose every [MASK] lies past `max_len` tokens: raise the length, or, at the
+  model's own limit, shorten the text."""
+  if max_len < model_max:
+    return PredictError(f"Every {MASK_TEXT} of {text[:80]!r} lies beyond --max_seq_length="
+                        f"{max_len} tokens, where the text is cut: raise --max_seq_length (the "
+                        f"model takes up to {model_max}) or shorten the text.")
+  return PredictError(f"Every {MASK_TEXT} of {text[:80]!r} lies beyond token {max_len}, where "
+                      f"the text is cut: the model takes no more: shorten the text or put the "
+                      f"{MASK_TEXT} earlier.")
+
+
+def _max_len(args, cfg) -> int:
+  """--max_seq_length as the model serves it: a length given above the model's is refused
+  (the texts would be cut at the model's without a word); the default is capped at it."""
+  if args["max_seq_length"].present and args.max_seq_length > cfg.max_length:
+    raise PredictError(
+        f"--max_seq_length={args.max_seq_length}: {args.checkpoint} takes at most "
+        f"{cfg.max_length} tokens a text (its position embeddings end there): set "
+        f"--max_seq_length={cfg.max_length} or less (longer texts are cut there), or use a model "
+        "with more positions.")
+  return min(args.max_seq_length, cfg.max_length)
 
 
 def _shown(tokenizer, token_id: int) -> str:
@@ -253,7 +275,8 @@ def _flags():
                        "Matryoshka model's smaller embedding; normalised after the cut).",
                        lower_bound=1, flag_values=fv)
   flags.DEFINE_integer("max_seq_length", 128, "Tokens per input, [CLS] and [SEP] included "
-                       f"(longer ones are cut); at least {MIN_SEQ_LENGTH}.",
+                       f"(longer ones are cut); at least {MIN_SEQ_LENGTH}, at most the model's "
+                       "positions (unset: 128, or the model's if fewer).",
                        lower_bound=MIN_SEQ_LENGTH, flag_values=fv)
   flags.DEFINE_integer("batch_size", 32, "Inputs per forward pass.", lower_bound=1,
                        flag_values=fv)
@@ -399,13 +422,14 @@ def _finetuned_mode(args, texts: Iterable[str], vocabulary) -> None:
 def _fill_mask(args, texts: Iterable[str], vocabulary) -> None:
   """--mode=fill_mask: the top_k tokens of each [MASK], printed."""
   cfg, params = load_checkpoint(args.checkpoint, "pretraining")
+  max_len = _max_len(args, cfg)
   tokenizer = vocabulary()
   _check_vocab(cfg, tokenizer)
   progress = _Progress(texts, "texts")
   inputs, shown = itertools.tee(progress)
   any_mask = False
   for text, per_mask in zip(shown, iter_fill_mask(cfg, params, tokenizer, inputs, args.top_k,
-                                                  args.max_seq_length, args.batch_size)):
+                                                  max_len, args.batch_size)):
     any_mask |= bool(per_mask)
     print(text)
     for k, cands in enumerate(per_mask):
@@ -419,13 +443,14 @@ def _features(args, texts: Iterable[str], out: str, vocabulary) -> None:
   """--mode=features: hidden states of the chosen layers, streamed into .npy or .jsonl."""
   layers = parse_layers(args.layers)
   cfg, params = load_checkpoint(args.checkpoint, "encoder")
+  max_len = _max_len(args, cfg)
   tokenizer = vocabulary()
   _check_vocab(cfg, tokenizer)
   check_layers(layers, cfg.num_layers, args.layers)
   progress, blanks = _Progress(texts, "texts"), []
   inputs, shown = itertools.tee(progress)
-  batches = _blank_rows(iter_features(cfg, params, tokenizer, inputs, layers,
-                                      args.max_seq_length, args.pooled, args.batch_size),
+  batches = _blank_rows(iter_features(cfg, params, tokenizer, inputs, layers, max_len,
+                                      args.pooled, args.batch_size),
                         shown, blanks)
   if out.endswith(".jsonl"):
     with fileio.path(out).open("wb") as f:
@@ -473,8 +498,9 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
   cfg, params, tokenizer, spec = embed_eval.load(
       args.checkpoint, args.vocab, args.lowercase, args.pooling, args.normalize,
       args.max_seq_length if args["max_seq_length"].present else None, args.truncate_dim)
+  max_len = _max_len(args, cfg)  # (given above the model's: refused)
   if spec.max_seq_length is None:
-    spec = dataclasses.replace(spec, max_seq_length=args.max_seq_length)
+    spec = dataclasses.replace(spec, max_seq_length=max_len)
   _check_vocab(cfg, tokenizer)
   progress, blanks = _Progress(texts, "texts"), []
   inputs, shown = itertools.tee(progress)

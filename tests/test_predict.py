@@ -406,3 +406,38 @@ def test_an_output_suffix_the_mode_does_not_write_is_refused_first(tmp_path, cap
       assert (f"--output={tmp_path / name}: --mode={mode} writes .npy or .jsonl, not {suffix}: "
               f"name it e.g. {tmp_path / 'f.npy'}") in err, err
   assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
+def _zero_checkpoint(tmp_path, max_positions=32):
+  """An export of _checkpoint's model with zero weights (shapes only: nothing compiled), for
+  tests of what predict refuses before it runs the model."""
+  tok = make_vocab(tmp_path, ["the cat sat on the mat . a dog ran"])
+  cfg = model_lib.BertConfig(vocab_size=tok.vocab_size, hidden_size=16, num_layers=2, num_heads=2,
+                             intermediate_size=32, max_position_embeddings=max_positions)
+  ids = jnp.ones((1, 4), jnp.int32)
+  shapes = jax.eval_shape(model_lib.BertForPreTraining(cfg).init, jax.random.key(0), ids, ids, ids, ids)
+  params = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(shapes)["params"])
+  formats.save_native(str(tmp_path / "ckpt"), cfg, params)
+  return tok, cfg
+
+
+def test_a_max_seq_length_above_the_models_positions_is_refused(tmp_path, capsys):
+  """--max_seq_length=512 on a model of 128 positions cut every text at 128 without a word
+  (issue 56 item 10): a length given above the model's is one line naming its limit, exit 2,
+  in every mode that reads the flag; unset, the default (128) is the model's 32 here."""
+  _zero_checkpoint(tmp_path)
+  base = [f"--checkpoint={tmp_path / 'ckpt'}", f"--vocab={tmp_path / 'vocab.txt'}", "--text=the [MASK] sat"]
+  for mode in ("fill_mask", "features", "embed"):
+    with pytest.raises(SystemExit) as e:
+      predict.main(base + [f"--mode={mode}", "--max_seq_length=512", f"--output={tmp_path / 'f.npy'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert (f"--max_seq_length=512: {tmp_path / 'ckpt'} takes at most 32 tokens a text (its "
+            "position embeddings end there): set --max_seq_length=32 or less") in err, err
+  assert not (tmp_path / "f.npy").exists()
+  # At the model's limit already (the default, capped), a [MASK] past it is not told to raise it.
+  with pytest.raises(SystemExit) as e:
+    predict.main(base[:2] + ["--text=" + "the cat " * 20 + "[MASK]"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "lies beyond token 32, where the text is cut: the model takes no " \
+      "more: shorten the text or put the [MASK] earlier" in err, err
