@@ -39,11 +39,11 @@ TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "se
              "mask_token_id")
 HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "intermediate_size")
-
-
 # What the classes hold outside the encoder (its heads and task heads): left out, named,
 # where a read does not use them; any other tensor is refused (formats.check_read).
 HEADS = formats.HEADS + ("head.", "dense.", "decoder.", "lm_head.")
+
+
 def _t(x: Array) -> Array:
   return np.ascontiguousarray(x.T)
 
@@ -282,9 +282,9 @@ def hf_to_params(state: Mapping[str, Array], cfg: ModernConfig, target: str = "p
   the top; "encoder": the `bert` subtree alone; "all": a fine-tuned `classifier` too). The
   encoder must be complete; the prediction head, the masked-LM output and the classifier are
   each loaded when present (whole)."""
+  origin = {k.removeprefix("model."): k for k in state}
   state = _strip(state)
   out = "decoder" if cfg.family == "modernbert" else "lm_head"
-  origin = {k.removeprefix("model."): k for k in state}
   emb = ("embeddings.tok_embeddings.weight" if cfg.family == "modernbert"
          else "embed_tokens.weight")
   if cfg.tie_word_embeddings and f"{out}.weight" in state:
