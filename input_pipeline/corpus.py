@@ -16,6 +16,7 @@ from typing import Iterator
 from absl import flags
 
 from input_pipeline import builtin_corpus
+from input_pipeline import errors
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import sources
@@ -85,18 +86,19 @@ def format_stats(stats: dict) -> str:
 
 def load_tfds_split(name: str, *, data_dir: str | None):
   """tfds.load(download=False) with an error that says how to prepare the dataset."""
-  records.tensorflow()  # TFDS reads through TensorFlow: keep it off the GPUs
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional: only TFDS corpora)
+  tfds = records.tensorflow_datasets(f"the TFDS corpus 'tfds:{name}'")
   name, _, split = name.partition(":")
   split = split or "train"
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except Exception as e:  # DatasetNotFoundError and friends.
-    raise FileNotFoundError(
-        f"TFDS dataset {name!r} is unknown to tensorflow_datasets ({e}).") from e
+    first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    raise errors.PathError(
+        f"TFDS dataset {name!r} is unknown to tensorflow_datasets ({first_line}). Check the "
+        "name after 'tfds:' and --tfds_data_dir.") from e
   if not builder.is_prepared():
-    raise FileNotFoundError(
-        f"TFDS dataset {name!r} is not prepared under data_dir={builder.data_dir_root!r}. "
+    raise errors.PathError(
+        f"TFDS dataset {name!r} is not prepared under data_dir={str(builder.data_dir_root)!r}. "
         "Nothing is downloaded at run time: prepare it once where the network is "
         f"available, e.g. `tfds build {name} --data_dir=DIR`, then pass "
         "--tfds_data_dir=DIR.")

@@ -236,9 +236,8 @@ def read_glue_file(task: str, path: str, split: str) -> list[Example]:
 def read_tfds_glue(task: str, split: str, data_dir: str | None = None,
                    name: str | None = None) -> list[Example]:
   """GLUE from a locally prepared TFDS copy (`glue/<task>`, or `name`); never downloads."""
-  records.tensorflow()  # TFDS reads through TensorFlow: keep it off the GPUs
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional: only data_dir=tfds)
   name = name or f"glue/{task}"
+  tfds = records.tensorflow_datasets(f"GLUE's {task} from TFDS ({name}; data_dir=tfds)")
   split = {"dev": "validation", "dev_mismatched": "validation_mismatched"}.get(split, split)
   try:
     ds = tfds.load(name, split=split, data_dir=data_dir, download=False)

@@ -368,6 +368,7 @@ def convert_legacy(old_dir: str, output_dir: str) -> dict:
     raise errors.UserError("--output_dir must differ from --convert: the original is read "
                            "while the arrays are written (delete it yourself afterwards).")
   fileio.check_output_dir(output_dir)
+  records.tensorflow(_CONVERTING)
   with hold_output(output_dir):
     return _write_converted(old_dir, old, output_dir)
 
@@ -411,8 +412,11 @@ def _tf_reason(e: Exception) -> str:
   return " ".join(text.split())
 
 
+_CONVERTING = "a prepared corpus of the first format (TFRecord files: prepare --convert)"
+
+
 def _write_converted(old_dir: str, old: dict, output_dir: str) -> dict:
-  tf = records.tensorflow()
+  tf = records.tensorflow(_CONVERTING)
   summary_path = fileio.path(fileio.join(output_dir, SUMMARY_NAME))
   if summary_path.exists():
     summary_path.unlink()

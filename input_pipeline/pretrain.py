@@ -242,7 +242,7 @@ class RecordStream:
     self.files = files if self.shard_records else files[process_index::process_count]
 
   def _with_positions(self, state: dict):
-    tf = records.tensorflow()  # only original BERT TFRecords read through tf.data
+    tf = records.tensorflow("original BERT TFRecords (data.tfrecord_pattern)")
     cfg = self.cfg
 
     def one_epoch(epoch):

@@ -16,6 +16,7 @@ import functools
 
 import numpy as np
 
+from input_pipeline import errors
 from input_pipeline import features
 from input_pipeline import text
 
@@ -24,16 +25,47 @@ DOC_FEATURES = ("token_ids", "sentence_lengths")
 BERT_INT_FEATURES = tuple(k for k in features.PRETRAINING_BATCH if k != "masked_lm_weights")
 
 
-@functools.cache
-def tensorflow():
+# TensorFlow and TFDS are in the base install (setup.py); an image may lack them.
+TENSORFLOW_INSTALL = ("install it with `pip install -c constraints.txt tensorflow-cpu "
+                      "tensorflow-datasets` in the bert_jax repository (both are in its base "
+                      "install: pip install -c constraints.txt -e .)")
+
+
+def tensorflow(needed_for: str = "this input (TFRecords, a TFDS dataset or a Google TF "
+               "checkpoint)"):
   """TensorFlow, imported only where it is used (TFRecords, TFDS, Google TF checkpoints; 3-4 s
-  and ~800 MB that no other job path pays) and kept off the GPUs, which JAX drives (once)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy and optional)
+  and ~800 MB that no other job path pays) and kept off the GPUs, which JAX drives (once).
+  Where it does not import: errors.MissingDependencyError saying what needs it
+  (`needed_for`) and how to install it."""
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (heavy and optional)
+  except ImportError as e:
+    raise errors.MissingDependencyError(
+        f"TensorFlow is needed for {needed_for} and does not import here ({e}): "
+        f"{TENSORFLOW_INSTALL}.") from e
+  _keep_off_gpus(tf)
+  return tf
+
+
+@functools.cache
+def _keep_off_gpus(tf) -> None:
   try:
     tf.config.set_visible_devices([], "GPU")
   except (RuntimeError, ValueError):  # TF's devices are already initialised: leave them
     pass
-  return tf
+
+
+def tensorflow_datasets(needed_for: str):
+  """tensorflow_datasets (TensorFlow first, kept off the GPUs), or
+  errors.MissingDependencyError as `tensorflow` says."""
+  tensorflow(needed_for)
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top  (optional)
+  except ImportError as e:
+    raise errors.MissingDependencyError(
+        f"tensorflow-datasets is needed for {needed_for} and does not import here ({e}): "
+        f"{TENSORFLOW_INSTALL}.") from e
+  return tfds
 
 
 # ------------------------------------------------------------------- Example encoding
@@ -104,7 +136,7 @@ def read_documents(files: list[str], batch_size: int = 256):
   Each yielded dict: tokens [T] int64, token_rows [D] (tokens per doc), sentence_lengths
   [S] int64, sentence_rows [D] (sentences per doc), documents in file order.
   """
-  tf = tensorflow()
+  tf = tensorflow(f"TFRecord files ({', '.join(files[:2])})")
   spec = {name: tf.io.RaggedFeature(tf.int64) for name in DOC_FEATURES}
   ds = tf.data.TFRecordDataset(files).batch(batch_size)
   ds = ds.map(lambda x: tf.io.parse_example(x, spec)).prefetch(2)
@@ -144,7 +176,7 @@ def read_bert_tfrecords(pattern: str, *, max_seq_length: int, max_predictions_pe
 
   `pattern` is comma-separated globs; files are read in sorted order, unshuffled.
   """
-  tf = tensorflow()
+  tf = tensorflow(f"original BERT TFRecords ({pattern})")
   files = text.expand_patterns(pattern)
   return tf.data.TFRecordDataset(files).map(
       lambda r: parse_bert_record(r, max_seq_length=max_seq_length,

@@ -3,6 +3,7 @@ import os
 import pathlib
 import random
 import re
+import sys
 
 import pytest
 
@@ -203,8 +204,50 @@ def test_tfds_local_corpus(tmp_path):
   assert len(docs) == 3 and all(d["split"] for d in docs)
   assert sentences.document_sentences(docs[0]) == [
       "Paragraph one of doc 0.", "Second sentence.", "Paragraph two of doc 0."]
-  with pytest.raises(FileNotFoundError, match="not prepared.*tfds build"):
+  with pytest.raises(errors.PathError, match="not prepared.*tfds build"):
     list(corpus.iter_documents("tfds:tiny_text_corpus", tfds_data_dir=str(tmp_path / "x")))
+  with pytest.raises(errors.PathError, match="unknown to tensorflow_datasets") as e:
+    list(corpus.iter_documents("tfds:no_such_corpus", tfds_data_dir=str(tmp_path)))
+  assert "\n" not in str(e.value)  # one line (TFDS's own message lists its search path)
+
+
+def test_inputs_read_through_tensorflow_without_it_are_one_line(tmp_path, monkeypatch):
+  """On an image without TensorFlow (or TFDS), every data input that reads through it (a
+  `tfds:` corpus for prepare and vocab, GLUE's data_dir=tfds, prepare --convert, original BERT
+  TFRecords) is refused in one line saying what needs it and how to install it, exit 2,
+  nothing written (issue 56 item 10)."""
+  from input_pipeline import glue  # pylint: disable=g-import-not-at-top
+  from input_pipeline import inspect as inspect_lib  # pylint: disable=g-import-not-at-top
+  from input_pipeline import prepare  # pylint: disable=g-import-not-at-top
+  from input_pipeline import testing  # pylint: disable=g-import-not-at-top
+  from input_pipeline import vocab  # pylint: disable=g-import-not-at-top
+  install = ("install it with `pip install -c constraints.txt tensorflow-cpu "
+             "tensorflow-datasets` in the bert_jax repository")
+  for name in ("tensorflow", "tensorflow_datasets"):
+    monkeypatch.setitem(sys.modules, name, None)
+  words = testing.write_vocab(str(tmp_path / "vocab.txt"), ["a"])
+  spec = "tfds:wikipedia/20230601.en"
+  for main, flags in ((prepare.main, [f"--vocab={words}", f"--output_dir={tmp_path / 'p'}"]),
+                      (vocab.main, [f"--output={tmp_path / 'v'}"])):
+    line = testing.refusal(main, ["cli", f"--input={spec}", *flags])
+    assert f"TensorFlow is needed for the TFDS corpus '{spec}' and does not import" in line
+    assert install in line, line
+  with pytest.raises(errors.MissingDependencyError, match=r"TensorFlow is needed for GLUE's "
+                     r"cola from TFDS \(glue/cola; data_dir=tfds\)"):
+    glue.read_tfds_glue("cola", "dev", str(tmp_path))
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "summary.json").write_text('{"num_shards": 1, "files": ["d.tfrecord"], '
+                                    '"shard_documents": [1], "vocab": {"vocab_size": 9}}')
+  (old / "d.tfrecord").write_bytes(b"")
+  line = testing.refusal(prepare.main, ["prepare", f"--convert={old}",
+                                        f"--output_dir={tmp_path / 'new'}"])
+  assert "TensorFlow is needed for a prepared corpus of the first format" in line, line
+  line = testing.refusal(inspect_lib.main, ["inspect", f"--tfrecord_pattern={old}/d.tfrecord",
+                                            f"--vocab={words}", "--max_seq_length=8",
+                                            "--max_predictions_per_seq=2"])
+  assert "TensorFlow is needed for original BERT TFRecords" in line, line
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "p", "vocab.txt"]
 
 
 @pytest.mark.data
