@@ -246,7 +246,7 @@ def _flags():
   flags.DEFINE_string("vocab", None, "vocab.txt or SentencePiece model the model was trained "
                       "with, or the directory holding it. Default: the checkpoint's own (a "
                       "HuggingFace or export directory's, the vocabulary a workdir of ours "
-                      "recorded).", flag_values=fv)
+                      "recorded); one whose tokens differ from that is warned of.", flag_values=fv)
   flags.DEFINE_bool("lowercase", None, "Override the vocabulary's casing (--lowercase / "
                     "--nolowercase; default: as the files beside it say, e.g. do_lower_case "
                     "in a HuggingFace tokenizer_config.json).", flag_values=fv)
@@ -389,7 +389,7 @@ def _finetuned_mode(args, texts: Iterable[str], vocabulary) -> None:
   cfg, params, task, labels = finetuned.load(args.checkpoint)
   _check_mode(args.mode, task, args.checkpoint)
   tokenizer = vocabulary()
-  _check_vocab(cfg, tokenizer)
+  _check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
   if args.mode == "qa":
     if not (args.question and args.context):
       raise PredictError("--mode=qa needs --question and --context.")
@@ -424,7 +424,7 @@ def _fill_mask(args, texts: Iterable[str], vocabulary) -> None:
   cfg, params = load_checkpoint(args.checkpoint, "pretraining")
   max_len = _max_len(args, cfg)
   tokenizer = vocabulary()
-  _check_vocab(cfg, tokenizer)
+  _check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
   progress = _Progress(texts, "texts")
   inputs, shown = itertools.tee(progress)
   any_mask = False
@@ -445,7 +445,7 @@ def _features(args, texts: Iterable[str], out: str, vocabulary) -> None:
   cfg, params = load_checkpoint(args.checkpoint, "encoder")
   max_len = _max_len(args, cfg)
   tokenizer = vocabulary()
-  _check_vocab(cfg, tokenizer)
+  _check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
   check_layers(layers, cfg.num_layers, args.layers)
   progress, blanks = _Progress(texts, "texts"), []
   inputs, shown = itertools.tee(progress)
@@ -501,7 +501,7 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
   max_len = _max_len(args, cfg)  # (given above the model's: refused)
   if spec.max_seq_length is None:
     spec = dataclasses.replace(spec, max_seq_length=max_len)
-  _check_vocab(cfg, tokenizer)
+  _check_vocab(cfg, tokenizer, args.vocab, embed.transformer_dir(args.checkpoint))
   progress, blanks = _Progress(texts, "texts"), []
   inputs, shown = itertools.tee(progress)
   vectors = embed.iter_embeddings(cfg, params, tokenizer, inputs, spec, args.batch_size)
@@ -534,10 +534,36 @@ def _check_mode(mode: str, task: dict, checkpoint: str) -> None:
       + " (--mode=features reads the encoder of any checkpoint.)")
 
 
-def _check_vocab(cfg, tokenizer) -> None:
+def _check_vocab(cfg, tokenizer, given: str | None = None, checkpoint: str | None = None
+                 ) -> None:
+  """The vocabulary fits the model's table (else a PredictError); one `given` (--vocab) whose
+  tokens are not those `checkpoint` comes with: a warning."""
   if not formats.vocabulary_fits(cfg, tokenizer.vocab_size):
     raise PredictError(f"The vocabulary has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: "
                        "pass the vocab the checkpoint was trained with.")
+  if given and checkpoint:
+    _warn_other_vocab(tokenizer, given, checkpoint)
+
+
+def _warn_other_vocab(tokenizer, given: str, checkpoint: str) -> None:
+  """One warning when --vocab's tokens are not those of the vocabulary `checkpoint` comes with
+  (a HuggingFace or export directory's, the one its run recorded: loader.checkpoint_vocab);
+  nothing when it has none to compare with."""
+  try:
+    own = Tokenizer.from_path(loader.checkpoint_vocab(checkpoint))
+  except (errors.UserError, OSError):
+    return
+  if own.sha256 == tokenizer.sha256 or own.tokens == tokenizer.tokens:
+    return
+  differ = [i for i, (a, b) in enumerate(itertools.zip_longest(own.tokens, tokenizer.tokens))
+            if a != b]
+  first = differ[0]
+  at = lambda tokens: repr(tokens[first]) if first < len(tokens) else "missing"
+  logging.warning("--vocab=%s is not the vocabulary %s comes with (%s): %d of its %d tokens "
+                  "differ (the first: id %d is %s there, %s in --vocab), so those ids mean other "
+                  "tokens than the model learned: leave out --vocab to use the checkpoint's own.",
+                  given, checkpoint, own.path, len(differ), own.vocab_size, first,
+                  at(own.tokens), at(tokenizer.tokens))
 
 
 if __name__ == "__main__":

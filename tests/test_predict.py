@@ -441,3 +441,35 @@ def test_a_max_seq_length_above_the_models_positions_is_refused(tmp_path, capsys
   err = capsys.readouterr().err
   assert e.value.code == 2 and "lies beyond token 32, where the text is cut: the model takes no " \
       "more: shorten the text or put the [MASK] earlier" in err, err
+
+
+def test_a_vocabulary_other_than_the_checkpoints_own_is_said(tmp_path, capsys, caplog):
+  """--vocab of another vocabulary of the same size was used without a word, every id then
+  meaning another token than the model learned (issue 56 item 10): one warning naming both
+  files, how many tokens differ and the first; the same tokens from another file say nothing."""
+  import logging  # pylint: disable=g-import-not-at-top
+  _zero_checkpoint(tmp_path)
+  own = (tmp_path / "vocab.txt").read_text().splitlines()
+  shutil.copy(tmp_path / "vocab.txt", tmp_path / "ckpt" / "vocab.txt")  # the checkpoint's own
+  (tmp_path / "other.txt").write_text("\n".join(own[:5] + [f"x{i}" for i in range(len(own) - 5)]) + "\n")
+  (tmp_path / "same").mkdir()
+  shutil.copy(tmp_path / "vocab.txt", tmp_path / "same" / "vocab.txt")
+  base = [f"--checkpoint={tmp_path / 'ckpt'}", "--text=the [MASK] sat", "--max_seq_length=8"]
+  for vocab, warned in (("other.txt", True), ("same", False)):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      predict.main(base + [f"--vocab={tmp_path / vocab}"])
+    assert "[MASK] #1:" in capsys.readouterr().out
+    said = [r.getMessage() for r in caplog.records if "--vocab=" in r.getMessage()]
+    assert bool(said) == warned, said
+  assert said == [] and len(own) - 5 > 0
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    predict.main(base + [f"--vocab={tmp_path / 'other.txt'}", "--mode=features",
+                         f"--output={tmp_path / 'f.npy'}"])
+  said = [r.getMessage() for r in caplog.records if "--vocab=" in r.getMessage()]
+  assert said == [
+      f"--vocab={tmp_path / 'other.txt'} is not the vocabulary {tmp_path / 'ckpt'} comes with "
+      f"({tmp_path / 'ckpt' / 'vocab.txt'}): {len(own) - 5} of its {len(own)} tokens differ (the first: id 5 is "
+      f"{own[5]!r} there, 'x0' in --vocab), so those ids mean other tokens than the model learned: "
+      "leave out --vocab to use the checkpoint's own."], said
