@@ -20,9 +20,11 @@ from absl import logging
 import jax
 import numpy as np
 
+from bert_jax import best_dir
 from bert_jax import embed
 from bert_jax import families
 from bert_jax import formats
+from bert_jax import heads
 from bert_jax import loader
 from input_pipeline import errors
 from input_pipeline import fileio
@@ -89,6 +91,63 @@ def export_sentence_transformers(path: str, cfg: Any, params: Any, tok: tokenize
   embed.write_spec(path, spec, cfg.hidden_size, length)
 
 
+# ----------------------------------------------------------------------------
+# A fine-tuned head: its kind, which its tree does not hold.
+
+# A fine-tuning task (the `task` a run records in its best/) -> the kind of head it trains
+# (formats.TASK_HEAD_CLASSES; bert_jax/tasks.py builds the heads).
+TASK_HEAD_OF = {"glue": "sequence", "custom": "sequence", "conll": "token", "squad": "span",
+                "swag": "choice"}
+
+
+class UnsupportedExportError(errors.UserError, ValueError):
+  """A head that transformers has no class for (a feature-based head, a family's missing one)."""
+
+
+def task_head(path: str, params: Any) -> str | None:
+  """The kind of the fine-tuned head (`classifier`) that `params`, read from `path`, hold
+  (None: none): the task a fine-tuning run recorded in its best/, the class a HuggingFace
+  directory names, the kind an export recorded (formats.native_task_head), else a sequence
+  classifier (what every export of a classifier wrote before kinds were recorded)."""
+  if "classifier" not in params:
+    return None
+  root = fileio.path(path)
+  record = best_dir.recorded_task(root) or best_dir.recorded_task(best_dir.of(root))
+  if record and record.get("task") in TASK_HEAD_OF:
+    return TASK_HEAD_OF[record["task"]]
+  if (root / formats.NATIVE_CONFIG).exists():
+    return formats.native_task_head(path) or "sequence"
+  try:
+    config = fileio.read_json(root / "config.json", {})
+  except (OSError, ValueError):
+    config = {}
+  classes = config.get("architectures") if isinstance(config, dict) else None
+  kind = formats.task_head_of_architecture(str(classes[0])) if classes else None
+  return kind or "sequence"
+
+
+def check_exportable(path: str, cfg: Any, kind: str | None) -> None:
+  """Refuses (UnsupportedExportError), before anything is written, a fine-tuned head that no
+  transformers class holds: a feature-based one (the paper's Table 7: other layers than the
+  last, a BiLSTM), or a kind the family's classes lack."""
+  if kind is None:
+    return
+  root = fileio.path(path)
+  how = heads.FeatureBased.of(best_dir.recorded_task(root)
+                              or best_dir.recorded_task(best_dir.of(root)) or {})
+  if how.features != "last" or how.bilstm_units:
+    raise UnsupportedExportError(
+        f"{path} was fine-tuned feature-based (features={how.features}, bilstm_units="
+        f"{how.bilstm_units}): no transformers class holds that head. Export the encoder "
+        "alone (--target=encoder), or keep the whole model with --to=bert_jax.")
+  if kind not in families.of(cfg).task_heads:
+    raise UnsupportedExportError(
+        f"transformers has no {cfg.family} class for a {kind} head "
+        f"(...{formats.TASK_HEAD_CLASSES[kind]}); it has one for "
+        f"{', '.join(families.of(cfg).task_heads)}. Export the encoder alone "
+        "(--target=encoder), or keep the whole model with --to=bert_jax.")
+
+
 def _flags():
   """convert's flags, in their own FlagValues (absl syntax; importing adds no global flags)."""
   fv = flags.FlagValues()
@@ -107,11 +166,13 @@ def _flags():
                       "SentencePiece model, or the directory holding it). Default: the input's "
                       "own (a HuggingFace or export directory's, the one a workdir recorded).",
                       flag_values=fv)
-  flags.DEFINE_enum("target", "pretraining", ["pretraining", "encoder", "all"], "'pretraining' "
-                    "keeps the heads the checkpoint has (masked-LM, NSP, pooler); 'encoder' keeps "
-                    "the encoder and pooler only; 'all' keeps a fine-tuned head too (a fine-tuning "
-                    "run's best/; RoBERTa's sequence classifier exports as transformers' "
-                    "...ForSequenceClassification).", flag_values=fv)
+  flags.DEFINE_enum("target", "all", ["all", "pretraining", "encoder"], "'all' keeps every "
+                    "head the checkpoint has: masked-LM, NSP, pooler, ELECTRA's discriminator and "
+                    "generator, a fine-tuned task head (a fine-tuning run's best/ exports as "
+                    "transformers' ...ForSequenceClassification, ...ForTokenClassification, "
+                    "...ForQuestionAnswering or ...ForMultipleChoice of its task); 'pretraining' "
+                    "leaves a fine-tuned head out; 'encoder' keeps the encoder and pooler only.",
+                    flag_values=fv)
   return fv
 
 
@@ -144,11 +205,13 @@ def main(argv: Iterable[str] | None = None) -> None:
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
   family = families.of(cfg)
+  kind = task_head(args.input, params)
   written = [args.output]
   if args.to == "huggingface":  # (a family may write a companion model beside it)
-    written = family.export_hf(args.output, cfg, params, tok) or written
+    check_exportable(args.input, cfg, kind)
+    written = family.export_hf(args.output, cfg, params, tok, task_head=kind or "sequence") or written
   else:
-    formats.save_native(args.output, cfg, params)
+    formats.save_native(args.output, cfg, params, task_head=kind)
   if tok is not None:
     for out in written:
       export_vocabulary(tok, out, name_specials=args.to == "huggingface" and family.names_specials)

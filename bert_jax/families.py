@@ -45,7 +45,8 @@ class Family:
   read_hf: Callable[[str, str, bool], tuple[Any, dict]]
   # (path, target, require_mlm) -> the same of a bert_jax export (its tree as saved: read_native)
   read_native: Callable[[str, str, bool], tuple[Any, dict]]
-  # (path, cfg, params, tokenizer or None): what transformers loads; returns the directories
+  # (path, cfg, params, tokenizer or None, task_head=): what transformers loads, a fine-tuned
+  # `classifier` as the class of its kind (formats.TASK_HEAD_CLASSES); returns the directories
   # written when it writes more than `path` (ELECTRA's generator), else None
   export_hf: Callable[..., list[str] | None]
   model_types: tuple[str, ...]  # HuggingFace config.json model_type values it reads
@@ -65,6 +66,8 @@ class Family:
   causal_lm: Callable[[Any], Any] | None = None  # the left-to-right LM (objective ltr), if any
   # (cfg, generator size) -> ELECTRA's generator + discriminator (objective electra), if any
   replaced_token_detection: Callable[[Any, float], Any] | None = None
+  # The kinds of fine-tuned head transformers has a class of this family for (export_hf).
+  task_heads: tuple[str, ...] = ("sequence", "token", "span", "choice")
   # sequence length -> the config.model fields a pre-training job on GPU sets where the
   # config leaves them unset (None), each measured (e.g. BERT's fused attention from 256 on)
   gpu_defaults: Callable[[int], Mapping[str, Any]] = lambda length: {}

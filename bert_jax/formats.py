@@ -305,13 +305,46 @@ def pop_task_head(state: dict[str, Array]) -> Params:
           "bias": np.asarray(state.pop(f"{hf}.bias"), np.float32)}
 
 
-def classifier_to_hf(state: dict[str, Array], head: Params, pooler: str) -> None:
-  """In place on a HuggingFace state: our pooler (named `pooler`) and classifier as a
-  ...ForSequenceClassification's classifier.dense / classifier.out_proj."""
+# The kinds of fine-tuned head (`classifier`, whose tree is the same for each) -> the suffix
+# of transformers' class that holds it. A task head's kind is not in its tree: a fine-tuning
+# run's best/ records its task, a HuggingFace directory its class, an export its metadata.
+TASK_HEAD_CLASSES = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification",
+                     "span": "ForQuestionAnswering", "choice": "ForMultipleChoice"}
+
+
+def task_head_of_architecture(architecture: str) -> str | None:
+  """The kind of task head transformers' class `architecture` holds (None: not a task's)."""
+  return next((k for k, suffix in TASK_HEAD_CLASSES.items() if architecture.endswith(suffix)),
+              None)
+
+
+def task_head_to_hf(state: dict[str, Array], head: Params, pooler: str,
+                    names: tuple[str | None, str]) -> None:
+  """In place on a HuggingFace state: our pooler (named `pooler` in `state`) and classifier
+  as transformers' task head `names` = (its dense layer before the output: our pooler, or
+  None where the class has none, e.g. a token or span head, and the pooler such a head
+  never reads is left out; its output layer)."""
+  dense, out = names
+  if dense is not None and f"{pooler}.weight" not in state:
+    raise CheckpointMismatchError(
+        f"transformers' head of this task reads a dense layer ({dense}) that the checkpoint "
+        "lacks (it has no pooler): export the fine-tuning run's best/, which records its "
+        "task, or the encoder alone (--target=encoder).")
   for name in ("weight", "bias"):
-    state[f"classifier.dense.{name}"] = state.pop(f"{pooler}.{name}")
-  state["classifier.out_proj.weight"] = np.ascontiguousarray(np.asarray(head["kernel"]).T)
-  state["classifier.out_proj.bias"] = np.asarray(head["bias"])
+    value = state.pop(f"{pooler}.{name}", None)
+    if dense is not None and value is not None:
+      state[f"{dense}.{name}"] = value
+  state[f"{out}.weight"] = np.ascontiguousarray(np.asarray(head["kernel"], np.float32).T)
+  state[f"{out}.bias"] = np.asarray(head["bias"], np.float32)
+
+
+def task_head_names(pooler: str, sequence: tuple[str | None, str] | None = None,
+                    choice: str | None = None) -> dict[str, tuple[str | None, str]]:
+  """A family's task_head_to_hf names per kind: transformers' common ones (a token or span
+  head on the encoder alone; a sequence or choice classifier on the pooler, `pooler`),
+  where the family's sequence head (dense, output) or choice head's dense differs."""
+  return {"sequence": sequence or (pooler, "classifier"), "token": (None, "classifier"),
+          "span": (None, "qa_outputs"), "choice": (choice or pooler, "classifier")}
 
 
 def label_fields(params: Params) -> dict[str, Any]:
@@ -332,16 +365,31 @@ def canonical_target(target: str) -> str:
 # ----------------------------------------------------------------------------
 # Writers.
 
-def save_native(path: str, cfg: Any, params: Params) -> None:
+def save_native(path: str, cfg: Any, params: Params, task_head: str | None = None) -> None:
   """Our portable format: safetensors of the unrolled tree + the model config (written last:
-  a directory without it is not a checkpoint, so a killed save is never read)."""
+  a directory without it is not a checkpoint, so a killed save is never read). `task_head`:
+  the kind of the `classifier` the tree holds (TASK_HEAD_CLASSES), kept in the safetensors
+  metadata for an export to transformers (native_task_head)."""
   params = to_numpy(params)
   flat = {"/".join(p.key for p in path): np.ascontiguousarray(v)
           for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
-  write_safetensors(d / NATIVE_PARAMS, flat)
+  write_safetensors(d / NATIVE_PARAMS, flat, {"task_head": task_head} if task_head else None)
   (d / NATIVE_CONFIG).write_text(json.dumps(cfg.to_dict(), indent=2))
+
+
+def native_task_head(path: str) -> str | None:
+  """The task head's kind an export recorded (save_native), None where it holds none; only
+  the safetensors header is read."""
+  try:
+    with (fileio.path(path) / NATIVE_PARAMS).open("rb") as f:
+      size = int.from_bytes(f.read(8), "little")
+      header = json.loads(f.read(size)) if 0 < size < 100_000_000 else {}
+  except (OSError, ValueError):
+    return None  # (a damaged file is named by the reader)
+  kind = (header.get("__metadata__") or {}).get("task_head") if isinstance(header, dict) else None
+  return kind if kind in TASK_HEAD_CLASSES else None
 
 
 def config_from_dict(d: Mapping[str, Any]) -> Any:

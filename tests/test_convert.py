@@ -373,3 +373,171 @@ def test_every_export_loads_in_autotokenizer_with_our_ids(tmp_path, trained_voca
   assert ref(a, b)["input_ids"] == features.encode_pair(ours, ours.encode(a), ours.encode(b))[0]
   again = Tokenizer.from_path(str(tmp_path / "out"))  # ours reads its own file, not the json
   assert again.kind == ours.kind and again.encode_batch(texts) == ours.encode_batch(texts)
+
+
+# ----------------------------------------------------------------------------
+# Every head the checkpoint has is exported (issue 56 item 4).
+
+HEAD_CLASSES = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification",
+                "span": "ForQuestionAnswering", "choice": "ForMultipleChoice"}
+TASK_OF = {"sequence": "glue", "token": "conll", "span": "squad", "choice": "swag"}
+_TINY = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+             intermediate_size=48, max_position_embeddings=40)
+
+
+def _tiny_task_hf(tmp_path, family, kind):
+  """(directory, model): transformers' `kind` head of a tiny `family` model, random weights."""
+  from tests import hf_parity  # pylint: disable=g-import-not-at-top
+  ids = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3)
+  config, stem = {
+      "bert": lambda: (transformers.BertConfig(**_TINY), "Bert"),
+      "roberta": lambda: (transformers.RobertaConfig(**{**_TINY, "max_position_embeddings": 42},
+                                                     pad_token_id=1), "Roberta"),
+      "electra": lambda: (transformers.ElectraConfig(embedding_size=16, **_TINY), "Electra"),
+      "deberta-v2": lambda: (transformers.DebertaV2Config(
+          relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
+          norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False,
+          max_relative_positions=-1, pooler_hidden_size=32, **_TINY), "DebertaV2"),
+      "modernbert": lambda: (transformers.ModernBertConfig(
+          cls_token_id=2, sep_token_id=3, mask_token_id=4, **ids, **_TINY), "ModernBert"),
+      "eurobert": lambda: (transformers.EuroBertConfig(num_key_value_heads=1, mask_token_id=4,
+                                                       **ids, **_TINY), "EuroBert"),
+  }[family]()
+  config.num_labels = 2 if kind == "span" else 3  # (start and end)
+  config._attn_implementation = "eager"  # pylint: disable=protected-access
+  return hf_parity.hf_dir(tmp_path, getattr(transformers, stem + HEAD_CLASSES[kind]), config,
+                          lambda name: "norm" in name.lower(), seed=1)
+
+
+def _same_logits(a, b, kind):
+  """The two transformers models give the same outputs (the head's, every position)."""
+  from tests import hf_parity  # pylint: disable=g-import-not-at-top
+  ids, mask = hf_parity.padded_inputs(0, 2, (0, 5), 99, 12, first_id=2, pad_id=0)
+  if kind == "choice":  # [batch, choices, length]
+    ids, mask = np.stack([ids, ids[::-1]], 1), np.stack([mask, mask[::-1]], 1)
+  with torch.no_grad():
+    outs = [m.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)) for m in (a, b)]
+  names = ("start_logits", "end_logits") if kind == "span" else ("logits",)
+  for name in names:
+    np.testing.assert_allclose(getattr(outs[0], name).numpy(), getattr(outs[1], name).numpy(),
+                               atol=1e-6, err_msg=name)
+
+
+def _loads_whole(path):
+  """transformers' class that config.json names, loaded from `path` with no weight missing
+  (re-initialised) or unexpected."""
+  arch = json.loads((path / "config.json").read_text())["architectures"][0]
+  model, info = getattr(transformers, arch).from_pretrained(
+      path, output_loading_info=True, attn_implementation="eager")
+  assert not info["missing_keys"] and not info["unexpected_keys"], (arch, info)
+  return arch, model
+
+
+@pytest.mark.parametrize("kind", list(HEAD_CLASSES))
+@pytest.mark.parametrize("family", ["bert", "roberta", "electra", "deberta-v2", "modernbert",
+                                    "eurobert"])
+def test_a_task_head_survives_the_round_trip_through_bert_jax(tmp_path, family, kind):
+  """HuggingFace ...For<Task> -> bert_jax -> HuggingFace with the default --target, and the
+  bert_jax export as a fine-tuning run's best/ (its record naming the task) with --target=all:
+  the same transformers class, no weight re-initialised, the same logits. Before: BERT's
+  classifier was dropped (BertForPreTraining/BertModel written), and every other family wrote
+  any task head as ...ForSequenceClassification."""
+  from bert_jax import best_dir  # pylint: disable=g-import-not-at-top
+  if family == "eurobert" and kind in ("span", "choice"):
+    pytest.skip("transformers has no EuroBert class for this head")
+  path, hf = _tiny_task_hf(tmp_path, family, kind)
+  _hub_vocab(tmp_path, 99)
+  vocab = f"--vocab={tmp_path / 'vocab.txt'}"
+  convert.main([f"--input={path}", f"--output={tmp_path / 'ours'}", vocab])
+  convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'back'}",
+                "--to=huggingface", vocab])
+  arch, back = _loads_whole(tmp_path / "back")
+  assert arch == type(hf).__name__
+  _same_logits(hf, back, kind)
+  formats.save_native(str(tmp_path / "best"), *loader.read(str(path), "all"))
+  best_dir.mark(tmp_path / "best", ["a", "b", "c"], {"task": TASK_OF[kind]})
+  convert.main([f"--input={tmp_path / 'best'}", f"--output={tmp_path / 'exported'}",
+                "--to=huggingface", "--target=all", vocab])
+  arch, exported = _loads_whole(tmp_path / "exported")
+  assert arch == type(hf).__name__
+  _same_logits(hf, exported, kind)
+
+
+def _perturbed(params, seed=0):
+  """Every weight moved off its initial value, so a mapping mistake cannot hide."""
+  import jax  # pylint: disable=g-import-not-at-top
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_unflatten(
+      tree, [np.asarray(x) + rng.normal(0, 0.1, np.shape(x)).astype(np.float32) for x in leaves])
+
+
+def _fine_tuned_best(tmp_path, cfg, record):
+  """(head module, its params, its inputs): a fine-tuning run's best/ at tmp_path/best of the
+  task `record` names (random weights), and a vocabulary of 99 entries at tmp_path."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import best_dir, tasks  # pylint: disable=g-import-not-at-top
+  from tests import hf_parity  # pylint: disable=g-import-not-at-top
+  head = tasks.TASKS[record["task"]].head(cfg, record, ["a", "b", "c"])
+  ids, mask = hf_parity.padded_inputs(0, 2, (0, 5), 99, 12, first_id=2, pad_id=0)
+  if record["task"] == "swag":  # [batch, choices, length]
+    ids, mask = np.stack([ids, ids[::-1]], 1), np.stack([mask, mask[::-1]], 1)
+  args = (ids, np.zeros_like(ids), mask)
+  params = _perturbed(nn.unbox(head.init(jax.random.key(0), *args))["params"])
+  formats.save_native(str(tmp_path / "best"), cfg, params)
+  best_dir.mark(tmp_path / "best", ["a", "b", "c"], record)
+  _hub_vocab(tmp_path, 99)
+  return head, params, args
+
+
+TINY_BERT = model_lib.BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=2,
+                                 intermediate_size=48, max_position_embeddings=40)
+
+
+@pytest.mark.parametrize("kind", list(HEAD_CLASSES))
+def test_a_fine_tuned_bert_exports_with_its_head(tmp_path, kind):
+  """A BERT fine-tuning run's best/ exported with --target=all (and with the default target)
+  was written as BertModel without its classifier: it is now transformers' class of its
+  task, every weight loaded, with our logits."""
+  head, params, args = _fine_tuned_best(tmp_path, TINY_BERT, {"task": TASK_OF[kind]})
+  ours = head.apply({"params": params}, *args)
+  ids, _, mask = args
+  for target in (["--target=all"], []):
+    out = tmp_path / f"hf{len(target)}"
+    convert.main([f"--input={tmp_path / 'best'}", f"--output={out}", "--to=huggingface",
+                  f"--vocab={tmp_path / 'vocab.txt'}"] + target)
+    arch, back = _loads_whole(out)
+    assert arch == "Bert" + HEAD_CLASSES[kind]
+    with torch.no_grad():
+      theirs = back.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+    if kind == "span":
+      got, want = np.stack(ours, -1), np.stack([theirs.start_logits, theirs.end_logits], -1)
+    else:
+      got, want = np.asarray(ours), theirs.logits.numpy()
+    real = mask.astype(bool) if kind in ("token", "span") else slice(None)
+    assert np.abs(got[real] - want[real]).max() <= 1e-5, kind
+
+
+@pytest.mark.parametrize("case", ["feature_based", "eurobert_span"])
+def test_a_head_transformers_has_no_class_for_is_refused(tmp_path, capsys, case):
+  """A feature-based head (concatenated layers) or a span head of EuroBERT (transformers has
+  no EuroBertForQuestionAnswering) is one line, exit 2, nothing written; --to=bert_jax keeps
+  it."""
+  from bert_jax import families  # pylint: disable=g-import-not-at-top
+  if case == "feature_based":
+    cfg, record = TINY_BERT, {"task": "glue", "features": "concat_last4"}
+    cfg = cfg.replace(num_layers=4)
+  else:
+    cfg = families.get("eurobert").from_fields({"preset": "eurobert-tiny", "num_layers": 1}, 99)
+    record = {"task": "squad"}
+  _fine_tuned_best(tmp_path, cfg, record)
+  with pytest.raises(SystemExit) as e:
+    convert.main([f"--input={tmp_path / 'best'}", f"--output={tmp_path / 'out'}",
+                  "--to=huggingface", f"--vocab={tmp_path / 'vocab.txt'}"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+  assert ("feature-based" if case == "feature_based" else "no eurobert class for a span") in err
+  assert "--target=encoder" in err and not (tmp_path / "out").exists()
+  convert.main([f"--input={tmp_path / 'best'}", f"--output={tmp_path / 'native'}"])
+  assert "classifier" in loader.read(str(tmp_path / "native"), "all")[1]

@@ -194,3 +194,25 @@ def test_weights_config_json_does_not_describe_are_refused(tmp_path):
   assert "unused tensors (1): electra.extra.weight" in message, message
   loader.read(hf_parity.edited_copy(path, tmp_path / "fine", extra={
       "electra.embeddings.position_ids": np.arange(L)[None]}))
+
+
+@pytest.mark.parametrize("target", [[], ["--target=pretraining"]])
+def test_a_discriminator_keeps_its_head_through_bert_jax(tmp_path, target):
+  """ElectraForPreTraining -> bert_jax -> HuggingFace wrote ElectraModel (transformers then
+  re-initialised discriminator_predictions.*, no warning): the default target and
+  'pretraining' keep the replaced-token head; every weight loads, the same logits."""
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  from tests.test_convert import _hub_vocab  # pylint: disable=g-import-not-at-top
+  path, hf = _hf_dir(tmp_path, "ForPreTraining", 16)
+  _hub_vocab(tmp_path, V)
+  vocab = f"--vocab={tmp_path / 'vocab.txt'}"
+  convert.main([f"--input={path}", f"--output={tmp_path / 'ours'}", vocab] + target)
+  convert.main([f"--input={tmp_path / 'ours'}", f"--output={tmp_path / 'back'}",
+                "--to=huggingface", vocab] + target)
+  config = json.loads((tmp_path / "back" / "config.json").read_text())
+  assert config["architectures"] == ["ElectraForPreTraining"]
+  back, info = transformers.ElectraForPreTraining.from_pretrained(
+      tmp_path / "back", output_loading_info=True, attn_implementation="eager")
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  ids, mask = _inputs(3)
+  hf_parity.export_matches(hf, back, ids, mask)

@@ -234,12 +234,16 @@ def config_to_hf(cfg: BertConfig, architecture: str = "BertForPreTraining") -> d
 
 def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
             ) -> tuple[BertConfig, Params]:
-  """A HuggingFace BERT directory (config.json + model.safetensors / pytorch_model.bin)."""
+  """A HuggingFace BERT directory (config.json + model.safetensors / pytorch_model.bin);
+  "all" also reads a task head (sequence or token classification, spans, multiple choice)."""
   cfg = config_from_hf(formats.read_config_json(fileio.path(path) / "config.json"))
   origin = {}
-  return cfg, canonical_to_params(formats.read_hf_state(path, origin), cfg,
-                                  formats.canonical_target(target), require_mlm=require_mlm,
-                                  source=f"HuggingFace checkpoint {path}", origin=origin)
+  state = formats.read_hf_state(path, origin)
+  head = formats.pop_task_head(state) if target == "all" else {}
+  params = canonical_to_params(state, cfg, formats.canonical_target(target),
+                               require_mlm=require_mlm and not head,
+                               source=f"HuggingFace checkpoint {path}", origin=origin)
+  return cfg, {**params, "classifier": head} if head else params
 
 
 def read_tf(path: str, target: str = "pretraining", require_mlm: bool = True
@@ -280,21 +284,33 @@ def load_native(path: str, target: str = "pretraining", require_mlm: bool = True
                                   config_file=formats.NATIVE_CONFIG)
 
 
-def export_huggingface(path: str, cfg: BertConfig, params: Params) -> None:
+# transformers' names of a fine-tuned head, per kind (formats.task_head_to_hf).
+TASK_HEADS = formats.task_head_names("bert.pooler.dense")
+
+
+def export_huggingface(path: str, cfg: BertConfig, params: Params,
+                       task_head: str = "sequence") -> None:
   """safetensors + config.json for the transformers class of the heads the params hold:
-  BertForPreTraining (MLM + NSP), BertForMaskedLM (MLM only) or BertModel (encoder).
-  config.json is written last: a directory without it is not read as a checkpoint."""
+  BertForPreTraining (MLM + NSP), BertForMaskedLM (MLM only), BertModel (encoder), or with a
+  fine-tuned `classifier` the class of its kind, `task_head` (formats.TASK_HEAD_CLASSES:
+  BertForSequenceClassification, ...). config.json is written last: a directory without it
+  is not read as a checkpoint."""
   h = formats.heads(params)
-  architecture = ARCHITECTURES[(h["mlm"], h["nsp"])]
+  head = params.get("classifier")
+  architecture = ("Bert" + formats.TASK_HEAD_CLASSES[task_head] if head is not None
+                  else ARCHITECTURES[(h["mlm"], h["nsp"])])
   canonical = params_to_canonical(params, cfg)
   if architecture == "BertModel":  # as transformers saves a BertModel: no prefix
     state = canonical
   else:
     state = {(k if k.startswith("cls.") else "bert." + k): v for k, v in canonical.items()}
+  if head is not None:
+    formats.task_head_to_hf(state, head, "bert.pooler.dense", TASK_HEADS[task_head])
+  config = {**config_to_hf(cfg, architecture), **formats.label_fields(params)}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
   formats.write_safetensors(d / "model.safetensors", state, metadata={"format": "pt"})
-  (d / "config.json").write_text(json.dumps(config_to_hf(cfg, architecture), indent=2))
+  (d / "config.json").write_text(json.dumps(config, indent=2))
 
 
 # What the jobs need of BERT (bert_jax/families.py).
@@ -307,7 +323,8 @@ FAMILIES = {"bert": families.Family(
     masked_lm=lambda cfg, nsp: model_lib.BertForPreTraining(cfg, nsp=nsp),
     causal_lm=lambda cfg: model_lib.BertForCausalLM(cfg.replace(causal=True)),
     read_hf=read_hf, read_native=load_native,
-    export_hf=lambda path, cfg, params, tokenizer=None: export_huggingface(path, cfg, params),
+    export_hf=lambda path, cfg, params, tokenizer=None, task_head="sequence": (
+        export_huggingface(path, cfg, params, task_head)),
     model_types=("bert",), architecture_fields=ARCHITECTURE_FIELDS,
     dropout={"hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1},  # the paper's
     forward_flops=flops.bert_forward_flops,

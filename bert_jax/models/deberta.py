@@ -525,13 +525,15 @@ def _read_heads(state: dict, encoder: dict, target: str) -> dict:
   return params
 
 
-def params_to_hf(params: dict, cfg: DebertaConfig) -> tuple[dict[str, np.ndarray], str]:
-  """(transformers' state dict, its class): DebertaV2ForMaskedLM (the masked-LM head),
-  ...ForSequenceClassification (a classifier), or DebertaV2Model."""
+def params_to_hf(params: dict, cfg: DebertaConfig, task_head: str = "sequence"
+                 ) -> tuple[dict[str, np.ndarray], str]:
+  """(transformers' state dict, its class): DebertaV2ForMaskedLM (the masked-LM head), a
+  classifier as the class of its kind `task_head` (formats.TASK_HEAD_CLASSES), or
+  DebertaV2Model."""
   params = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float32), nn.unbox(params))
   encoder = params["bert"]
-  kind = ("ForMaskedLM" if "transform" in params else
-          "ForSequenceClassification" if "classifier" in params else "Model")
+  kind = ("ForMaskedLM" if "transform" in params else formats.TASK_HEAD_CLASSES[task_head]
+          if "classifier" in params else "Model")
   prefix = "" if kind == "Model" else "deberta."
   state = {}
   for hf, ours, transpose in _rules(cfg):
@@ -546,18 +548,20 @@ def params_to_hf(params: dict, cfg: DebertaConfig) -> tuple[dict[str, np.ndarray
       state[f"{hf}.bias"] = params[ours]["bias"]
     state["cls.predictions.bias"] = params["output_bias"]
     state["cls.predictions.decoder.bias"] = params["output_bias"]
-  if kind == "ForSequenceClassification":
-    state["pooler.dense.weight"] = _linear(encoder["pooler"]["kernel"], True)
-    state["pooler.dense.bias"] = encoder["pooler"]["bias"]
-    state["classifier.weight"] = _linear(params["classifier"]["kernel"], True)
-    state["classifier.bias"] = params["classifier"]["bias"]
+  if kind == formats.TASK_HEAD_CLASSES.get(task_head):
+    for name, key, transpose in (("weight", "kernel", True), ("bias", "bias", False)):
+      if "pooler" in encoder:  # (ContextPooler: the sequence and choice heads' dense layer)
+        state[f"pooler.dense.{name}"] = _linear(encoder["pooler"][key], transpose)
+    formats.task_head_to_hf(state, params["classifier"], "pooler.dense",
+                            formats.task_head_names("pooler.dense")[task_head])
   return state, "DebertaV2" + kind
 
 
-def export_hf(path: str, cfg: DebertaConfig, params: dict, tokenizer: Any = None) -> None:
+def export_hf(path: str, cfg: DebertaConfig, params: dict, tokenizer: Any = None,
+              task_head: str = "sequence") -> None:
   """model.safetensors + config.json (written last) that transformers loads."""
   del tokenizer
-  state, architecture = params_to_hf(params, cfg)
+  state, architecture = params_to_hf(params, cfg, task_head)
   num_labels = params["classifier"]["kernel"].shape[-1] if "classifier" in params else 0
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)

@@ -208,15 +208,39 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   return cfg, {**params, **extra, **({"classifier": head} if head else {})}
 
 
-def params_to_hf(params: dict, cfg: ElectraConfig) -> tuple[dict[str, np.ndarray], str]:
+def read_native(path: str, target: str = "pretraining", require_mlm: bool = True
+                ) -> tuple[ElectraConfig, dict]:
+  """A bert_jax export, as BERT's are read (bert_formats.load_native), with ELECTRA's
+  pre-training heads that BERT's table lacks kept unless target="encoder": the
+  discriminator's (it stands in for the masked-LM head) and a run's generator."""
+  if target in ("all", "encoder"):
+    return bert_formats.load_native(path, target, require_mlm)
+  cfg, saved = formats.read_native(path)
+  extra = {k: saved[k] for k in (*_DISCRIMINATOR.values(), "generator") if k in saved}
+  params = bert_formats.canonical_to_params(
+      bert_formats.params_to_canonical(saved, cfg), cfg, target,
+      require_mlm=require_mlm and "discriminator_prediction" not in extra,
+      source=f"bert_jax export {path}")
+  return cfg, {**params, **extra}
+
+
+# transformers' names of a fine-tuned head, per kind (formats.task_head_to_hf): the
+# sequence classifier's dense layer and the multiple-choice summary are our pooler.
+TASK_HEADS = formats.task_head_names("electra.pooler.dense",
+                                     sequence=("classifier.dense", "classifier.out_proj"),
+                                     choice="sequence_summary.summary")
+
+
+def params_to_hf(params: dict, cfg: ElectraConfig, task_head: str = "sequence"
+                 ) -> tuple[dict[str, np.ndarray], str]:
   """(transformers' state dict, its class) of what the params hold: ElectraForPreTraining (a
-  discriminator), ...ForSequenceClassification (a fine-tuned classifier), ...ForMaskedLM (a
-  generator) or ElectraModel."""
+  discriminator), a fine-tuned classifier as the class of its kind `task_head`
+  (formats.TASK_HEAD_CLASSES), ...ForMaskedLM (a generator) or ElectraModel."""
   head = params.get("classifier")
   discriminator = "discriminator_prediction" in params
   mlm = formats.heads(params)["mlm"]
-  kind = ("ForPreTraining" if discriminator else "ForSequenceClassification" if head is not None
-          else "ForMaskedLM" if mlm else "Model")
+  kind = ("ForPreTraining" if discriminator else formats.TASK_HEAD_CLASSES[task_head]
+          if head is not None else "ForMaskedLM" if mlm else "Model")
   state = formats.renamed(bert_formats.params_to_canonical(params, cfg),
                          tuple((b, a) for a, b in _NAMES),
                          add="electra." if kind != "Model" else "")
@@ -225,13 +249,14 @@ def params_to_hf(params: dict, cfg: ElectraConfig) -> tuple[dict[str, np.ndarray
       state[f"{hf}.weight"] = np.ascontiguousarray(np.asarray(params[ours]["kernel"]).T)
       state[f"{hf}.bias"] = np.asarray(params[ours]["bias"])
   if head is not None and not discriminator:
-    formats.classifier_to_hf(state, head, "electra.pooler.dense")
+    formats.task_head_to_hf(state, head, "electra.pooler.dense", TASK_HEADS[task_head])
   for k in [k for k in state if k.startswith(("electra.pooler.", "pooler."))]:
     del state[k]  # (ELECTRA has no pooler: a classifier's dense stands for ours)
   return state, "Electra" + kind
 
 
-def export_hf(path: str, cfg: ElectraConfig, params: dict, tokenizer: Any = None) -> list[str]:
+def export_hf(path: str, cfg: ElectraConfig, params: dict, tokenizer: Any = None,
+              task_head: str = "sequence") -> list[str]:
   """model.safetensors + config.json of params_to_hf (config.json written last). A run of
   `--config.objective=electra` holds a generator too: it goes to PATH/generator as
   ElectraForMaskedLM (with the discriminator's embeddings, as the published pairs). Returns
@@ -240,7 +265,7 @@ def export_hf(path: str, cfg: ElectraConfig, params: dict, tokenizer: Any = None
   out = [path]
   params = dict(params)
   generator = params.pop("generator", None)
-  _write_hf(path, cfg, params)
+  _write_hf(path, cfg, params, task_head)
   if generator is not None:
     tree = {**generator, "bert": {**generator["bert"], "embeddings": params["bert"]["embeddings"]}}
     _write_hf(str(fileio.path(path) / "generator"), _generator_config(cfg, tree), tree)
@@ -248,8 +273,8 @@ def export_hf(path: str, cfg: ElectraConfig, params: dict, tokenizer: Any = None
   return out
 
 
-def _write_hf(path: str, cfg: ElectraConfig, params: dict) -> None:
-  state, architecture = params_to_hf(params, cfg)
+def _write_hf(path: str, cfg: ElectraConfig, params: dict, task_head: str = "sequence") -> None:
+  state, architecture = params_to_hf(params, cfg, task_head)
   config = {**config_to_hf(cfg, architecture), **formats.label_fields(params)}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
@@ -268,7 +293,8 @@ def _generator_config(cfg: ElectraConfig, tree: dict) -> ElectraConfig:
 
 FAMILIES = {"electra": dataclasses.replace(
     bert_formats.FAMILIES["bert"], name="electra", config=ElectraConfig,
-    from_fields=config_from_fields, causal_lm=None, read_hf=read_hf, export_hf=export_hf,
+    from_fields=config_from_fields, causal_lm=None, read_hf=read_hf, read_native=read_native,
+    export_hf=export_hf,
     model_types=("electra",),
     replaced_token_detection=replaced_token_detection,
     architecture_fields=bert_formats.FAMILIES["bert"].architecture_fields + ("family",

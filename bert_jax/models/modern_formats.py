@@ -35,6 +35,8 @@ ARCHITECTURES = {
     ("modernbert", "mlm"): "ModernBertForMaskedLM", ("modernbert", "encoder"): "ModernBertModel",
     ("eurobert", "mlm"): "EuroBertForMaskedLM", ("eurobert", "encoder"): "EuroBertModel",
 }
+# The kinds of fine-tuned head transformers has a class of each family for.
+TASK_HEADS = {"modernbert": tuple(formats.TASK_HEAD_CLASSES), "eurobert": ("sequence", "token")}
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id",
              "mask_token_id")
 HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -402,10 +404,12 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   return cfg, hf_to_params(state, cfg, target, source=f"HuggingFace checkpoint {path}")
 
 
-def export_hf(path: str, cfg: ModernConfig, params: dict, tokenizer: Any = None) -> None:
+def export_hf(path: str, cfg: ModernConfig, params: dict, tokenizer: Any = None,
+              task_head: str = "sequence") -> None:
   """model.safetensors + config.json that transformers loads with no missing or unexpected
   keys (config.json last: a directory without it is not read as a checkpoint); with the
-  `tokenizer`, config.json names the special ids the model was trained with."""
+  `tokenizer`, config.json names the special ids the model was trained with; a fine-tuned
+  classifier as the class of its kind `task_head` (TASK_HEADS[family] lists them)."""
   if tokenizer is not None:
     ids = dict(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
                sep_token_id=tokenizer.sep_id, bos_token_id=tokenizer.cls_id,
@@ -415,10 +419,12 @@ def export_hf(path: str, cfg: ModernConfig, params: dict, tokenizer: Any = None)
   mlm = "decoder_bias" in params or "lm_head" in params
   architecture = ARCHITECTURES[(cfg.family, "mlm" if mlm else "encoder")]
   num_labels = 0
-  if "classifier" in params:
+  if "classifier" in params:  # the class of its kind; the head's output as transformers' names
     num_labels = params["classifier"]["kernel"].shape[-1]
-    architecture = architecture.replace("ForMaskedLM", "ForSequenceClassification").replace(
-        "Model", "ForSequenceClassification")
+    architecture = (ARCHITECTURES[(cfg.family, "encoder")].removesuffix("Model")
+                    + formats.TASK_HEAD_CLASSES[task_head])
+    if task_head in ("token", "span") and not cfg.head_tokens:  # (EuroBERT: no head there)
+      state = {k: v for k, v in state.items() if not k.startswith(("head.", "dense."))}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
   if cfg.tie_word_embeddings:  # safetensors stores a tied tensor once, as transformers does
@@ -450,7 +456,7 @@ def _family(name: str) -> families.Family:
       model_types=(name,),
       architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
       forward_flops=flops.modern_forward_flops_per_sequence, padded_vocab=True,
-      names_specials=True, vocab_kind="bpe")
+      names_specials=True, vocab_kind="bpe", task_heads=TASK_HEADS[name])
 
 
 FAMILIES = {name: _family(name) for name in MODEL_TYPES}

@@ -118,25 +118,35 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   return cfg, {**params, "classifier": head} if head else params
 
 
-def params_to_hf(params: dict, cfg: RobertaConfig) -> tuple[dict[str, np.ndarray], str]:
-  """(transformers' state dict, its class) of what the params hold: ...ForSequenceClassification
-  (a fine-tuned classifier: the pooler as its dense layer), ...ForMaskedLM or ...Model."""
+# transformers' names of a fine-tuned head, per kind (formats.task_head_to_hf): the
+# sequence classifier's dense layer is our pooler.
+TASK_HEADS = formats.task_head_names("roberta.pooler.dense",
+                                     sequence=("classifier.dense", "classifier.out_proj"))
+
+
+def params_to_hf(params: dict, cfg: RobertaConfig, task_head: str = "sequence"
+                 ) -> tuple[dict[str, np.ndarray], str]:
+  """(transformers' state dict, its class) of what the params hold: a fine-tuned classifier
+  as the class of its kind `task_head` (formats.TASK_HEAD_CLASSES: ...ForSequenceClassification
+  with the pooler as its dense layer, ...), ...ForMaskedLM or ...Model."""
   stem = {"roberta": "Roberta", "xlm-roberta": "XLMRoberta"}[cfg.family]
   head = params.get("classifier")
   mlm = formats.heads(params)["mlm"]
-  kind = "ForSequenceClassification" if head is not None else "ForMaskedLM" if mlm else "Model"
+  kind = (formats.TASK_HEAD_CLASSES[task_head] if head is not None
+          else "ForMaskedLM" if mlm else "Model")
   state = from_canonical(bert_formats.params_to_canonical(params, cfg),
                          "roberta." if kind != "Model" else "")
   if head is not None:
-    formats.classifier_to_hf(state, head, "roberta.pooler.dense")
+    formats.task_head_to_hf(state, head, "roberta.pooler.dense", TASK_HEADS[task_head])
   return state, stem + kind
 
 
-def export_hf(path: str, cfg: RobertaConfig, params: dict, tokenizer: Any = None) -> None:
+def export_hf(path: str, cfg: RobertaConfig, params: dict, tokenizer: Any = None,
+              task_head: str = "sequence") -> None:
   """model.safetensors + config.json of params_to_hf (config.json written last: a directory
   without it is not read as a checkpoint)."""
   del tokenizer  # (RoBERTa's special ids are fixed: config_to_hf)
-  state, architecture = params_to_hf(params, cfg)
+  state, architecture = params_to_hf(params, cfg, task_head)
   config = {**config_to_hf(cfg, architecture), **formats.label_fields(params)}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
