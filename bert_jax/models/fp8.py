@@ -4,9 +4,10 @@ The forward operands in E4M3 and the output's gradient in E5M2 (the two formats 
 tensor cores multiply), each tensor at its own power-of-two scale taken from its current
 absolute maximum (per-tensor current scaling: no state, so the parameters, checkpoints and
 exports are exactly the bf16 model's). Each operand is quantised and dequantised in the compute
-dtype right before the matmul (`qdq`): the form XLA's GPU compiler rewrites into one FP8
-cuBLASLt matmul with the scales folded in; other backends compute the same values in the
-compute dtype (how the tests prove, on CPU, that the model trains). The gradients pass
+dtype right before the matmul (`qdq`): the pattern XLA's GPU GEMM rewriter turns into an FP8
+cuBLASLt matmul with the scales folded in (not yet read in a GPU's optimized HLO); other
+backends compute the same values in the compute dtype (how the tests prove, on CPU, that the
+model trains). The gradients pass
 straight through the quantisation, as in Transformer Engine and Flax's Fp8DotGeneralOp; a
 power-of-two scale makes dequantisation exact.
 """
