@@ -43,6 +43,9 @@ class Family:
   masked_lm: Callable[[Any, bool], Any]  # (cfg, nsp) -> the pre-training model
   # (path, target, require_mlm) -> (cfg, unrolled host params) of a HuggingFace directory
   read_hf: Callable[[str, str, bool], tuple[Any, dict]]
+  # a HuggingFace config.json's fields -> its config (no weights read: a job building its
+  # model takes from an init_checkpoint what config.model cannot set, registry.model_config)
+  config_from_hf: Callable[[Mapping[str, Any]], Any]
   # (path, target, require_mlm) -> the same of a bert_jax export (its tree as saved: read_native)
   read_native: Callable[[str, str, bool], tuple[Any, dict]]
   # (path, cfg, params, tokenizer or None, task_head=): what transformers loads, a fine-tuned

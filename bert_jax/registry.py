@@ -12,16 +12,22 @@ family is a Family record (bert_jax/families.py).
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Mapping
 
+from absl import logging
 import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
 
 from bert_jax import families
+from bert_jax import formats
+from bert_jax import loader
 from bert_jax import objectives
+from bert_jax.models import bert_formats
 from input_pipeline import errors
+from input_pipeline import fileio
 from input_pipeline import pretrain as pretrain_data
 
 def masked_lm(cfg: Any, nsp: bool) -> nn.Module:
@@ -125,11 +131,55 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int | None = Non
                  defaults: Mapping[str, Any] | None = None) -> Any:
   """config.model (a family, a preset and overrides; None = the preset's value) -> the
   model's config; `vocab_size` is the vocabulary's, used where the fields leave it unset;
-  `defaults` (gpu_defaults') fill fields the config leaves unset."""
+  `defaults` (gpu_defaults') fill fields the config leaves unset; the architecture fields
+  config.model has none for are config.init_checkpoint's own (checkpoint_fields)."""
   fields = dict(config.model)
   fields.pop("family", None)
   fields.update({k: v for k, v in (defaults or {}).items() if fields.get(k) is None})
-  return family(config).from_fields(fields, vocab_size)
+  cfg = family(config).from_fields(fields, vocab_size)
+  taken = {k: v for k, v in checkpoint_fields(config).items() if getattr(cfg, k) != v}
+  if taken:
+    logging.info("config.model has no field for %s: the model takes init_checkpoint %s's.",
+                 ", ".join(f"{k}={v!r}" for k, v in taken.items()), config.init_checkpoint)
+  return cfg.replace(**taken)
+
+
+def checkpoint_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The architecture fields (Family.architecture_fields) that config.model has no field for
+  (layer_norm_eps, RoBERTa's position_offset, DeBERTa's relative positions, ...) as
+  config.init_checkpoint's config has them, so that it trains on with what it was trained
+  with; {} without one, or for one of another family (loader.load_into names that)."""
+  chosen = family(config)
+  unset = [f for f in chosen.architecture_fields if f not in config.model]
+  path = config.get("init_checkpoint") or ""
+  cfg = checkpoint_config(path) if path and unset else None
+  if cfg is None or cfg.family != chosen.name:
+    return {}
+  return {f: getattr(cfg, f) for f in unset}
+
+
+def checkpoint_config(path: str) -> Any | None:
+  """The model config of the checkpoint at `path`, from its config file alone (no weights):
+  a run's newest step's record, an export's, a HuggingFace directory's config.json or a
+  Google TF checkpoint's bert_config.json; None where there is none."""
+  d = fileio.path(path)
+  if not loader.checkpoint_exists(path):
+    return None
+  if loader.is_run(path):
+    steps = loader.step_dirs(path)
+    try:
+      saved = json.loads((steps[0] / "config" / "metadata").read_text()) if steps else {}
+    except (OSError, ValueError):
+      saved = {}
+    recorded = saved.get(loader.MODEL_CONFIG_KEY) if isinstance(saved, dict) else None
+    return formats.config_from_dict(recorded) if recorded else None
+  if (d / formats.NATIVE_CONFIG).exists():
+    return formats.config_from_dict(json.loads((d / formats.NATIVE_CONFIG).read_text()))
+  hf_family = families.of_hf_dir(path)
+  if hf_family is not None:
+    return hf_family.config_from_hf(formats.read_config_json(d / "config.json"))
+  google = (d if d.is_dir() else d.parent) / "bert_config.json"
+  return bert_formats.google_config(google) if google.exists() else None
 
 
 def gpu_defaults(config: ml_collections.ConfigDict,

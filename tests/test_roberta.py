@@ -335,3 +335,47 @@ def test_weights_config_json_does_not_describe_are_refused(tmp_path, family):
   assert "unused tensors (1): roberta.extra.weight" in message, message
   loader.read(hf_parity.edited_copy(path, tmp_path / "fine", extra={
       "roberta.embeddings.position_ids": np.arange(L + 2)[None]}))
+
+
+
+def _continue_config(path):
+  """The tiny pre-training config continuing from the RoBERTa directory `path` (its sizes;
+  config.model has no layer_norm_eps, nor position_offset)."""
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  return tu.tiny_config(
+      init_checkpoint=path, model__family="roberta", model__preset="base", model__vocab_size=V,
+      model__hidden_size=32, model__num_layers=2, model__num_heads=4,
+      model__intermediate_size=64, model__max_position_embeddings=L + 2,
+      model__type_vocab_size=1, model__hidden_act="gelu", data__max_seq_length=L,
+      data__nsp=False, num_train_steps=1, async_checkpointing=False)
+
+
+def test_the_model_takes_what_config_model_cannot_set_from_init_checkpoint(tmp_path):
+  """A RoBERTa checkpoint whose layer_norm_eps (1e-12, transformers' RobertaConfig default)
+  is not the family's 1e-5 was told to set config.model.layer_norm_eps, a field that does not
+  exist, so it could not be pre-trained further: the model config now takes the fields
+  config.model has none for from the checkpoint, and its weights load (issue 56 item 10)."""
+  from bert_jax import registry  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, "roberta", "ForMaskedLM")
+  assert loader.read(path)[0].layer_norm_eps == 1e-12
+  cfg = registry.model_config(_continue_config(path), V)
+  assert (cfg.layer_norm_eps, cfg.position_offset) == (1e-12, 2)
+  ids, device = jnp.ones((1, 8), jnp.int32), jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shapes = jax.eval_shape(lambda: nn.unbox(registry.masked_lm(cfg, False).init(
+      jax.random.key(0), ids, ids, ids, ids[:, :2]))["params"])
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                          shapes)
+  fresh = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+  params = loader.load_into(path, abstract, fresh, config=cfg)
+  want = loader.read(path)[1]["bert"]["encoder"]["layer_1"]["output"]["kernel"]
+  np.testing.assert_array_equal(params["bert"]["encoder"]["layer_1"]["output"]["kernel"], want)
+
+
+@pytest.mark.slow  # the job end to end (~15 s); the test above checks the same in-process
+def test_pretrains_further_from_a_checkpoint_of_another_layer_norm_eps(tmp_path):
+  """The pre-training job from that checkpoint: one step, the run records its 1e-12."""
+  from bert_jax import train  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, "roberta", "ForMaskedLM")
+  state = train.train_and_evaluate(_continue_config(path), str(tmp_path / "run"))
+  cfg, _ = loader.read(str(tmp_path / "run"))
+  assert int(state.step) == 1 and cfg.layer_norm_eps == 1e-12

@@ -246,6 +246,15 @@ def read_hf(path: str, target: str = "pretraining", require_mlm: bool = True
   return cfg, {**params, "classifier": head} if head else params
 
 
+def google_config(path: Any) -> BertConfig:
+  """The config of a Google TF checkpoint's bert_config.json at `path`."""
+  hf = formats.read_config_json(path)
+  # Google's TF code implements "gelu" with the tanh approximation.
+  if hf.get("hidden_act") == "gelu":
+    hf = {**hf, "hidden_act": "gelu_new"}
+  return config_from_hf(hf)
+
+
 def read_tf(path: str, target: str = "pretraining", require_mlm: bool = True
             ) -> tuple[BertConfig, Params] | None:
   """(config, unrolled params) of a Google TF checkpoint at `path` (bert_model.ckpt.index and
@@ -256,11 +265,7 @@ def read_tf(path: str, target: str = "pretraining", require_mlm: bool = True
   config_path = fileio.path(ckpt).parent / "bert_config.json"
   if not config_path.exists():
     raise CheckpointNotFoundError(f"TF checkpoint {ckpt} has no bert_config.json beside it.")
-  hf = formats.read_config_json(config_path)
-  # Google's TF code implements "gelu" with the tanh approximation.
-  if hf.get("hidden_act") == "gelu":
-    hf = {**hf, "hidden_act": "gelu_new"}
-  cfg = config_from_hf(hf)
+  cfg = google_config(config_path)
   origin = {}
   return cfg, canonical_to_params(bert_tf_checkpoint.read_tf_state(ckpt, origin), cfg,
                                   formats.canonical_target(target), require_mlm=require_mlm,
@@ -322,7 +327,7 @@ FAMILIES = {"bert": families.Family(
     encoder=model_lib.BertModel, layer=model_lib.EncoderLayer,
     masked_lm=lambda cfg, nsp: model_lib.BertForPreTraining(cfg, nsp=nsp),
     causal_lm=lambda cfg: model_lib.BertForCausalLM(cfg.replace(causal=True)),
-    read_hf=read_hf, read_native=load_native,
+    read_hf=read_hf, config_from_hf=config_from_hf, read_native=load_native,
     export_hf=lambda path, cfg, params, tokenizer=None, task_head="sequence": (
         export_huggingface(path, cfg, params, task_head)),
     model_types=("bert",), architecture_fields=ARCHITECTURE_FIELDS,

@@ -293,7 +293,8 @@ def _generator_config(cfg: ElectraConfig, tree: dict) -> ElectraConfig:
 
 FAMILIES = {"electra": dataclasses.replace(
     bert_formats.FAMILIES["bert"], name="electra", config=ElectraConfig,
-    from_fields=config_from_fields, causal_lm=None, read_hf=read_hf, read_native=read_native,
+    from_fields=config_from_fields, causal_lm=None, read_hf=read_hf,
+    config_from_hf=config_from_hf, read_native=read_native,
     export_hf=export_hf,
     model_types=("electra",),
     replaced_token_detection=replaced_token_detection,

@@ -159,7 +159,8 @@ def _family(name: str) -> families.Family:
   return dataclasses.replace(
       bert, name=name, config=RobertaConfig,
       from_fields=lambda fields, vocab_size: config_from_fields(fields, vocab_size, name),
-      causal_lm=None, read_hf=read_hf, export_hf=export_hf, model_types=(name,),
+      causal_lm=None, read_hf=read_hf, config_from_hf=config_from_hf, export_hf=export_hf,
+      model_types=(name,),
       architecture_fields=bert.architecture_fields + ("family", "position_offset"),
       names_specials=True, vocab_kind="bpe" if name == "roberta" else "sentencepiece")
 
