@@ -40,24 +40,22 @@ from bert_jax import families
 from bert_jax import finetuned
 from bert_jax import formats
 from bert_jax import loader
+from bert_jax import predict_checks
 from bert_jax import predict_output
 from bert_jax import registry
-from bert_jax import tasks
 # Their names here before bert_jax/finetuned.py held them:
 from bert_jax.finetuned import classifier_logits, classify, load as load_finetuned  # noqa: F401
-from bert_jax.predict_output import PredictError
+from bert_jax.predict_checks import MASK_TEXT, PredictError, check_layers, parse_layers  # noqa: F401
 from input_pipeline import errors
 from input_pipeline import features
 from input_pipeline import fileio
 from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer
 
-MASK_TEXT = "[MASK]"
 
-
-def load_checkpoint(path: str, target: str = "pretraining"):
+def load_checkpoint(path: str, target: str = "pretraining", require_mlm: bool = True):
   """(BertConfig, unrolled params) for inference from any supported checkpoint."""
-  cfg, params = loader.read(path, target)
+  cfg, params = loader.read(path, target, require_mlm=require_mlm)
   return cfg.replace(scan_layers=False, remat="none"), params
 
 
@@ -117,10 +115,8 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
   """Per text, per [MASK]: the top_k (token as text, probability), computed `batch_size` texts at a
   time as `texts` is read (memory does not grow with the number of texts). A text whose
   every [MASK] lies beyond `max_len` tokens is a PredictError naming it."""
+  predict_checks.check_mlm_head(cfg, params)
   h = formats.heads(params)
-  if not h["mlm"]:
-    raise PredictError("The checkpoint has no masked-LM head (cls.predictions.*): fill-mask needs a "
-                       "BertForMaskedLM or BertForPreTraining checkpoint, not an encoder-only one.")
   if h["pooler"] and not h["nsp"]:  # a pooler without the NSP head: unused by the MLM model
     params = {**params, "bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
   fn = _mlm_logits_fn(cfg, h["nsp"])
@@ -130,7 +126,7 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
     positions = [[j for j, t in enumerate(r) if t == tokenizer.mask_id] for r in rows]
     for text, x in zip(batch, positions):
       if not x and MASK_TEXT in text:
-        raise _mask_cut_off(text, max_len, cfg.max_length)
+        raise predict_checks.mask_cut_off(text, max_len, cfg.max_length)
     ids, mask = _pad(rows, _bucket(max(map(len, rows)), high=max_len), batch_size)
     pos = np.zeros((batch_size, _bucket(max(map(len, positions)), low=1)), np.int32)
     for i, x in enumerate(positions):
@@ -144,55 +140,10 @@ def iter_fill_mask(cfg, params, tokenizer, texts: Iterable[str], top_k: int = 5,
       yield per_mask
 
 
-def _mask_cut_off(text: str, max_len: int, model_max: int) -> PredictError:
-  """A text whose every [MASK] lies past `max_len` tokens: raise the length, or, at the
-  model's own limit, shorten the text."""
-  if max_len < model_max:
-    return PredictError(f"Every {MASK_TEXT} of {text[:80]!r} lies beyond --max_seq_length="
-                        f"{max_len} tokens, where the text is cut: raise --max_seq_length (the "
-                        f"model takes up to {model_max}) or shorten the text.")
-  return PredictError(f"Every {MASK_TEXT} of {text[:80]!r} lies beyond token {max_len}, where "
-                      f"the text is cut: the model takes no more: shorten the text or put the "
-                      f"{MASK_TEXT} earlier.")
-
-
-def _max_len(args, cfg) -> int:
-  """--max_seq_length as the model serves it: a length given above the model's is refused
-  (the texts would be cut at the model's without a word); the default is capped at it."""
-  if args["max_seq_length"].present and args.max_seq_length > cfg.max_length:
-    raise PredictError(
-        f"--max_seq_length={args.max_seq_length}: {args.checkpoint} takes at most "
-        f"{cfg.max_length} tokens a text (its position embeddings end there): set "
-        f"--max_seq_length={cfg.max_length} or less (longer texts are cut there), or use a model "
-        "with more positions.")
-  return min(args.max_seq_length, cfg.max_length)
-
-
 def _shown(tokenizer, token_id: int) -> str:
   """A candidate as text, as transformers' fill-mask shows it: decoded ("work", not the
   byte-level BPE piece "Ġwork"); a piece that decodes to nothing shown as it is."""
   return tokenizer.decode([int(token_id)]).strip() or tokenizer.convert_ids_to_tokens([token_id])[0]
-
-
-def parse_layers(text: str) -> list[int]:
-  """--layers: comma-separated layer indices (negative count from the top)."""
-  try:
-    layers = [int(x) for x in text.split(",")]
-  except ValueError:
-    raise PredictError(f"--layers={text}: expected comma-separated integers, e.g. -1,-2 (the last "
-                       "two layers) or 0 (the first).") from None
-  return layers
-
-
-def check_layers(layers: Sequence[int], num_layers: int, given: str | None = None) -> None:
-  """Every index names one of the model's `num_layers` layers; else a PredictError saying
-  which index and how many layers there are."""
-  for layer in layers:
-    if not -num_layers <= layer < num_layers:
-      raise PredictError(
-          f"--layers={given or ','.join(map(str, layers))}: layer {layer} is out of range: the model "
-          f"has {num_layers} layers (0..{num_layers - 1}, or -1..-{num_layers} counting from the "
-          "last).")
 
 
 def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Sequence[int] = (-1,),
@@ -210,7 +161,7 @@ def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence
                   max_len: int = 128, pooled: bool = False, batch_size: int = 32):
   """(ids [b, L], features [b, L, len(layers), D] or pooled [b, D], mask [b, L]) per batch
   of `batch_size` texts, read from `texts` as they come (memory flat in their number)."""
-  check_layers(layers, cfg.num_layers)
+  predict_checks.check_layers(layers, cfg.num_layers)
   max_len = min(max_len, cfg.max_length)
   encoder_params, has_pooler = embed.encoder_params(params)
   if pooled and not has_pooler:
@@ -387,9 +338,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _finetuned_mode(args, texts: Iterable[str], vocabulary) -> None:
   """--mode=classify / qa / tag: a fine-tuning run's best/ on the inputs."""
   cfg, params, task, labels = finetuned.load(args.checkpoint)
-  _check_mode(args.mode, task, args.checkpoint)
+  predict_checks.check_mode(args.mode, task, args.checkpoint)
   tokenizer = vocabulary()
-  _check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
+  predict_checks.check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
   if args.mode == "qa":
     if not (args.question and args.context):
       raise PredictError("--mode=qa needs --question and --context.")
@@ -421,10 +372,12 @@ def _finetuned_mode(args, texts: Iterable[str], vocabulary) -> None:
 
 def _fill_mask(args, texts: Iterable[str], vocabulary) -> None:
   """--mode=fill_mask: the top_k tokens of each [MASK], printed."""
-  cfg, params = load_checkpoint(args.checkpoint, "pretraining")
-  max_len = _max_len(args, cfg)
+  # (Any checkpoint read: one without a masked-LM head is told so in its family's names.)
+  cfg, params = load_checkpoint(args.checkpoint, "pretraining", require_mlm=False)
+  predict_checks.check_mlm_head(cfg, params, args.checkpoint)
+  max_len = predict_checks.max_seq_length(args, cfg)
   tokenizer = vocabulary()
-  _check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
+  predict_checks.check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
   progress = _Progress(texts, "texts")
   inputs, shown = itertools.tee(progress)
   any_mask = False
@@ -441,12 +394,12 @@ def _fill_mask(args, texts: Iterable[str], vocabulary) -> None:
 
 def _features(args, texts: Iterable[str], out: str, vocabulary) -> None:
   """--mode=features: hidden states of the chosen layers, streamed into .npy or .jsonl."""
-  layers = parse_layers(args.layers)
+  layers = predict_checks.parse_layers(args.layers)
   cfg, params = load_checkpoint(args.checkpoint, "encoder")
-  max_len = _max_len(args, cfg)
+  max_len = predict_checks.max_seq_length(args, cfg)
   tokenizer = vocabulary()
-  _check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
-  check_layers(layers, cfg.num_layers, args.layers)
+  predict_checks.check_vocab(cfg, tokenizer, args.vocab, args.checkpoint)
+  predict_checks.check_layers(layers, cfg.num_layers, args.layers)
   progress, blanks = _Progress(texts, "texts"), []
   inputs, shown = itertools.tee(progress)
   batches = _blank_rows(iter_features(cfg, params, tokenizer, inputs, layers, max_len,
@@ -498,10 +451,10 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
   cfg, params, tokenizer, spec = embed_eval.load(
       args.checkpoint, args.vocab, args.lowercase, args.pooling, args.normalize,
       args.max_seq_length if args["max_seq_length"].present else None, args.truncate_dim)
-  max_len = _max_len(args, cfg)  # (given above the model's: refused)
+  max_len = predict_checks.max_seq_length(args, cfg)  # (given above the model's: refused)
   if spec.max_seq_length is None:
     spec = dataclasses.replace(spec, max_seq_length=max_len)
-  _check_vocab(cfg, tokenizer, args.vocab, embed.transformer_dir(args.checkpoint))
+  predict_checks.check_vocab(cfg, tokenizer, args.vocab, embed.transformer_dir(args.checkpoint))
   progress, blanks = _Progress(texts, "texts"), []
   inputs, shown = itertools.tee(progress)
   vectors = embed.iter_embeddings(cfg, params, tokenizer, inputs, spec, args.batch_size)
@@ -517,53 +470,6 @@ def _embed(args, texts: Iterable[str], out: str) -> None:
   print(json.dumps({"output": out, "shape": shape, "pooling": spec.pooling,
                     "normalize": spec.normalize, "truncate_dim": spec.truncate_dim,
                     **_said_blank(blanks)}))
-
-
-def _check_mode(mode: str, task: dict, checkpoint: str) -> None:
-  """A fine-tuned checkpoint answers only its own task's mode (a classifier's logits are
-  no tags)."""
-  kind, served = task.get("task"), tasks.modes()
-  if kind in served[mode]:
-    return
-  modes = [m for m, kinds in served.items() if kind in kinds]
-  raise PredictError(
-      f"--mode={mode} needs a checkpoint fine-tuned for {' or '.join(served[mode])}, but "
-      f"{checkpoint} was fine-tuned for task {kind!r}: "
-      + (f"use --mode={modes[0]}." if modes else
-         "predict has no mode for it; its dev predictions are in the workdir.")
-      + " (--mode=features reads the encoder of any checkpoint.)")
-
-
-def _check_vocab(cfg, tokenizer, given: str | None = None, checkpoint: str | None = None
-                 ) -> None:
-  """The vocabulary fits the model's table (else a PredictError); one `given` (--vocab) whose
-  tokens are not those `checkpoint` comes with: a warning."""
-  if not formats.vocabulary_fits(cfg, tokenizer.vocab_size):
-    raise PredictError(f"The vocabulary has {tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: "
-                       "pass the vocab the checkpoint was trained with.")
-  if given and checkpoint:
-    _warn_other_vocab(tokenizer, given, checkpoint)
-
-
-def _warn_other_vocab(tokenizer, given: str, checkpoint: str) -> None:
-  """One warning when --vocab's tokens are not those of the vocabulary `checkpoint` comes with
-  (a HuggingFace or export directory's, the one its run recorded: loader.checkpoint_vocab);
-  nothing when it has none to compare with."""
-  try:
-    own = Tokenizer.from_path(loader.checkpoint_vocab(checkpoint))
-  except (errors.UserError, OSError):
-    return
-  if own.sha256 == tokenizer.sha256 or own.tokens == tokenizer.tokens:
-    return
-  differ = [i for i, (a, b) in enumerate(itertools.zip_longest(own.tokens, tokenizer.tokens))
-            if a != b]
-  first = differ[0]
-  at = lambda tokens: repr(tokens[first]) if first < len(tokens) else "missing"
-  logging.warning("--vocab=%s is not the vocabulary %s comes with (%s): %d of its %d tokens "
-                  "differ (the first: id %d is %s there, %s in --vocab), so those ids mean other "
-                  "tokens than the model learned: leave out --vocab to use the checkpoint's own.",
-                  given, checkpoint, own.path, len(differ), own.vocab_size, first,
-                  at(own.tokens), at(tokenizer.tokens))
 
 
 if __name__ == "__main__":

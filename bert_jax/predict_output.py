@@ -11,15 +11,11 @@ from typing import Sequence
 
 import numpy as np
 
-from input_pipeline import errors
+from bert_jax.predict_checks import PredictError
 from input_pipeline import fileio
 
 # The files --mode=features and --mode=embed write, by --output's suffix.
 SUFFIXES = (".npy", ".jsonl")
-
-
-class PredictError(errors.UserError, ValueError):
-  """An input predict cannot use (a layer the model lacks, a mode the checkpoint cannot do)."""
 
 
 def check_output(path: str, mode: str) -> None:

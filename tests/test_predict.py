@@ -473,3 +473,45 @@ def test_a_vocabulary_other_than_the_checkpoints_own_is_said(tmp_path, capsys, c
       f"({tmp_path / 'ckpt' / 'vocab.txt'}): {len(own) - 5} of its {len(own)} tokens differ (the first: id 5 is "
       f"{own[5]!r} there, 'x0' in --vocab), so those ids mean other tokens than the model learned: "
       "leave out --vocab to use the checkpoint's own."], said
+
+
+def test_fill_mask_on_an_electra_discriminator_names_electras_generator(tmp_path, capsys):
+  """fill-mask on an ELECTRA discriminator named BERT's classes and cls.predictions.* (issue
+  56 item 11): it says the discriminator has no masked-LM head and to give ELECTRA's
+  generator, naming its tensors; a discriminator holding its generator (a run's) is told how
+  to export it; an encoder-only ELECTRA names the generator's tensors too."""
+  from bert_jax.models import electra  # pylint: disable=g-import-not-at-top
+  make_vocab(tmp_path, ["the cat sat on the mat . a dog ran"])
+  cfg = electra.ElectraConfig.from_preset(
+      "electra-small", vocab_size=len((tmp_path / "vocab.txt").read_text().splitlines()),
+      embedding_size=8, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+      max_position_embeddings=32)
+  ids = jnp.ones((1, 4), jnp.int32)
+  shapes = jax.eval_shape(electra.ElectraDiscriminator(cfg).init, jax.random.key(0), ids, ids, ids)
+  params = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), nn.unbox(shapes)["params"])
+  generator = {"bert": params["bert"]}  # (its shapes do not matter: the message is said first)
+  for name, tree in (("disc", params), ("run", {**params, "generator": generator}),
+                     ("encoder", {"bert": params["bert"]})):
+    formats.save_native(str(tmp_path / name), cfg, tree)
+    with pytest.raises(SystemExit) as e:
+      predict.main([f"--checkpoint={tmp_path / name}", f"--vocab={tmp_path / 'vocab.txt'}",
+                    "--text=the [MASK] sat"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "Bert" not in err and "cls.predictions" not in err, err
+    assert "generator_predictions.*, generator_lm_head.*" in err, err
+    if name != "encoder":
+      assert (f"{tmp_path / name} is an ELECTRA discriminator (ElectraForPreTraining): it has no "
+              "masked-LM head, only the replaced-token one (discriminator_predictions.*): "
+              "fill-mask needs ELECTRA's generator (ElectraForMaskedLM: generator_predictions.*, "
+              "generator_lm_head.*): ") in err, err
+    said = {"disc": "give --checkpoint= the generator's directory (a HuggingFace "
+                    "ElectraForMaskedLM such as electra-base-generator, or the generator/ that "
+                    "an export of an ELECTRA run of ours holds).",
+            "run": f"it holds its generator: python -m bert_jax.convert --input={tmp_path / 'run'} "
+                   "--output=OUT --to=huggingface writes it to OUT/generator; give "
+                   "--checkpoint=OUT/generator.",
+            "encoder": f"{tmp_path / 'encoder'} has no masked-LM head (generator_predictions.*, "
+                       "generator_lm_head.*): fill-mask needs an ElectraForMaskedLM (ELECTRA's "
+                       "generator) checkpoint, not an encoder-only one."}[name]
+    assert said in err, err
