@@ -35,7 +35,8 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import best_dir, families, finetuned, formats, heads, loader, objectives, tasks
+from bert_jax import best_dir, embed, families, finetuned, formats, heads, loader, objectives
+from bert_jax import tasks
 from bert_jax import trainer as trainer_lib
 from input_pipeline import errors, features, fileio
 from input_pipeline.epochs import EpochIterator, PackedBatches, PackedExampleBatches, PackedPairBatches
@@ -97,8 +98,8 @@ def _check_features(config: ml_collections.ConfigDict) -> None:
 
 def check_config(config: ml_collections.ConfigDict) -> bool | None:
   """Fails early on a config fine-tuning cannot run (unset fields, missing checkpoint or
-  input files), naming the field to set; returns config.packing (None: unset, the job
-  decides: `packs`)."""
+  input files), naming the field to set; an unset config.vocab_path becomes the checkpoint's
+  own vocabulary (logged). Returns config.packing (None: unset, the job decides: `packs`)."""
   if not config.init_checkpoint:
     raise errors.ConfigError("Fine-tuning needs --config.init_checkpoint (a pre-training workdir of ours, "
                       "a converted checkpoint, a HuggingFace directory or a Google TF checkpoint).")
@@ -130,11 +131,9 @@ def check_config(config: ml_collections.ConfigDict) -> bool | None:
     raise errors.ConfigError(f"config.init_checkpoint: {config.init_checkpoint} does not exist: pass a "
                       "pre-training or fine-tuning workdir of ours, a converted checkpoint, a "
                       "HuggingFace model directory or a Google TF checkpoint (bert_model.ckpt).")
-  fields = {"vocab_path": "the vocabulary the checkpoint was trained with: vocab.txt, a "
-                          "SentencePiece .model, or the directory holding it, e.g. a HuggingFace "
-                          "model directory or a pre-training run's WORKDIR/vocab",
-            **task.fields}
-  for field, what in fields.items():
+  if not config.vocab_path:
+    config.vocab_path = _checkpoint_vocab(config.init_checkpoint)
+  for field, what in task.fields.items():
     if not config[field]:
       value = "DIR" if field == "data_dir" else "PATH"
       raise errors.ConfigError(f"config.{field} is not set: pass --config.{field}={value} ({what}).")
@@ -143,6 +142,22 @@ def check_config(config: ml_collections.ConfigDict) -> bool | None:
       raise errors.ConfigError(f"config.{field}: {path} does not exist" + (
           f" (config.data_dir + config.{field})." if "data_dir" in config else "."))
   return packed
+
+
+def _checkpoint_vocab(checkpoint: str) -> str:
+  """config.vocab_path unset: the vocabulary `checkpoint` comes with (a HuggingFace or
+  sentence-transformers directory's tokenizer, the one its run recorded), as predict and
+  embed_eval take it; none is a ConfigError naming the field."""
+  try:
+    vocab = loader.checkpoint_vocab(embed.transformer_dir(checkpoint))
+  except formats.CheckpointNotFoundError:
+    raise errors.ConfigError(
+        f"config.vocab_path is not set and {checkpoint} holds no vocabulary: pass "
+        "--config.vocab_path=PATH (the vocabulary the checkpoint was trained with: vocab.txt, "
+        "a SentencePiece .model, or the directory holding it, e.g. a HuggingFace model "
+        "directory or a pre-training run's WORKDIR/vocab).") from None
+  logging.info("Vocabulary: the checkpoint's own, %s (config.vocab_path is not set).", vocab)
+  return vocab
 
 
 def _dropout(enc_cfg: Any, model: ml_collections.ConfigDict) -> dict[str, float]:

@@ -502,3 +502,25 @@ def test_no_text_repeats_within_a_contrastive_batch(packing_kind, caplog):
   one_anchor = {**train, "input_ids": np.repeat(train["input_ids"][:1], 48, 0)}
   with pytest.raises(errors.ConfigError, match="repeat their texts too much"):
     finetune._batches(config, one_anchor, packing_kind, 1)  # pylint: disable=protected-access
+
+
+def test_a_checkpoint_directory_brings_its_own_vocabulary(tmp_path, pretrained, caplog):  # noqa: F811
+  """Fine-tuning from a sentence-transformers (or HuggingFace) directory demanded
+  --config.vocab_path although the directory holds its tokenizer: unset, the checkpoint's
+  own vocabulary is taken (as predict and embed_eval do), said in the log and recorded in the
+  run's config; a checkpoint without one still names the field, in one line."""
+  ckpt, vocab = pretrained
+  st = tmp_path / "st"
+  convert.main([f"--input={ckpt}", f"--output={st}", "--to=sentence_transformers",
+                f"--vocab={vocab}"])
+  config = _config(tmp_path, pretrained, init_checkpoint=str(st), vocab_path="")
+  caplog.set_level("INFO")
+  finetune.check_config(config)
+  assert config.vocab_path == str(st)
+  assert f"the checkpoint's own, {st}" in caplog.text, caplog.text
+  _, _, tok = finetune._load(config)  # pylint: disable=protected-access
+  assert tok.vocab_size == Tokenizer.from_path(vocab).vocab_size
+  config = _config(tmp_path, pretrained, vocab_path="")  # an export holding no vocabulary
+  with pytest.raises(errors.ConfigError, match=r"config.vocab_path is not set and .* holds no "
+                     r"vocabulary.*--config.vocab_path=PATH"):
+    finetune.check_config(config)

@@ -1,7 +1,7 @@
 r"""Contrastive fine-tuning into an embedding model (sentence embeddings, retrieval).
 
   python -m bert_jax.main --config=configs/embed.py --config.init_checkpoint=DIR \
-      --config.vocab_path=DIR --config.train_file=pairs.jsonl \
+      --config.train_file=pairs.jsonl \
       --config.eval_file=glue_data/STS-B/dev.tsv --workdir=/tmp/embed
 
 Training pairs: one (anchor, positive) a record, optionally hard negatives (JSON Lines,

@@ -20,7 +20,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   del arg
   c = common.get_config()
   c.task = "glue"  # glue | custom | squad | conll | swag | embed
-  c.vocab_path = ""  # vocab.txt / SentencePiece model (or a HuggingFace model dir) of the checkpoint
+  # vocab.txt / SentencePiece model (or a HuggingFace model dir) of the checkpoint; "" = the
+  # checkpoint's own (a HuggingFace / sentence-transformers directory's, the one its run recorded).
+  c.vocab_path = ""
   # None: cased or uncased as the files beside the vocabulary say (a HuggingFace
   # tokenizer_config.json's do_lower_case, ...); True/False overrides them.
   c.lowercase = ml_collections.config_dict.placeholder(bool)
