@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bench import precision
+from bert_jax import families
 from bert_jax.models import bert as model_lib
 from bert_jax.models import fp8
 from input_pipeline import errors
@@ -48,11 +49,14 @@ def test_the_matmul_and_its_gradients_multiply_fp8_values():
   assert float(jnp.max(jnp.abs(y - x @ w))) < 0.1 * float(jnp.max(jnp.abs(x @ w)))
 
 
-def test_the_model_keeps_its_parameters_and_its_loss_close_to_bf16():
-  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=97, dtype="bfloat16")
+@pytest.mark.parametrize("family", ["bert", "deberta-v2"])
+def test_the_model_keeps_its_parameters_and_its_loss_close_to_bf16(family):
+  fam = families.get(family)
+  cfg = fam.config(vocab_size=97, hidden_size=64, num_layers=2, num_heads=2,
+                   intermediate_size=128, max_position_embeddings=64, dtype="bfloat16")
   ids = jax.random.randint(jax.random.key(4), (2, 16), 0, 97)
   args = (ids, jnp.zeros_like(ids), jnp.ones_like(ids))
-  model, fp8_model = model_lib.BertModel(cfg), model_lib.BertModel(cfg.replace(matmul_dtype="fp8"))
+  model, fp8_model = fam.encoder(cfg), fam.encoder(cfg.replace(matmul_dtype="fp8"))
   params = model.init(jax.random.key(0), *args, deterministic=True)
   assert jax.tree.structure(params) == jax.tree.structure(
       fp8_model.init(jax.random.key(0), *args, deterministic=True))

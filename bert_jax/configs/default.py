@@ -38,7 +38,7 @@ def _model() -> ml_collections.ConfigDict:
   m.scan_layers = False  # nn.scan over layers: compile time flat in depth
   m.attention_impl = config_dict.placeholder(str)  # jax.nn.dot_product_attention impl
   # "fp8": the encoder layers' dense matmuls through FP8 (bert_jax/models/fp8.py; BERT, RoBERTa,
-  # ELECTRA); unset: in model.dtype
+  # ELECTRA, DeBERTa); unset: in model.dtype
   m.matmul_dtype = config_dict.placeholder(str)
   m.dropout_rng = "hash"  # hash (cheap counter hash) | threefry (jax.random.bernoulli)
   return m

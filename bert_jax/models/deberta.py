@@ -126,8 +126,8 @@ def relative_rows(cfg: DebertaConfig, length: int) -> tuple[int, int]:
 
 
 def _dense(cfg, features, axes, name, use_bias=True):
-  if use_bias:
-    return model_lib.dense(cfg, features, axes, name)
+  if use_bias:  # the layers' (their matmuls in cfg.matmul_dtype)
+    return model_lib.dense(cfg, features, axes, name, layer=True)
   return nn.Dense(features, use_bias=False, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                   kernel_init=nn.with_logical_partitioning(
                       nn.initializers.normal(cfg.initializer_range), axes), name=name)
