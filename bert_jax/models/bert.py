@@ -118,8 +118,9 @@ class BertConfig(ModelConfig):
       raise errors.ConfigError(f"attention_impl 'cudnn' computes in bfloat16 or float16, not "
                                f"{self.dtype}: set model.dtype=bfloat16 (or attention_impl=xla).")
     if self.matmul_dtype not in fp8.MATMUL_DTYPES:
-      raise errors.ConfigError(f"matmul_dtype {self.matmul_dtype!r} unknown; choose one of "
-                               f"{fp8.MATMUL_DTYPES} (model.matmul_dtype).")
+      raise errors.ConfigError(f"matmul_dtype {self.matmul_dtype!r} unknown: set "
+                               "model.matmul_dtype=fp8, or leave it unset (the matmuls in "
+                               "model.dtype).")
     if self.remat not in REMAT_POLICIES:
       raise errors.ConfigError(f"remat {self.remat!r} unknown; "
                        f"choose one of {sorted(REMAT_POLICIES)}.")
