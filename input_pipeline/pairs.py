@@ -35,18 +35,62 @@ def _parquet_records(path: str) -> list[tuple[int, dict]]:
   return [(i + 1, r) for i, r in enumerate(table.to_pylist())]
 
 
+def _number(value) -> float | None:
+  """A record's value as a number (a CSV field's text too); None when it is none."""
+  if isinstance(value, bool) or value is None or value == "":
+    return None
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    return None
+  return number if np.isfinite(number) else None
+
+
+def _could_be_scores(name: str, values: list) -> bool:
+  """A column of numbers that are no id, no row number and not all the same."""
+  numbers = [_number(v) for v in values]
+  if None in numbers or len(set(numbers)) < 2:
+    return False
+  if name.lower() in ("id", "idx", "index", "row", "line") or name.lower().endswith("_id"):
+    return False
+  return not np.array_equal(np.diff(numbers), np.ones(len(numbers) - 1))
+
+
+def _check_unscored(path: str, records: list[tuple[int, dict]], score: str,
+                    texts: Sequence[str]) -> None:
+  """A dev file without the score column is ranked as unscored pairs: refused when another
+  column holds numbers that could be its scores (an STS file under another name)."""
+  columns = [k for k in records[0][1] if k not in texts]
+  numeric = [k for k in columns if _could_be_scores(k, [r.get(k) for _, r in records])]
+  if numeric:
+    raise DataError(
+        f"{path}: no column {score!r} (config.score_column), but {' and '.join(map(repr, numeric))} "
+        f"{'holds' if len(numeric) == 1 else 'hold'} numbers: set --config.score_column="
+        f"{numeric[-1]} (the column of scores) to score the pairs (Spearman), or "
+        f"--config.score_column= to rank them unscored (MRR@10); the columns are "
+        f"{sorted(records[0][1])}.")
+
+
 def read_pairs(path: str, anchor: str, positive: str, negatives: Sequence[str] = (),
                score: str | None = None) -> list[Pair]:
   """The pairs of a .jsonl / .csv / .tsv (optionally .gz) or .parquet file: the columns
-  `anchor`, `positive`, each of `negatives` and, when given and present in the file's first
-  record, `score`."""
+  `anchor`, `positive`, each of `negatives` and, when given and present in the file, `score`
+  (then in every row). A file without `score` whose other columns hold numbers that could be
+  scores (not an id, a row number or one value) is a DataError: its pairs would be ranked
+  unscored."""
   records = (_parquet_records(path) if path.endswith(".parquet") else glue.read_records(path))
   if not records:
     raise DataError(f"{path} holds no pairs.")
-  scored = bool(score) and score in records[0][1]
+  scored = bool(score) and any(score in r for _, r in records)
+  if score and not scored:
+    _check_unscored(path, records, score, (anchor, positive, *negatives))
   out = []
   for line, r in records:
-    for key in (anchor, positive, *negatives) + ((score,) if scored else ()):
+    if scored and score not in r:
+      raise DataError(f"{path}:{line}: no column {score!r} (config.score_column), which other "
+                      f"rows have: every scored pair needs its score; the columns are "
+                      f"{sorted(r)}: fix or remove the row.")
+    for key in (anchor, positive, *negatives):
       if key not in r:
         raise DataError(f"{path}:{line}: no column {key!r}; the columns are {sorted(r)}: set "
                         "config.anchor_column / positive_column / negative_columns.")

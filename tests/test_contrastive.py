@@ -2,6 +2,7 @@
 its formula, the same loss with the batch on 2 devices as on one (negatives gathered across
 them), the job end to end (learns, best/, resume), and bad pair files as one line."""
 import json
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import contrastive, convert, embed, embed_eval, finetune, loader
+from bert_jax import contrastive, convert, embed, embed_eval, finetune, loader, tasks
 from bert_jax.configs import embed as embed_config
 from input_pipeline import epochs, errors, packing, pairs
 from input_pipeline.tokenizer import Tokenizer
@@ -217,6 +218,46 @@ def test_bad_pair_files_are_one_line_exit_2(tmp_path, pretrained, rows, match): 
                         timeout=240)
   assert proc.returncode == 2, proc.stderr[-2000:]
   assert len([l for l in proc.stderr.splitlines() if "Error" in l or "error" in l]) <= 1
+
+
+def _pair_files(tmp_path, dev: str, name: str = "dev.tsv", **overrides):
+  """configs/embed.py reading a two-pair training file and `dev` (the dev file's text)."""
+  c = embed_config.get_config()
+  (tmp_path / "train.jsonl").write_text('{"anchor": "good movie", "positive": "great movie"}\n'
+                                        '{"anchor": "bad plot", "positive": "poor plot"}\n')
+  (tmp_path / name).write_text(dev)
+  c.train_file, c.eval_file = str(tmp_path / "train.jsonl"), str(tmp_path / name)
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
+def test_a_dev_file_scored_under_another_column_is_refused_not_ranked(tmp_path):
+  """An STS file whose scores are not in config.score_column was ranked as unscored pairs
+  (MRR@10 picked best/): one line naming the file, its columns and the field to set. A dev
+  file of pairs only (an id or row-number column too) stays unscored."""
+  read = lambda config: tasks.TASKS["embed"].read(config)[1]
+  sts = "sentence1\tsentence2\tsimilarity\ngood movie\tgreat movie\t4.5\nbad plot\tfine\t1\n"
+  config = _pair_files(tmp_path, sts)
+  with pytest.raises(errors.UserError, match=re.escape(
+      f"{config.eval_file}: no column 'score' (config.score_column), but 'similarity' holds "
+      "numbers: set --config.score_column=similarity (the column of scores) to score the pairs "
+      "(Spearman), or --config.score_column= to rank them unscored (MRR@10); the columns are "
+      "['sentence1', 'sentence2', 'similarity'].")):
+    read(config)
+  config.score_column = "similarity"
+  assert [p.score for p in read(config)] == [4.5, 1.0]
+  config.score_column = ""
+  assert [p.score for p in read(config)] == [None, None]
+  for dev in ("sentence1\tsentence2\ngood movie\tgreat movie\nbad plot\tfine\n",
+              "id\tsentence1\tsentence2\tn\tsame\n17\tgood movie\tgreat\t0\t1\n"
+              "3\tbad plot\tfine\t1\t1\n"):  # an id, a row number, a constant: no scores
+    assert [p.score for p in read(_pair_files(tmp_path, dev))] == [None, None]
+  jsonl = ('{"sentence1": "good movie", "sentence2": "great", "score": 4}\n'
+           '{"sentence1": "bad plot", "sentence2": "fine"}\n')  # a scored file, a row without
+  with pytest.raises(errors.UserError, match=r"dev.jsonl:2: no column 'score' \(config.score_"
+                     r"column\), which other rows have: every scored pair needs its score"):
+    read(_pair_files(tmp_path, jsonl, "dev.jsonl"))
 
 
 def test_parquet_pairs_and_a_batch_of_one(tmp_path, pretrained):  # noqa: F811

@@ -29,7 +29,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The dev file's columns ("" = the training file's); STS-B: sentence1, sentence2, score.
   c.eval_anchor_column = "sentence1"
   c.eval_positive_column = "sentence2"
-  c.score_column = "score"  # when the dev file has it: Spearman picks best/, else MRR@10
+  # When the dev file has it: Spearman picks best/, else MRR@10 ("" = unscored; a dev file
+  # without it whose other columns hold numbers is refused, naming them).
+  c.score_column = "score"
   # A BEIR-layout directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) searched after
   # every epoch: beir_ndcg@10, beir_recall@100, beir_mrr@10 among the dev metrics. "" = none.
   c.beir_dir = ""
