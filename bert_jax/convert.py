@@ -148,6 +148,61 @@ def check_exportable(path: str, cfg: Any, kind: str | None) -> None:
         "(--target=encoder), or keep the whole model with --to=bert_jax.")
 
 
+# ----------------------------------------------------------------------------
+# The output directory: new or empty, or an old export that --overwrite replaces whole.
+
+# What an export (any --to) writes at the top of its directory: a directory holding one of
+# these is a model that --overwrite may replace.
+EXPORT_FILES = (formats.NATIVE_CONFIG, formats.NATIVE_PARAMS, "config.json", "model.safetensors",
+                "pytorch_model.bin", "modules.json", tokenizer_lib.WORDPIECE_FILE,
+                tokenizer_lib.SENTENCEPIECE_FILE, *TOKENIZER_FILES)
+
+
+class OutputExistsError(errors.UserError, FileExistsError):
+  """--output holds files (another model's) that convert was not told to replace."""
+
+
+def _listing(names: list[str]) -> str:
+  return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _overlaps(a: str, b: str) -> bool:
+  """Whether one of the paths is the other or lies inside it."""
+  a, b = (fileio.path(p) if fileio.is_remote(p) else fileio.path(p).resolve() for p in (a, b))
+  return a == b or a in b.parents or b in a.parents
+
+
+def check_output(output: str, reads: Iterable[str], overwrite: bool) -> bool:
+  """Whether `output` must be emptied before the export is written: it holds an old export
+  and `overwrite` says replace it. Refused (OutputExistsError, before anything is read or
+  deleted): a file; a non-empty directory without `overwrite`; with it, one that holds no
+  export (nothing there is convert's to delete) or holds or lies in a path the export
+  `reads` (the input, the vocabulary)."""
+  out = fileio.path(output)
+  if not out.exists():
+    return False
+  if not out.is_dir():
+    raise OutputExistsError(f"--output={output} is a file: name a directory (new or empty).")
+  names = sorted(p.name for p in out.iterdir())
+  if not names:
+    return False
+  if not overwrite:
+    raise OutputExistsError(
+        f"--output={output} is not empty (it holds {_listing(names)}): convert writes a new "
+        "or empty directory, so that two models' files never mix. Pass --overwrite to "
+        "replace what it holds, or choose another --output.")
+  clash = next((p for p in reads if _overlaps(output, p)), None)
+  if clash is not None:
+    raise OutputExistsError(f"--output={output} holds or lies in {clash}, which this export "
+                            "reads: --overwrite would delete it first. Choose another --output.")
+  if not set(names) & set(EXPORT_FILES) or "checkpoints" in names:
+    raise OutputExistsError(
+        f"--output={output} holds no model export (it holds {_listing(names)}): --overwrite "
+        "replaces only what an earlier export wrote. Choose another --output, or empty it "
+        "yourself.")
+  return True
+
+
 def _flags():
   """convert's flags, in their own FlagValues (absl syntax; importing adds no global flags)."""
   fv = flags.FlagValues()
@@ -173,7 +228,32 @@ def _flags():
                     "...ForQuestionAnswering or ...ForMultipleChoice of its task); 'pretraining' "
                     "leaves a fine-tuned head out; 'encoder' keeps the encoder and pooler only.",
                     flag_values=fv)
+  flags.DEFINE_bool("overwrite", False, "Replace what --output holds (an earlier export: every "
+                    "file of it is deleted first). Without it a non-empty --output is refused.",
+                    flag_values=fv)
   return fv
+
+
+def _to_sentence_transformers(args, vocab: str | None, replace: bool) -> None:
+  """convert --to=sentence_transformers."""
+  given = embed.read_spec(args.input) or embed.Spec()
+  spec = embed.Spec(args.pooling or given.pooling,
+                    given.normalize if args.normalize is None else args.normalize,
+                    given.max_seq_length, given.similarity)
+  cfg, params = loader.read(embed.transformer_dir(args.input), "encoder", require_mlm=False)
+  tok = vocabulary_of(vocab, cfg)
+  _clear(args.output, replace)
+  export_sentence_transformers(args.output, cfg, params, tok, spec)
+  print(f"Converted {args.input} -> {args.output} (sentence_transformers): {spec.pooling} "
+        f"pooling{', normalised' if spec.normalize else ''}, {cfg.num_layers} layers, hidden "
+        f"{cfg.hidden_size}, vocab {cfg.vocab_size}.")
+
+
+def _clear(output: str, replace: bool) -> None:
+  """Deletes the old export at `output` (check_output said to), once every check passed."""
+  if replace:
+    logging.info("--overwrite: deleting the earlier export in %s.", output)
+    fileio.path(output).rmtree()
 
 
 @errors.reported
@@ -191,24 +271,19 @@ def main(argv: Iterable[str] | None = None) -> None:
         raise formats.CheckpointNotFoundError(f"{e} A HuggingFace export holds its vocabulary.") from None
       logging.warning("%s The export holds no vocabulary: predict and fine-tuning then need "
                       "--vocab.", e)
+  replace = check_output(args.output, [args.input] + ([vocab] if vocab else []), args.overwrite)
   if args.to == "sentence_transformers":
-    given = embed.read_spec(args.input) or embed.Spec()
-    spec = embed.Spec(args.pooling or given.pooling,
-                      given.normalize if args.normalize is None else args.normalize,
-                      given.max_seq_length, given.similarity)
-    cfg, params = loader.read(embed.transformer_dir(args.input), "encoder", require_mlm=False)
-    export_sentence_transformers(args.output, cfg, params, vocabulary_of(vocab, cfg), spec)
-    print(f"Converted {args.input} -> {args.output} (sentence_transformers): {spec.pooling} "
-          f"pooling{', normalised' if spec.normalize else ''}, {cfg.num_layers} layers, hidden "
-          f"{cfg.hidden_size}, vocab {cfg.vocab_size}.")
+    _to_sentence_transformers(args, vocab, replace)
     return
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
   family = families.of(cfg)
   kind = task_head(args.input, params)
+  if args.to == "huggingface":
+    check_exportable(args.input, cfg, kind)
+  _clear(args.output, replace)
   written = [args.output]
   if args.to == "huggingface":  # (a family may write a companion model beside it)
-    check_exportable(args.input, cfg, kind)
     written = family.export_hf(args.output, cfg, params, tok, task_head=kind or "sequence") or written
   else:
     formats.save_native(args.output, cfg, params, task_head=kind)

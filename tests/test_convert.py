@@ -541,3 +541,62 @@ def test_a_head_transformers_has_no_class_for_is_refused(tmp_path, capsys, case)
   assert "--target=encoder" in err and not (tmp_path / "out").exists()
   convert.main([f"--input={tmp_path / 'best'}", f"--output={tmp_path / 'native'}"])
   assert "classifier" in loader.read(str(tmp_path / "native"), "all")[1]
+
+
+# ----------------------------------------------------------------------------
+# The output directory (issue 56 item 7).
+
+def _files(directory):
+  return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+def test_a_non_empty_output_is_refused_unless_told_to_replace_it(tmp_path, capsys):
+  """convert into a directory holding another model wrote beside it (two models' files, one
+  tokenizer.json overwritten): a non-empty --output is one line, exit 2, nothing touched;
+  --overwrite replaces it whole (no file of the old model left), as a fresh export."""
+  for name, seed in (("a", 0), ("b", 1)):
+    _hf_model("tanh", seed=seed).save_pretrained(tmp_path / name)
+    _hub_vocab(tmp_path / name, 99)
+  convert.main([f"--input={tmp_path / 'a'}", f"--output={tmp_path / 'out'}", "--to=huggingface"])
+  (tmp_path / "out" / "README.md").write_text("model a")
+  before = {f: (tmp_path / "out" / f).read_bytes() for f in _files(tmp_path / "out")}
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as e:
+    convert.main([f"--input={tmp_path / 'b'}", f"--output={tmp_path / 'out'}"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+  assert "is not empty" in err and "--overwrite" in err and "config.json" in err, err
+  assert {f: (tmp_path / "out" / f).read_bytes() for f in _files(tmp_path / "out")} == before
+  convert.main([f"--input={tmp_path / 'b'}", f"--output={tmp_path / 'out'}", "--overwrite"])
+  convert.main([f"--input={tmp_path / 'b'}", f"--output={tmp_path / 'fresh'}"])
+  assert _files(tmp_path / "out") == _files(tmp_path / "fresh")  # no README.md, config.json ...
+  _assert_trees_equal(loader.read(str(tmp_path / "out"))[1], loader.read(str(tmp_path / "b"))[1])
+  (tmp_path / "empty").mkdir()  # an empty directory needs no flag
+  convert.main([f"--input={tmp_path / 'b'}", f"--output={tmp_path / 'empty'}"])
+
+
+@pytest.mark.parametrize("case", ["input", "inside_input", "vocab_inside", "not_a_model", "file"])
+def test_overwrite_never_deletes_what_is_not_an_old_export(tmp_path, capsys, case):
+  """--overwrite refuses, in one line and before deleting anything, an --output that is the
+  input, lies inside it, holds the --vocab, holds no model (e.g. a home directory) or is a
+  file."""
+  _hf_model("tanh").save_pretrained(tmp_path / "hf")
+  _hub_vocab(tmp_path / "hf", 99)
+  (tmp_path / "notes").mkdir()
+  (tmp_path / "notes" / "notes.txt").write_text("mine")
+  (tmp_path / "f.txt").write_text("mine")
+  out, extra = {"input": ("hf", []), "inside_input": ("hf", []), "not_a_model": ("notes", []),
+                "vocab_inside": ("hf", []), "file": ("f.txt", [])}[case]
+  inp = tmp_path / "hf"
+  if case == "inside_input":
+    inp, out = tmp_path, "hf"
+  if case == "vocab_inside":
+    convert.main([f"--input={tmp_path / 'hf'}", f"--output={tmp_path / 'ours'}"])
+    inp, extra = tmp_path / "ours", [f"--vocab={tmp_path / 'hf' / 'vocab.txt'}"]
+  before = _files(tmp_path)
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as e:
+    convert.main([f"--input={inp}", f"--output={tmp_path / out}", "--overwrite"] + extra)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+  assert _files(tmp_path) == before
