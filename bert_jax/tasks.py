@@ -207,7 +207,7 @@ def _read_pairs(config) -> tuple[list, list]:
                            negatives)
   dev = pairs.read_pairs(config.eval_file, config.eval_anchor_column or config.anchor_column,
                          config.eval_positive_column or config.positive_column, (),
-                         config.score_column)
+                         config.score_column, pairs.DEV_FIELDS)
   if config.get("beir_dir"):  # checked with the other inputs, before any work
     embed_eval.read_queries(config.beir_dir, config.beir_split)
   return train, dev

@@ -63,39 +63,58 @@ def _check_unscored(path: str, records: list[tuple[int, dict]], score: str,
   columns = [k for k in records[0][1] if k not in texts]
   numeric = [k for k in columns if _could_be_scores(k, [r.get(k) for _, r in records])]
   if numeric:
+    named = " and ".join(map(repr, numeric))
     raise DataError(
-        f"{path}: no column {score!r} (config.score_column), but {' and '.join(map(repr, numeric))} "
+        f"{path}: no column {score!r} (config.score_column), but {named} "
         f"{'holds' if len(numeric) == 1 else 'hold'} numbers: set --config.score_column="
         f"{numeric[-1]} (the column of scores) to score the pairs (Spearman), or "
         f"--config.score_column= to rank them unscored (MRR@10); the columns are "
         f"{sorted(records[0][1])}.")
 
 
+def _no_column(path: str, line: int, key: str, record: dict, field: str) -> DataError:
+  """`key` missing from the record: the advice names the config field choosing that column
+  (a dev file's eval_* field, whose empty value takes the training file's)."""
+  own = field.removeprefix("eval_")  # the training file's field
+  what = {"anchor_column": "anchors", "positive_column": "positives",
+          "negative_columns": "hard negatives"}[own]
+  whose = "the training file's" if own == field else "the dev file's"
+  fallback = "" if own == field else f" (--config.{field}= reads the training file's, {own})"
+  return DataError(f"{path}:{line}: no column {key!r}; the columns are {sorted(record)}: set "
+                   f"--config.{field} to {whose} column of {what}{fallback}.")
+
+
+TRAIN_FIELDS = ("anchor_column", "positive_column", "negative_columns")
+DEV_FIELDS = ("eval_anchor_column", "eval_positive_column", "negative_columns")
+
+
 def read_pairs(path: str, anchor: str, positive: str, negatives: Sequence[str] = (),
-               score: str | None = None) -> list[Pair]:
+               score: str | None = None, fields: Sequence[str] = TRAIN_FIELDS) -> list[Pair]:
   """The pairs of a .jsonl / .csv / .tsv (optionally .gz) or .parquet file: the columns
   `anchor`, `positive`, each of `negatives` and, when given and present in the file, `score`
   (then in every row). A file without `score` whose other columns hold numbers that could be
   scores (not an id, a row number or one value) is a DataError: its pairs would be ranked
-  unscored."""
+  unscored. `fields`: the config fields naming the anchor, positive and negative columns,
+  which a missing column's message names."""
   records = (_parquet_records(path) if path.endswith(".parquet") else glue.read_records(path))
   if not records:
     raise DataError(f"{path} holds no pairs.")
   scored = bool(score) and any(score in r for _, r in records)
   if score and not scored:
     _check_unscored(path, records, score, (anchor, positive, *negatives))
+  keys = (anchor, positive, *negatives)
+  key_fields = (fields[0], fields[1]) + (fields[2],) * len(negatives)
   out = []
   for line, r in records:
     if scored and score not in r:
       raise DataError(f"{path}:{line}: no column {score!r} (config.score_column), which other "
                       f"rows have: every scored pair needs its score; the columns are "
                       f"{sorted(r)}: fix or remove the row.")
-    for key in (anchor, positive, *negatives):
+    for key, field in zip(keys, key_fields):
       if key not in r:
-        raise DataError(f"{path}:{line}: no column {key!r}; the columns are {sorted(r)}: set "
-                        "config.anchor_column / positive_column / negative_columns.")
-    texts = [glue.text_field(r, key, path, line) for key in (anchor, positive, *negatives)]
-    for key, text in zip((anchor, positive, *negatives), texts):
+        raise _no_column(path, line, key, r, field)
+    texts = [glue.text_field(r, key, path, line) for key in keys]
+    for key, text in zip(keys, texts):
       if not text.strip():
         raise DataError(f"{path}:{line}: {key!r} is empty: every pair needs both texts (and "
                         "each hard negative): fix or remove the row.")

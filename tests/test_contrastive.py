@@ -260,6 +260,24 @@ def test_a_dev_file_scored_under_another_column_is_refused_not_ranked(tmp_path):
     read(_pair_files(tmp_path, jsonl, "dev.jsonl"))
 
 
+def test_a_missing_column_names_the_field_of_the_file_that_lacks_it(tmp_path):
+  """A dev file in the training pairs' columns was told to set config.anchor_column: the
+  advice names the dev file's field (eval_anchor_column), the training file's its own."""
+  dev = '{"anchor": "good movie", "positive": "great movie"}\n'
+  config = _pair_files(tmp_path, dev, "dev.jsonl")
+  with pytest.raises(errors.UserError, match=re.escape(
+      f"{config.eval_file}:1: no column 'sentence1'; the columns are ['anchor', 'positive']: "
+      "set --config.eval_anchor_column to the dev file's column of anchors "
+      "(--config.eval_anchor_column= reads the training file's, anchor_column).")):
+    tasks.TASKS["embed"].read(config)
+  config = _pair_files(tmp_path, dev, "dev.jsonl", eval_anchor_column="",
+                       eval_positive_column="", positive_column="document")
+  with pytest.raises(errors.UserError, match=re.escape(
+      f"{config.train_file}:1: no column 'document'; the columns are ['anchor', 'positive']: "
+      "set --config.positive_column to the training file's column of positives.")):
+    tasks.TASKS["embed"].read(config)
+
+
 def test_parquet_pairs_and_a_batch_of_one(tmp_path, pretrained):  # noqa: F811
   pa = pytest.importorskip("pyarrow")
   import pyarrow.parquet as pq
