@@ -291,13 +291,19 @@ def read_custom(path: str, text_a: str, label: str, text_b: str | None = None) -
 
 def read_records(path: str) -> list[tuple[int, dict]]:
   """(line, {field: value}) of each record of a .csv / .tsv file (with a header) or a .jsonl
-  (.json) file, optionally .gz; a file without records is a DataError naming it."""
+  (.json) file, optionally .gz; a file without records, or a row with more or fewer fields
+  than its header, is a DataError naming it (and the row)."""
   kind = path.removesuffix(".gz")
   if kind.endswith(".jsonl") or kind.endswith(".json"):
     records = list(text_lib.json_objects(read_task_text(path).split("\n"), path, DataError))
   else:
     rows = (_rows(path, "\t") if kind.endswith(".tsv") else _rows(path, ",", quotechar='"'))
     header = rows[0][1] if rows else []
+    for line, r in rows[1:]:
+      if r and len(r) != len(header):  # a field short (a column missing) or over (cut)
+        raise DataError(f"{path}:{line}: {len(r)} field{'s' if len(r) > 1 else ''} where the "
+                        f"header has {len(header)} ({', '.join(header)}): every row needs one "
+                        "field a column; fix or remove the row.")
     records = [(line, dict(zip(header, r))) for line, r in rows[1:] if r]
   if not records:
     raise _no_examples(path)

@@ -278,6 +278,20 @@ def test_a_missing_column_names_the_field_of_the_file_that_lacks_it(tmp_path):
     tasks.TASKS["embed"].read(config)
 
 
+@pytest.mark.parametrize("row,fields", [("bad plot", 1), ("bad plot\tpoor plot\tawful", 3)])
+def test_a_tsv_row_with_another_field_count_than_its_header_is_refused(tmp_path, row, fields):
+  """A row with fewer fields was told 'no column positive ... set anchor_column'; one with
+  more was cut silently: one line naming file:line, its field count and the header's."""
+  train = tmp_path / "train.tsv"
+  train.write_text(f"anchor\tpositive\ngood movie\tgreat movie\n{row}\n")
+  config = _pair_files(tmp_path, '{"sentence1": "a", "sentence2": "b"}\n', "dev.jsonl",
+                       train_file=str(train))
+  with pytest.raises(errors.UserError, match=re.escape(
+      f"{train}:3: {fields} field{'s' if fields > 1 else ''} where the header has 2 (anchor, "
+      "positive): every row needs one field a column; fix or remove the row.")):
+    tasks.TASKS["embed"].read(config)
+
+
 def test_parquet_pairs_and_a_batch_of_one(tmp_path, pretrained):  # noqa: F811
   pa = pytest.importorskip("pyarrow")
   import pyarrow.parquet as pq

@@ -65,6 +65,11 @@ def test_custom_jsonl_and_csv(tmp_path):
   assert glue.read_custom(str(tmp_path / "d.csv"), text_a="text", label="label")[0].text_a == "hello, world"
   with pytest.raises(ValueError, match="has no field 'txt'"):
     glue.read_custom(str(tmp_path / "d.csv"), text_a="txt", label="label")
+  # a row of another field count than the header: refused, not cut or short of a column
+  (tmp_path / "r.csv").write_text('text,label\n"hello, world",pos\nhello, world,pos\n')
+  with pytest.raises(glue.DataError, match=r"r.csv:3: 3 fields where the header has 2 \(text, "
+                     "label\)"):
+    glue.read_custom(str(tmp_path / "r.csv"), text_a="text", label="label")
 
 
 def _squad_file(tmp_path, version_2=False):
