@@ -600,3 +600,66 @@ def test_overwrite_never_deletes_what_is_not_an_old_export(tmp_path, capsys, cas
   err = capsys.readouterr().err
   assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
   assert _files(tmp_path) == before
+
+
+# ----------------------------------------------------------------------------
+# Google TF checkpoints on the export path (issue 56 item 10).
+
+def _google_dir(directory):
+  """A Google release as it ships: bert_model.ckpt.* + bert_config.json + vocab.txt."""
+  directory.mkdir()
+  state = {k: v.numpy() for k, v in _hf_model("tanh").state_dict().items()
+           if "position_ids" not in k and "token_type_ids" not in k}
+  _write_tf_checkpoint(directory / "bert_model.ckpt", formats.canonical_names(state))
+  (directory / "bert_config.json").write_text(json.dumps(
+      {**SHAPES["tanh"], "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}))
+  _hub_vocab(directory, 99)
+  (directory / "tokenizer_config.json").unlink()
+  return directory / "bert_model.ckpt"
+
+
+def test_a_google_checkpoint_given_by_its_prefix_exports_with_its_vocabulary(tmp_path):
+  """--input=.../bert_model.ckpt (the documented form) found no vocab.txt beside it (the
+  directory form did): a HuggingFace export was refused, a bert_jax one held none."""
+  prefix = _google_dir(tmp_path / "google")
+  for to in ("huggingface", "bert_jax"):
+    convert.main([f"--input={prefix}", f"--output={tmp_path / to}", f"--to={to}"])
+    assert (tmp_path / to / "vocab.txt").read_text() == (tmp_path / "google" / "vocab.txt").read_text()
+  transformers.AutoTokenizer.from_pretrained(tmp_path / "huggingface")
+  transformers.BertForPreTraining.from_pretrained(tmp_path / "huggingface")
+
+
+@pytest.mark.parametrize("damage", ["truncated_index", "garbage_index", "truncated_data"])
+def test_a_damaged_google_checkpoint_is_one_line(tmp_path, capsys, damage):
+  """A damaged bert_model.ckpt.index (or its data file) was a TensorFlow traceback: one line
+  naming the file, exit 2."""
+  prefix = _google_dir(tmp_path / "google")
+  name = "bert_model.ckpt.index" if "index" in damage else "bert_model.ckpt.data-00000-of-00001"
+  f = tmp_path / "google" / name
+  data = f.read_bytes()
+  f.write_bytes(data[:len(data) // 2] if damage.startswith("truncated") else b"\x17" * len(data))
+  for given in (prefix, tmp_path / "google"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+      convert.main([f"--input={given}", f"--output={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "is truncated or corrupt" in err and str(tmp_path / "google" / "bert_model.ckpt") in err
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_google_checkpoint_without_tensorflow_is_one_line(tmp_path, capsys, monkeypatch):
+  """On an image without TensorFlow, reading a Google TF checkpoint was an ImportError
+  traceback: one line saying TensorFlow is needed for that checkpoint and how to install it,
+  exit 2 (TensorFlow's absence simulated)."""
+  import sys  # pylint: disable=g-import-not-at-top
+  prefix = _google_dir(tmp_path / "google")
+  monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` raises ImportError
+  for given in (prefix, tmp_path / "google"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+      convert.main([f"--input={given}", f"--output={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"TensorFlow is needed for the Google TF checkpoint {tmp_path / 'google'}" in err, err
+    assert "pip install" in err

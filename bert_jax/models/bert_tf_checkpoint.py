@@ -1,7 +1,8 @@
 """Google's original TF BERT checkpoints (bert_model.ckpt.* beside a bert_config.json): their
 variables as BERT's canonical flat dict (HuggingFace's names without the `bert.` prefix, in
 PyTorch layout), which bert_formats.py maps onto our parameter tree. TensorFlow is
-imported only to read one (input_pipeline.records.tensorflow).
+imported only to read one (input_pipeline.records.tensorflow: without it, one line saying so);
+a damaged file is one line naming it (CorruptTFCheckpointError).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 
 import numpy as np
 
+from input_pipeline import errors
 from input_pipeline import fileio
 from input_pipeline import records
 
@@ -31,17 +33,46 @@ def tf_name_to_canonical(name: str) -> tuple[str, bool]:
   return name.replace("/", "."), transpose
 
 
+class CorruptTFCheckpointError(errors.UserError, ValueError):
+  """A file of a Google TF checkpoint that TensorFlow cannot read (truncated or corrupt), as
+  formats.CorruptCheckpointFileError is for other formats (this module lies below it)."""
+
+
+def _tensorflow(path: str):
+  return records.tensorflow(f"the Google TF checkpoint {path}")
+
+
+def _read_errors(tf) -> tuple[type[BaseException], ...]:
+  """What TensorFlow's checkpoint reader raises on a damaged file (its C++ errors reach
+  Python as OpError, RuntimeError or, for a short read, IndexError)."""
+  return (tf.errors.OpError, RuntimeError, IndexError)
+
+
+def _damaged(what: str, e: BaseException) -> CorruptTFCheckpointError:
+  detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+  return CorruptTFCheckpointError(
+      f"{what} is truncated or corrupt ({detail}): download or copy the checkpoint again.")
+
+
 def read_tf_state(ckpt_path: str, origin: dict[str, str] | None = None) -> dict[str, np.ndarray]:
   """The canonical flat dict of the TF checkpoint `ckpt_path` (its prefix, without .index);
   `origin` (when given) gets each canonical name's variable name."""
-  tf = records.tensorflow()  # only Google TF checkpoints
-  reader = tf.train.load_checkpoint(ckpt_path)
+  tf = _tensorflow(ckpt_path)  # only Google TF checkpoints
+  try:
+    reader = tf.train.load_checkpoint(ckpt_path)
+    names = reader.get_variable_to_shape_map()
+  except _read_errors(tf) as e:
+    raise _damaged(f"{ckpt_path}.index (the Google TF checkpoint {ckpt_path})", e) from None
   state = {}
-  for name in reader.get_variable_to_shape_map():
+  for name in names:
     if _TF_IGNORED.search(name):
       continue  # Optimizer slots and counters.
     canonical, transpose = tf_name_to_canonical(name)
-    value = reader.get_tensor(name)
+    try:
+      value = reader.get_tensor(name)
+    except _read_errors(tf) as e:
+      raise _damaged(f"{ckpt_path}.data-* (the Google TF checkpoint {ckpt_path}, variable "
+                     f"{name})", e) from None
     state[canonical] = np.ascontiguousarray(value.T) if transpose else value
     if origin is not None:
       origin[canonical] = name
@@ -49,15 +80,19 @@ def read_tf_state(ckpt_path: str, origin: dict[str, str] | None = None) -> dict[
 
 
 def find_checkpoint(path: str) -> str | None:
-  """The TF checkpoint at `path` (a prefix, or a directory: its latest checkpoint, else the
-  first .index file in it), or None."""
+  """The TF checkpoint at `path` (a prefix, or a directory: the latest its `checkpoint` file
+  names, else the first .index file in it), or None."""
   if fileio.path(path + ".index").exists():
     return path
   if fileio.path(path).is_dir():
-    tf = records.tensorflow()  # only Google TF checkpoints
-    latest = tf.train.latest_checkpoint(path)
-    if latest:
-      return latest
+    if (fileio.path(path) / "checkpoint").exists():  # (TensorFlow reads it: only then needed)
+      tf = _tensorflow(path)
+      try:
+        latest = tf.train.latest_checkpoint(path)
+      except _read_errors(tf) as e:
+        raise _damaged(f"{fileio.join(path, 'checkpoint')}", e) from None
+      if latest:
+        return latest
     for f in sorted(fileio.path(path).iterdir(), key=str):
       if f.name.endswith(".index"):
         return fileio.join(path, f.name[:-len(".index")])
