@@ -235,8 +235,9 @@ def _flags():
                       "features.npy / embeddings.npy; features with FILE_mask.npy beside it) or "
                       ".jsonl (features: Google's extract_features.py format; embed: "
                       "{\"line_index\", \"embedding\"} a line, line_index counting --text "
-                      "then --input_file's lines from 0); any other suffix is refused.",
-                      flag_values=fv)
+                      "then --input_file's lines from 0). fill_mask, tag (.txt), classify, qa "
+                      "(.jsonl): what they print, written there instead (unset: stdout). Any "
+                      "other suffix is refused.", flag_values=fv)
   return fv
 
 
@@ -317,18 +318,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                        "each (not with --input_file).")
   texts = itertools.chain(args.text, _input_lines(args.input_file) if args.input_file else ())
   out = args.output or ("embeddings.npy" if args.mode == "embed" else "features.npy")
-  if args.mode in ("features", "embed"):
+  if args.mode in ("features", "embed") or args.output:
     predict_output.check_output(out, args.mode)
   # The checkpoint's own vocabulary by default, read once the checkpoint is known good.
   vocabulary = lambda: Tokenizer.from_path(args.vocab or loader.checkpoint_vocab(args.checkpoint),
                                            args.lowercase)
   if args.mode in ("classify", "qa", "tag"):
-    _finetuned_mode(args, texts, vocabulary)
+    with predict_output.printed_to(args.output):
+      _finetuned_mode(args, texts, vocabulary)
     return
   if not (args.text or args.input_file):
     raise PredictError("Give --text (repeatable) or --input_file.")
   if args.mode == "fill_mask":
-    _fill_mask(args, texts, vocabulary)
+    with predict_output.printed_to(args.output):
+      _fill_mask(args, texts, vocabulary)
   elif args.mode == "embed":
     _embed(args, texts, out)
   else:

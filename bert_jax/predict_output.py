@@ -1,6 +1,7 @@
 """What `python -m bert_jax.predict` writes for --mode=features and --mode=embed: the rows
-streamed into a .npy file (its header written first) or JSON Lines, and the --output path
-checked before any work (its directory, a suffix these modes write)."""
+streamed into a .npy file (its header written first) or JSON Lines; for the other modes,
+what they print, into --output when it is given; the --output path checked before any work
+(its directory, a suffix the mode writes)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,10 +19,19 @@ from input_pipeline import fileio
 SUFFIXES = (".npy", ".jsonl")
 
 
+# What the other modes print (fill_mask, tag: text; classify, qa: a JSON object a line),
+# written into --output instead when it is given: its suffix.
+PRINTED_SUFFIXES = {"fill_mask": ".txt", "tag": ".txt", "classify": ".jsonl", "qa": ".jsonl"}
+
+
 def check_output(path: str, mode: str) -> None:
   """Before any work: `path`'s suffix is one `mode` writes, and its directory exists."""
   suffix = os.path.splitext(path)[1]
-  if suffix not in SUFFIXES:
+  printed = PRINTED_SUFFIXES.get(mode)
+  if printed and suffix != printed:
+    raise PredictError(f"--output={path}: --mode={mode} writes what it prints, as {printed}: "
+                       f"name it e.g. {path.removesuffix(suffix)}{printed}.")
+  if not printed and suffix not in SUFFIXES:
     raise PredictError(
         f"--output={path}: --mode={mode} writes {' or '.join(SUFFIXES)}, not "
         f"{suffix or 'no suffix'}: name it e.g. {path.removesuffix(suffix)}.npy (NumPy"
@@ -31,6 +41,47 @@ def check_output(path: str, mode: str) -> None:
   if not fileio.is_remote(path) and not parent.is_dir():  # GCS has no directories to create
     raise PredictError(f"--output={path}: the directory {parent} does not exist: create it or "
                        "write elsewhere.")
+
+
+class _Printed(io.TextIOBase):
+  """Text printed, written to `path` as UTF-8, the file created at the first write (so that a
+  run refused before it prints leaves none); `lines` counts the lines."""
+
+  def __init__(self, path: str):
+    super().__init__()
+    self.path, self.file, self.lines = path, None, 0
+
+  def writable(self) -> bool:
+    return True
+
+  def write(self, text: str) -> int:
+    if self.file is None:
+      self.file = fileio.path(self.path).open("wb")
+    self.file.write(text.encode("utf-8"))
+    self.lines += text.count("\n")
+    return len(text)
+
+  def close(self) -> None:
+    if self.file is not None:
+      self.file.close()
+    super().close()
+
+
+@contextlib.contextmanager
+def printed_to(path: str | None):
+  """Inside, what is printed goes into `path` (None: stdout, as it is); after, one JSON line
+  on stdout says where and how many lines ({"output", "lines"})."""
+  if not path:
+    yield
+    return
+  sink = _Printed(path)
+  try:
+    with contextlib.redirect_stdout(sink):
+      yield
+    sink.write("")  # an empty output is still a file
+  finally:
+    sink.close()
+  print(json.dumps({"output": path, "lines": sink.lines}))
 
 
 def write_features_jsonl(f, batches, tokenizer, layers: Sequence[int], pooled: bool) -> int:

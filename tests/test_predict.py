@@ -391,6 +391,40 @@ def test_blank_lines_keep_their_place_in_every_mode(tmp_path, capsys):
       "the cat sat", "", "a dog ran", "", "on the mat"]
 
 
+def test_output_holds_what_fill_mask_classify_and_tag_print(tmp_path, capsys):
+  """--output was ignored by fill_mask / classify / qa / tag: what they print is written there
+  instead (stdout: where, and how many lines); a suffix other than the one each writes (.txt,
+  .jsonl) is one line, exit 2, before the checkpoint is read."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bert_jax import heads  # pylint: disable=g-import-not-at-top
+  _, cfg, _ = _checkpoint(tmp_path)
+  vocab = f"--vocab={tmp_path / 'vocab.txt'}"
+  (tmp_path / "in.txt").write_text("the [MASK] sat\n\na dog [MASK]\n")
+  text = [vocab, f"--input_file={tmp_path / 'in.txt'}"]
+  classifier = _finetuned_workdir(tmp_path, cfg, heads.BertForSequenceClassification(
+      cfg, num_labels=2), {"task": "glue"}, ["0", "1"])
+  tagger = _finetuned_workdir(tmp_path, cfg, heads.BertForTokenClassification(cfg, num_labels=2),
+                              {"task": "conll"}, ["O", "B-X"])
+  for checkpoint, mode, name in ((tmp_path / "ckpt", "fill_mask", "m.txt"),
+                                 (classifier, "classify", "c.jsonl"), (tagger, "tag", "t.txt")):
+    predict.main([f"--checkpoint={checkpoint}", f"--mode={mode}"] + text)
+    printed = capsys.readouterr().out
+    predict.main([f"--checkpoint={checkpoint}", f"--mode={mode}", f"--output={tmp_path / name}"]
+                 + text)
+    assert (tmp_path / name).read_text() == printed, mode
+    assert json.loads(capsys.readouterr().out) == {
+        "output": str(tmp_path / name), "lines": printed.count("\n")}, mode
+  for mode, name, suffix in (("fill_mask", "m.jsonl", ".txt"), ("classify", "c.txt", ".jsonl"),
+                             ("qa", "q", ".jsonl"), ("tag", "t.npy", ".txt")):
+    with pytest.raises(SystemExit) as e:
+      predict.main([f"--checkpoint={tmp_path / 'nothing'}", f"--mode={mode}", "--text=a",
+                    f"--output={tmp_path / name}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert (f"--output={tmp_path / name}: --mode={mode} writes what it prints, as {suffix}: "
+            f"name it e.g. {tmp_path / name.split('.')[0]}{suffix}.") in err, err
+
+
 def test_an_output_suffix_the_mode_does_not_write_is_refused_first(tmp_path, capsys):
   """--output=f.csv wrote a binary .npy under that name, and f.csv_mask.npy beside it (issue
   56 item 10): a suffix features / embed do not write is one line naming the ones they do,
@@ -429,12 +463,13 @@ def test_a_max_seq_length_above_the_models_positions_is_refused(tmp_path, capsys
   base = [f"--checkpoint={tmp_path / 'ckpt'}", f"--vocab={tmp_path / 'vocab.txt'}", "--text=the [MASK] sat"]
   for mode in ("fill_mask", "features", "embed"):
     with pytest.raises(SystemExit) as e:
-      predict.main(base + [f"--mode={mode}", "--max_seq_length=512", f"--output={tmp_path / 'f.npy'}"])
+      out = tmp_path / ("f.txt" if mode == "fill_mask" else "f.npy")  # (each mode's suffix)
+      predict.main(base + [f"--mode={mode}", "--max_seq_length=512", f"--output={out}"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert (f"--max_seq_length=512: {tmp_path / 'ckpt'} takes at most 32 tokens a text (its "
             "position embeddings end there): set --max_seq_length=32 or less") in err, err
-  assert not (tmp_path / "f.npy").exists()
+  assert not (tmp_path / "f.npy").exists() and not (tmp_path / "f.txt").exists()
   # At the model's limit already (the default, capped), a [MASK] past it is not told to raise it.
   with pytest.raises(SystemExit) as e:
     predict.main(base[:2] + ["--text=" + "the cat " * 20 + "[MASK]"])
