@@ -8,6 +8,7 @@ an empty text, a score that is not a number).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 import numpy as np
@@ -46,12 +47,16 @@ def _number(value) -> float | None:
   return number if np.isfinite(number) else None
 
 
+# Columns named as ids or row numbers: id, qid, doc_id, query-id, idx, index, row, line.
+_ID = re.compile(r"[a-z]?id|(.*[_\- ])?(id|idx|index)|idx|index|row|line")
+
+
 def _could_be_scores(name: str, values: list) -> bool:
   """A column of numbers that are no id, no row number and not all the same."""
   numbers = [_number(v) for v in values]
   if None in numbers or len(set(numbers)) < 2:
     return False
-  if name.lower() in ("id", "idx", "index", "row", "line") or name.lower().endswith("_id"):
+  if _ID.fullmatch(name.lower()):
     return False
   return not np.array_equal(np.diff(numbers), np.ones(len(numbers) - 1))
 

@@ -250,7 +250,7 @@ def test_a_dev_file_scored_under_another_column_is_refused_not_ranked(tmp_path):
   config.score_column = ""
   assert [p.score for p in read(config)] == [None, None]
   for dev in ("sentence1\tsentence2\ngood movie\tgreat movie\nbad plot\tfine\n",
-              "id\tsentence1\tsentence2\tn\tsame\n17\tgood movie\tgreat\t0\t1\n"
+              "qid\tsentence1\tsentence2\tn\tsame\n17\tgood movie\tgreat\t0\t1\n"
               "3\tbad plot\tfine\t1\t1\n"):  # an id, a row number, a constant: no scores
     assert [p.score for p in read(_pair_files(tmp_path, dev))] == [None, None]
   jsonl = ('{"sentence1": "good movie", "sentence2": "great", "score": 4}\n'
