@@ -236,7 +236,7 @@ IGNORED_BUFFERS = re.compile(r"(^|\.)(position_ids|token_type_ids|rotary_emb\.in
 # that a read does not use is another task's head, left out (named); any other unused
 # tensor is refused (check_read).
 HEADS = ("cls.", "classifier.", "qa_outputs.")
-_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+_LAYER = re.compile(r"(?:^|[./])layers?[._](\d+)[./]")  # HuggingFace's, TF's and ours
 
 
 def check_read(source: str, model: str, *, missing=(), bad_shape=(), unused=(),
@@ -263,8 +263,9 @@ def check_read(source: str, model: str, *, missing=(), bad_shape=(), unused=(),
   fix = (f"fix {config_file} so that it describes the weights (or copy or download the "
          "checkpoint again)")
   if num_layers is not None and more and more == list(range(num_layers, more[-1] + 1)):
+    field = "num_layers" if config_file == NATIVE_CONFIG else "num_hidden_layers"
     fix = (f"the weights hold {more[-1] + 1} layers where {config_file} says "
-           f"num_hidden_layers={num_layers}: {fix}")
+           f"{field}={num_layers}: {fix}")
   elif foreign:
     fix = f"no such model has the unused ones: remove them from the file, or {fix}"
   raise CheckpointMismatchError(f"{source} does not match {model} of its {config_file}: "
@@ -413,7 +414,38 @@ def read_native(path: str) -> tuple[Any, Params]:
   params: Params = {}
   for key, value in _read_safetensors(d / NATIVE_PARAMS).items():
     set_path(params, tuple(key.split("/")), value)
+  _check_native_encoder(path, cfg, params)
   return cfg, params
+
+
+def _check_native_encoder(path: str, cfg: Any, params: Params) -> None:
+  """An export's encoder against the one its bert_jax_config.json describes, as every reader
+  checks a checkpoint (check_read): a layer more than the config says, a tensor no such
+  encoder has, a missing or wrongly shaped one is refused in one line."""
+  module = families.of(cfg).encoder(cfg.replace(scan_layers=False), add_pooler=True)
+  ids = np.zeros((1, 2), np.int32)
+  want = _flat(jax.eval_shape(lambda: nn.unbox(module.init(jax.random.key(0), ids, ids, ids))))
+  want = {k[1:]: v.shape for k, v in want.items() if k[0] == "params"}
+  prefix = "bert/" if "bert" in params else ""
+  got = {k: np.shape(v) for k, v in _flat(params.get("bert", params)).items()}
+  name = lambda k: prefix + "/".join(k)
+  check_read(f"bert_jax export {path}", describe_model(cfg, "encoder"),
+             missing=[name(k) for k in want if k not in got and k[0] not in ("pooler", "head")],
+             bad_shape=[f"{name(k)}: {s}" for k, s in got.items()
+                        if k in want and tuple(s) != tuple(want[k])],
+             unused=[name(k) for k in got if k not in want], heads=(),
+             num_layers=cfg.num_layers, config_file=NATIVE_CONFIG)
+
+
+def _flat(tree: Mapping) -> dict[tuple[str, ...], Any]:
+  """{key path: leaf} of a nested dict."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update({(key,) + k: v for k, v in _flat(value).items()})
+    else:
+      out[(key,)] = value
+  return out
 
 
 def read_native_tree(path: str, target: str = "pretraining", require_mlm: bool = True

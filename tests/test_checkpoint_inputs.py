@@ -126,3 +126,29 @@ def test_tensors_the_config_does_not_describe_are_refused_in_every_form(tmp_path
     harmless.update({"bert.embeddings.position_ids": np.arange(32)[None],
                      "bert.embeddings.token_type_ids": np.zeros((1, 32), np.int64)})
   loader.read(str(_bert_form(checkpoints, tmp_path / "fine", form, extra=harmless)), "encoder")
+
+
+def test_an_export_of_other_layers_than_its_config_says_is_refused(tmp_path, checkpoints):
+  """A bert_jax export whose bert_jax_config.json says 1 layer over weights of 2 read as a
+  1-layer model, the other layer dropped without a word; it is refused in one line as by
+  every reader, and so is a tensor the encoder has not (issue 56 item 5)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  d = shutil.copytree(checkpoints / "ours", tmp_path / "fewer")
+  config = json.loads((d / formats.NATIVE_CONFIG).read_text())
+  (d / formats.NATIVE_CONFIG).write_text(json.dumps({**config, "num_layers": 1}))
+  for target in ("pretraining", "encoder", "all"):
+    with pytest.raises(formats.CheckpointMismatchError) as e:
+      loader.read(str(d), target)
+    message = str(e.value)
+    assert "\n" not in message and "unused tensors (16): bert/encoder/layer_1/" in message
+    assert "hold 2 layers where bert_jax_config.json says num_layers=1" in message, message
+  d = shutil.copytree(checkpoints / "ours", tmp_path / "extra")
+  state = load_file(d / formats.NATIVE_PARAMS)
+  save_file({**state, "bert/encoder/layer_0/extra": np.ones(2, np.float32)},
+            d / formats.NATIVE_PARAMS)
+  with pytest.raises(formats.CheckpointMismatchError,
+                     match="unused tensors \\(1\\): bert/encoder/layer_0/extra"):
+    loader.read(str(d), "all")

@@ -313,3 +313,17 @@ def test_weights_config_json_does_not_describe_are_refused(tmp_path, caplog):
   families.of(cfg).export_hf(str(tmp_path / "ours"), cfg, params)
   loader.read(str(tmp_path / "ours"))
   assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_an_export_of_other_layers_than_its_config_says_is_refused(tmp_path):
+  """A bert_jax export of DeBERTa whose bert_jax_config.json says 1 layer over weights of 2
+  built a 1-layer model: refused in one line as by every reader (issue 56 item 5)."""
+  from bert_jax import formats  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, "ForMaskedLM")
+  cfg, params = loader.read(path)
+  formats.save_native(str(tmp_path / "ours"), cfg.replace(num_layers=1), params)
+  with pytest.raises(formats.CheckpointMismatchError) as e:
+    loader.read(str(tmp_path / "ours"), "encoder")
+  message = str(e.value)
+  assert "\n" not in message and "unused tensors (16): bert/encoder/layer_1/" in message
+  assert "hold 2 layers where bert_jax_config.json says num_layers=1" in message, message

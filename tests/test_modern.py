@@ -325,3 +325,18 @@ def test_weights_config_json_does_not_describe_are_refused(tmp_path, family):
   loader.read(hf_parity.edited_copy(path, tmp_path / "fine", extra={
       "model.rotary_emb.inv_freq": np.ones(8, np.float32),
       "model.layers.0.attn.rotary_emb.inv_freq": np.ones(8, np.float32)}))
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_an_export_of_other_layers_than_its_config_says_is_refused(tmp_path, family):
+  """A bert_jax export whose bert_jax_config.json says one layer fewer than its weights
+  built the smaller model: refused in one line as by every reader (issue 56 item 5)."""
+  from bert_jax import formats, loader  # pylint: disable=g-import-not-at-top
+  path, _ = _hf_dir(tmp_path, family, "ForMaskedLM")
+  cfg, params = loader.read(path)
+  formats.save_native(str(tmp_path / "ours"), cfg.replace(num_layers=cfg.num_layers - 1), params)
+  with pytest.raises(formats.CheckpointMismatchError) as e:
+    loader.read(str(tmp_path / "ours"))
+  n, message = cfg.num_layers, str(e.value)
+  assert "\n" not in message and f"): bert/encoder/layer_{n - 1}/" in message, message
+  assert f"hold {n} layers where bert_jax_config.json says num_layers={n - 1}" in message
