@@ -393,9 +393,16 @@ def native_task_head(path: str) -> str | None:
   return kind if kind in TASK_HEAD_CLASSES else None
 
 
+# How a job computed the model, not what the model is: a saved config's values are not
+# carried to the jobs that read it (a GPU pre-training job's fused attention, its FP8 matmuls:
+# fine-tuning, predict and exports run the defaults of their own backend and config).
+RUNTIME_FIELDS = ("attention_impl", "matmul_dtype")
+
+
 def config_from_dict(d: Mapping[str, Any]) -> Any:
   """A model config saved as a dict (an export's, a run's) -> its family's config class
-  (a dict without "family" is BERT's)."""
+  (a dict without "family" is BERT's), RUNTIME_FIELDS left at their defaults."""
+  d = {k: v for k, v in d.items() if k not in RUNTIME_FIELDS}
   return families.get(d.get("family", "bert")).config.from_dict(d)
 
 

@@ -357,7 +357,7 @@ def read(path: str, target: str = "pretraining", *, require_mlm: bool = True,
   if target == "all" and (fileio.path(path) / "params").is_dir():  # best/ of older versions
     with ocp.StandardCheckpointer() as ckptr:
       params = jax.tree.map(np.asarray, ckptr.restore(fileio.path(path) / "params"))
-    cfg = BertConfig.from_dict(best_dir.recorded(path)["bert"])
+    cfg = formats.config_from_dict(best_dir.recorded(path)["bert"])
   else:
     cfg, params = read_foreign(path, target, require_mlm=require_mlm)
   bad = nonfinite(params)

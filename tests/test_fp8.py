@@ -98,3 +98,21 @@ def test_the_training_step_lowers_for_cuda_with_fp8_operands():
   text = jax.jit(jax.grad(loss)).trace(params).lower(lowering_platforms=("cuda",)).as_text()
   layers = cfg.num_layers * 6  # q, k, v, attention output, intermediate, output
   assert text.count("f8E4M3FN>") >= 2 * layers and text.count("f8E5M2>") >= layers
+
+
+def test_how_a_job_computed_is_not_carried_to_the_jobs_that_read_its_checkpoint(tmp_path):
+  """A GPU pre-training run's fused attention and FP8 matmuls are recorded in its model
+  config; fine-tuning, predict and exports read that config (formats.config_from_dict, the
+  loader) and run their own defaults: no Pallas kernel on a TPU, no FP8 in fine-tuning."""
+  from bert_jax import formats, loader  # pylint: disable=g-import-not-at-top
+  cfg = model_lib.BertConfig.from_preset("tiny", vocab_size=97, attention_impl="pallas",
+                                         matmul_dtype="fp8")
+  plain = cfg.replace(attention_impl=None, matmul_dtype=None)
+  assert formats.config_from_dict(cfg.to_dict()) == plain
+  ids = jnp.ones((1, 8), jnp.int32)
+  params = model_lib.BertForPreTraining(plain).init(
+      jax.random.key(0), ids, jnp.zeros_like(ids), jnp.ones_like(ids),
+      jnp.zeros((1, 2), jnp.int32))["params"]
+  formats.save_native(str(tmp_path / "export"), cfg, params)
+  read, _ = loader.read(str(tmp_path / "export"), "all")
+  assert read == plain
