@@ -121,6 +121,10 @@ class BertConfig(ModelConfig):
       raise errors.ConfigError(f"matmul_dtype {self.matmul_dtype!r} unknown: set "
                                "model.matmul_dtype=fp8, or leave it unset (the matmuls in "
                                "model.dtype).")
+    if self.matmul_dtype == "fp8" and self.dtype == jnp.float16:
+      raise errors.ConfigError("matmul_dtype fp8 dequantises in model.dtype, and float16 "
+                               "cannot hold the small scales of unscaled gradients: set "
+                               "model.dtype=bfloat16 (or float32) with FP8 matmuls.")
     if self.remat not in REMAT_POLICIES:
       raise errors.ConfigError(f"remat {self.remat!r} unknown; "
                        f"choose one of {sorted(REMAT_POLICIES)}.")

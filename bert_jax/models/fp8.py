@@ -29,7 +29,10 @@ def qdq(x: jax.Array, dtype: Any) -> jax.Array:
   fmax = float(jnp.finfo(dtype).max)
   amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
   _, exponent = jnp.frexp(jnp.where(amax > 0, amax / fmax, 1.0))  # amax / fmax < 2**exponent
-  scale = jax.lax.stop_gradient(jnp.ldexp(jnp.float32(1), exponent))
+  # An infinite (or NaN) entry makes the whole tensor NaN, as the matmul would have, instead
+  # of saturating to a finite value that the trainer's non-finite checks would miss.
+  scale = jnp.where(jnp.isfinite(amax), jnp.ldexp(jnp.float32(1), exponent), jnp.nan)
+  scale = jax.lax.stop_gradient(scale)
   q = jnp.clip(x.astype(jnp.float32) / scale, -fmax, fmax).astype(dtype)
   return q.astype(x.dtype) * scale.astype(x.dtype)
 
