@@ -71,9 +71,10 @@ class Family:
   replaced_token_detection: Callable[[Any, float], Any] | None = None
   # The kinds of fine-tuned head transformers has a class of this family for (export_hf).
   task_heads: tuple[str, ...] = ("sequence", "token", "span", "choice")
-  # sequence length -> the config.model fields a pre-training job on GPU sets where the
-  # config leaves them unset (None), each measured (e.g. BERT's fused attention from 256 on)
-  gpu_defaults: Callable[[int], Mapping[str, Any]] = lambda length: {}
+  # (sequence length, config.model's fields) -> the config.model fields a pre-training job on
+  # GPU sets where the config leaves them unset (None), each measured (e.g. BERT's fused
+  # attention in bf16 from 256 tokens on)
+  gpu_defaults: Callable[[int, Mapping[str, Any]], Mapping[str, Any]] = lambda length, fields: {}
 
 
 def preset_sizes(presets: Mapping[str, Mapping[str, Any]], name: str, label: str

@@ -191,7 +191,7 @@ def gpu_defaults(config: ml_collections.ConfigDict,
   if (backend or jax.default_backend()) != "gpu":
     return {}
   data_cfg = data_cfg if data_cfg is not None else config.data
-  chosen = family(config).gpu_defaults(int(data_cfg.max_seq_length))
+  chosen = family(config).gpu_defaults(int(data_cfg.max_seq_length), dict(config.model))
   return {k: v for k, v in chosen.items() if config.model.get(k) is None}
 
 

@@ -8,6 +8,8 @@ Axis legend as in bert.py.
 """
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import jax
 import jax.numpy as jnp
 
@@ -17,18 +19,26 @@ from bert_jax.models.layers import NEG_INF, Rows, dropout
 # None and "explicit" name the same path ("explicit" says so where None means "the job's
 # choice": a pre-training job on GPU takes "pallas" from GPU_FLASH_FROM tokens on).
 ATTENTION_IMPLS = (None, "explicit", "xla", "cudnn", "pallas")
-# The sequence length from which a GPU job runs bert_jax.flash (attention_impl="pallas") unless
-# config.model.attention_impl is set. Measured on an H200 (bench/RESULTS.md, 2026-12-04): at
-# L=512, batch 32, bf16, BERT-large's step 93.3 ms and 17.2 GiB against torch.compile's 96.8 ms
-# and 21.7 GiB (XLA's explicit attention: 114.0 ms, 34.0 GiB), BERT-base's 31.4 ms against
+# The sequence length from which a GPU job in bfloat16 runs bert_jax.flash
+# (attention_impl="pallas") unless config.model.attention_impl is set. Measured on an H200
+# (bench/RESULTS.md, 2026-12-04), bf16, the hash dropout: at L=512, batch 32, BERT-large's
+# step 93.3 ms and 17.2 GiB against torch.compile's 96.8 ms and 21.7 GiB in the same call
+# (XLA's explicit attention: 114.0 ms, 34.0 GiB, an earlier loan), BERT-base's 31.4 ms against
 # 37.9 (explicit: 42.4); at L=128 BERT-base's tied (562.5k vs 558.3k tokens/s, 2026-11-27).
+# 256 lies between the two measured lengths, where the explicit path's [B, H, L, L] scores
+# (5 bytes each kept for the backward pass) start to outweigh its matmuls: not measured.
 GPU_FLASH_FROM = 256
 
 
-def gpu_defaults(length: int) -> dict[str, str]:
-  """The attention a GPU job runs at sequence length `length` where the config names none
-  (families.Family.gpu_defaults of BERT, RoBERTa and ELECTRA)."""
-  return {"attention_impl": "pallas"} if length >= GPU_FLASH_FROM else {}
+def gpu_defaults(length: int, fields: Mapping[str, Any]) -> dict[str, str]:
+  """The attention a GPU job runs at sequence length `length` where the config (its model
+  fields, `fields`) names none: the fused kernel in bfloat16 with the hash dropout, as
+  measured (families.Family.gpu_defaults of BERT, RoBERTa and ELECTRA); float32 compute or
+  threefry dropout masks (which the kernel does not draw) keep XLA's attention."""
+  if (length < GPU_FLASH_FROM or str(fields.get("dtype")) != "bfloat16"
+      or fields.get("dropout_rng") not in (None, "hash")):
+    return {}
+  return {"attention_impl": "pallas"}
 
 
 def explicit_attention(q_BLHK, k_BMHK, v_BMHK, bias_B1LM, key, query_positions_BE, *, rate,
