@@ -99,7 +99,9 @@ def check_inputs(args, explicit_cola: bool) -> str | None:
       for name in ("train.txt", "valid.txt"):
         tagging.read_conll(str(pathlib.Path(args.conll_dir) / name))
     flag = "--glue_dir"
-    if "glue" in needs and args.glue_dir:
+    if "glue" in needs and args.glue_dir.startswith("tfds"):
+      pass  # TFDS's GLUE (the suite's data_dir=tfds[:DIR]): read by the suite itself
+    elif "glue" in needs and args.glue_dir:
       for task in glue_tasks(args)[0]:
         for split in ("train", "dev"):
           glue.read_glue(task, str(pathlib.Path(args.glue_dir) / DIRECTORIES[task]), split)

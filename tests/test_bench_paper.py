@@ -49,6 +49,13 @@ def test_a_wrong_input_directory_is_one_line_before_any_pretraining(tmp_path, ca
   assert not (tmp_path / "w" / f"table_{table}" / "pretrain").exists()
 
 
+def test_tfds_glue_is_left_to_the_suite(tmp_path):
+  """--glue_dir=tfds[:DIR] is the suite's own TFDS source, not a directory of TSV files."""
+  args = paper.argparse.Namespace(table="6", glue_dir="tfds", conll_dir="",
+                                  cola_dir=str(tmp_path / "absent"))
+  assert paper.check_inputs(args, explicit_cola=False) is None
+
+
 def test_a_failing_job_ends_with_its_own_error_line_and_exit_2(tmp_path, capsys):
   fail = ("import sys; print('progress...'); "
           "print('ConfigError: --config.x=1: what to do.', file=sys.stderr); sys.exit(2)")
