@@ -153,3 +153,14 @@ def test_every_layer_gets_the_gradient_bf16_gives():
     cos = a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
     ratio = np.linalg.norm(b) / np.linalg.norm(a)
     assert cos > 0.98 and 0.95 < ratio < 1.05, (jax.tree_util.keystr(path), cos, ratio)
+
+
+def test_attention_impl_is_named_as_a_user_types_it_in_every_family():
+  """'explicit' is XLA's attention in ModernBERT too; an unknown value is one line naming
+  the choices (not Python's None), where ModernBERT failed at trace time (found in review)."""
+  from bert_jax.models import modern  # pylint: disable=g-import-not-at-top
+  assert modern.ModernConfig(attention_impl="explicit").attention_impl is None
+  with pytest.raises(errors.ConfigError, match="unknown for the global layers"):
+    modern.ModernConfig(attention_impl="pallas")
+  with pytest.raises(errors.ConfigError, match="explicit, xla, cudnn, pallas"):
+    model_lib.BertConfig(attention_impl="flash")

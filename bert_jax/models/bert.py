@@ -111,7 +111,8 @@ class BertConfig(ModelConfig):
                        f"choose one of {DROPOUT_RNGS}.")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise errors.ConfigError(f"attention_impl {self.attention_impl!r} unknown; choose one of "
-                               f"{ATTENTION_IMPLS} (model.attention_impl).")
+                               f"{', '.join(a for a in ATTENTION_IMPLS if a)} "
+                               "(model.attention_impl), or leave it unset.")
     if self.attention_impl == "explicit":
       object.__setattr__(self, "attention_impl", None)
     if self.attention_impl == "cudnn" and self.dtype not in (jnp.bfloat16, jnp.float16):

@@ -156,7 +156,12 @@ class ModernConfig(layers.ModelConfig):
   def __post_init__(self):
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
+    if self.attention_impl == "explicit":  # as BERT's: XLA's attention, the default
+      object.__setattr__(self, "attention_impl", None)
     checks = [
+        (self.attention_impl in (None, "xla", "cudnn"), f"attention_impl "
+         f"{self.attention_impl!r} unknown for the global layers: choose xla or cudnn, or "
+         "leave it unset (model.attention picks the Pallas kernels: flash)."),
         (self.family in FAMILY_DEFAULTS, f"family {self.family!r} unknown; choose one of "
          f"{sorted(FAMILY_DEFAULTS)}."),
         (self.hidden_size % self.num_heads == 0, f"hidden_size {self.hidden_size} is not "
