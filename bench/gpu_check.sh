@@ -5,7 +5,8 @@
 #   here, once:   echo /.whl/ >> .git/info/exclude && bash bench/gpu_check.sh --wheels
 #   device run:   bash bench/gpu_check.sh          (carry [".whl"], timeout_s 600)
 #   then, on the still-warm machine (within 30 s), with the device time left (status's
-#   budget_left_s, B): bash bench/gpu_check.sh --modern $((B - 45)) (carry [".whl"], timeout_s B)
+#   budget_left_s, B), if B >= 150: bash bench/gpu_check.sh --modern $((B - 45))
+#   (carry [".whl"], timeout_s B); a row's JSON says how many FP8 GEMMs XLA made (fp8_matmuls)
 #   (the seconds are the two profiles'; the wheels' install and the version line come first)
 # Each call leaves at most 6 files in $OUT: the device returns 8 at most.
 #   here, a CPU rehearsal of the same script in a minute or two:  bash bench/gpu_check.sh --smoke
@@ -107,7 +108,7 @@ O="$O,bert-base-512:bert_jax[explicit],bert-base-128:bert_jax[noautotune]"
 # as it ends, each child's whole output in rows.tar.gz (the device returns 8 files at most).
 rm -rf /tmp/gpu_check_rows
 left=$(( 430 - ($(date +%s) - start) ))
-timeout $left python3 -m bench.gpu_step --budget_s=$(( left - 100 )) --child_timeout_s=200 \
+timeout -k 10 $left python3 -m bench.gpu_step --budget_s=$(( left - 100 )) --child_timeout_s=200 \
   --deadline_s=$(( left - 10 )) --logs=/tmp/gpu_check_rows \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
   --matmul_sizes=8192 --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
@@ -118,7 +119,7 @@ tar czf "$OUT/rows.tar.gz" -C /tmp gpu_check_rows
 # file:line); the optimized HLO comes back.
 left=$(( 560 - ($(date +%s) - start) ))
 if [ $left -gt 120 ]; then
-  timeout $left python3 -m bench.profile_step --preset=large --batch=256 --seq_len=128 \
+  timeout -k 10 $left python3 -m bench.profile_step --preset=large --batch=256 --seq_len=128 \
     --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
   cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
 fi

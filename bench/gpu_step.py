@@ -229,9 +229,12 @@ def child_bert_jax(spec: dict) -> dict:
     if mem is None:
       ma = compiled.memory_analysis()
       mem = getattr(ma, "temp_size_in_bytes", 0) + getattr(ma, "argument_size_in_bytes", 0)
+  # FP8 GEMMs XLA made of the step (model.matmul_dtype=fp8: whether the GPU compiler turned
+  # its quantise-dequantise matmuls into cuBLASLt FP8 calls; 0 elsewhere)
+  fp8_matmuls = compiled.as_text().count("__cublas$lt$matmul$f8")
   return dict(**timed, first_s=first_s, compile_s=compile_s,
               setup_s=setup_s, imports_s=imports_s, init_s=init_s,
-              init_compile_s=init_compile_s, mem_gib=mem / 2**30,
+              init_compile_s=init_compile_s, mem_gib=mem / 2**30, fp8_matmuls=fp8_matmuls,
               flops=step_flops(spec, model.config, steps), tokens=statistics.mean(tokens),
               loss=float(box[1]["loss"]), versions=f"jax {jax.__version__}",
               device=jax.devices()[0].device_kind)
