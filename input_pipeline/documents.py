@@ -86,9 +86,10 @@ def load_documents(prepared_dir: str, *, split: str = "train", eval_fraction: fl
   positions, doc_ids = host_documents(summary["shard_documents"], split, n_eval,
                                       process_index, process_count)
   if not len(positions):
-    raise ValueError(
+    raise TooFewDocumentsError(
         f"Host {process_index}/{process_count} has no {split} documents in {prepared_dir} "
-        f"({num_docs} documents in {num_shards} shards); prepare more shards.")
+        f"({num_docs} documents in {num_shards} shards): prepare it again with at least "
+        f"one shard a host (--num_shards).")
   arrays = store.open_arrays(prepared_dir, summary, cache_dir, positions)
   doc_starts = arrays["document_starts"]
   corpus = {

@@ -20,6 +20,10 @@ class MissingDependencyError(UserError, ImportError):
   """A package that this path or feature needs is not installed."""
 
 
+class EmptyCorpusError(UserError, ValueError):
+  """A corpus that holds no text to tokenize: the message names the input."""
+
+
 class PathError(UserError, FileNotFoundError):
   """A path the user gave that is missing, or of the wrong kind (a directory where a file is
   expected, a file where a directory goes): the message names it and what to give."""

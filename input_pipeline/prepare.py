@@ -309,8 +309,10 @@ def _tokenize_into(writer: store.ShardWriter, docs, tok, num_workers: int, bar, 
       bar.update(summary, read_stats)
     bar.update(summary, read_stats, final=True)
     if summary["documents"] == 0:
-      raise ValueError(f"Corpus {input_spec!r} produced no documents with tokens "
-                       f"({read_stats['raw_documents']} raw documents read).")
+      raise errors.EmptyCorpusError(
+          f"Corpus {input_spec!r} holds no text: it produced no documents with tokens "
+          f"({read_stats['raw_documents']} raw documents read). Check the files (--input), "
+          "and for records their --text_field.")
     return summary, writer.finish()
   finally:
     results.close()  # Whatever stopped the loop.

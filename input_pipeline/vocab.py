@@ -101,7 +101,9 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
     text_file = scratch / _TEXTS_NAME
     alphabet = _Alphabet(lowercase) if kind == "wordpiece" else None
     if not _write_texts(texts, text_file, alphabet):
-      raise ValueError(f"Corpus {input_spec!r} contains no text to train a vocabulary on.")
+      raise errors.EmptyCorpusError(
+          f"Corpus {input_spec!r} holds no text to train a vocabulary on. Check the files "
+          "(--input), and for records their --text_field.")
     logging.info("Training a %s vocabulary on %r: %s.", kind, input_spec,
                  corpus.format_stats(stats))
     out = scratch / "out"
@@ -127,13 +129,17 @@ def train_vocab(input_spec: str, output_dir: str, *, vocab_size: int = 30522,
 def _check_request(kind: str, vocab_size: int, output_dir: str) -> None:
   """Refuses, before any reading, what train_vocab cannot do."""
   if kind not in KINDS:
-    raise ValueError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")
-  if vocab_size <= len(tokenizer_lib.SPECIAL_TOKENS):
-    raise ValueError(f"vocab_size={vocab_size} leaves no room beyond the special tokens.")
-  if kind == "bpe" and vocab_size <= BYTES + len(tokenizer_lib.SPECIAL_TOKENS):
-    raise ValueError(f"vocab_size={vocab_size} leaves no room for merges: a byte-level BPE "
-                     f"holds the {BYTES} bytes and the {len(tokenizer_lib.SPECIAL_TOKENS)} "
-                     "special tokens first; ask for more (RoBERTa's has 50265 entries).")
+    raise errors.ConfigError(f"Unknown vocabulary kind {kind!r}; use one of {KINDS}.")
+  specials = len(tokenizer_lib.SPECIAL_TOKENS)
+  if vocab_size <= specials:
+    raise errors.ConfigError(
+        f"--vocab_size={vocab_size} leaves no room beyond the {specials} special tokens: ask "
+        f"for at least {specials + 1} (BERT's has 30522 entries).")
+  if kind == "bpe" and vocab_size <= BYTES + specials:
+    raise errors.ConfigError(
+        f"--vocab_size={vocab_size} leaves no room for merges: a byte-level BPE holds the "
+        f"{BYTES} bytes and the {specials} special tokens first; ask for at least "
+        f"{BYTES + specials + 1} (RoBERTa's has 50265 entries).")
   fileio.check_output_dir(output_dir)
 
 

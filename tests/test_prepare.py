@@ -555,3 +555,18 @@ def test_a_second_writer_of_a_prepared_directory_is_one_line(books):
   summary = prepare.prepare_corpus(books["glob"], books["vocab"], str(out), num_workers=1,
                                    progress=False)
   assert summary["documents"] == 6 and not (out / "LOCK").exists()
+
+
+def test_a_corpus_without_text_is_one_line(books, tmp_path):
+  """An empty (or blank) corpus file: prepare and the vocabulary's training refuse it in one
+  line naming the input, exit 2 (a ValueError traceback before)."""
+  from input_pipeline import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  blank = tmp_path / "blank.txt"
+  blank.write_text("\n   \n\n")
+  line = testing.refusal(prepare.main, ["prepare", f"--input={blank}",
+                                        f"--vocab={books['vocab']}",
+                                        f"--output_dir={tmp_path / 'out'}"])
+  assert str(blank) in line and "no text" in line, line
+  line = testing.refusal(vocab_lib.main, ["vocab", f"--input={blank}", "--vocab_size=120",
+                                          f"--output={tmp_path / 'v'}"])
+  assert str(blank) in line and "no text" in line, line

@@ -271,3 +271,16 @@ def test_wordpiece_unplanned_pieces_are_pinned_too(tmp_path, monkeypatch):
             if len(t) == 1 or (t.startswith("##") and len(t) == 3)]
   assert single == list(range(5, 5 + len(single)))  # Right after the special tokens.
   assert "##a" in tokens and len(tokens) == 300
+
+
+@pytest.mark.parametrize("kind,size", [("wordpiece", 5), ("sentencepiece", 5), ("bpe", 5),
+                                       ("bpe", 200)])
+def test_a_vocabulary_size_too_small_is_one_line(corpus_file, tmp_path, kind, size):
+  """--vocab_size that leaves no room beyond the special tokens (or, for byte-level BPE, the
+  256 bytes): one line naming the smallest size that works, exit 2 (a ValueError traceback
+  before)."""
+  line = testing.refusal(vocab_lib.main, ["vocab", f"--input={corpus_file}",
+                                          f"--output={tmp_path / 'v'}", f"--kind={kind}",
+                                          f"--vocab_size={size}"])
+  assert f"--vocab_size={size}" in line and "at least" in line, line
+  assert not (tmp_path / "v").exists()
