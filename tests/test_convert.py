@@ -629,6 +629,16 @@ def test_a_google_checkpoint_given_by_its_prefix_exports_with_its_vocabulary(tmp
   transformers.BertForPreTraining.from_pretrained(tmp_path / "huggingface")
 
 
+def _one_line(capsys, argv: list[str]) -> str:
+  """convert's stderr for `argv`, which it must refuse in one line, exit 2."""
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as e:
+    convert.main(argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+  return err
+
+
 @pytest.mark.parametrize("damage", ["truncated_index", "garbage_index", "truncated_data"])
 def test_a_damaged_google_checkpoint_is_one_line(tmp_path, capsys, damage):
   """A damaged bert_model.ckpt.index (or its data file) was a TensorFlow traceback: one line
@@ -639,11 +649,7 @@ def test_a_damaged_google_checkpoint_is_one_line(tmp_path, capsys, damage):
   data = f.read_bytes()
   f.write_bytes(data[:len(data) // 2] if damage.startswith("truncated") else b"\x17" * len(data))
   for given in (prefix, tmp_path / "google"):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-      convert.main([f"--input={given}", f"--output={tmp_path / 'out'}"])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    err = _one_line(capsys, [f"--input={given}", f"--output={tmp_path / 'out'}"])
     assert "is truncated or corrupt" in err and str(tmp_path / "google" / "bert_model.ckpt") in err
   assert not (tmp_path / "out").exists()
 
@@ -656,10 +662,6 @@ def test_a_google_checkpoint_without_tensorflow_is_one_line(tmp_path, capsys, mo
   prefix = _google_dir(tmp_path / "google")
   monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` raises ImportError
   for given in (prefix, tmp_path / "google"):
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-      convert.main([f"--input={given}", f"--output={tmp_path / 'out'}"])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    err = _one_line(capsys, [f"--input={given}", f"--output={tmp_path / 'out'}"])
     assert f"TensorFlow is needed for the Google TF checkpoint {tmp_path / 'google'}" in err, err
     assert "pip install" in err
