@@ -340,3 +340,18 @@ def test_an_export_of_other_layers_than_its_config_says_is_refused(tmp_path, fam
   n, message = cfg.num_layers, str(e.value)
   assert "\n" not in message and f"): bert/encoder/layer_{n - 1}/" in message, message
   assert f"hold {n} layers where bert_jax_config.json says num_layers={n - 1}" in message
+
+
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_an_encoder_export_holds_only_what_the_bare_model_loads(tmp_path, family):
+  """The encoder alone (read with target="encoder" from a masked-LM checkpoint) exports as the
+  family's bare model with no tensor transformers reports unexpected (its MLM head's
+  `head.*` was written beside it)."""
+  path, _ = _hf_dir(tmp_path, family, "ForMaskedLM")
+  cfg, params = modern_formats.read_hf(path, "encoder")
+  out = tmp_path / "export"
+  modern_formats.export_hf(str(out), cfg, params)
+  cls = getattr(transformers, {"modernbert": "ModernBert", "eurobert": "EuroBert"}[family]
+                + "Model")
+  _, info = cls.from_pretrained(out, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info

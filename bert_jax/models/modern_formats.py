@@ -425,6 +425,8 @@ def export_hf(path: str, cfg: ModernConfig, params: dict, tokenizer: Any = None,
                     + formats.TASK_HEAD_CLASSES[task_head])
     if task_head in ("token", "span") and not cfg.head_tokens:  # (EuroBERT: no head there)
       state = {k: v for k, v in state.items() if not k.startswith(("head.", "dense."))}
+  elif not mlm:  # the bare model has no head (an encoder read from a masked-LM checkpoint)
+    state = {k: v for k, v in state.items() if not k.startswith(("head.", "dense."))}
   d = fileio.path(path)
   d.mkdir(parents=True, exist_ok=True)
   if cfg.tie_word_embeddings:  # safetensors stores a tied tensor once, as transformers does
