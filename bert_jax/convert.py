@@ -47,22 +47,6 @@ def vocabulary_of(vocab: str, cfg: Any) -> tokenizer_lib.Tokenizer:
   return tok
 
 
-def input_vocabulary(checkpoint: str) -> str:
-  """The vocabulary `checkpoint` comes with (loader.checkpoint_vocab); a Google TF checkpoint
-  given by its prefix (`.../bert_model.ckpt`, the documented form) has it in its directory."""
-  try:
-    return loader.checkpoint_vocab(checkpoint)
-  except formats.CheckpointNotFoundError:
-    p = fileio.path(checkpoint)
-    if not fileio.path(checkpoint + ".index").exists() or p.is_dir():
-      raise
-    try:
-      return loader.checkpoint_vocab(str(p.parent))
-    except formats.CheckpointNotFoundError:
-      pass
-    raise
-
-
 def export_vocabulary(tok: tokenizer_lib.Tokenizer, out: str, *,
                       name_specials: bool = False) -> str:
   """Copies the vocabulary of `tok` into the export directory `out` as a HuggingFace model
@@ -281,7 +265,7 @@ def main(argv: Iterable[str] | None = None) -> None:
   vocab = args.vocab
   if vocab is None:
     try:
-      vocab = input_vocabulary(args.input)
+      vocab = loader.checkpoint_vocab(args.input)
     except formats.CheckpointNotFoundError as e:
       if args.to != "bert_jax":  # transformers needs the tokenizer files beside the weights
         raise formats.CheckpointNotFoundError(f"{e} A HuggingFace export holds its vocabulary.") from None

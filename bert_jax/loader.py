@@ -542,8 +542,11 @@ def checkpoint_vocab(checkpoint: str) -> str:
   """The vocabulary a checkpoint comes with: a directory holding vocab.txt / a SentencePiece
   model (HuggingFace, export), the vocab_path a fine-tuning run recorded in best/ (given the
   run or its best/), or the
-  data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir)."""
+  data.vocab_path of a pre-training run's newest checkpoint (relative: in the workdir); a
+  Google TF checkpoint given by its prefix has it in its directory."""
   root = fileio.path(checkpoint)
+  if not root.is_dir() and fileio.path(checkpoint + ".index").exists():
+    root = root.parent  # a Google TF checkpoint by its prefix (.../bert_model.ckpt)
   recorded = []
   for directory in (root, best_dir.of(root)):
     try:

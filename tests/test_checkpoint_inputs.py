@@ -152,3 +152,11 @@ def test_an_export_of_other_layers_than_its_config_says_is_refused(tmp_path, che
   with pytest.raises(formats.CheckpointMismatchError,
                      match="unused tensors \\(1\\): bert/encoder/layer_0/extra"):
     loader.read(str(d), "all")
+
+
+def test_a_google_checkpoint_by_its_prefix_comes_with_its_vocabulary(tmp_path):
+  """`.../bert_model.ckpt` (the documented form) names the vocab.txt beside it for every
+  reader of loader.checkpoint_vocab (predict, embed_eval, history), not only convert's."""
+  (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n")
+  (tmp_path / "bert_model.ckpt.index").write_bytes(b"")
+  assert loader.checkpoint_vocab(str(tmp_path / "bert_model.ckpt")) == str(tmp_path)
