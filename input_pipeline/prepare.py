@@ -227,6 +227,12 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
   SIGTERM (while this runs in the main thread) ends the process with status 143 and a
   message saying that the output is incomplete.
   """
+  if num_shards < 1:
+    raise errors.ConfigError(f"--num_shards={num_shards}: a corpus needs at least 1 shard "
+                             "(one a host of a multi-host job, 16 by default).")
+  if max_bad_records < 0:
+    raise errors.ConfigError(f"--max_bad_records={max_bad_records}: 0 (refuse any record "
+                             "without usable text) or a positive count to skip.")
   fileio.check_output_dir(output_dir)
   with _StopOnSigterm():
     try:
@@ -247,10 +253,6 @@ def _prepare(input_spec: str, vocab_path: str, output_dir: str, *, lowercase: bo
              num_shards: int, num_workers: int | None, fmt: str, text_field: str,
              tfds_data_dir: str | None, progress: bool, max_replaced_fraction: float,
              max_bad_records: int = 0) -> dict:
-  if num_shards < 1:
-    raise ValueError(f"num_shards must be >= 1, got {num_shards}.")
-  if max_bad_records < 0:
-    raise ValueError(f"max_bad_records must be >= 0, got {max_bad_records}.")
   num_workers = num_workers or os.cpu_count() or 1
   tok = tokenizer_lib.Tokenizer.from_path(vocab_path, lowercase)  # Fails early if bad.
   fileio.path(output_dir).mkdir(parents=True, exist_ok=True)

@@ -570,3 +570,14 @@ def test_a_corpus_without_text_is_one_line(books, tmp_path):
   line = testing.refusal(vocab_lib.main, ["vocab", f"--input={blank}", "--vocab_size=120",
                                           f"--output={tmp_path / 'v'}"])
   assert str(blank) in line and "no text" in line, line
+
+
+@pytest.mark.parametrize("flag", ["--num_shards=0", "--max_bad_records=-1"])
+def test_impossible_counts_are_one_line_before_anything_is_made(books, tmp_path, flag):
+  """--num_shards below 1 or --max_bad_records below 0: one line naming the flag, exit 2,
+  and no output directory made (a ValueError traceback after the directory was made)."""
+  line = testing.refusal(prepare.main, ["prepare", f"--input={books['glob']}",
+                                        f"--vocab={books['vocab']}",
+                                        f"--output_dir={tmp_path / 'out'}", flag])
+  assert line.split(": error: ", 1)[1].startswith(flag.split("=")[0]), line
+  assert not (tmp_path / "out").exists()
