@@ -139,9 +139,10 @@ def make_embed(root: pathlib.Path, n_train: int = 24, n_docs: int = 12) -> pathl
   d = root / "embed"
   (d / "beir" / "qrels").mkdir(parents=True, exist_ok=True)
   rows = []
-  for _ in range(n_train):
+  for k in range(n_train):  # no text twice: contrastive batches keep repeats apart
     y = int(rng.integers(0, 2))
-    rows.append({"anchor": _sentence(rng, y), "positive": f"a {rng.choice(POS if y else NEG)} film"})
+    rows.append({"anchor": f"{_sentence(rng, y)} in part {k}",
+                 "positive": f"a {rng.choice(POS if y else NEG)} film, take {k}"})
   (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   docs = [f"a {rng.choice(POS if i % 2 else NEG)} film number {i}" for i in range(n_docs)]
   (d / "beir" / "corpus.jsonl").write_text("".join(
