@@ -413,11 +413,16 @@ def vocabulary_fits(cfg: Any, size: int) -> bool:
   return size <= cfg.vocab_size if families.of(cfg).padded_vocab else size == cfg.vocab_size
 
 
+def native_config(path: str) -> Any:
+  """The model config of a bert_jax export (its config file alone)."""
+  return config_from_dict(json.loads((fileio.path(path) / NATIVE_CONFIG).read_text()))
+
+
 def read_native(path: str) -> tuple[Any, Params]:
   """(config, the saved parameter tree as it is: any heads, e.g. a fine-tuned classifier)
   of a bert_jax export."""
   d = fileio.path(path)
-  cfg = config_from_dict(json.loads((d / NATIVE_CONFIG).read_text()))
+  cfg = native_config(path)
   params: Params = {}
   for key, value in _read_safetensors(d / NATIVE_PARAMS).items():
     set_path(params, tuple(key.split("/")), value)

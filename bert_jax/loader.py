@@ -247,12 +247,20 @@ def config_from_params(params: Any, base: BertConfig) -> BertConfig:
                       num_heads=heads, intermediate_size=inter[-1])
 
 
+def recorded_model_config(step_dir: epath.Path) -> Any | None:
+  """The model config a step of ours recorded; None where it recorded none (older versions)
+  or its record does not read."""
+  recorded = _json_or_empty(step_dir / "config" / "metadata").get(MODEL_CONFIG_KEY)
+  return formats.config_from_dict(recorded) if isinstance(recorded, dict) else None
+
+
 def _saved_model_config(step_dir: epath.Path, params: Any) -> BertConfig:
   """The BertConfig a step of ours recorded; older checkpoints: the sizes from the
   parameters, the rest from the run's config."""
+  recorded = recorded_model_config(step_dir)
+  if recorded is not None:
+    return recorded
   saved = ml_collections.ConfigDict(json.loads((step_dir / "config" / "metadata").read_text()))
-  if MODEL_CONFIG_KEY in saved:
-    return formats.config_from_dict(saved[MODEL_CONFIG_KEY].to_dict())
   fields = {k: v for k, v in (saved.get("model") or {}).items()
             if k in {f.name for f in dataclasses.fields(BertConfig)} | {"preset"}}
   params = to_layout(params, False)
@@ -379,7 +387,7 @@ def read_foreign(path: str, target: str = "pretraining", *, require_mlm: bool = 
   fine-tuned head included)."""
   d = fileio.path(path)
   if (d / formats.NATIVE_CONFIG).exists():
-    cfg = formats.config_from_dict(json.loads((d / formats.NATIVE_CONFIG).read_text()))
+    cfg = formats.native_config(path)
     return families.of(cfg).read_native(path, target, require_mlm)
   family = families.of_hf_dir(path)
   if family is not None:

@@ -12,7 +12,6 @@ family is a Family record (bert_jax/families.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Callable, Mapping
 
 from absl import logging
@@ -167,14 +166,9 @@ def checkpoint_config(path: str) -> Any | None:
     return None
   if loader.is_run(path):
     steps = loader.step_dirs(path)
-    try:
-      saved = json.loads((steps[0] / "config" / "metadata").read_text()) if steps else {}
-    except (OSError, ValueError):
-      saved = {}
-    recorded = saved.get(loader.MODEL_CONFIG_KEY) if isinstance(saved, dict) else None
-    return formats.config_from_dict(recorded) if recorded else None
+    return loader.recorded_model_config(steps[0]) if steps else None
   if (d / formats.NATIVE_CONFIG).exists():
-    return formats.config_from_dict(json.loads((d / formats.NATIVE_CONFIG).read_text()))
+    return formats.native_config(path)
   hf_family = families.of_hf_dir(path)
   if hf_family is not None:
     return hf_family.config_from_hf(formats.read_config_json(d / "config.json"))
