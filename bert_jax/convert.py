@@ -148,6 +148,17 @@ def check_exportable(path: str, cfg: Any, kind: str | None) -> None:
         "(--target=encoder), or keep the whole model with --to=bert_jax.")
 
 
+def _warn_random_pooler(family: families.Family, params: Any) -> None:
+  """An encoder without its pooler goes out as transformers' base class (BertModel, ...),
+  which then initialises `pooler.*` at random: said, with the way to load it without one."""
+  h = formats.heads(params)
+  if family.hf_pooler and not (h["pooler"] or h["mlm"] or h["nsp"]):
+    logging.warning("The checkpoint has no pooler: transformers initialises the pooler of its "
+                    "%s class at random (its pooler_output is noise). Load the export with "
+                    "add_pooling_layer=False, or export a checkpoint that has one.",
+                    family.name)
+
+
 # ----------------------------------------------------------------------------
 # The output directory: new or empty, or an old export that --overwrite replaces whole.
 
@@ -287,6 +298,8 @@ def main(argv: Iterable[str] | None = None) -> None:
     written = family.export_hf(args.output, cfg, params, tok, task_head=kind or "sequence") or written
   else:
     formats.save_native(args.output, cfg, params, task_head=kind)
+  if args.to == "huggingface" and kind is None:
+    _warn_random_pooler(family, params)
   if tok is not None:
     for out in written:
       export_vocabulary(tok, out, name_specials=args.to == "huggingface" and family.names_specials)

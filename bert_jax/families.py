@@ -66,6 +66,9 @@ class Family:
   sharding_rules: tuple[tuple[str, Any], ...] = sharding.RULES
   padded_vocab: bool = False  # the embedding table may have more rows than the vocabulary
   names_specials: bool = False  # its HuggingFace tokenizer_config.json names the special tokens
+  # transformers' base model class (BertModel, RobertaModel) holds a pooler, which it
+  # initialises at random when the weights lack one
+  hf_pooler: bool = False
   causal_lm: Callable[[Any], Any] | None = None  # the left-to-right LM (objective ltr), if any
   # (cfg, generator size) -> ELECTRA's generator + discriminator (objective electra), if any
   replaced_token_detection: Callable[[Any, float], Any] | None = None

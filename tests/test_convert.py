@@ -519,6 +519,29 @@ def test_a_fine_tuned_bert_exports_with_its_head(tmp_path, kind):
     assert np.abs(got[real] - want[real]).max() <= 1e-5, kind
 
 
+def test_an_encoder_export_without_a_pooler_says_transformers_makes_one(tmp_path, caplog):
+  """A pooler-less tree (here BertForMaskedLM's) exported with --target=encoder is written as
+  BertModel, whose pooler transformers then initialises at random: said in one warning naming
+  the way to load it without one; a tree with its pooler exports without the warning."""
+  import logging as py_logging  # pylint: disable=g-import-not-at-top
+  _hf_model("tanh", cls=transformers.BertForMaskedLM).save_pretrained(tmp_path / "mlm")
+  _hf_model("tanh").save_pretrained(tmp_path / "pre")
+  for name in ("mlm", "pre"):
+    _hub_vocab(tmp_path / name, 99)
+    caplog.clear()
+    with caplog.at_level(py_logging.WARNING):
+      convert.main([f"--input={tmp_path / name}", f"--output={tmp_path / (name + '_out')}",
+                    "--to=huggingface", "--target=encoder"])
+    said = [r.getMessage() for r in caplog.records if "pooler" in r.getMessage()]
+    config = json.loads((tmp_path / (name + "_out") / "config.json").read_text())
+    assert config["architectures"] == ["BertModel"]
+    if name == "pre":
+      assert not said, said
+      continue
+    assert len(said) == 1 and "add_pooling_layer=False" in said[0], said
+    transformers.BertModel.from_pretrained(tmp_path / "mlm_out", add_pooling_layer=False)
+
+
 @pytest.mark.parametrize("case", ["feature_based", "eurobert_span"])
 def test_a_head_transformers_has_no_class_for_is_refused(tmp_path, capsys, case):
   """A feature-based head (concatenated layers) or a span head of EuroBERT (transformers has

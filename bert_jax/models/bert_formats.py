@@ -332,5 +332,5 @@ FAMILIES = {"bert": families.Family(
         export_huggingface(path, cfg, params, task_head)),
     model_types=("bert",), architecture_fields=ARCHITECTURE_FIELDS,
     dropout={"hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1},  # the paper's
-    forward_flops=flops.bert_forward_flops,
+    forward_flops=flops.bert_forward_flops, hf_pooler=True,
     gpu_defaults=bert_attention.gpu_defaults)}

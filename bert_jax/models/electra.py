@@ -296,7 +296,7 @@ FAMILIES = {"electra": dataclasses.replace(
     from_fields=config_from_fields, causal_lm=None, read_hf=read_hf,
     config_from_hf=config_from_hf, read_native=read_native,
     export_hf=export_hf,
-    model_types=("electra",),
+    model_types=("electra",), hf_pooler=False,  # ElectraModel has none
     replaced_token_detection=replaced_token_detection,
     architecture_fields=bert_formats.FAMILIES["bert"].architecture_fields + ("family",
                                                                          "embedding_size"))}
