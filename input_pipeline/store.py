@@ -231,7 +231,15 @@ class _LocalCopy:
     return self.offsets[name]
 
   def fetch(self, name: str, element_ranges=None) -> None:
-    """Copies the header and the given element ranges (None: all) of array `name`."""
+    """Copies the header and the given element ranges (None: all) of array `name`; a remote
+    file numpy cannot read or shorter than the ranges is a DamagedCorpusError."""
+    try:
+      self._fetch(name, element_ranges)
+    except (ValueError, EOFError) as e:
+      raise DamagedCorpusError(f"{self.remote / name} is damaged or incomplete "
+                               f"({str(e).rstrip('.')}). Run prepare again.") from e
+
+  def _fetch(self, name: str, element_ranges) -> None:
     import fcntl  # pylint: disable=g-import-not-at-top  (POSIX; the cache is local)
     local, record = self.path(name), self.path(name + ".ranges.json")
     with open(os.path.join(self.dir, "LOCK"), "a") as lock, (self.remote / name).open(
@@ -245,6 +253,8 @@ class _LocalCopy:
         wanted = _merge([[0, offset]] + [
             [offset + a * dtype.itemsize, offset + b * dtype.itemsize]
             for a, b in element_ranges], gap=_GAP)
+      if wanted[-1][1] > size:
+        raise ValueError(f"{size:,} bytes, its documents need {wanted[-1][1]:,}")
       done = []
       if os.path.exists(record):
         with open(record) as f:

@@ -273,3 +273,28 @@ def test_gs_corpus_host_copies_only_its_documents(gcs, tmp_path):  # noqa: F811
     # Shards host, host + 2 and the 2 held-out documents: well under the whole file.
     assert 0.3 * size < result["copied"][store.TOKENS] < 0.75 * size, (result, size)
   _no_local_gs_dir()
+
+
+@pytest.mark.parametrize("damage", ["garbage header", "cut short"])
+def test_a_damaged_gs_corpus_is_one_line(gcs, tmp_path, damage):  # noqa: F811
+  """A gs:// prepared corpus whose tokens.npy has no .npy header or ends early: the local
+  copy raised a traceback (ValueError from numpy's header reader, or the copy's own); now
+  one line naming the remote file and what to do, exit 2 (issue 56, found in round 13)."""
+  from input_pipeline import store  # pylint: disable=g-import-not-at-top
+  from input_pipeline import testing  # pylint: disable=g-import-not-at-top
+  testing.make_tagged_corpus(str(tmp_path / "c"), num_docs=6, num_shards=2)
+  remote = gcs.fresh_prefix() + "/prepared"
+  for name in (*store.FILES, "summary.json"):
+    data = (tmp_path / "c" / "prepared" / name).read_bytes()
+    if name == store.TOKENS:
+      data = b"garbage, not an array" * 8 if damage == "garbage header" else data[:-2]
+    gcs.write_object(f"{remote}/{name}", data)
+  env = {**tu.env(1), **gcs.env(), "BERT_JAX_CORPUS_CACHE": str(tmp_path / "cache")}
+  out = subprocess.run([sys.executable, "-m", "input_pipeline.inspect", f"--prepared_dir={remote}",
+                        "--num_batches=1", "--max_seq_length=32"], cwd=tu.REPO, env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+  (line,) = [l for l in out.stderr.splitlines() if "error:" in l]
+  assert f"{remote}/{store.TOKENS} is damaged or incomplete (" in line, line
+  assert "Run prepare again" in line, line
+  _no_local_gs_dir()
