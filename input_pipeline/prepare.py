@@ -32,6 +32,7 @@ refused.
 documents, before the arrays) into the arrays, copying the token ids.
 """
 import collections
+import contextlib
 import datetime
 import itertools
 import json
@@ -215,6 +216,19 @@ def hold_output(output_dir: str):
       "data.prepared_dir)"))
 
 
+@contextlib.contextmanager
+def _removed_if_left_empty(output_dir: str, made: bool):
+  """A run refused (a bad input, an empty corpus) after it made `output_dir` leaves no empty
+  directory behind; a directory the user made, or anything in it, is left as it is."""
+  try:
+    yield
+  except errors.UserError:
+    if made:  # its lock released: empty unless the run wrote something (then kept)
+      with contextlib.suppress(OSError):
+        fileio.path(output_dir).rmdir()
+    raise
+
+
 def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
                    lowercase: bool | None = None, num_shards: int = 16,
                    num_workers: int | None = None, fmt: str = "auto",
@@ -234,9 +248,10 @@ def prepare_corpus(input_spec: str, vocab_path: str, output_dir: str, *,
     raise errors.ConfigError(f"--max_bad_records={max_bad_records}: 0 (refuse any record "
                              "without usable text) or a positive count to skip.")
   fileio.check_output_dir(output_dir)
+  made = not fileio.is_remote(output_dir) and not fileio.path(output_dir).exists()
   with _StopOnSigterm():
     try:
-      with hold_output(output_dir):
+      with _removed_if_left_empty(output_dir, made), hold_output(output_dir):
         return _prepare(input_spec, vocab_path, output_dir, lowercase=lowercase,
                         num_shards=num_shards, num_workers=num_workers, fmt=fmt,
                         text_field=text_field, tfds_data_dir=tfds_data_dir,

@@ -282,7 +282,8 @@ def test_missing_paths_and_directories_for_files_are_one_line(books, tmp_path):
   for output in (a_file, a_file / "sub"):
     line = run(f"--input={books['glob']}", vocab, f"--output_dir={output}")
     assert f"The output directory {output} cannot be created: {a_file} is a file" in line
-  assert not list((tmp_path / "out").iterdir()) and a_file.read_text() == "x"
+  # Refused after the directory's lock was taken, too: no empty --output_dir left behind.
+  assert not (tmp_path / "out").exists() and a_file.read_text() == "x"
 
 
 def test_prepare_refuses_binary_input_and_logs_replaced_bytes(books, tmp_path, caplog):
@@ -295,7 +296,13 @@ def test_prepare_refuses_binary_input_and_logs_replaced_bytes(books, tmp_path, c
                      r"bytes read \(\d+\.\d%\) are not valid UTF-8.*--max_replaced_fraction"):
     prepare.main(["prepare", f"--input={books['glob']}", f"--vocab={books['vocab']}",
                   f"--output_dir={out}", "--num_workers=1"])
-  assert not (out / prepare.SUMMARY_NAME).exists()
+  assert not out.exists()  # the directory the refused run made is gone (it was empty)
+  out.mkdir()
+  (out / "notes.txt").write_text("mine")  # a directory the user made is kept as it was
+  with pytest.raises(text.TooManyReplacedBytesError):
+    prepare.main(["prepare", f"--input={books['glob']}", f"--vocab={books['vocab']}",
+                  f"--output_dir={out}", "--num_workers=1"])
+  assert [p.name for p in out.iterdir()] == ["notes.txt"]
   binary.unlink()
   caplog.clear()
   with caplog.at_level("INFO"):
@@ -567,6 +574,7 @@ def test_a_corpus_without_text_is_one_line(books, tmp_path):
                                         f"--vocab={books['vocab']}",
                                         f"--output_dir={tmp_path / 'out'}"])
   assert str(blank) in line and "no text" in line, line
+  assert not (tmp_path / "out").exists()
   line = testing.refusal(vocab_lib.main, ["vocab", f"--input={blank}", "--vocab_size=120",
                                           f"--output={tmp_path / 'v'}"])
   assert str(blank) in line and "no text" in line, line
