@@ -104,33 +104,46 @@ class UnsupportedExportError(errors.UserError, ValueError):
   """A head that transformers has no class for (a feature-based head, a family's missing one)."""
 
 
-def task_head(path: str, params: Any) -> str | None:
+def task_head(path: str, params: Any, given: str | None = None) -> str | None:
   """The kind of the fine-tuned head (`classifier`) that `params`, read from `path`, hold
-  (None: none): the task a fine-tuning run recorded in its best/, the class a HuggingFace
-  directory names, the kind an export recorded (formats.native_task_head), else a sequence
-  classifier (what every export of a classifier wrote before kinds were recorded)."""
+  (None: none, or an export that does not record it): the task a fine-tuning run recorded in
+  its best/, the class a HuggingFace directory names, the kind an export recorded
+  (formats.native_task_head), else `given` (--task_head), which must agree with a recorded
+  kind and needs a head to apply to (UnsupportedExportError)."""
   if "classifier" not in params:
+    if given:
+      raise UnsupportedExportError(f"--task_head={given}: {path} holds no fine-tuned head (or "
+                                   "--target left it out). Leave --task_head out.")
     return None
   root = fileio.path(path)
   record = best_dir.recorded_task(root) or best_dir.recorded_task(best_dir.of(root))
   if record and record.get("task") in TASK_HEAD_OF:
-    return TASK_HEAD_OF[record["task"]]
-  if (root / formats.NATIVE_CONFIG).exists():
-    return formats.native_task_head(path) or "sequence"
-  try:
-    config = fileio.read_json(root / "config.json", {})
-  except (OSError, ValueError):
-    config = {}
-  classes = config.get("architectures") if isinstance(config, dict) else None
-  kind = formats.task_head_of_architecture(str(classes[0])) if classes else None
-  return kind or "sequence"
+    kind = TASK_HEAD_OF[record["task"]]
+  elif (root / formats.NATIVE_CONFIG).exists():
+    kind = formats.native_task_head(path)
+  else:
+    try:
+      config = fileio.read_json(root / "config.json", {})
+    except (OSError, ValueError):
+      config = {}
+    classes = config.get("architectures") if isinstance(config, dict) else None
+    kind = (formats.task_head_of_architecture(str(classes[0])) if classes else None) or "sequence"
+  if given and kind and given != kind:
+    raise UnsupportedExportError(f"--task_head={given}: {path} records a {kind} head. Leave "
+                                 "--task_head out (it is for exports that record none).")
+  return kind or given
 
 
-def check_exportable(path: str, cfg: Any, kind: str | None) -> None:
+def check_exportable(path: str, cfg: Any, params: Any, kind: str | None) -> None:
   """Refuses (UnsupportedExportError), before anything is written, a fine-tuned head that no
   transformers class holds: a feature-based one (the paper's Table 7: other layers than the
   last, a BiLSTM), or a kind the family's classes lack."""
   if kind is None:
+    if "classifier" in params:
+      raise UnsupportedExportError(
+          f"{path} does not record the kind of its fine-tuned head (an export written before "
+          "kinds were recorded): give it with --task_head=sequence|token|span|choice, or "
+          "export the encoder alone (--target=encoder).")
     return
   root = fileio.path(path)
   how = heads.FeatureBased.of(best_dir.recorded_task(root)
@@ -239,6 +252,10 @@ def _flags():
                     "...ForQuestionAnswering or ...ForMultipleChoice of its task); 'pretraining' "
                     "leaves a fine-tuned head out; 'encoder' keeps the encoder and pooler only.",
                     flag_values=fv)
+  flags.DEFINE_enum("task_head", None, list(formats.TASK_HEAD_CLASSES), "The kind of a "
+                    "fine-tuned head, for an export that does not record it (written before "
+                    "kinds were recorded); a fine-tuning run's best/ and newer exports record "
+                    "their own.", flag_values=fv)
   flags.DEFINE_bool("overwrite", False, "Replace what --output holds (an earlier export: every "
                     "file of it is deleted first). Without it a non-empty --output is refused.",
                     flag_values=fv)
@@ -289,9 +306,9 @@ def main(argv: Iterable[str] | None = None) -> None:
   cfg, params = loader.read(args.input, args.target, require_mlm=False)
   tok = vocabulary_of(vocab, cfg) if vocab is not None else None  # before anything is written
   family = families.of(cfg)
-  kind = task_head(args.input, params)
+  kind = task_head(args.input, params, args.task_head)
   if args.to == "huggingface":
-    check_exportable(args.input, cfg, kind)
+    check_exportable(args.input, cfg, params, kind)
   _clear(args.output, replace)
   written = [args.output]
   if args.to == "huggingface":  # (a family may write a companion model beside it)

@@ -542,6 +542,41 @@ def test_an_encoder_export_without_a_pooler_says_transformers_makes_one(tmp_path
     transformers.BertModel.from_pretrained(tmp_path / "mlm_out", add_pooling_layer=False)
 
 
+def test_an_export_that_does_not_record_its_head_kind_asks_for_it(tmp_path, capsys):
+  """An export of a fine-tuned head written before kinds were recorded (no task_head in its
+  metadata, no fine-tuning record beside it) went out as ...ForSequenceClassification
+  whatever its task: now one line asking for --task_head, exit 2, nothing written; with it,
+  transformers' class of that kind with our logits; a --task_head that contradicts a
+  recorded kind, or given for a tree without a head, is refused too."""
+  head, params, args = _fine_tuned_best(tmp_path, TINY_BERT, {"task": "conll"})
+  old = tmp_path / "old"
+  formats.save_native(str(old), TINY_BERT, params)  # no task_head: the old exports' layout
+  base = [f"--input={old}", "--to=huggingface", f"--vocab={tmp_path / 'vocab.txt'}"]
+  with pytest.raises(SystemExit) as e:
+    convert.main(base + [f"--output={tmp_path / 'out'}"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+  assert "does not record the kind of its fine-tuned head" in err and "--task_head=" in err, err
+  assert not (tmp_path / "out").exists()
+  convert.main(base + [f"--output={tmp_path / 'out'}", "--task_head=token"])
+  arch, back = _loads_whole(tmp_path / "out")
+  assert arch == "BertForTokenClassification"
+  ids, _, mask = args
+  with torch.no_grad():
+    theirs = back.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+  real = mask.astype(bool)
+  assert np.abs(np.asarray(head.apply({"params": params}, *args))[real]
+                - theirs.numpy()[real]).max() <= 1e-5
+  for given, flags in ((tmp_path / "best", ["--task_head=span"]),
+                       (tmp_path / "best", ["--task_head=span", "--target=encoder"])):
+    with pytest.raises(SystemExit) as e:
+      convert.main([f"--input={given}", "--to=huggingface", f"--vocab={tmp_path / 'vocab.txt'}",
+                    f"--output={tmp_path / 'no'}"] + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--task_head=span" in err, err
+    assert not (tmp_path / "no").exists()
+
+
 @pytest.mark.parametrize("case", ["feature_based", "eurobert_span"])
 def test_a_head_transformers_has_no_class_for_is_refused(tmp_path, capsys, case):
   """A feature-based head (concatenated layers) or a span head of EuroBERT (transformers has
