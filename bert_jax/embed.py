@@ -32,6 +32,10 @@ POOLINGS = ("mean", "cls", "last")
 _ST_POOLING = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
                "last": "pooling_mode_lasttoken"}
 _ST_PREFIX = "sentence_transformers.models."
+# The encoder module's kinds: Transformer, and the per-architecture modules that
+# sentence-transformers before v1 wrote instead (the encoder in 0_BERT/, ...).
+_ST_ENCODERS = ("Transformer", "BERT", "RoBERTa", "XLMRoBERTa", "CamemBERT", "DistilBERT",
+                "ALBERT", "XLNet", "T5")
 MODULES_FILE = "modules.json"
 SIMILARITIES = ("cosine", "dot")
 
@@ -132,7 +136,7 @@ def transformer_dir(path: str) -> str:
   best/, else `path`."""
   path = best_dir.of_run(path)
   for m in _modules(path) or ():
-    if m["type"].rsplit(".", 1)[-1] == "Transformer" and m.get("path"):
+    if m["type"].rsplit(".", 1)[-1] in _ST_ENCODERS and m.get("path"):
       return str(fileio.path(path) / m["path"])
   return path
 
@@ -149,7 +153,7 @@ def read_spec(path: str) -> Spec | None:
   pooling, normalize = None, False
   for m in modules:
     kind = m["type"].removeprefix(_ST_PREFIX)
-    if kind == "Transformer":
+    if kind in _ST_ENCODERS:
       continue
     if kind == "Normalize":
       normalize = True
@@ -171,8 +175,9 @@ def read_spec(path: str) -> Spec | None:
     raise EmbedError(f"{root / MODULES_FILE}: no Pooling module: bert_jax needs one to know "
                      "how token vectors become a text's vector.")
   length = None
-  if (root / "sentence_bert_config.json").exists():
-    length = _read_json(root / "sentence_bert_config.json", "").get("max_seq_length")
+  for folder in (root, fileio.path(transformer_dir(path))):  # (the old layout: its module's)
+    if length is None and (folder / "sentence_bert_config.json").exists():
+      length = _read_json(folder / "sentence_bert_config.json", "").get("max_seq_length")
   settings = {}
   if (root / "config_sentence_transformers.json").exists():
     settings = _read_json(root / "config_sentence_transformers.json", "")

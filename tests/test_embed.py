@@ -133,6 +133,37 @@ def test_directories_bert_jax_cannot_compute_are_one_clear_error(tmp_path, modul
     embed.read_spec(_st_dir(tmp_path, modules, pooling))
 
 
+def test_an_old_layout_sentence_transformers_directory_reads_its_encoder(tmp_path, capsys):
+  """sentence-transformers before v1 wrote the encoder as a module of its own kind (BERT,
+  RoBERTa, ...) in 0_BERT/ with its max_seq_length there: the directory was refused (an
+  unknown module) and the weights not found at its top; now it embeds as the same model in
+  today's layout does, through predict."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  source = _random_bert_dir(tmp_path)
+  d = tmp_path / "old"
+  shutil.copytree(source, d / "0_BERT")
+  (d / "0_BERT" / "sentence_bert_config.json").write_text(
+      json.dumps({"max_seq_length": 16, "do_lower_case": True}))
+  (d / "1_Pooling").mkdir()
+  (d / "1_Pooling" / "config.json").write_text(json.dumps(
+      {"word_embedding_dimension": 32, "pooling_mode_cls_token": False,
+       "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+       "pooling_mode_mean_sqrt_len_tokens": False}))
+  (d / "modules.json").write_text(json.dumps([
+      {"idx": 0, "name": "0", "path": "0_BERT", "type": "sentence_transformers.models.BERT"},
+      {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+  assert embed.read_spec(str(d)) == embed.Spec("mean", False, 16)
+  assert embed.transformer_dir(str(d)) == str(d / "0_BERT")
+  out = tmp_path / "e.npy"
+  predict.main([f"--checkpoint={d}", "--mode=embed", f"--text={TEXTS[0]}", f"--text={TEXTS[3]}",
+                f"--output={out}"])
+  cfg, params = loader.read(source, "encoder")
+  want = embed.embed_texts(cfg, params, Tokenizer.from_path(source), [TEXTS[0], TEXTS[3]],
+                           embed.Spec("mean", False, 16))
+  np.testing.assert_allclose(np.load(out), want, atol=1e-6, rtol=0)
+
+
 def test_a_plain_checkpoint_is_no_sentence_transformers_directory(tmp_path):
   assert embed.read_spec(str(tmp_path)) is None
   assert embed.transformer_dir(str(tmp_path)) == str(tmp_path)
