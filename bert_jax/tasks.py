@@ -70,8 +70,15 @@ def _read_squad(config) -> tuple[list, list]:
 
 
 def _read_conll(config) -> tuple[list, list]:
-  return tuple(tagging.read_conll(fileio.join(config.data_dir, config[f]))
-               for f in ("train_file", "eval_file"))
+  try:
+    return tuple(tagging.read_conll(fileio.join(config.data_dir, config[f]))
+                 for f in ("train_file", "eval_file"))
+  except glue.MissingDataError as e:
+    if not fileio.path(fileio.join(config.data_dir, "eng.train")).exists():
+      raise
+    raise glue.MissingDataError(f"{str(e).rstrip('.')}; {config.data_dir} holds the original "
+                                "CoNLL-2003 files: --config.train_file=eng.train "
+                                "--config.eval_file=eng.testa (eng.testb: the test set).") from None
 
 
 def _read_swag(config) -> tuple[list, list]:
@@ -153,8 +160,17 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
 
 def conll_task(config, tok, cfg: BertConfig) -> TaskData:
   train_s, eval_s = _read_conll(config)
-  if config.tag_scheme == "iob1":  # train on IOB2 targets; scores read both
-    train_s = [(w, tagging.iob1_to_iob2(t)) for w, t in train_s]
+  if config.tag_scheme not in ("auto", "iob1", "iob2"):
+    raise errors.ConfigError(f"--config.tag_scheme={config.tag_scheme!r}: auto (IOB1 tags "
+                             "trained as IOB2), iob1 or iob2 (the tags as they are).")
+  if config.tag_scheme != "iob2":  # train on IOB2 targets; scores read both
+    converted = [(w, tagging.iob1_to_iob2(t)) for w, t in train_s]
+    starts = sum(a != b for (_, t), (_, u) in zip(train_s, converted) for a, b in zip(t, u))
+    if starts and config.tag_scheme == "auto":
+      logging.info("%d entities of %s start with I- (IOB1, as the original CoNLL-2003 files): "
+                   "trained as IOB2 (B- starts every entity; --config.tag_scheme=iob2 keeps "
+                   "the tags as they are).", starts, config.train_file)
+    train_s = converted
     eval_s = [(w, tagging.iob1_to_iob2(t)) for w, t in eval_s]
   labels = sorted({t for _, tags in train_s + eval_s for t in tags})
   L = config.max_seq_length

@@ -354,3 +354,50 @@ def test_malformed_glue_rows_are_skipped_and_counted(tmp_path, caplog):
   assert [e.guid for e in ex] == ["0", "2"]
   said = [r.getMessage() for r in caplog.records if "train.tsv" in r.getMessage()]
   assert len(said) == 1 and "skipped 2 malformed rows" in said[0] and "lines 3, 5" in said[0], said
+
+
+@pytest.mark.parametrize("scheme", ["auto", "iob2"])
+def test_conll_tags_of_the_original_files_train_as_iob2_by_default(tmp_path, scheme, caplog):
+  """The original CoNLL-2003 files are IOB1 (an entity starts with I-): with the default
+  tag_scheme (auto) the head trains on IOB2 targets (B- starts every entity) and the log says
+  so, where it trained on the IOB1 tags unless told --config.tag_scheme=iob1; iob2 keeps
+  the tags as they are."""
+  import logging as py_logging  # pylint: disable=g-import-not-at-top
+  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import conll  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert as bert_model  # pylint: disable=g-import-not-at-top
+  text = ("-DOCSTART- -X- -X- O\n\nEU NNP B-NP I-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP I-MISC\n"
+          "call NN I-NP O\n\nPeter NNP B-NP I-PER\nBlackburn NNP I-NP I-PER\n")
+  (tmp_path / "train.txt").write_text(text)
+  (tmp_path / "valid.txt").write_text(text)
+  (tmp_path / "vocab.txt").write_text(
+      "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "eu", "german", "call"]) + "\n")
+  c = conll.get_config()
+  assert c.tag_scheme == "auto"
+  c.data_dir, c.max_seq_length, c.tag_scheme = str(tmp_path), 16, scheme
+  tok = Tokenizer.from_path(str(tmp_path / "vocab.txt"), lowercase=True)
+  cfg = bert_model.BertConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=1,
+                              intermediate_size=8, max_position_embeddings=16)
+  with caplog.at_level(py_logging.INFO):
+    data = tasks.conll_task(c, tok, cfg)
+  said = [r.getMessage() for r in caplog.records if "IOB1" in r.getMessage()]
+  if scheme == "auto":
+    assert data.labels == ("B-MISC", "B-ORG", "B-PER", "I-PER", "O")
+    assert len(said) == 1 and "3 entities" in said[0], said
+  else:
+    assert data.labels == ("I-MISC", "I-ORG", "I-PER", "O") and not said
+
+
+def test_conll_default_names_in_a_directory_of_the_original_files_say_theirs(tmp_path):
+  """A data_dir holding the original release (eng.train, eng.testa, eng.testb) with the
+  default file names: the one-line refusal names the flags that read it."""
+  from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import conll  # pylint: disable=g-import-not-at-top
+  for name in ("eng.train", "eng.testa", "eng.testb"):
+    (tmp_path / name).write_text("EU NNP B-NP I-ORG\n")
+  c = conll.get_config()
+  c.data_dir = str(tmp_path)
+  with pytest.raises(glue.MissingDataError, match=r"train\.txt does not exist.*the original "
+                     r"CoNLL-2003 files: --config\.train_file=eng\.train "
+                     r"--config\.eval_file=eng\.testa"):
+    tasks.conll_task(c, None, None)
