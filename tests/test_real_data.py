@@ -146,3 +146,63 @@ def test_the_original_conll_files_read_with_the_papers_counts(shared_data_dir, n
                for i, t in enumerate(iob2))
   gold = [tags for _, tags in sentences]
   assert scoring.ner_scores(gold, gold) == {"precision": 1.0, "recall": 1.0, "f1": 1.0}
+
+
+# ----------------------------------------------------------------------------
+# The GLUE submission from GLUE's own test files.
+
+# The server's file name, the test file's data rows (../shared/data/README.md) and the labels
+# in the server's spelling (None: STS-B's scores).
+GLUE_SUBMISSION = {"cola": ("CoLA", 1063, {"0", "1"}), "sst2": ("SST-2", 1821, {"0", "1"}),
+                   "mrpc": ("MRPC", 1725, {"0", "1"}), "stsb": ("STS-B", 1379, None),
+                   "rte": ("RTE", 3000, {"entailment", "not_entailment"}),
+                   "wnli": ("WNLI", 146, {"0", "1"})}
+
+
+def test_the_glue_submission_from_the_real_test_files(shared_data_dir, tmp_path, caplog):
+  """The suite on GLUE's own files (train cut to 200 rows a task: a tiny random model, one
+  epoch) writes the server's zip: each task's file under the server's name, one prediction a
+  test row with the test file's own index, labels spelled as the server reads them; AX and
+  the tasks without files here skipped with a line."""
+  import zipfile  # pylint: disable=g-import-not-at-top
+  from bert_jax import main  # pylint: disable=g-import-not-at-top
+  from bert_jax import suite  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import suite as suite_config  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  glue_dir = shared_data_dir / "glue"
+  if not glue_dir.is_dir():
+    pytest.skip(f"{glue_dir} is absent")
+  data, texts = tmp_path / "glue", []
+  for name, _, _ in GLUE_SUBMISSION.values():
+    (data / name).mkdir(parents=True)
+    for split in ("dev", "test"):
+      (data / name / f"{split}.tsv").write_bytes((glue_dir / name / f"{split}.tsv").read_bytes())
+    lines = (glue_dir / name / "train.tsv").read_bytes().splitlines(keepends=True)[:201]
+    (data / name / "train.tsv").write_bytes(b"".join(lines))
+    texts += [l.decode("utf-8-sig") for l in lines[:50]]
+  ckpt, vocab = suite_data.make_checkpoint(tmp_path / "model", texts=texts)
+  c = suite_config.get_config(",".join(GLUE_SUBMISSION))
+  c.init_checkpoint, c.vocab_path, c.data_dir = ckpt, vocab, str(data)
+  c.protocol, c.log_every_steps, c.max_seq_length, c.eval_batch_size = "grid", 0, 64, 64
+  c.grid.learning_rate, c.grid.global_batch_size, c.grid.num_epochs = (1e-3,), (32,), (1,)
+  with caplog.at_level("WARNING"):
+    report = main.run(c, str(tmp_path / "w"))
+  z = zipfile.ZipFile(tmp_path / "w" / "submission" / suite.ZIP_NAME)
+  assert sorted(z.namelist()) == sorted(f"{n}.tsv" for n, _, _ in GLUE_SUBMISSION.values())
+  for name, rows, labels in GLUE_SUBMISSION.values():
+    got = z.read(f"{name}.tsv").decode().splitlines()
+    test = (glue_dir / name / "test.tsv").read_text(encoding="utf-8").splitlines()
+    assert got[0] == "index\tprediction" and len(got) == 1 + rows == len(test), name
+    assert [r.split("\t")[0] for r in got[1:]] == [t.split("\t")[0] for t in test[1:]], name
+    predictions = [r.split("\t")[1] for r in got[1:]]
+    if labels is None:
+      assert all(0.0 <= float(p) <= 5.0 for p in predictions)
+    else:
+      assert set(predictions) <= labels, name
+  # The server takes every task's file: the ones this suite has no data for are named.
+  missing = ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "QNLI.tsv", "QQP.tsv"]
+  assert report["submission"]["missing"] == missing
+  md = (tmp_path / "w" / "report.md").read_text()
+  assert f"holds 6 of the 11 files the server expects (missing: {', '.join(missing)})" in md
+  assert any("the GLUE submission lacks AX.tsv" in r.getMessage() for r in caplog.records)
+  print({k: report["tasks"][k]["dev"] for k in GLUE_SUBMISSION})
