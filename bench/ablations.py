@@ -16,7 +16,7 @@ or, with --table=electra,
                make the same pre-training FLOPs (objectives.Objective.flops of each step)
 then fine-tunes each on CoLA (../shared/data/cola/raw: in_domain_train -> in_domain_dev)
 and, when --sst2 names GLUE's SST-2 directory (train.tsv, dev.tsv; default
-../shared/data/sst2), on SST-2 too, through `configs/suite.py` with one grid for all rows
+../shared/data/glue/SST-2), on SST-2 too, through `configs/suite.py` with one grid for all rows
 (--lrs x 3 epochs, batch 32, --seeds seeds, the best run on dev reported as the paper does,
 the median beside it). Prints the table (held-out pre-training numbers, CoLA dev MCC, SST-2
 dev accuracy) and appends it to bench/RESULTS.md unless --no_record. Skips when the CoLA
@@ -38,7 +38,7 @@ from bench import finetune_step  # machine(): lscpu's model and flags
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
-SST2 = REPO.parent / "shared" / "data" / "sst2"
+SST2 = REPO.parent / "shared" / "data" / "glue" / "SST-2"
 # The fine-tuning tasks of the table: (suite task, its name, its dev metric in report.json).
 TASKS = (("cola", "CoLA", "mcc"), ("sst2", "SST-2", "accuracy"))
 ROWS = {"MLM + NSP (BERT)": [],
