@@ -1,0 +1,102 @@
+"""bench/suite_glue.py (issue 58 items 1-2): GLUE on real files, the suite vs transformers."""
+import json
+import math
+import pathlib
+import random
+
+import pytest
+
+from bench import suite_glue
+
+WORDS = ["a", "man", "is", "playing", "guitar", "the", "new", "movie", "awesome", "hello", "two",
+         "dogs", "run", "in", "park", "woman", "cooks", "food", "cat", "sleeps"]
+
+
+def _sentence(rng: random.Random) -> str:
+  return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + " ."
+
+
+def write_glue(root: pathlib.Path, train: int = 40, dev: int = 12) -> None:
+  """RTE and STS-B in GLUE's layout (headers, tab-separated, test.tsv beside them)."""
+  rng = random.Random(0)
+  for task, n_rows in (("RTE", {"train": train, "dev": dev, "test": 4}),
+                       ("STS-B", {"train": train, "dev": dev, "test": 4})):
+    d = root / task
+    d.mkdir(parents=True)
+    for split, n in n_rows.items():
+      rows = []
+      for i in range(n):
+        a, b = _sentence(rng), _sentence(rng)
+        if task == "RTE":
+          label = ["entailment", "not_entailment"][i % 2]
+          rows.append(f"{i}\t{a}\t{b}" + ("" if split == "test" else f"\t{label}"))
+        else:
+          score = f"{rng.uniform(0, 5):.3f}"
+          rows.append(f"{i}\tmain-captions\tMSRvid\t2012test\t{i:04d}\tnone\tnone\t{a}\t{b}"
+                      + ("" if split == "test" else f"\t{score}"))
+      header = ("index\tsentence1\tsentence2" + ("" if split == "test" else "\tlabel")
+                if task == "RTE" else "index\tgenre\tfilename\tyear\told_index\tsource1\t"
+                "source2\tsentence1\tsentence2" + ("" if split == "test" else "\tscore"))
+      (d / f"{split}.tsv").write_text(header + "\n" + "\n".join(rows) + "\n")
+
+
+def random_bert_dir(tmp_path) -> str:
+  transformers = pytest.importorskip("transformers")
+  from tests import hf_parity  # pylint: disable=g-import-not-at-top
+  config = transformers.BertConfig(vocab_size=5 + len(WORDS) + 1, hidden_size=32,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=48, max_position_embeddings=64)
+  path, _ = hf_parity.hf_dir(tmp_path, transformers.BertModel, config, lambda n: "LayerNorm" in n)
+  (pathlib.Path(path) / "vocab.txt").write_text(
+      "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS) + "\n")
+  (pathlib.Path(path) / "tokenizer_config.json").write_text(
+      json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer"}))
+  return path
+
+
+def test_metric_tables_are_the_suites():
+  from bert_jax import suite_report  # pylint: disable=g-import-not-at-top
+  from input_pipeline import glue  # pylint: disable=g-import-not-at-top
+  for task in suite_glue.SPECS:
+    assert suite_glue.REPORT[task] == suite_report.METRICS[task]
+    assert suite_glue.SELECT[task] == glue.GLUE[task].metrics[0]
+    assert suite_glue.SPECS[task][5] == glue.GLUE[task].labels
+
+
+def test_its_reader_reads_what_the_suite_reads(tmp_path):
+  from input_pipeline import glue  # pylint: disable=g-import-not-at-top
+  write_glue(tmp_path)
+  for task, d in (("rte", "RTE"), ("stsb", "STS-B")):
+    texts, gold = suite_glue.read_split(task, tmp_path / d, "train")
+    ours = glue.read_glue(task, str(tmp_path / d), "train")
+    assert [(e.text_a, e.text_b) for e in ours] == texts
+    labels = glue.GLUE[task].labels
+    assert [e.label if labels is None else labels.index(e.label) for e in ours] == gold
+
+
+def test_without_data_it_skips_cleanly(tmp_path, capsys):
+  assert suite_glue.main([f"--data_dir={tmp_path / 'absent'}", f"--workdir={tmp_path / 'w'}",
+                          "--no_record"]) is None
+  assert "skipped:" in capsys.readouterr().out and not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow  # five subprocesses (~1-2 min on 2 cores)
+def test_smoke_rows_per_task_and_side(tmp_path, capsys):
+  write_glue(tmp_path / "glue")
+  out = suite_glue.main([f"--data_dir={tmp_path / 'glue'}", f"--workdir={tmp_path / 'w'}",
+                         f"--hf={random_bert_dir(tmp_path)}", "--tasks=rte,stsb", "--seeds=1",
+                         "--epochs=2", "--batch=8", "--max_seq_length=32",
+                         "--max_train_examples=24", "--no_record"])
+  text = capsys.readouterr().out
+  results = out["results"]
+  assert sorted(results) == sorted(f"{t}/{s}" for t in ("rte", "stsb")
+                                   for s in ("bj_false", "bj_true", "hf"))
+  for key, entry in results.items():
+    assert entry["status"] == "done", (key, entry.get("error"))
+    (run,) = entry["runs"]
+    assert run["status"] == "done" and run["epoch"] in (1, 2)
+    for metric in suite_glue.REPORT[key.split("/")[0]]:
+      assert math.isfinite(run["dev"][metric]), (key, run)
+  rows = [l for l in text.splitlines() if l.startswith(("| rte |", "| stsb |"))]
+  assert len(rows) == 6 and all("| done |" in r for r in rows), text
+  assert "first 24 train rows" in text and "Not run: cola, sst2, mrpc, wnli" in text
