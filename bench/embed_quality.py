@@ -10,7 +10,9 @@ built-in corpus; bench runs it first unless --init_checkpoint is given). The dat
 Gutenberg books (../shared/data/gutenberg; skipped when absent): each paragraph of 3+
 sentences becomes (its first sentence, the rest). Training pairs come from the books of
 one half of MANIFEST.tsv's order, the BEIR-layout set (queries: first sentences; corpus:
-the rests; qrels: each query's own rest) from the other half, so no book is in both.
+the rests; qrels: each query's own rest) from the other half, so no book is in both. Each
+encoder is also scored on GLUE's STS-B dev file (--sts_file; cosine Spearman x100, as
+sentence-transformers' EmbeddingSimilarityEvaluator) where it is present.
 Appends the table to bench/RESULTS.md unless --no_record.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
+STSB_DEV = REPO.parent / "shared" / "data" / "glue" / "STS-B" / "dev.tsv"
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
 
 
@@ -72,10 +75,14 @@ def _python(args: list[str], log: pathlib.Path) -> str:
   return proc.stdout
 
 
-def scores(checkpoint: str, beir: pathlib.Path, work: pathlib.Path, name: str) -> dict:
+def scores(checkpoint: str, beir: pathlib.Path, work: pathlib.Path, name: str,
+           sts_file: str = "") -> dict:
+  """The retrieval scores, and STS-B's cosine Spearman ("sts_spearman") with `sts_file`."""
+  sts = [f"--sts_file={sts_file}"] if sts_file else []
   out = _python(["-m", "bert_jax.embed_eval", f"--checkpoint={checkpoint}",
-                 f"--beir_dir={beir}", "--max_seq_length=64"], work / f"{name}_eval.log")
-  return json.loads(out.strip().splitlines()[-1])["retrieval"]
+                 f"--beir_dir={beir}", "--max_seq_length=64"] + sts, work / f"{name}_eval.log")
+  result = json.loads(out.strip().splitlines()[-1])
+  return {**result["retrieval"], **({"sts_spearman": result["sts"]["spearman"]} if sts else {})}
 
 
 def main(argv=None) -> None:
@@ -87,6 +94,8 @@ def main(argv=None) -> None:
   ap.add_argument("--queries", type=int, default=500)
   ap.add_argument("--epochs", type=int, default=2)
   ap.add_argument("--lr", type=float, default=1e-4)
+  ap.add_argument("--sts_file", default=str(STSB_DEV) if STSB_DEV.exists() else "",
+                  help="GLUE's STS-B dev.tsv (default: ../shared/data's, when present)")
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--no_record", action="store_true")
   args = ap.parse_args(argv)
@@ -105,7 +114,7 @@ def main(argv=None) -> None:
             + (["--config.num_train_steps=4"] if args.smoke else []), work / "pretrain.log")
   vocab = init + "/vocab" if not args.init_checkpoint else init
   rows = [("before (the encoder, mean pooling)", scores(init, work / "data" / "beir", work,
-                                                         "before"), 0.0)]
+                                                         "before", args.sts_file), 0.0)]
   for seed in range(args.seeds):
     run, start = work / f"embed_seed{seed}", time.time()
     _python(["-m", "bert_jax.main", "--config=configs/embed.py", f"--workdir={run}",
@@ -117,11 +126,13 @@ def main(argv=None) -> None:
              f"--config.opt.learning_rate={args.lr}", "--config.global_batch_size=32"],
             work / f"embed_seed{seed}.log")
     rows.append((f"contrastive fine-tuning, seed {seed}", scores(str(run), work / "data" / "beir",
-                                                                 work, f"seed{seed}"),
+                                                                 work, f"seed{seed}", args.sts_file),
                  time.time() - start))
-  table = ["| encoder | nDCG@10 | Recall@100 | MRR@10 | fine-tuning s |", "|---|---|---|---|---|"]
-  table += [f"| {n} | {s['ndcg@10']:.1f} | {s['recall@100']:.1f} | {s['mrr@10']:.1f} | {t:.0f} |"
-            for n, s, t in rows]
+  sts = " STS-B dev Spearman |" if args.sts_file else ""
+  table = [f"| encoder | nDCG@10 | Recall@100 | MRR@10 |{sts} fine-tuning s |",
+           "|---|---|---|---|" + ("---|" if sts else "") + "---|"]
+  table += [f"| {n} | {s['ndcg@10']:.1f} | {s['recall@100']:.1f} | {s['mrr@10']:.1f} |"
+            + (f" {s['sts_spearman']:.2f} |" if sts else "") + f" {t:.0f} |" for n, s, t in rows]
   print("\n".join(table))
   if not args.no_record:
     with RESULTS.open("a") as f:

@@ -22,6 +22,9 @@ def test_embed_quality_smoke(tmp_path):
   assert [r.split(" | ")[0] for r in rows[1:]] == [
       "| before (the encoder, mean pooling)", "| contrastive fine-tuning, seed 0",
       "| contrastive fine-tuning, seed 1"], proc.stdout
+  if embed_quality.STSB_DEV.exists():  # each encoder's STS-B dev Spearman beside retrieval
+    assert "STS-B dev Spearman" in rows[0], rows[0]
+    assert all(-100 <= float(r.split(" | ")[4]) <= 100 for r in rows[1:]), rows
   assert (tmp_path / "data" / "beir" / "qrels" / "test.tsv").exists()
   first = json.loads((tmp_path / "data" / "train.jsonl").read_text().splitlines()[0])
   assert set(first) == {"anchor", "positive"} and first["anchor"] and first["positive"]
