@@ -247,7 +247,8 @@ def test_inputs_read_through_tensorflow_without_it_are_one_line(tmp_path, monkey
                                             f"--vocab={words}", "--max_seq_length=8",
                                             "--max_predictions_per_seq=2"])
   assert "TensorFlow is needed for original BERT TFRecords" in line, line
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "p", "vocab.txt"]
+  # Nothing written: not even the empty --output_dir the refused prepare had made (issue 56).
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "vocab.txt"]
 
 
 @pytest.mark.data
