@@ -62,7 +62,7 @@ setuptools.setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*", "input_pipeline", "input_pipeline.*"]),
+    packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*", "input_pipeline", "input_pipeline.*", "common", "common.*"]),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )

@@ -178,7 +178,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str]) -> list[dict]:
   from bench import input_pipeline as bench_input  # pylint: disable=g-import-not-at-top
-  from input_pipeline import errors  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
   fv = _flag_values()
   errors.parse_flags(fv, argv, __doc__)
   books = sorted(glob.glob(str(GUTENBERG / "pg*.txt")))

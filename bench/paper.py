@@ -92,7 +92,8 @@ def check_inputs(args, explicit_cola: bool) -> str | None:
   pre-training: a directory that does not hold it fails in one line (exit 2). Returns why
   the table is skipped (it needs GLUE data, none was given and the default CoLA is absent)."""
   sys.path.insert(0, str(REPO))
-  from input_pipeline import errors, glue, tagging  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
+  from input_pipeline import glue, tagging  # pylint: disable=g-import-not-at-top
   needs, flag = NEEDS[args.table], "--conll_dir"
   try:
     if "conll" in needs and args.conll_dir:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from input_pipeline import fileio
+from common import fileio
 
 NAME = "best"
 MARKER = "config.json"

@@ -32,8 +32,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from bert_jax import loader
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 
 def gather_process_states(state: Mapping[str, Any] | None) -> list[Any]:

@@ -22,7 +22,7 @@ from bert_jax import embed
 from bert_jax import families
 from bert_jax import flops as flops_lib
 from bert_jax import objectives
-from input_pipeline import errors
+from common import errors
 from input_pipeline import features
 
 INPUTS = features.TEXT  # positional; the rest by keyword:

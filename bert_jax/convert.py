@@ -26,8 +26,8 @@ from bert_jax import families
 from bert_jax import formats
 from bert_jax import heads
 from bert_jax import loader
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import tokenizer as tokenizer_lib
 
 # ----------------------------------------------------------------------------

@@ -23,9 +23,9 @@ import numpy as np
 
 from bert_jax import best_dir
 from bert_jax import families
-from input_pipeline import errors
+from common import errors
 from input_pipeline import features
-from input_pipeline import fileio
+from common import fileio
 
 POOLINGS = ("mean", "cls", "last")
 # sentence-transformers' Pooling config: the key that turns each of our modes on.

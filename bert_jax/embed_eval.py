@@ -26,8 +26,8 @@ import numpy as np
 from bert_jax import embed
 from bert_jax import loader
 from bert_jax import scoring
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import glue
 from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer

@@ -17,8 +17,8 @@ import json
 from typing import Any, Callable, Mapping
 
 from bert_jax import sharding
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 # family name -> the module whose FAMILIES dict holds its record.
 MODULES: dict[str, str] = {

@@ -38,7 +38,8 @@ from jax.experimental import multihost_utils
 from bert_jax import best_dir, embed, families, finetuned, formats, heads, loader, objectives
 from bert_jax import tasks
 from bert_jax import trainer as trainer_lib
-from input_pipeline import errors, features, fileio
+from common import errors, fileio
+from input_pipeline import features
 from input_pipeline.epochs import EpochIterator, PackedBatches, PackedExampleBatches, PackedPairBatches
 from input_pipeline.tokenizer import Tokenizer
 

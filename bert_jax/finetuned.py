@@ -22,7 +22,7 @@ from bert_jax import heads
 from bert_jax import loader
 from bert_jax import tasks
 from input_pipeline import features
-from input_pipeline import fileio
+from common import fileio
 from input_pipeline import glue
 from input_pipeline import squad
 from input_pipeline import tagging

@@ -26,8 +26,8 @@ import safetensors
 import safetensors.numpy
 
 from bert_jax import families
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 Array = np.ndarray
 Params = dict[str, Any]

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from bert_jax import families
 from bert_jax.models.bert import BertConfig, dense
-from input_pipeline import errors
+from common import errors
 
 
 def encoder(cfg: Any, **kwargs) -> nn.Module:

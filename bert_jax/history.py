@@ -20,7 +20,7 @@ import ml_collections
 
 from bert_jax import loader, suite, suite_report
 from bert_jax import metrics as metrics_lib
-from input_pipeline import errors, fileio
+from common import errors, fileio
 
 
 def _runs(config) -> list[tuple[str, str]]:

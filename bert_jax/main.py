@@ -29,7 +29,7 @@ from bert_jax import suite
 from bert_jax import train
 from bert_jax import workdir_lock
 from bert_jax.process import reuse_host_memory  # noqa: F401  (its home before process.py)
-from input_pipeline import errors
+from common import errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, summaries and prepared data.")
 config_flags.DEFINE_config_file("config", None, "Training configuration file.",

@@ -17,7 +17,7 @@ import numpy as np
 
 from bert_jax import flops as flops_lib
 from bert_jax import summaries
-from input_pipeline import fileio
+from common import fileio
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from input_pipeline import errors
+from common import errors
 
 # As google-research/bert optimization.py: exclude_from_weight_decay, searched
 # anywhere in the parameter's full name; the last two are the modern encoders' norms

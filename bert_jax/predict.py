@@ -46,9 +46,9 @@ from bert_jax import registry
 # Their names here before bert_jax/finetuned.py held them:
 from bert_jax.finetuned import classifier_logits, classify, load as load_finetuned  # noqa: F401
 from bert_jax.predict_checks import MASK_TEXT, PredictError, check_layers, parse_layers  # noqa: F401
-from input_pipeline import errors
+from common import errors
 from input_pipeline import features
-from input_pipeline import fileio
+from common import fileio
 from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer
 

@@ -13,7 +13,7 @@ from absl import logging
 from bert_jax import formats
 from bert_jax import loader
 from bert_jax import tasks
-from input_pipeline import errors
+from common import errors
 from input_pipeline import tokenizer as tokenizer_lib
 
 MASK_TEXT = "[MASK]"

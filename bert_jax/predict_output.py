@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from bert_jax.predict_checks import PredictError
-from input_pipeline import fileio
+from common import fileio
 
 # The files --mode=features and --mode=embed write, by --output's suffix.
 SUFFIXES = (".npy", ".jsonl")

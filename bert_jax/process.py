@@ -12,7 +12,7 @@ import jax
 import ml_collections
 
 from bert_jax import metrics
-from input_pipeline import fileio
+from common import fileio
 
 
 # XLA flags every job sets unless XLA_FLAGS sets them itself. GPU-only options (other

@@ -25,8 +25,8 @@ from bert_jax import formats
 from bert_jax import loader
 from bert_jax import objectives
 from bert_jax.models import bert_formats
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import pretrain as pretrain_data
 
 def masked_lm(cfg: Any, nsp: bool) -> nn.Module:

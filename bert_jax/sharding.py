@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from input_pipeline import errors
+from common import errors
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

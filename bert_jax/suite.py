@@ -46,7 +46,7 @@ from bert_jax.configs import swag as swag_config
 from bert_jax.suite_report import GLUE_SCORE_PARTS, render_markdown  # noqa: F401  (here before suite_report.py)
 from bert_jax.suite_report import (METRICS, SUBMISSION_FILES, ZIP_NAME, build_report, dev_value,
                                    duration, spread, write_report)
-from input_pipeline import errors, fileio
+from common import errors, fileio
 from input_pipeline import glue
 from input_pipeline.tokenizer import Tokenizer
 

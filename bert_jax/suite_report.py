@@ -24,7 +24,7 @@ import numpy as np
 from bert_jax import metrics as metrics_lib
 from bert_jax import tasks
 from bert_jax.configs import suite as suite_config
-from input_pipeline import fileio
+from common import fileio
 
 # The metrics the paper reports per task (the first one chooses runs and settings); as the
 # paper prints them: percentages.

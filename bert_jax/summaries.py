@@ -19,7 +19,7 @@ from typing import Mapping
 
 import numpy as np
 
-from input_pipeline import fileio
+from common import fileio
 
 _REMOTE_FILE_BYTES = 4 << 20
 

@@ -22,8 +22,10 @@ import numpy as np
 from bert_jax import contrastive, embed, embed_eval, heads, objectives, scoring
 from bert_jax.contrastive import SentenceEncoder
 from bert_jax.models.bert import BertConfig
-from input_pipeline import features, fileio
-from input_pipeline import errors, glue, pairs, squad, swag, tagging
+from common import fileio
+from input_pipeline import features
+from common import errors
+from input_pipeline import glue, pairs, squad, swag, tagging
 
 @dataclasses.dataclass
 class TaskData:

@@ -3,7 +3,7 @@
     with workdir_lock.hold(workdir):
       ...  # build the vocabulary / prepared data, train, checkpoint
 
-The lock is input_pipeline/dirlock.py's `workdir/LOCK` (how it works locally and on gs://
+The lock is common/dirlock.py's `workdir/LOCK` (how it works locally and on gs://
 is told there). Only process 0 of a multi-host job takes it (the job holds it once); every
 process learns the outcome, so a refused job stops on every host. The entry point takes it
 once (bert_jax.main.run); the jobs it runs do not.
@@ -19,9 +19,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from input_pipeline import dirlock
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import dirlock
+from common import errors
+from common import fileio
 
 LOCK_NAME = dirlock.LOCK_NAME
 HEARTBEAT_S = dirlock.HEARTBEAT_S

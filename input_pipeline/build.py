@@ -9,7 +9,7 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
-from input_pipeline import fileio
+from common import fileio
 from input_pipeline import data_config
 from input_pipeline import documents
 from input_pipeline import mixture as mixture_lib

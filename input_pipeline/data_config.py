@@ -2,7 +2,7 @@
 loading a config file imports nothing heavy (input_pipeline/pretrain.py reads it)."""
 import ml_collections
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import mixture
 
 # The data config's paths that a run takes inside its workdir when they are relative.

@@ -22,7 +22,7 @@ do not grow with the corpus's tokens.
 """
 import numpy as np
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import instances
 from input_pipeline import prepare
 from input_pipeline import store

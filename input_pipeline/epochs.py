@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import packing
 
 

@@ -19,8 +19,8 @@ from typing import Iterable, Sequence
 from absl import logging
 import numpy as np
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import records
 from input_pipeline import features
 from input_pipeline import text as text_lib

@@ -21,8 +21,8 @@ import numpy as np
 
 from input_pipeline import data_config
 from input_pipeline import documents
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import masking
 from input_pipeline import mixture as mixture_lib
 from input_pipeline import prepare

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from input_pipeline import errors
+from common import errors
 
 _PHI = (math.sqrt(5.0) - 1.0) / 2.0
 

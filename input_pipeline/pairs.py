@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from input_pipeline import features
-from input_pipeline import fileio
+from common import fileio
 from input_pipeline import glue
 
 DataError = glue.DataError

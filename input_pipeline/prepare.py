@@ -50,9 +50,9 @@ from absl import logging
 import numpy as np
 
 from input_pipeline import corpus
-from input_pipeline import dirlock
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import dirlock
+from common import errors
+from common import fileio
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import store
@@ -207,7 +207,7 @@ class _StopOnSigterm:
 
 
 def hold_output(output_dir: str):
-  """The writer lock of a prepared directory (input_pipeline/dirlock.py, local or gs://):
+  """The writer lock of a prepared directory (common/dirlock.py, local or gs://):
   a second writer (prepare, prepare_hosts' merge, a training job's build step) is refused
   with one line while the first lives."""
   return dirlock.hold(output_dir, dirlock.Owner(

@@ -34,8 +34,8 @@ from absl import flags
 from absl import logging
 import numpy as np
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import prepare
 from input_pipeline import sources
 from input_pipeline import store

@@ -16,7 +16,7 @@ import functools
 
 import numpy as np
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import features
 from input_pipeline import text
 

@@ -40,8 +40,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from absl import logging
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import text as text_lib
 
 RECORD_KINDS = {".jsonl": "json", ".ndjson": "json", ".json": "json", ".parquet": "parquet",

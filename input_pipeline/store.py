@@ -35,8 +35,8 @@ import tempfile
 
 import numpy as np
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 FORMAT_VERSION = 2
 TOKENS, SENTENCES, DOCUMENTS = "tokens.npy", "sentence_starts.npy", "document_starts.npy"

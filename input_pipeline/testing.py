@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import prepare
 from input_pipeline import tokenizer as tokenizer_lib
 

@@ -36,8 +36,8 @@ from typing import Callable, Iterable, Iterator
 
 from absl import logging
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import sentences as sentences_lib
 
 FORMATS = ("auto", "lines", "paragraphs")

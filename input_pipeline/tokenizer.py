@@ -29,7 +29,7 @@ from absl import logging
 from etils import epath
 import numpy as np
 
-from input_pipeline import errors
+from common import errors
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONFIG_NAME = "tokenizer_config.json"

@@ -27,8 +27,8 @@ import unicodedata
 from absl import flags
 from absl import logging
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import corpus
 from input_pipeline import text as text_lib
 from input_pipeline import tokenizer as tokenizer_lib

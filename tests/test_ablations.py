@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import heads, loader, objectives, registry, train
 from bert_jax.models import bert as model_lib
-from input_pipeline import errors
+from common import errors
 from tests import test_train_utils as tu
 from tests.test_finetune import _common, pretrained  # noqa: F401  (module fixture)
 from tests.test_task_data import CONTEXT, _squad_file

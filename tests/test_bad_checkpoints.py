@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax import convert, formats, predict, train, workdir_lock
-from input_pipeline import errors
+from common import errors
 from tests import test_main_errors
 from tests import test_train_utils as tu
 from tests.test_checkpoint_inputs import checkpoints  # noqa: F401  pylint: disable=unused-import

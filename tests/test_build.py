@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import build
 from input_pipeline import inspect as inspect_lib
 from input_pipeline import testing

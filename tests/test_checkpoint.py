@@ -312,7 +312,7 @@ def test_disk_full_during_a_save_is_one_clear_line(small_disk):
   """The disk fills up during the third save: one line says so (not ~1,800 lines of
   asynchronous tracebacks), the exit status is non-zero, the earlier checkpoints are
   intact (their checksums match) and, with space again, the rerun continues from them."""
-  from input_pipeline import fileio  # pylint: disable=g-import-not-at-top
+  from common import fileio  # pylint: disable=g-import-not-at-top
   workdir = small_disk / "w"
   args = tu.main_args(workdir, num_train_steps=20, checkpoint_every_steps=2, keep_checkpoints=100)
   out = subprocess.run(args, cwd=tu.REPO, env=tu.env(), capture_output=True, text=True,

@@ -8,7 +8,7 @@ import pytest
 from bert_jax import convert, formats, loader, predict
 from bert_jax.models import bert_formats
 from bert_jax.models import bert as model_lib
-from input_pipeline import errors
+from common import errors
 from tests.test_task_data import make_vocab
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from bert_jax import finetune, train
 from bert_jax import workdir_lock
-from input_pipeline import errors
+from common import errors
 from tests import test_main_errors
 from tests import test_train_utils as tu
 

@@ -13,7 +13,8 @@ import pytest
 
 from bert_jax import contrastive, convert, embed, embed_eval, finetune, loader, tasks
 from bert_jax.configs import embed as embed_config
-from input_pipeline import epochs, errors, packing, pairs
+from common import errors
+from input_pipeline import epochs, packing, pairs
 from input_pipeline.tokenizer import Tokenizer
 from tests import test_train_utils as tu
 from tests.test_finetune import WORDS, pretrained  # noqa: F401  pylint: disable=unused-import

@@ -108,7 +108,7 @@ def _factory_flags(module) -> flags.FlagValues | None:
 def _captured_main_flags(module) -> flags.FlagValues:
   """The FlagValues `module.main` builds, taken at `errors.parse_flags` (which raises here,
   before the tool does anything)."""
-  from input_pipeline import errors  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
 
   def capture(fv, argv, usage=None):
     raise _Captured(fv)
@@ -359,11 +359,12 @@ def test_every_module_is_in_a_table():
   config_rows = "\n".join(r for r in rows if "`configs/`" in r or "`bert_jax/configs/`" in r)
   missing += [f"bert_jax/configs/{m}" for m in _modules("bert_jax/configs")
               if f"`{m}`" not in config_rows and f"`configs/{m}`" not in text]
+  missing += [f"common/{m}" for m in _modules("common") if f"`common/{m}`" not in text]
   pipeline = "\n".join(_table_rows(ROOT / "input_pipeline" / "README.md"))
   missing += [f"input_pipeline/{m}" for m in _modules("input_pipeline")
               if f"`{m}`" not in pipeline]
   assert not missing, ("Modules in no table (README.md's or docs/architecture.md's for "
-                       "bert_jax, input_pipeline/README.md's for input_pipeline): "
+                       "bert_jax and common, input_pipeline/README.md's for input_pipeline): "
                        + ", ".join(missing))
 
 

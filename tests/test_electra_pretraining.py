@@ -16,7 +16,7 @@ import pytest
 
 from bert_jax import flops as flops_lib, loader, objectives, registry, train
 from bert_jax.models import electra
-from input_pipeline import errors
+from common import errors
 from tests import test_train_utils as tu
 from tests.test_checkpoint import prepared  # noqa: F401  (module fixture)
 from tests.test_train import _batches

@@ -12,7 +12,7 @@ from bert_jax import finetune, formats, heads, loader, optim, predict
 from bert_jax.models import modern
 from bert_jax.models import bert as model_lib
 from bert_jax.configs import conll
-from input_pipeline import errors
+from common import errors
 from tests.test_task_data import make_vocab
 
 SENT = ("EU NNP B-NP I-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP I-MISC\ncall NN I-NP O\n\n"

@@ -1,4 +1,4 @@
-"""input_pipeline.fileio: the one path layer (local and gs:// paths)."""
+"""common.fileio: the one path layer (local and gs:// paths)."""
 import os
 import pathlib
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from input_pipeline import fileio
+from common import fileio
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

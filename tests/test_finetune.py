@@ -13,7 +13,7 @@ import pytest
 from bert_jax import finetune, formats, loader, tasks
 from bert_jax.models import bert as model_lib
 from bert_jax.configs import classify_custom, conll, glue, squad, swag
-from input_pipeline import errors
+from common import errors
 from tests.test_task_data import CONTEXT, _squad_file, make_vocab
 
 WORDS = "good great fine bad awful poor the movie was plot acting very".split()

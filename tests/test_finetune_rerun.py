@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax import checkpointing, finetune
 from bert_jax.configs import classify_custom
-from input_pipeline import fileio
+from common import fileio
 from tests import test_finetune
 from tests.test_finetune import pretrained  # noqa: F401  pylint: disable=unused-import
 

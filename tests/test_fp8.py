@@ -10,7 +10,7 @@ from bench import precision
 from bert_jax import families
 from bert_jax.models import bert as model_lib
 from bert_jax.models import fp8
-from input_pipeline import errors
+from common import errors
 
 
 def _normal(seed, shape, scale=1.0):

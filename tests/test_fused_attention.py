@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax.models import bert as model_lib
-from input_pipeline import errors
+from common import errors
 
 SMALL = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
                              intermediate_size=48, max_position_embeddings=24,

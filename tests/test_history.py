@@ -6,7 +6,7 @@ import pytest
 
 from bert_jax import history, main, train
 from bert_jax.configs import suite as suite_config
-from input_pipeline import errors
+from common import errors
 from tests import suite_data
 from tests import test_train_utils as tu
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import builtin_corpus
 from input_pipeline import corpus
 from input_pipeline import sentences

@@ -108,7 +108,7 @@ def run_workdir(tmp_path_factory):
 def test_inspect_shows_what_a_run_trains_on(run_workdir, tmp_path, capsys):
   """--config and --workdir of a run: its workdir-relative vocabulary and prepared corpus,
   its L, P, seed and global batch size, and exactly the batches its iterator yields."""
-  from input_pipeline import fileio  # pylint: disable=g-import-not-at-top
+  from common import fileio  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import tiny_pretrain  # pylint: disable=g-import-not-at-top
   from input_pipeline import data_config  # pylint: disable=g-import-not-at-top
   out = tmp_path / "batches.npz"
@@ -134,7 +134,7 @@ def test_inspect_shows_what_a_run_trains_on(run_workdir, tmp_path, capsys):
 
 
 def test_inspect_run_config_needs_its_workdir(run_workdir, tmp_path):
-  from input_pipeline import errors  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
   with pytest.raises(errors.UserError, match=r"data.prepared_dir='prepared'.*--workdir"):
     inspect_lib.main(["inspect", "--config=configs/tiny_pretrain.py"])
   with pytest.raises(errors.UserError, match=r"not a prepared corpus \(yet\).*start it"):
@@ -152,7 +152,7 @@ def test_inspect_run_config_needs_its_workdir(run_workdir, tmp_path):
 def test_inspect_bad_flags_are_one_line_errors(tmp_path):
   """Misspelt flags and config overrides, and a config file that does not load, are
   UserErrors (one line from the command) that name the flag."""
-  from input_pipeline import errors  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
   with pytest.raises(errors.UserError, match=r"--config.data.max_seq_lenght: the config has "
                      r"no field 'max_seq_lenght'. Did you mean \"max_seq_length\""):
     inspect_lib.main(["inspect", "--config=configs/tiny_pretrain.py",

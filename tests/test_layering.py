@@ -7,6 +7,7 @@
 - loading a config file imports nothing that imports TensorFlow or JAX;
 - model <- heads <- formats <- loader <- checkpointing <- objectives <- registry <- trainer <-
   convert (the CLI) <- jobs <- suite <- main: lower layers never import higher ones; input_pipeline imports nothing of bert_jax;
+  common (errors, the path layer, the directory lock) imports neither;
 - files are read through the path layer (no tf.io.gfile), and only the entry point takes the
   workdir's lock.
 """
@@ -14,7 +15,7 @@ import ast
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("bert_jax", "bert_jax.configs", "bert_jax.models", "input_pipeline")
+PACKAGES = ("bert_jax", "bert_jax.configs", "bert_jax.models", "input_pipeline", "common")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -57,7 +58,7 @@ def _graph():
   for name, path in modules.items():
     found = _imports(ast.parse(path.read_text()), modules)
     graph[name] = sorted({m for m, top in found if top and m in modules and m != name})
-    local[name] = sorted({m for m, top in found if not top and m.split(".")[0] in ("bert_jax", "input_pipeline")})
+    local[name] = sorted({m for m, top in found if not top and m.split(".")[0] in ("bert_jax", "input_pipeline", "common")})
     external[name] = sorted({m.split(".")[0] for m, top in found if top and m not in modules})
   return modules, graph, local, external
 
@@ -103,18 +104,22 @@ def test_layers_import_downward_only():
   for i, low in enumerate(order):
     above = set(order[i + 1:])
     assert not (_closure(graph, low) & above), (low, _closure(graph, low) & above)
-  # The input pipeline knows nothing of the trainer side (only the path layer and errors).
+  # The input pipeline knows nothing of the trainer side; what both share (errors, the path
+  # layer, the directory lock) lies below both and imports neither.
   for name in graph:
-    if name.startswith("input_pipeline."):
-      used = {m for m in _closure(graph, name) if m.startswith("bert_jax.")}
-      assert used <= {"input_pipeline.fileio", "input_pipeline.errors"}, (name, used)
+    if name.startswith("input_pipeline"):
+      used = {m for m in _closure(graph, name) if m.startswith("bert_jax")}
+      assert not used, (name, used)
+    if name.startswith("common"):
+      used = {m for m in _closure(graph, name) if not m.startswith("common")}
+      assert not used, (name, used)
 
 
 def test_paths_go_through_the_path_layer_and_the_lock_is_taken_once():
   modules = _modules()
   for name, path in modules.items():
     text = path.read_text()
-    if name != "input_pipeline.fileio":  # the path layer (its docstring names its backend)
+    if name != "common.fileio":  # the path layer (its docstring names its backend)
       assert "tf.io.gfile" not in text and "gfile." not in text, name
     if name not in ("bert_jax.main", "bert_jax.workdir_lock"):  # its docstring shows the use
       assert "workdir_lock.hold(" not in text, name  # main.run holds it for every job

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from input_pipeline import data_config
-from input_pipeline import errors
+from common import errors
 from input_pipeline import mixture
 from input_pipeline import prepare
 from input_pipeline import pretrain

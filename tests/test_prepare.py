@@ -524,7 +524,7 @@ def test_prepare_killed_leaves_no_workers(big, sig):
 
 _HOLD_PREPARED = """
 import sys, time
-from input_pipeline import dirlock
+from common import dirlock
 owner = dirlock.Owner(f"--output_dir={sys.argv[1]}", "", "")
 with dirlock.hold(sys.argv[1], owner):
   print("held", flush=True)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from input_pipeline import errors
+from common import errors
 from input_pipeline import prepare
 from input_pipeline import prepare_hosts
 from input_pipeline import sources

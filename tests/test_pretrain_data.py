@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from input_pipeline import documents
-from input_pipeline import errors
+from common import errors
 from input_pipeline import data_config
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking

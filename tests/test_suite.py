@@ -16,7 +16,7 @@ import pytest
 from bert_jax import finetune, main, suite
 from bert_jax.configs import suite as suite_config
 from bert_jax.metrics import NonFiniteLossError
-from input_pipeline import errors
+from common import errors
 from tests import suite_data
 from tests import test_train_utils as tu
 
@@ -346,7 +346,7 @@ _DRIVER = r"""
 import os, runpy, signal, sys
 point = os.environ["SUITE_KILL_AT"]
 from bert_jax import finetune, suite
-from input_pipeline import fileio
+from common import fileio
 
 def kill():
   os.kill(os.getpid(), signal.SIGKILL)

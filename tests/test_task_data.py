@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax import scoring
-from input_pipeline import errors
+from common import errors
 from input_pipeline import glue, squad, swag, tagging
 from input_pipeline.tokenizer import Tokenizer
 

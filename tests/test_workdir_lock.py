@@ -143,7 +143,7 @@ def test_a_refusal_names_a_holder_that_is_still_writing_its_lock(tmp_path):
   import fcntl  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
-  from input_pipeline import dirlock  # pylint: disable=g-import-not-at-top
+  from common import dirlock  # pylint: disable=g-import-not-at-top
   path = tmp_path / "LOCK"
   fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, still empty

@@ -32,7 +32,7 @@ from bert_jax.models.layers import (ACTIVATIONS, DROPOUT_RNGS, REMAT_POLICIES, D
                                     gather_positions, layer_stack, one_hot_lookup,
                                     packed_attention_bias, recomputed, take_rows)
 from bert_jax.models.layers import NEG_INF, dropout, hash_bits  # noqa: F401  (here before layers.py)
-from input_pipeline import errors
+from common import errors
 
 PRESETS: dict[str, dict[str, int]] = {
     # name: (layers, hidden, heads); intermediate is always 4 * hidden.

@@ -28,8 +28,8 @@ from bert_jax.models import bert as model_lib
 from bert_jax.models import bert_attention
 from bert_jax.models import bert_tf_checkpoint
 from bert_jax.models.bert import BertConfig
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 Array = np.ndarray
 

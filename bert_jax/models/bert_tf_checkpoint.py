@@ -10,8 +10,8 @@ import re
 
 import numpy as np
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 from input_pipeline import records
 
 # Variables of a TF checkpoint that carry no weights: optimizer slots and counters.

@@ -29,8 +29,8 @@ from bert_jax import flops as flops_lib
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
 from bert_jax.models import layers
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 # The published DeBERTa-v3 sizes (microsoft/deberta-v3-*); each takes DEFAULTS.
 PRESETS: dict[str, dict[str, int]] = {

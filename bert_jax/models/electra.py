@@ -22,8 +22,8 @@ from bert_jax import families
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
 from bert_jax.models import bert_formats
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 # name -> sizes (the published discriminators and generators); every preset takes DEFAULTS.
 PRESETS: dict[str, dict[str, int]] = {

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import flash
-from input_pipeline import errors
+from common import errors
 
 # Additive attention bias for padding. Large but finite so a fully padded row
 # (only ever at padding queries) stays NaN-free, and safe in bfloat16.

@@ -34,7 +34,7 @@ from bert_jax.models.modern_attention import (allowed_keys, banded_attention, de
                                               splash_attention)
 from bert_jax.models.modern_attention import (  # noqa: F401  (here before modern_attention.py)
     block_pair_attention, block_pairs_needed)
-from input_pipeline import errors
+from common import errors
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
 PLAIN_ACTIVATIONS = {"gelu": layers.gelu, "gelu_tanh": layers.gelu_tanh, "silu": jax.nn.silu,

@@ -25,8 +25,8 @@ from bert_jax import flops
 from bert_jax import formats
 from bert_jax.models import modern
 from bert_jax.models.modern import GLOBAL, LOCAL, ModernConfig
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 Array = np.ndarray
 MODEL_TYPES = ("modernbert", "eurobert")

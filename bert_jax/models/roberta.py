@@ -21,8 +21,8 @@ from bert_jax import families
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
 from bert_jax.models import bert_formats
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 FAMILY_NAMES = ("roberta", "xlm-roberta")
 # name -> sizes; every preset also takes DEFAULTS.

@@ -30,8 +30,8 @@ from typing import Any, Iterator
 
 from absl import logging
 
-from input_pipeline import errors
-from input_pipeline import fileio
+from common import errors
+from common import fileio
 
 LOCK_NAME = "LOCK"
 HEARTBEAT_S = 60.0

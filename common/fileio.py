@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 from etils import epath
 
-from input_pipeline import errors
+from common import errors
 
 COMPLETE_MARKER = "COMPLETE"
 
