@@ -28,6 +28,7 @@ import numpy as np
 
 from bert_jax import flops as flops_lib
 from bert_jax.models import modern
+from bert_jax.models import modern_attention
 
 RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
 
@@ -95,8 +96,8 @@ def main(argv=None):
   # The sparse branch alone (the cond's other branch, dense, runs only past the budget).
   n = -(-L // cfg.global_block)
   pairs = int(np.ceil(args.budget * n * n))
-  sparse = _flops(lambda a, b, c, s: modern.block_pair_attention(
-      a, b, c, s, modern.block_pairs_needed(s, cfg.global_block), pairs, cfg.global_block,
+  sparse = _flops(lambda a, b, c, s: modern_attention.block_pair_attention(
+      a, b, c, s, modern_attention.block_pairs_needed(s, cfg.global_block), pairs, cfg.global_block,
       jnp.float32), q, kv, kv, seg)
   n_global = sum(cfg.is_global(i) for i in range(cfg.num_layers))
   n_local = cfg.num_layers - n_global

@@ -342,17 +342,16 @@ def checkpoint_exists(path: str) -> bool:
   return fileio.path(path).exists() or fileio.path(path + ".index").exists()
 
 
-def read(path: str, target: str = "pretraining", *, require_mlm: bool = True,
-         part: str | None = None) -> tuple[BertConfig, Any]:
+def read(path: str, target: str = "pretraining", *, require_mlm: bool = True
+         ) -> tuple[BertConfig, Any]:
   """(BertConfig, unrolled params on the host) of any checkpoint. `target` (as convert's
-  --target; `part` is its former name, still accepted): "pretraining"
+  --target): "pretraining"
   (the encoder under `bert`, with the heads the checkpoint has: a run's tree as saved;
   another format's masked-LM head is required unless not `require_mlm`), "encoder" (the
   encoder and pooler alone) or "all" (as saved, a fine-tuned head included: a run or an
   export such as a fine-tuning run's best/). A path that does not exist is a
   CheckpointNotFoundError, a truncated or corrupt file or NaN/Inf weights a
   CorruptCheckpointFileError naming them (both UserErrors)."""
-  target = part or target
   if not checkpoint_exists(path):
     raise formats.CheckpointNotFoundError(
         f"{path} does not exist: the checkpoint must be a workdir of ours, a bert_jax export, "
@@ -456,18 +455,17 @@ def _check_architecture(path: str, cfg: Any, config: Any) -> None:
 
 def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_params: Any,
               *, target: str = "pretraining", config: BertConfig | None = None,
-              name: str | None = None, part: str | None = None) -> Any:
+              name: str | None = None) -> Any:
   """The params of a model (`abstract_params`: ShapeDtypeStructs with the target shardings;
   `fresh_params`: its freshly initialised params) with the weights of `source` in place.
 
-  `source`: a checkpoint path, or (config, host params) that `read` gave. `target` (`part`:
-  its former name) "pretraining": the model's tree is BertForPreTraining-shaped (encoder under `bert`, heads
+  `source`: a checkpoint path, or (config, host params) that `read` gave. `target`
+  "pretraining": the model's tree is BertForPreTraining-shaped (encoder under `bert`, heads
   at the top); "encoder": only the model's `bert` encoder (+ pooler) is loaded (a
   fine-tuning model: its task head stays fresh). A run of ours is restored straight onto the
   shardings (its newest intact step); other sources are converted on the host. `config`:
   the configured model, whose architecture a checkpoint of another format must have.
   `name`: what the log calls the source (default: its path)."""
-  target = part or target
   encoder_only = target == "encoder"
   into = abstract_params["bert"] if encoder_only else abstract_params
   want = flat(into)

@@ -28,7 +28,6 @@ from bert_jax import process
 from bert_jax import suite
 from bert_jax import train
 from bert_jax import workdir_lock
-from bert_jax.process import reuse_host_memory  # noqa: F401  (its home before process.py)
 from common import errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, summaries and prepared data.")

@@ -43,9 +43,7 @@ from bert_jax import loader
 from bert_jax import predict_checks
 from bert_jax import predict_output
 from bert_jax import registry
-# Their names here before bert_jax/finetuned.py held them:
-from bert_jax.finetuned import classifier_logits, classify, load as load_finetuned  # noqa: F401
-from bert_jax.predict_checks import MASK_TEXT, PredictError, check_layers, parse_layers  # noqa: F401
+from bert_jax.predict_checks import MASK_TEXT, PredictError
 from common import errors
 from input_pipeline import features
 from common import fileio

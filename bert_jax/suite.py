@@ -43,7 +43,6 @@ from bert_jax.configs import glue as glue_config
 from bert_jax.configs import squad as squad_config
 from bert_jax.configs import suite as suite_config
 from bert_jax.configs import swag as swag_config
-from bert_jax.suite_report import GLUE_SCORE_PARTS, render_markdown  # noqa: F401  (here before suite_report.py)
 from bert_jax.suite_report import (METRICS, SUBMISSION_FILES, ZIP_NAME, build_report, dev_value,
                                    duration, spread, write_report)
 from common import errors, fileio

@@ -138,7 +138,7 @@ def test_encoder_only_checkpoint_without_prefix_or_heads(tmp_path):
   # The NSP head is optional; the masked-LM head is what target="pretraining" needs.
   with pytest.raises(formats.CheckpointMismatchError, match=r"(?s)no masked-LM head \(cls.predictions.\*\).*target='encoder'"):
     loader.read(str(tmp_path))
-  cfg, params = loader.read(str(tmp_path), part="encoder")
+  cfg, params = loader.read(str(tmp_path), target="encoder")
   b = _batch(SHAPES["tanh"])
   j = {k: jnp.asarray(v) for k, v in b.items()}
   seq, pooled = model_lib.BertModel(cfg).apply({"params": params}, j["input_ids"], j["segment_ids"], j["input_mask"])
@@ -151,7 +151,7 @@ def test_encoder_only_checkpoint_without_prefix_or_heads(tmp_path):
 
 def test_pretraining_checkpoint_loads_as_encoder(tmp_path):
   _hf_model("tanh").save_pretrained(tmp_path)
-  cfg, params = loader.read(str(tmp_path), part="encoder")
+  cfg, params = loader.read(str(tmp_path), target="encoder")
   assert set(params) == {"embeddings", "encoder", "pooler"}
 
 

@@ -200,7 +200,7 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
   predict --mode=classify on its best/, and convert --target=all --to=huggingface:
   DebertaV2ForSequenceClassification with every key and the same logits, its tokenizer
   AutoTokenizer's ids."""
-  from bert_jax import convert, finetune, predict  # pylint: disable=g-import-not-at-top
+  from bert_jax import convert, finetune, finetuned, predict  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
   from input_pipeline import features  # pylint: disable=g-import-not-at-top
   from input_pipeline.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
@@ -222,7 +222,7 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
       tmp_path / "hf", output_loading_info=True)
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-  cfg, params, _, _ = predict.load_finetuned(str(tmp_path / "work"))
+  cfg, params, _, _ = finetuned.load(str(tmp_path / "work"))
   ours = Tokenizer.from_path(str(tmp_path / "hf"))
   ids, _ = features.encode_pair(ours, ours.encode("the movie"), ours.encode("was good"))
   assert ids == theirs("the movie", "was good")["input_ids"]

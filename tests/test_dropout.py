@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax.models import bert as model_lib
+from bert_jax.models import layers as layers_lib
 
 
 @pytest.mark.parametrize("rng", ["hash", "threefry"])
@@ -24,7 +25,7 @@ def test_dropout_keep_rate_scale_and_keys(rng):
 
 
 def test_hash_bits_uniform_and_uncorrelated():
-  bits = np.asarray(model_lib.hash_bits(jax.random.key(3), (1 << 20,)), np.float64) / 2 ** 32
+  bits = np.asarray(layers_lib.hash_bits(jax.random.key(3), (1 << 20,)), np.float64) / 2 ** 32
   hist = np.histogram(bits, bins=16, range=(0, 1))[0] / len(bits)
   assert np.abs(hist - 1 / 16).max() < 0.002
   assert abs(np.corrcoef(bits[:-1], bits[1:])[0, 1]) < 0.005

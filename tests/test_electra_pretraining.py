@@ -220,7 +220,7 @@ def test_pretrains_resumes_and_fine_tunes_from_the_discriminator(tmp_path):
   scalars = tu.read_scalars(tmp_path, "eval/disc_accuracy")
   assert set(scalars) == {4, 6} and all(0 <= v <= 1 for v in scalars.values())
   assert set(tu.read_scalars(tmp_path, "train/loss")) == set(range(1, 7))
-  cfg, encoder = loader.read(str(tmp_path), part="encoder")
+  cfg, encoder = loader.read(str(tmp_path), target="encoder")
   assert cfg.family == "electra" and cfg.embedding_dim == 32
   last = tu.flat(tu.load_checkpoint(tmp_path, 6)["params"])
   got = tu.flat({"bert": encoder})

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune, formats, heads, loader, optim, predict
+from bert_jax import finetune, finetuned, formats, heads, loader, optim, predict
 from bert_jax.models import modern
 from bert_jax.models import bert as model_lib
 from bert_jax.configs import conll
@@ -218,7 +218,7 @@ def test_a_sentence_task_fine_tunes_frozen_and_predict_rebuilds_its_head(four_la
   same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), trained,
                       {k: before[k] for k in trained})
   assert all(jax.tree.leaves(same)), same
-  cfg, params, saved, labels = predict.load_finetuned(str(tmp_path / "work"))
+  cfg, params, saved, labels = finetuned.load(str(tmp_path / "work"))
   assert saved["features"] == "sum_last4" and "bilstm_0" in params
   assert not np.array_equal(params["features"]["layer_weights"], np.zeros(4))  # it learned
   predict.main([f"--checkpoint={tmp_path / 'work'}", f"--vocab={four_layers[1]}",

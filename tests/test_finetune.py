@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import finetune, formats, loader, tasks
+from bert_jax import finetune, finetuned, formats, loader, tasks
 from bert_jax.models import bert as model_lib
 from bert_jax.configs import classify_custom, conll, glue, squad, swag
 from common import errors
@@ -73,7 +73,7 @@ def test_glue_sst2_learns_and_writes_submission(tmp_path, pretrained):
   # best/ is in the export format, with the model's real BertConfig: also an init_checkpoint.
   best_dir = tmp_path / "work" / "best"
   assert (best_dir / "params.safetensors").is_file() and (best_dir / "bert_jax_config.json").is_file()
-  cfg, enc = loader.read(str(best_dir), part="encoder")
+  cfg, enc = loader.read(str(best_dir), target="encoder")
   assert (cfg.hidden_size, cfg.num_layers) == (32, 2) and "pooler" in enc
 
 
@@ -181,7 +181,7 @@ def test_predict_reads_the_best_dir_of_older_versions(tmp_path, pretrained):
   config.json) still loads for predict."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from bert_jax import heads, predict  # pylint: disable=g-import-not-at-top
-  cfg, _ = loader.read(pretrained[0], part="encoder")
+  cfg, _ = loader.read(pretrained[0], target="encoder")
   ids = jnp.ones((1, 4), jnp.int32)
   params = nn.unbox(heads.BertForSequenceClassification(cfg, num_labels=2).init(
       jax.random.key(0), ids, ids, ids))["params"]
@@ -190,7 +190,7 @@ def test_predict_reads_the_best_dir_of_older_versions(tmp_path, pretrained):
     ckptr.save(best / "params", params)
   (best / "config.json").write_text(json.dumps({"bert": cfg.to_dict(), "labels": ["0", "1"],
                                                 "task": {"task": "glue"}}))
-  got_cfg, got, task, labels = predict.load_finetuned(str(tmp_path))
+  got_cfg, got, task, labels = finetuned.load(str(tmp_path))
   assert got_cfg.hidden_size == cfg.hidden_size and labels == ["0", "1"] and task["task"] == "glue"
   np.testing.assert_array_equal(got["classifier"]["kernel"], np.asarray(params["classifier"]["kernel"]))
 

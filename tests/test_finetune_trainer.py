@@ -179,7 +179,7 @@ def test_scanned_layers_finetune_like_unrolled_ones(tmp_path, pretrained):  # no
   assert sorted(losses[True]) == sorted(losses[False]) == [4, 8, 12]
   np.testing.assert_allclose([losses[True][s] for s in (4, 8, 12)],
                              [losses[False][s] for s in (4, 8, 12)], rtol=1e-4)
-  cfg, enc = loader.read(str(tmp_path / "scanTrue" / "best"), part="encoder")
+  cfg, enc = loader.read(str(tmp_path / "scanTrue" / "best"), target="encoder")
   assert not cfg.scan_layers and "layer_1" in enc["encoder"]
 
 
@@ -188,7 +188,7 @@ def test_convert_cli_reads_a_workdir_of_ours(tmp_path, pretrained):  # noqa: F81
   from bert_jax import convert, loader  # pylint: disable=g-import-not-at-top
   finetune.finetune(_config(tmp_path, pretrained, num_epochs=1), str(tmp_path / "ft"))
   convert.main([f"--input={tmp_path / 'ft'}", f"--output={tmp_path / 'enc'}", "--target=encoder"])
-  cfg, enc = loader.read(str(tmp_path / "enc"), part="encoder")
+  cfg, enc = loader.read(str(tmp_path / "enc"), target="encoder")
   assert (cfg.hidden_size, cfg.num_layers) == (32, 2)
   saved = tu.flat(tu.load_checkpoint(tmp_path / "ft")["params"]["bert"])
   got = tu.flat(enc)
@@ -198,9 +198,9 @@ def test_convert_cli_reads_a_workdir_of_ours(tmp_path, pretrained):  # noqa: F81
 
 _FAULTS = r"""
 import resource, sys, jax, jax.numpy as jnp
-from bert_jax import main
+from bert_jax import process
 jax.config.update("jax_cpu_enable_async_dispatch", sys.argv[1] == "True")  # before the backend starts
-applied = main.reuse_host_memory()
+applied = process.reuse_host_memory()
 f = jax.jit(lambda x: (jnp.sin(x) * 2 + jnp.cos(x)).sum() + jnp.sin(x * 3).sum())  # ~200 MB of temporaries
 x = jnp.ones((25_000_000,))
 f(x).block_until_ready()

@@ -8,6 +8,7 @@ import pytest
 
 from bert_jax import flash
 from bert_jax.models import bert as model_lib
+from bert_jax.models import layers as layers_lib
 from bert_jax.models import modern
 from tests import test_fused_attention
 from tests import test_train_utils as tu
@@ -23,9 +24,9 @@ def _qkv(b=2, l=24, h=2, k=16, m=None, seed=0):
 
 def _reference(q, k, v, allowed_BLM, rate=0.0, key=None):
   s = jnp.einsum("blhk,bmhk->bhlm", q, k) / np.sqrt(q.shape[-1])
-  p = jax.nn.softmax(jnp.where(allowed_BLM[:, None], s, model_lib.NEG_INF), -1)
+  p = jax.nn.softmax(jnp.where(allowed_BLM[:, None], s, layers_lib.NEG_INF), -1)
   if rate:
-    p = model_lib.dropout(p, rate, key, "hash")
+    p = layers_lib.dropout(p, rate, key, "hash")
   return jnp.einsum("bhlm,bmhk->blhk", p, v)
 
 
@@ -292,7 +293,7 @@ def test_modern_flash_equals_dense_with_dropout_and_grouped_heads():
   seg[1, 33:] = 0
   key = jax.random.key(2)
   for half in (None, 3):
-    drop = lambda p: model_lib.dropout(p, 0.25, key, "hash")
+    drop = lambda p: layers_lib.dropout(p, 0.25, key, "hash")
     want = modern.dense_attention(q, k, v, seg, half, jnp.float32, drop)
     got = modern.flash_attention(q, k, v, seg, half, 0.25, key)
     np.testing.assert_allclose(np.asarray(got)[seg > 0], np.asarray(want)[seg > 0], atol=2e-5)

@@ -37,7 +37,7 @@ def test_pretrained_encoder_drops_into_a_head(tmp_path):
   ids, seg, mask = _inputs(2, 8)
   params = nn.unbox(pt.init(jax.random.key(1), ids, seg, mask, ids[:, :2]))["params"]
   formats.save_native(str(tmp_path), CFG, params)
-  _, encoder = loader.read(str(tmp_path), part="encoder")
+  _, encoder = loader.read(str(tmp_path), target="encoder")
   head = heads.BertForSequenceClassification(CFG, num_labels=2)
   fresh = nn.unbox(head.init(jax.random.key(2), ids, seg, mask))["params"]
   assert jax.tree_util.tree_structure(fresh["bert"]) == jax.tree_util.tree_structure(encoder)

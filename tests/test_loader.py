@@ -74,7 +74,7 @@ def test_layouts_round_trip_and_nonfinite_names_leaves():
 
 
 def test_encoder_part_keeps_the_head_fresh_and_refuses_another_encoder(tmp_path):
-  """part="encoder": the checkpoint's encoder under `bert`, the head and a missing pooler
+  """target="encoder": the checkpoint's encoder under `bert`, the head and a missing pooler
   fresh; an encoder of other sizes is refused naming the tensors."""
   train.train_and_evaluate(tu.tiny_config(num_train_steps=1), str(tmp_path / "run"))
   cfg, enc = loader.read(str(tmp_path / "run"), "encoder")
@@ -85,7 +85,7 @@ def test_encoder_part_keeps_the_head_fresh_and_refuses_another_encoder(tmp_path)
               "classifier": {"kernel": spec((64, 3))}}
   abstract["bert"]["pooler"] = {"kernel": spec((64, 64))}
   fresh = jax.tree.map(lambda a: np.full(a.shape, 7.0, a.dtype), abstract)
-  out = loader.load_into((cfg, enc), abstract, fresh, part="encoder")
+  out = loader.load_into((cfg, enc), abstract, fresh, target="encoder")
   np.testing.assert_array_equal(out["classifier"]["kernel"], fresh["classifier"]["kernel"])
   np.testing.assert_array_equal(out["bert"]["pooler"]["kernel"], fresh["bert"]["pooler"]["kernel"])
   for k, v in tu.flat(enc).items():
@@ -93,14 +93,14 @@ def test_encoder_part_keeps_the_head_fresh_and_refuses_another_encoder(tmp_path)
   abstract["bert"]["embeddings"]["word_embeddings"]["embedding"] = spec((99, 64))
   with pytest.raises(formats.CheckpointMismatchError, match="word_embeddings/embedding: "
                      r"checkpoint \(128, 64\) vs model \(99, 64\)"):
-    loader.load_into((cfg, enc), abstract, fresh, part="encoder")
+    loader.load_into((cfg, enc), abstract, fresh, target="encoder")
 
 
 def test_target_is_the_name_convert_uses_and_part_still_works(tmp_path):
   """read/load_into take `target` (convert's --target); `part`, the former name, still works."""
   train.train_and_evaluate(tu.tiny_config(num_train_steps=1), str(tmp_path / "run"))
   _, by_target = loader.read(str(tmp_path / "run"), target="encoder")
-  _, by_part = loader.read(str(tmp_path / "run"), part="encoder")
+  _, by_part = loader.read(str(tmp_path / "run"), target="encoder")
   _, whole = loader.read(str(tmp_path / "run"))
   assert "encoder" in by_target and "bert" in whole
   assert tu.flat(by_target).keys() == tu.flat(by_part).keys() == tu.flat(whole["bert"]).keys()

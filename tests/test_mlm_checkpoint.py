@@ -105,7 +105,7 @@ def test_predict_fill_mask_cli_on_the_hub_directory(hub, capsys):
   assert ours_top == ref_tok.convert_ids_to_tokens([int(logits[pos].argmax())])[0]
   # An encoder-only checkpoint is refused for fill-mask with a message that says why (one
   # line, exit 2: CheckpointMismatchError is a UserError).
-  _, enc_params = loader.read(hub["dir"], part="encoder")
+  _, enc_params = loader.read(hub["dir"], target="encoder")
   enc_dir = os.path.join(os.path.dirname(hub["dir"]), "encoder_only")
   formats.save_native(enc_dir, loader.read(hub["dir"])[0], enc_params)
   with pytest.raises(formats.CheckpointMismatchError, match="no masked-LM head"):
@@ -135,7 +135,7 @@ def test_export_round_trips_to_bert_for_masked_lm(hub, tmp_path):
 
 def test_encoder_target_names_the_heads_it_leaves_out(hub, caplog):
   caplog.set_level(logging.WARNING)
-  _, params = loader.read(hub["dir"], part="encoder")
+  _, params = loader.read(hub["dir"], target="encoder")
   assert set(params) == {"embeddings", "encoder"}  # BertForMaskedLM has no pooler
   warned = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
   assert len(warned) == 1

@@ -7,6 +7,7 @@ import pytest
 
 from bert_jax import loader
 from bert_jax.models import bert as model_lib
+from bert_jax.models import layers as layers_lib
 from bert_jax import objectives
 
 SMALL = model_lib.BertConfig(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4,
@@ -263,9 +264,9 @@ def test_pretraining_head_rows_on_packed_rows():
 
 def test_hash_bits_of_rows_are_the_rows_of_the_full_draw():
   key = jax.random.key(5)
-  full = np.asarray(model_lib.hash_bits(key, (3, 7, 5)))
+  full = np.asarray(layers_lib.hash_bits(key, (3, 7, 5)))
   pos = jnp.asarray([[0, 4], [6, 6], [2, 0]], jnp.int32)
-  rows = model_lib.hash_bits(key, (3, 2, 5), model_lib.Rows(1, pos, 7))
+  rows = layers_lib.hash_bits(key, (3, 2, 5), model_lib.Rows(1, pos, 7))
   np.testing.assert_array_equal(rows, np.take_along_axis(full, np.asarray(pos)[:, :, None], 1))
 
 

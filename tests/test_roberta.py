@@ -195,7 +195,7 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
   """CoLA from a RoBERTa checkpoint through the fine-tuning job, predict --mode=classify on
   its best/, and convert --target=all --to=huggingface: RobertaForSequenceClassification with
   every key and the same logits."""
-  from bert_jax import convert, finetune, predict  # pylint: disable=g-import-not-at-top
+  from bert_jax import convert, finetune, finetuned, predict  # pylint: disable=g-import-not-at-top
   from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
   from tests import suite_data  # pylint: disable=g-import-not-at-top
   path = _roberta_model_dir(tmp_path)
@@ -215,7 +215,7 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
       tmp_path / "hf", output_loading_info=True, attn_implementation="eager")
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-  cfg, params, saved, _ = predict.load_finetuned(str(tmp_path / "work"))
+  cfg, params, saved, _ = finetuned.load(str(tmp_path / "work"))
   ours = Tokenizer.from_path(str(tmp_path / "hf"))
   ids, _ = features.encode_pair(ours, ours.encode("the movie"), ours.encode("was good"))
   assert ids == theirs("the movie", "was good")["input_ids"]

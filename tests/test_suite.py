@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import finetune, main, suite
+from bert_jax import finetune, main, suite, suite_report
 from bert_jax.configs import suite as suite_config
 from bert_jax.metrics import NonFiniteLossError
 from common import errors
@@ -113,7 +113,7 @@ def test_glue_suite_reports_every_task_with_its_seed_spread(glue_run):
   mnli = saved["tasks"]["mnli"]
   assert 0 <= mnli["dev"]["accuracy_mismatched"] <= 100
   score = saved["glue_score"]
-  parts = [saved["tasks"][t]["dev"][m] for t, m in suite.GLUE_SCORE_PARTS]
+  parts = [saved["tasks"][t]["dev"][m] for t, m in suite_report.GLUE_SCORE_PARTS]
   assert score["score"] == pytest.approx(np.mean(parts)) and len(parts) == 9
   md = (work / "report.md").read_text()
   for task in suite_config.GLUE_TASKS:
@@ -446,8 +446,8 @@ def test_report_header_gives_the_init_checkpoints_held_out_perplexity(tmp_path):
   report = suite.build_report(c, [], {}, {}, {})
   assert report["init_mlm_perplexity"] == {"step": 100, "value": 4.6787}
   assert (f"init_checkpoint: `{tmp_path}` (held-out masked-LM perplexity 4.68 at step 100); "
-          "setting chosen by") in suite.render_markdown(report)
+          "setting chosen by") in suite_report.render_markdown(report)
   c.init_checkpoint = str(tmp_path / "hf")  # a checkpoint without evaluations: no figure
   report = suite.build_report(c, [], {}, {}, {})
   assert report["init_mlm_perplexity"] is None
-  assert f"init_checkpoint: `{tmp_path / 'hf'}`; setting chosen by" in suite.render_markdown(report)
+  assert f"init_checkpoint: `{tmp_path / 'hf'}`; setting chosen by" in suite_report.render_markdown(report)

@@ -31,7 +31,6 @@ from bert_jax.models.layers import (ACTIVATIONS, DROPOUT_RNGS, REMAT_POLICIES, D
                                     ModelConfig, Rows, attention_bias, causal_bias,
                                     gather_positions, layer_stack, one_hot_lookup,
                                     packed_attention_bias, recomputed, take_rows)
-from bert_jax.models.layers import NEG_INF, dropout, hash_bits  # noqa: F401  (here before layers.py)
 from common import errors
 
 PRESETS: dict[str, dict[str, int]] = {

@@ -32,8 +32,6 @@ from bert_jax.models import layers
 from bert_jax.models.modern_attention import (allowed_keys, banded_attention, dense_attention,
                                               flash_attention, packed_global_attention, rope,
                                               splash_attention)
-from bert_jax.models.modern_attention import (  # noqa: F401  (here before modern_attention.py)
-    block_pair_attention, block_pairs_needed)
 from common import errors
 
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
