@@ -33,6 +33,7 @@ def test_suite_conll_runs_both_sides_on_the_original_format(tmp_path, capsys):
   (data / "eng.testa").write_text("-DOCSTART- -X- O O\n\n" + SENTENCES * 2)
   rows = suite_conll.main([f"--workdir={tmp_path / 'w'}", f"--data_dir={data}", f"--model={model}",
                            "--epochs=2", "--seeds=1", "--max_seq_length=32", "--learning_rate=1e-3",
+                           "--train_sentences=50",
                            "--no_record"])
   assert set(rows) == {"bert_jax", "bert_jax_bias_correction", "transformers"}
   for runs in rows.values():
