@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import flops as flops_lib
 from bert_jax.models import modern
 from bert_jax.models import modern_attention
 
@@ -116,7 +115,7 @@ def main(argv=None):
       "modern-packed", "bfloat16", False, {}))
   rows = np.asarray(batches[0]["packed_example_ids"])
   row_global, row_local = flash_visits(rows, None), flash_visits(rows, cfg.local_window // 2)
-  analytic = flops_lib.attention_flops(cfg, L, executed=True) / flops_lib.attention_flops(
+  analytic = modern_attention.attention_flops(cfg, L, executed=True) / modern_attention.attention_flops(
       cfg.replace(global_every=1, global_block_budget=0.0), L)
   lines = [
       f"{args.preset}, L={L}, {cfg.num_layers} layers ({n_global} global, {n_local} local, "

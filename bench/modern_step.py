@@ -51,7 +51,7 @@ MFU is against the run's measured float32 matmul peak (bench.train_step.matmul_p
 best of the probes run between rounds). Two FLOP counts: the trainer's (objective.flops:
 every row position as a token, global layers over the whole row, all 328 prediction slots;
 includes padding and cross-example work that the masks discard) and useful work (the sum
-over examples of flops.modern_forward_flops_per_sequence at each example's length and
+over examples of modern_formats.forward_flops at each example's length and
 predictions, x3). Also prints the attention FLOPs of ModernBERT-base at --attn_len
 (default 8192): executed by the banded local layers + dense global layers vs all layers
 dense. Appends to bench/RESULTS.md unless --no_record or --smoke.
@@ -429,8 +429,8 @@ def global_path(cfg, batch: dict) -> tuple[float, bool]:
 
 def useful_flops(cfg, step: dict) -> float:
   """Forward + backward matmul FLOPs of the step's examples, each at its own length."""
-  from bert_jax import flops as flops_lib
-  return float(sum(3 * flops_lib.modern_forward_flops_per_sequence(
+  from bert_jax.models import modern_formats
+  return float(sum(3 * modern_formats.forward_flops(
       cfg, len(e["input_ids"]), len(e["masked_lm_positions"])) for e in step["examples"]))
 
 
@@ -438,13 +438,13 @@ def attention_at(length: int, budget: float) -> dict:
   """ModernBERT-base's attention FLOPs over one sequence of `length`: executed by ours
   (banded local layers, dense global layers), the exact band, every layer dense, and
   executed with the global layers' block-pair `budget` (when a packed batch fits it)."""
-  from bert_jax import flops as flops_lib
   from bert_jax.models import modern
+  from bert_jax.models import modern_attention
   cfg = modern.ModernConfig.from_preset("modernbert-base")  # global_block_budget 0: dense
-  executed = flops_lib.attention_flops(cfg, length, executed=True)
-  band = flops_lib.attention_flops(cfg, length, executed=False)
-  dense = flops_lib.attention_flops(cfg.replace(global_every=1), length)
-  budgeted = flops_lib.attention_flops(cfg.replace(global_block_budget=budget), length,
+  executed = modern_attention.attention_flops(cfg, length, executed=True)
+  band = modern_attention.attention_flops(cfg, length, executed=False)
+  dense = modern_attention.attention_flops(cfg.replace(global_every=1), length)
+  budgeted = modern_attention.attention_flops(cfg.replace(global_block_budget=budget), length,
                                        executed=True)
   return dict(L=length, layers=cfg.num_layers, globals=sum(map(cfg.is_global, range(cfg.num_layers))),
               executed=executed, band=band, dense=dense, budget=budget, budgeted=budgeted)

@@ -47,7 +47,7 @@ def save(path, params, cfg: Any, config, labels) -> None:
 
 
 def load(workdir: str):
-  """(BertConfig, params, saved task config, labels) from a fine-tuning run's best/."""
+  """(model config, params, saved task config, labels) from a fine-tuning run's best/."""
   best = best_dir.of(workdir)
   if not fileio.path(workdir).exists():
     raise formats.CheckpointNotFoundError(

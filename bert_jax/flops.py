@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import families
-from bert_jax.models import modern
-from bert_jax.models.bert import BertConfig
+from bert_jax.models.layers import ModelConfig
 
 # Dense bf16 peak FLOP/s per device (chip; per GPU), from the vendors' data sheets.
 PEAK_BF16_FLOPS = {
@@ -44,62 +43,12 @@ PEAK_BF16_FLOPS = {
 def forward_flops_per_sequence(cfg: Any, seq_len: int, num_predictions: int,
                                nsp: bool = True, last_rows: int | None = None) -> int:
   """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence, as the
-  model's family counts them (families.Family.forward_flops)."""
+  model's family counts them (families.Family.forward_flops: each family's formula lives in
+  its own module, e.g. models/bert.py's forward_flops)."""
   return families.of(cfg).forward_flops(cfg, seq_len, num_predictions, nsp, last_rows)
 
 
-def bert_forward_flops(cfg: BertConfig, seq_len: int, num_predictions: int, nsp: bool = True,
-                       last_rows: int | None = None) -> int:
-  """BERT's: `last_rows`: the last layer computes only that many rows (model.BertModel's
-  `rows_at`: the heads' positions), its keys and values still at every position."""
-  L, D, F, V, P = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, num_predictions
-  E = cfg.embedding_dim  # the embedding width (ELECTRA's may be narrower: projected to D)
-
-  def layer(rows: int) -> int:
-    return (2 * L * D * 2 * D + 2 * rows * D * D  # k, v projections at L; q at the rows
-            + 2 * rows * L * D  # scores q.k of the rows' queries over all L keys (all heads)
-            + 2 * rows * L * D  # probabilities x values
-            + 2 * rows * D * D  # attention output projection
-            + 2 * rows * D * F * 2)  # feed-forward in and out
-  last = layer(L if last_rows is None else min(last_rows, L))
-  mlm = 2 * P * D * E + 2 * P * E * V  # transform + tied vocabulary projection at P positions
-  pooler_nsp = (2 * D * D + 2 * D * 2) if nsp else 0  # pooler + classifier
-  project = 2 * L * E * D if E != D else 0  # embeddings_project
-  return project + (cfg.num_layers - 1) * layer(L) + last + mlm + pooler_nsp
-
-
-def attention_flops(cfg: modern.ModernConfig, seq_len: int, executed: bool = False) -> int:
-  """Score and weighted-sum FLOPs of all the layers of a modern encoder over one sequence:
-  global layers every L x L pair, local layers their band (2 * (window // 2) + 1 keys per
-  query). `executed`: what the banded implementation computes (modern.banded_attention's 3
-  blocks of at least window // 2 keys; over packed rows, global layers the budgeted share
-  of block pairs, modern.packed_global_attention, when the batch fits it)."""
-  L, D = seq_len, cfg.num_heads * cfg.head_dim
-  half = cfg.local_window // 2
-  block = min(half, L)
-  # Executed: each of the n padded blocks' queries reads 3 blocks of keys.
-  band = 3 * block * (-(-L // block) * block) / L if executed else min(L, 2 * half + 1)
-  budget = cfg.global_block_budget if executed and 0 < cfg.global_block_budget < 1 else 1.0
-  keys = [L * budget if cfg.is_global(i) else band for i in range(cfg.num_layers)]
-  return int(sum(4 * L * k * D for k in keys))
-
-
-def modern_forward_flops_per_sequence(cfg: modern.ModernConfig, seq_len: int,
-                                      num_predictions: int, nsp: bool = False,
-                                      last_rows: int | None = None) -> int:
-  """The same for a modern encoder (bert_jax/models/modern.py): grouped q/k/v, gated MLP (three
-  matmuls), local layers over their band, the prediction head and vocabulary projection at
-  the P gathered positions."""
-  del nsp, last_rows  # (no NSP head; every layer computes every row)
-  L, D, F, V, P = (seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
-                   num_predictions)
-  qkv = 2 * L * D * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
-  per_layer = qkv + 2 * L * cfg.num_heads * cfg.head_dim * D + 2 * L * D * F * 3
-  head = 2 * P * D * D if cfg.head_tokens else 0
-  return cfg.num_layers * per_layer + attention_flops(cfg, L) + head + 2 * P * D * V
-
-
-def train_flops_per_step(cfg: BertConfig, batch_size: int, seq_len: int,
+def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_len: int,
                          num_predictions: int, nsp: bool = True,
                          last_rows: int | None = None) -> int:
   """Forward + backward (2x forward: grads w.r.t. activations and weights)."""

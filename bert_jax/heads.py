@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import families
-from bert_jax.models.bert import BertConfig, dense
+from bert_jax.models.bert import dense
+from bert_jax.models.layers import ModelConfig
 from common import errors
 
 
@@ -158,7 +159,7 @@ class BertForSequenceClassification(nn.Module):
   the logits are then [B, E, C], one per example slot (empty slots carry
   example_weights 0 in the loss). Feature-based (`how`, unpacked rows): feature_pooled.
   """
-  config: BertConfig
+  config: ModelConfig
   num_labels: int
   how: FeatureBased = FeatureBased()
 
@@ -184,7 +185,7 @@ class BertForQuestionAnswering(nn.Module):
   randomly initialised bidirectional LSTM (that many units each way) reads the encoder's
   output before the span classifier (the paper's Table 5 "+ BiLSTM", for the left-to-right
   model); `how` also makes it feature-based (feature_sequence)."""
-  config: BertConfig
+  config: ModelConfig
   bilstm_units: int = 0
   how: FeatureBased = FeatureBased()
 
@@ -206,7 +207,7 @@ class BertForQuestionAnswering(nn.Module):
 class BertForTokenClassification(nn.Module):
   """A classifier on every token's final hidden state: [B, L, C]; feature-based as `how`
   says (feature_sequence: the paper's Table 7)."""
-  config: BertConfig
+  config: ModelConfig
   num_labels: int
   how: FeatureBased = FeatureBased()
 
@@ -224,7 +225,7 @@ class BertForTokenClassification(nn.Module):
 class BertForMultipleChoice(nn.Module):
   """Inputs [B, C, L]: each (context, choice) encoded, one score per [CLS]: [B, C];
   feature-based as `how` says (feature_pooled)."""
-  config: BertConfig
+  config: ModelConfig
   how: FeatureBased = FeatureBased()
 
   @nn.compact

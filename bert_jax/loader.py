@@ -44,6 +44,7 @@ from bert_jax import formats
 from bert_jax.models import bert as model_lib
 from bert_jax.models import bert_formats
 from bert_jax.models.bert import BertConfig
+from bert_jax.models.layers import ModelConfig
 from input_pipeline import data_config
 from common import fileio
 from input_pipeline import tokenizer as tokenizer_lib
@@ -229,7 +230,7 @@ def _read_step_params(step_dir: epath.Path) -> Any:
   return jax.tree.map(np.asarray, _restore_params(step_dir, abstract))
 
 
-def config_from_params(params: Any, base: BertConfig) -> BertConfig:
+def config_from_params(params: Any, base: ModelConfig) -> ModelConfig:
   """`base` with every field that shapes the parameters read from `params` (any heads,
   scanned or not): vocabulary, hidden size, layers, heads, intermediate size, positions,
   token types. For checkpoints that do not record their BertConfig."""
@@ -254,7 +255,7 @@ def recorded_model_config(step_dir: epath.Path) -> Any | None:
   return formats.config_from_dict(recorded) if isinstance(recorded, dict) else None
 
 
-def _saved_model_config(step_dir: epath.Path, params: Any) -> BertConfig:
+def _saved_model_config(step_dir: epath.Path, params: Any) -> ModelConfig:
   """The BertConfig a step of ours recorded; older checkpoints: the sizes from the
   parameters, the rest from the run's config."""
   recorded = recorded_model_config(step_dir)
@@ -343,8 +344,8 @@ def checkpoint_exists(path: str) -> bool:
 
 
 def read(path: str, target: str = "pretraining", *, require_mlm: bool = True
-         ) -> tuple[BertConfig, Any]:
-  """(BertConfig, unrolled params on the host) of any checkpoint. `target` (as convert's
+         ) -> tuple[ModelConfig, Any]:
+  """(model config, unrolled params on the host) of any checkpoint. `target` (as convert's
   --target): "pretraining"
   (the encoder under `bert`, with the heads the checkpoint has: a run's tree as saved;
   another format's masked-LM head is required unless not `require_mlm`), "encoder" (the
@@ -417,7 +418,7 @@ def _part(keys: Keys, encoder_only: bool) -> str:
 
 
 def _check_fits(path: str, want: dict[Keys, tuple], got: dict[Keys, tuple],
-                encoder_only: bool, cfg: BertConfig | None) -> tuple[list[str], list[str]]:
+                encoder_only: bool, cfg: ModelConfig | None) -> tuple[list[str], list[str]]:
   """Fails unless the checkpoint's encoder fits the model; returns (parts the model has and
   the checkpoint lacks, which start fresh; parts the checkpoint has and the model does not
   use)."""
@@ -453,8 +454,8 @@ def _check_architecture(path: str, cfg: Any, config: Any) -> None:
         "to match it:\n  " + "\n  ".join(differ))
 
 
-def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_params: Any,
-              *, target: str = "pretraining", config: BertConfig | None = None,
+def load_into(source: str | tuple[ModelConfig, Any], abstract_params: Any, fresh_params: Any,
+              *, target: str = "pretraining", config: ModelConfig | None = None,
               name: str | None = None) -> Any:
   """The params of a model (`abstract_params`: ShapeDtypeStructs with the target shardings;
   `fresh_params`: its freshly initialised params) with the weights of `source` in place.
@@ -487,7 +488,7 @@ def load_into(source: str | tuple[BertConfig, Any], abstract_params: Any, fresh_
 
 
 def _load_run(source: str, path: str, abstract: Any, encoder_only: bool,
-              config: BertConfig | None) -> tuple[dict[Keys, Any], list[str], list[str]]:
+              config: ModelConfig | None) -> tuple[dict[Keys, Any], list[str], list[str]]:
   """`load_into` from a run of ours: (its newest intact step's params that `abstract`, the
   model's abstract params, has, flat and on their shardings; the parts it lacks; those the model
   does not use)."""
@@ -517,8 +518,8 @@ def _load_run(source: str, path: str, abstract: Any, encoder_only: bool,
   return flat(params), *fit["parts"]
 
 
-def _load_converted(source: str | tuple[BertConfig, Any], path: str, want: dict[Keys, Any],
-                    target: str, config: BertConfig | None
+def _load_converted(source: str | tuple[ModelConfig, Any], path: str, want: dict[Keys, Any],
+                    target: str, config: ModelConfig | None
                     ) -> tuple[dict[Keys, Any], list[str], list[str]]:
   """`load_into` from a checkpoint of another format (or the (config, host params) `read`
   gave), converted on the host and placed on the shardings of `want` (the flat abstract

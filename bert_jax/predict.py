@@ -52,7 +52,7 @@ from input_pipeline.tokenizer import Tokenizer
 
 
 def load_checkpoint(path: str, target: str = "pretraining", require_mlm: bool = True):
-  """(BertConfig, unrolled params) for inference from any supported checkpoint."""
+  """(model config, unrolled params) for inference from any supported checkpoint."""
   cfg, params = loader.read(path, target, require_mlm=require_mlm)
   return cfg.replace(scan_layers=False, remat="none"), params
 

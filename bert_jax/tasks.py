@@ -21,7 +21,7 @@ import numpy as np
 
 from bert_jax import contrastive, embed, embed_eval, heads, objectives, scoring
 from bert_jax.contrastive import SentenceEncoder
-from bert_jax.models.bert import BertConfig
+from bert_jax.models.layers import ModelConfig
 from common import fileio
 from input_pipeline import features
 from common import errors
@@ -88,7 +88,7 @@ def _read_swag(config) -> tuple[list, list]:
                for f in ("train_file", "eval_file"))
 
 
-def classification_task(config, tok, cfg: BertConfig) -> TaskData:
+def classification_task(config, tok, cfg: ModelConfig) -> TaskData:
   train_ex, eval_ex = TASKS[config.task].read(config)
   if config.task == "glue":
     spec = glue.GLUE[config.glue_task]
@@ -123,7 +123,7 @@ def classification_task(config, tok, cfg: BertConfig) -> TaskData:
                   labels=tuple(labels) if labels is not None else None)
 
 
-def squad_task(config, tok, cfg: BertConfig) -> TaskData:
+def squad_task(config, tok, cfg: ModelConfig) -> TaskData:
   train_ex, eval_ex = _read_squad(config)
   conv = functools.partial(squad.convert_examples, tokenizer=tok, max_seq_length=config.max_seq_length,
                            doc_stride=config.doc_stride, max_query_length=config.max_query_length)
@@ -160,7 +160,7 @@ def squad_task(config, tok, cfg: BertConfig) -> TaskData:
                   train_feats, eval_feats, evaluate, "f1")
 
 
-def conll_task(config, tok, cfg: BertConfig) -> TaskData:
+def conll_task(config, tok, cfg: ModelConfig) -> TaskData:
   train_s, eval_s = _read_conll(config)
   if config.tag_scheme not in ("auto", "iob1", "iob2"):
     raise errors.ConfigError(f"--config.tag_scheme={config.tag_scheme!r}: auto (IOB1 tags "
@@ -194,7 +194,7 @@ def conll_task(config, tok, cfg: BertConfig) -> TaskData:
                   labels=tuple(labels))
 
 
-def swag_task(config, tok, cfg: BertConfig) -> TaskData:
+def swag_task(config, tok, cfg: ModelConfig) -> TaskData:
   train_ex, eval_ex = _read_swag(config)
   L = config.max_seq_length
   eval_feats = swag.encode_swag(eval_ex, tok, L)
@@ -254,7 +254,7 @@ def _check_embed(config) -> None:
                              "chunk (0: off).")
 
 
-def embed_task(config, tok, cfg: BertConfig) -> TaskData:
+def embed_task(config, tok, cfg: ModelConfig) -> TaskData:
   """Contrastive fine-tuning (bert_jax/contrastive.py). Dev: with a score column (STS-B's dev
   file: config.eval_anchor_column=sentence1, eval_positive_column=sentence2), the Spearman
   correlation of the pairs' cosine similarity with the scores; else each dev anchor's own
@@ -310,7 +310,7 @@ BEIR_METRICS = (f"ndcg@{embed_eval.NDCG_AT}", f"recall@{embed_eval.RECALL_AT}",
                 f"mrr@{embed_eval.MRR_AT}")
 
 
-def _beir_metrics(config, tok, cfg: BertConfig, spec: embed.Spec):
+def _beir_metrics(config, tok, cfg: ModelConfig, spec: embed.Spec):
   """config.beir_dir's retrieval metrics as a function of the parameters (None without one);
   its queries and judgements read (and checked) now, before any training."""
   if not config.get("beir_dir"):
@@ -359,11 +359,11 @@ def decode_tags(logits_BLC: np.ndarray, word_index_BL: np.ndarray, num_words: li
 @dataclasses.dataclass(frozen=True)
 class Task:
   """One fine-tuning task: see the module doc."""
-  data: Callable[[ml_collections.ConfigDict, Any, BertConfig], TaskData]
+  data: Callable[[ml_collections.ConfigDict, Any, ModelConfig], TaskData]
   read: Callable[[ml_collections.ConfigDict], tuple[list, list]]  # (train, dev) examples
   # (encoder config, task config, labels or None) -> the model: fine-tuning and predict build
   # it here (the task config is a ConfigDict, or the dict a run saved in best/config.json).
-  head: Callable[[BertConfig, Mapping[str, Any], Any], nn.Module]
+  head: Callable[[ModelConfig, Mapping[str, Any], Any], nn.Module]
   fields: Mapping[str, str]  # config fields naming its input files -> what they hold
   files: Callable[[ml_collections.ConfigDict], dict[str, str]] = lambda config: {}
   # What config.packing packs: "examples" (each epoch's examples several to a row; a batch
@@ -386,7 +386,7 @@ def _files_in(*fields: str, directory: bool = False):
 _IN_DATA_DIR = "the directory holding config.train_file and config.eval_file"
 
 
-def _classifier(cfg: BertConfig, config, labels) -> nn.Module:
+def _classifier(cfg: ModelConfig, config, labels) -> nn.Module:
   """Softmax over the labels, or regression (one output) when the task has none (STS-B)."""
   return heads.BertForSequenceClassification(cfg, num_labels=1 if labels is None else len(labels),
                                              how=heads.FeatureBased.of(config))

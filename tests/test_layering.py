@@ -104,6 +104,10 @@ def test_layers_import_downward_only():
   for i, low in enumerate(order):
     above = set(order[i + 1:])
     assert not (_closure(graph, low) & above), (low, _closure(graph, low) & above)
+  # Each family's FLOP formula lives in its own module: flops counts through the Family record
+  # and imports no model module but the shared layers (issue 59).
+  assert _closure(graph, "bert_jax.flops") & {m for m in graph if m.startswith("bert_jax.models.")} \
+      <= {"bert_jax.models.layers"}, graph["bert_jax.flops"]
   # The input pipeline knows nothing of the trainer side; what both share (errors, the path
   # layer, the directory lock) lies below both and imports neither.
   for name in graph:

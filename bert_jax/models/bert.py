@@ -563,3 +563,27 @@ class BertForCausalLM(BertForPreTraining):
 
 def count_params(params) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
+
+
+# ----------------------------------------------------------------------------
+# Model FLOPs (the Family record's forward_flops).
+
+def forward_flops(cfg: ModelConfig, seq_len: int, num_predictions: int, nsp: bool = True,
+                       last_rows: int | None = None) -> int:
+  """Matmul FLOPs of one forward pass over one sequence (flops.forward_flops_per_sequence):
+  `last_rows`: the last layer computes only that many rows (model.BertModel's
+  `rows_at`: the heads' positions), its keys and values still at every position."""
+  L, D, F, V, P = seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, num_predictions
+  E = cfg.embedding_dim  # the embedding width (ELECTRA's may be narrower: projected to D)
+
+  def layer(rows: int) -> int:
+    return (2 * L * D * 2 * D + 2 * rows * D * D  # k, v projections at L; q at the rows
+            + 2 * rows * L * D  # scores q.k of the rows' queries over all L keys (all heads)
+            + 2 * rows * L * D  # probabilities x values
+            + 2 * rows * D * D  # attention output projection
+            + 2 * rows * D * F * 2)  # feed-forward in and out
+  last = layer(L if last_rows is None else min(last_rows, L))
+  mlm = 2 * P * D * E + 2 * P * E * V  # transform + tied vocabulary projection at P positions
+  pooler_nsp = (2 * D * D + 2 * D * 2) if nsp else 0  # pooler + classifier
+  project = 2 * L * E * D if E != D else 0  # embeddings_project
+  return project + (cfg.num_layers - 1) * layer(L) + last + mlm + pooler_nsp

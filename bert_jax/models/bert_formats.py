@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import families
-from bert_jax import flops
 from bert_jax import formats
 from bert_jax.formats import CheckpointMismatchError, CheckpointNotFoundError, Params
 from bert_jax.models import bert as model_lib
@@ -332,5 +331,5 @@ FAMILIES = {"bert": families.Family(
         export_huggingface(path, cfg, params, task_head)),
     model_types=("bert",), architecture_fields=ARCHITECTURE_FIELDS,
     dropout={"hidden_dropout_rate": 0.1, "attention_dropout_rate": 0.1},  # the paper's
-    forward_flops=flops.bert_forward_flops, hf_pooler=True,
+    forward_flops=model_lib.forward_flops, hf_pooler=True,
     gpu_defaults=bert_attention.gpu_defaults)}

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import families
-from bert_jax import flops as flops_lib
 from bert_jax import formats
 from bert_jax.models import bert as model_lib
 from bert_jax.models import layers
@@ -352,7 +351,7 @@ def forward_flops(cfg: DebertaConfig, seq_len: int, num_predictions: int, nsp: b
   lo, hi = relative_rows(cfg, seq_len)  # the table's rows the model computes with
   L, D, R = seq_len, cfg.hidden_size, hi - lo
   per_layer = len(cfg.pos_att_type) * 2 * L * R * D
-  return flops_lib.bert_forward_flops(cfg, seq_len, num_predictions, nsp=False) \
+  return model_lib.forward_flops(cfg, seq_len, num_predictions, nsp=False) \
       + cfg.num_layers * per_layer
 
 

@@ -16,6 +16,7 @@ W = block length.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -223,3 +224,19 @@ def flash_attention(q_BLHK, k_BLGK, v_BLGK, segment_ids_BL, half_window, rate=0.
   keys = None if key is None or rate == 0 else flash.hash_keys(key)
   return flash.flash_attention(q_BLHK, k_BLGK, v_BLGK, jnp.where(seg > 0, seg, -1), seg,
                                positions, keys, rate=rate, window=half_window)
+
+
+def attention_flops(cfg: Any, seq_len: int, executed: bool = False) -> int:
+  """Score and weighted-sum FLOPs of all the layers of a modern encoder over one sequence:
+  global layers every L x L pair, local layers their band (2 * (window // 2) + 1 keys per
+  query). `executed`: what the banded implementation computes (modern.banded_attention's 3
+  blocks of at least window // 2 keys; over packed rows, global layers the budgeted share
+  of block pairs, modern.packed_global_attention, when the batch fits it)."""
+  L, D = seq_len, cfg.num_heads * cfg.head_dim
+  half = cfg.local_window // 2
+  block = min(half, L)
+  # Executed: each of the n padded blocks' queries reads 3 blocks of keys.
+  band = 3 * block * (-(-L // block) * block) / L if executed else min(L, 2 * half + 1)
+  budget = cfg.global_block_budget if executed and 0 < cfg.global_block_budget < 1 else 1.0
+  keys = [L * budget if cfg.is_global(i) else band for i in range(cfg.num_layers)]
+  return int(sum(4 * L * k * D for k in keys))

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import families
-from bert_jax import flops
 from bert_jax import formats
 from bert_jax.models import modern
+from bert_jax.models import modern_attention
 from bert_jax.models.modern import GLOBAL, LOCAL, ModernConfig
 from common import errors
 from common import fileio
@@ -447,6 +447,20 @@ DROPOUT = ("embedding_dropout_rate", "attention_dropout_rate", "mlp_dropout_rate
            "classifier_dropout_rate")  # fine-tuning's default: the checkpoint's config.json
 
 
+
+def forward_flops(cfg: ModernConfig, seq_len: int, num_predictions: int, nsp: bool = False,
+                  last_rows: int | None = None) -> int:
+  """Matmul FLOPs of one forward pass of a modern encoder (models/modern.py) over one sequence: grouped q/k/v, gated MLP (three
+  matmuls), local layers over their band, the prediction head and vocabulary projection at
+  the P gathered positions."""
+  del nsp, last_rows  # (no NSP head; every layer computes every row)
+  L, D, F, V, P = (seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
+                   num_predictions)
+  qkv = 2 * L * D * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
+  per_layer = qkv + 2 * L * cfg.num_heads * cfg.head_dim * D + 2 * L * D * F * 3
+  head = 2 * P * D * D if cfg.head_tokens else 0
+  return cfg.num_layers * per_layer + modern_attention.attention_flops(cfg, L) + head + 2 * P * D * V
+
 def _family(name: str) -> families.Family:
   return families.Family(
       name=name, config=ModernConfig,
@@ -458,7 +472,7 @@ def _family(name: str) -> families.Family:
       export_hf=export_hf,
       model_types=(name,),
       architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
-      forward_flops=flops.modern_forward_flops_per_sequence, padded_vocab=True,
+      forward_flops=forward_flops, padded_vocab=True,
       names_specials=True, vocab_kind="bpe", task_heads=TASK_HEADS[name])
 
 
