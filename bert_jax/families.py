@@ -66,6 +66,8 @@ class Family:
   sharding_rules: tuple[tuple[str, Any], ...] = sharding.RULES
   padded_vocab: bool = False  # the embedding table may have more rows than the vocabulary
   names_specials: bool = False  # its HuggingFace tokenizer_config.json names the special tokens
+  # (the transformers classes holding its masked-LM head, that head's tensors), for messages
+  mlm_head: tuple[str, str] = ("a BertForMaskedLM or BertForPreTraining", "cls.predictions.*")
   # transformers' base model class (BertModel, RobertaModel) holds a pooler, which it
   # initialises at random when the weights lack one
   hf_pooler: bool = False

@@ -10,6 +10,7 @@ from typing import Sequence
 
 from absl import logging
 
+from bert_jax import families
 from bert_jax import formats
 from bert_jax import loader
 from bert_jax import tasks
@@ -44,23 +45,11 @@ def check_layers(layers: Sequence[int], num_layers: int, given: str | None = Non
           "last).")
 
 
-# family -> (the transformers classes with its masked-LM head, that head's tensors)
-_MLM_HEADS = {
-    "bert": ("a BertForMaskedLM or BertForPreTraining", "cls.predictions.*"),
-    "roberta": ("a RobertaForMaskedLM", "lm_head.*"),
-    "xlm-roberta": ("an XLMRobertaForMaskedLM", "lm_head.*"),
-    "electra": ("an ElectraForMaskedLM (ELECTRA's generator)",
-                "generator_predictions.*, generator_lm_head.*"),
-    "deberta-v2": ("a DebertaV2ForMaskedLM", "cls.predictions.* or lm_predictions.lm_head.*"),
-    "modernbert": ("a ModernBertForMaskedLM", "head.*, decoder.*"),
-    "eurobert": ("a EuroBertForMaskedLM", "lm_head.*")}
-
-
 def check_mlm_head(cfg, params, checkpoint: str = "The checkpoint") -> None:
   """A PredictError, in the family's names, unless `params` hold a masked-LM head."""
   if formats.heads(params)["mlm"]:
     return
-  classes, names = _MLM_HEADS.get(cfg.family, _MLM_HEADS["bert"])
+  classes, names = families.of(cfg).mlm_head
   if "discriminator_prediction" not in params:
     raise PredictError(f"{checkpoint} has no masked-LM head ({names}): fill-mask needs "
                        f"{classes} checkpoint, not an encoder-only one.")

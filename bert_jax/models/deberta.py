@@ -583,4 +583,5 @@ FAMILIES = {"deberta-v2": families.Family(
     architecture_fields=ARCHITECTURE_FIELDS,
     dropout={"hidden_dropout_rate": None, "attention_dropout_rate": None},
     forward_flops=forward_flops, padded_vocab=True, names_specials=True,
-    vocab_kind="sentencepiece")}
+    vocab_kind="sentencepiece",
+    mlm_head=("a DebertaV2ForMaskedLM", "cls.predictions.* or lm_predictions.lm_head.*"))}

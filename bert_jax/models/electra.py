@@ -297,6 +297,8 @@ FAMILIES = {"electra": dataclasses.replace(
     config_from_hf=config_from_hf, read_native=read_native,
     export_hf=export_hf,
     model_types=("electra",), hf_pooler=False,  # ElectraModel has none
+    mlm_head=("an ElectraForMaskedLM (ELECTRA's generator)",
+              "generator_predictions.*, generator_lm_head.*"),
     replaced_token_detection=replaced_token_detection,
     architecture_fields=bert_formats.FAMILIES["bert"].architecture_fields + ("family",
                                                                          "embedding_size"))}

@@ -447,19 +447,20 @@ DROPOUT = ("embedding_dropout_rate", "attention_dropout_rate", "mlp_dropout_rate
            "classifier_dropout_rate")  # fine-tuning's default: the checkpoint's config.json
 
 
-
 def forward_flops(cfg: ModernConfig, seq_len: int, num_predictions: int, nsp: bool = False,
                   last_rows: int | None = None) -> int:
-  """Matmul FLOPs of one forward pass of a modern encoder (models/modern.py) over one sequence: grouped q/k/v, gated MLP (three
-  matmuls), local layers over their band, the prediction head and vocabulary projection at
-  the P gathered positions."""
+  """Matmul FLOPs of one forward pass of a modern encoder (models/modern.py) over one
+  sequence: grouped q/k/v, gated MLP (three matmuls), local layers over their band, the
+  prediction head and vocabulary projection at the P gathered positions."""
   del nsp, last_rows  # (no NSP head; every layer computes every row)
   L, D, F, V, P = (seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size,
                    num_predictions)
   qkv = 2 * L * D * (cfg.num_heads + 2 * cfg.kv_heads) * cfg.head_dim
   per_layer = qkv + 2 * L * cfg.num_heads * cfg.head_dim * D + 2 * L * D * F * 3
   head = 2 * P * D * D if cfg.head_tokens else 0
-  return cfg.num_layers * per_layer + modern_attention.attention_flops(cfg, L) + head + 2 * P * D * V
+  return (cfg.num_layers * per_layer + modern_attention.attention_flops(cfg, L) + head
+          + 2 * P * D * V)
+
 
 def _family(name: str) -> families.Family:
   return families.Family(
@@ -473,7 +474,9 @@ def _family(name: str) -> families.Family:
       model_types=(name,),
       architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
       forward_flops=forward_flops, padded_vocab=True,
-      names_specials=True, vocab_kind="bpe", task_heads=TASK_HEADS[name])
+      names_specials=True, vocab_kind="bpe", task_heads=TASK_HEADS[name],
+      mlm_head={"modernbert": ("a ModernBertForMaskedLM", "head.*, decoder.*"),
+                "eurobert": ("a EuroBertForMaskedLM", "lm_head.*")}[name])
 
 
 FAMILIES = {name: _family(name) for name in MODEL_TYPES}

@@ -162,7 +162,9 @@ def _family(name: str) -> families.Family:
       causal_lm=None, read_hf=read_hf, config_from_hf=config_from_hf, export_hf=export_hf,
       model_types=(name,),
       architecture_fields=bert.architecture_fields + ("family", "position_offset"),
-      names_specials=True, vocab_kind="bpe" if name == "roberta" else "sentencepiece")
+      names_specials=True, vocab_kind="bpe" if name == "roberta" else "sentencepiece",
+      mlm_head=(("a RobertaForMaskedLM" if name == "roberta" else "an XLMRobertaForMaskedLM"),
+                "lm_head.*"))
 
 
 FAMILIES = {name: _family(name) for name in FAMILY_NAMES}
