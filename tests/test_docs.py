@@ -363,8 +363,10 @@ def test_every_module_is_in_a_table():
   pipeline = "\n".join(_table_rows(ROOT / "input_pipeline" / "README.md"))
   missing += [f"input_pipeline/{m}" for m in _modules("input_pipeline")
               if f"`{m}`" not in pipeline]
+  benches = "\n".join(_table_rows(ROOT / "bench" / "README.md"))
+  missing += [f"bench/{m}" for m in _modules("bench") if f"`{m}`" not in benches]
   assert not missing, ("Modules in no table (README.md's or docs/architecture.md's for "
-                       "bert_jax and common, input_pipeline/README.md's for input_pipeline): "
+                       "bert_jax and common, bench/README.md's for bench, input_pipeline/README.md's for input_pipeline): "
                        + ", ".join(missing))
 
 
