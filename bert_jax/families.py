@@ -32,6 +32,15 @@ MODULES: dict[str, str] = {
 }
 
 
+# The parameter layout every family's encoder keeps (loader converts between the two, predict
+# and feature-based fine-tuning read each layer by it; tests/test_families.py checks every
+# family against it): the layers lie under ENCODER, unrolled as one subtree a layer named
+# UNROLLED_LAYER.format(i), i = 0 .. num_layers - 1, or with scan_layers as one subtree
+# SCANNED_LAYERS whose every leaf stacks the layers on axis 0. A family that shares one layer
+# between depths (ALBERT) would break both and needs its own layout here first.
+ENCODER, UNROLLED_LAYER, SCANNED_LAYERS = "encoder", "layer_{}", "layers"
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """Everything the jobs need of a model family."""

@@ -67,12 +67,13 @@ def unflat(leaves: dict[Keys, Any]) -> dict:
 
 
 def is_scanned(keys: Iterable[Keys]) -> bool:
-  """Whether the key paths hold a scanned encoder (`encoder/layers`)."""
-  return any(k[i:i + 2] == ("encoder", "layers") for k in keys for i in range(len(k) - 1))
+  """Whether the key paths hold a scanned encoder (`encoder/layers`: families' layout)."""
+  scanned = (families.ENCODER, families.SCANNED_LAYERS)
+  return any(k[i:i + 2] == scanned for k in keys for i in range(len(k) - 1))
 
 
 def _encoder_holder(node: Any) -> bool:
-  return isinstance(node, dict) and isinstance(node.get("encoder"), dict)
+  return isinstance(node, dict) and isinstance(node.get(families.ENCODER), dict)
 
 
 def relayout(tree: Any, scanned: bool, stack: Callable = np.stack,
@@ -81,18 +82,19 @@ def relayout(tree: Any, scanned: bool, stack: Callable = np.stack,
   or unrolled layout; `stack(list of per-layer leaves)` and `unstack(leaf, i)` do the arrays
   (numpy by default; jnp or ShapeDtypeStructs too)."""
   def fix(node):
-    if not _encoder_holder(node) or ("layers" in node["encoder"]) == scanned:
+    layer, layers = families.UNROLLED_LAYER, families.SCANNED_LAYERS
+    if not _encoder_holder(node) or (layers in node[families.ENCODER]) == scanned:
       return node
-    enc = node["encoder"]
+    enc = node[families.ENCODER]
     if scanned:
-      n = sum(k.startswith("layer_") for k in enc)
-      new = {"layers": jax.tree.map(lambda *xs: stack(list(xs)),
-                                    *[enc[f"layer_{i}"] for i in range(n)])}
+      n = sum(layer.format(i) in enc for i in range(len(enc)))
+      new = {layers: jax.tree.map(lambda *xs: stack(list(xs)),
+                                  *[enc[layer.format(i)] for i in range(n)])}
     else:
-      n = jax.tree.leaves(enc["layers"])[0].shape[0]
-      new = {f"layer_{i}": jax.tree.map(lambda x, i=i: unstack(x, i), enc["layers"])
+      n = jax.tree.leaves(enc[layers])[0].shape[0]
+      new = {layer.format(i): jax.tree.map(lambda x, i=i: unstack(x, i), enc[layers])
              for i in range(n)}
-    return {**node, "encoder": new}
+    return {**node, families.ENCODER: new}
   return jax.tree.map(fix, tree, is_leaf=_encoder_holder)
 
 

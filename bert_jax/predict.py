@@ -174,7 +174,9 @@ def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence
     (seq, pool), state = module.apply(
         {"params": encoder_params}, a, jnp.zeros_like(a), b, capture_intermediates=
         lambda mdl, _: isinstance(mdl, layer_cls))
-    hidden = [state["intermediates"]["encoder"][f"layer_{i}"]["__call__"][0] for i in range(cfg.num_layers)]
+    captured = state["intermediates"][families.ENCODER]
+    hidden = [captured[families.UNROLLED_LAYER.format(i)]["__call__"][0]
+              for i in range(cfg.num_layers)]
     return (pool if pooled else None), jnp.stack([hidden[l] for l in layers], axis=2)
 
   texts = iter(texts)

@@ -12,6 +12,7 @@ import pytest
 import safetensors.numpy
 
 from bert_jax import families
+from common import errors
 from bert_jax.models import bert as model_lib
 from bert_jax.models import modern
 
@@ -170,3 +171,50 @@ def test_every_family_classifies_packed_rows_as_each_example_alone(name):
   filled = packed["example_weights"] > 0
   assert np.abs(alone).max() > 0.1
   np.testing.assert_allclose(logits[filled], alone[packed["index"][filled]], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", families.names())
+def test_every_family_keeps_the_parameter_layout(name):
+  """The layout the loader converts and predict reads (families.ENCODER, UNROLLED_LAYER,
+  SCANNED_LAYERS) is every family's: unrolled, `encoder/layer_i` for each of its 3 layers and
+  nothing layer-like beside them; with scan_layers, `encoder/layers` stacking the 3 on axis 0;
+  the loader turns each into the other leaf for leaf."""
+  import jax
+  import ml_collections
+  from bert_jax import loader, registry
+  from tests import test_train_utils as tu
+  trees = {}
+  for scan in (False, True):
+    config = tu.tiny_config()
+    config.model = ml_collections.ConfigDict(dict(
+        family=name, preset="tiny" if name == "bert" else None, dtype="float32",
+        param_dtype="float32", num_layers=3, hidden_size=32, num_heads=2, intermediate_size=48,
+        scan_layers=scan))
+    config.data.nsp = False
+    model, _, sample = registry.pretraining(config, vocab_size=64)
+    try:
+      shapes = jax.eval_shape(lambda: model.init(  # pylint: disable=cell-var-from-loop
+          {"params": jax.random.key(0), "dropout": jax.random.key(1)}, **sample,
+          deterministic=True))["params"]
+    except errors.ConfigError:  # DeBERTa's layers are not scanned (refused in one line)
+      assert scan and name == "deberta-v2", name
+      continue
+    trees[scan] = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), nn_unbox(shapes))
+  encoder = trees[False]["bert"][families.ENCODER]
+  layers = [families.UNROLLED_LAYER.format(i) for i in range(3)]
+  assert [k for k in encoder if k.startswith(families.UNROLLED_LAYER.format(""))] == layers
+  assert families.SCANNED_LAYERS not in encoder
+  if True not in trees:
+    return
+  scanned = trees[True]["bert"][families.ENCODER]
+  assert families.SCANNED_LAYERS in scanned and not set(layers) & set(scanned)
+  assert {a.shape[0] for a in jax.tree.leaves(scanned[families.SCANNED_LAYERS])} == {3}
+  for scan in (False, True):
+    got = loader.to_layout(trees[not scan], scan)
+    assert jax.tree.structure(got) == jax.tree.structure(trees[scan])
+    assert [a.shape for a in jax.tree.leaves(got)] == [a.shape for a in jax.tree.leaves(trees[scan])]
+
+
+def nn_unbox(tree):
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  return nn.unbox(tree)
