@@ -1,8 +1,10 @@
-"""The host's CPU as the bench records name it (stdlib only: importable in every venv).
+"""The host's CPU as every bench table records it (stdlib only: importable in every venv).
 
-bench/finetune_step.py re-exports `machine` (bench/ablations.py, paper.py, suite_cola.py,
-mfu_sweep.py and embed_step.py read it there); bench/keras_peer.py reads it here, so that
-finetune_step (which runs KerasHub through keras_peer) and keras_peer import no circle.
+The one `machine()` of bench/: bench/finetune_step.py re-exports it (bench/ablations.py,
+paper.py, suite_cola.py, mfu_sweep.py and embed_step.py read it there); keras_peer,
+modern_step, prepare_speed, input_pipeline (with the load average) and suite_conll read it
+here, so that finetune_step (which runs KerasHub through keras_peer) and keras_peer import
+no circle.
 """
 from __future__ import annotations
 

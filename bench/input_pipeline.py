@@ -20,7 +20,6 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import random
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import tempfile
 import time
 
 from absl import flags
+from bench import hostinfo
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -246,14 +246,9 @@ def measure_hf(docs_ids, vocab_file, max_seq_length, seconds, batch_size=256):
 
 
 def machine() -> str:
-  model = platform.processor() or "unknown CPU"
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
+  """hostinfo's CPU line, and the load average when the run ended."""
   load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-  return f"{len(os.sched_getaffinity(0))} cores (nproc), {model}, load average {load} at the end"
+  return f"{hostinfo.machine()}; load average {load} at the end"
 
 
 def table(rows: list[dict]) -> str:

@@ -62,13 +62,14 @@ import argparse
 import math
 import multiprocessing
 import os
-import platform
 import statistics
 import subprocess
 import time
 import traceback
 
 import numpy as np
+
+from bench import hostinfo
 
 RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
 CLS, SEP, MASK, FIRST_ID = 1, 2, 4, 5
@@ -452,16 +453,6 @@ def attention_at(length: int, budget: float) -> dict:
 
 # ----------------------------------------------------------------------------
 
-def machine() -> str:
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    lines = {l.split(":", 1)[0].strip(): l.split(":", 1)[1].strip()
-             for l in out.splitlines() if ":" in l}
-    return f"{lines.get('Model name', platform.processor())}; flags: {lines.get('Flags', '?')}"
-  except (OSError, subprocess.CalledProcessError):
-    return platform.processor() or platform.machine()
-
-
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -675,7 +666,7 @@ def _record(args, argv, info_ours: dict, text: str) -> str:
   """The RESULTS.md section; written to --section_to, and appended unless --smoke/--no_record."""
   cmd = "python -m bench.modern_step " + " ".join(argv if argv is not None else os.sys.argv[1:])
   section = (f"\n## ModernBERT pre-training step vs transformers ({time.strftime('%Y-%m-%d')})\n\n"
-             f"Command: `{cmd.strip()}`  \nMachine: {machine()}; {os.cpu_count()} cores (shared), "
+             f"Command: `{cmd.strip()}`  \nMachine: {hostinfo.machine()}; {os.cpu_count()} cores (shared), "
              f"load average at the end {os.getloadavg()[0]:.1f}; jax {info_ours['jax']} "
              f"({info_ours['device']}).\n\n{text}\n")
   if args.section_to:

@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench import hostinfo
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
 RESULTS = REPO / "bench" / "RESULTS.md"
@@ -107,18 +109,6 @@ else:
              tokens=summary["tokens"], sha256=digest(d))
 print("RESULT " + json.dumps(out))
 """
-
-
-def machine() -> str:
-  """lscpu's model name and the SIMD flags, and the core count."""
-  try:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-  except (OSError, subprocess.CalledProcessError):
-    return f"lscpu unavailable, {os.cpu_count()} cores"
-  info = dict(l.split(":", 1) for l in out.splitlines() if ":" in l)
-  shown = [f for f in info.get("Flags", "").split()
-           if f.startswith(("sse4_2", "avx2", "avx512f", "avx512bw", "avx512_vnni", "fma"))]
-  return f"{info.get('Model name', '?').strip()}, {os.cpu_count()} cores; flags: {' '.join(shown)}"
 
 
 def select_files(patterns: str, max_mb: float | None) -> list[str]:
@@ -190,7 +180,7 @@ def report(res: dict, command: str, files: list[str], rounds: int) -> str:
   cores = os.cpu_count() or 1
   lines = [f"### prepare speed ({datetime.date.today().isoformat()})", "",
            f"`{command}`", "",
-           f"Machine: {machine()}. Corpus: {len(files)} files, {mb:.1f} MB; median of "
+           f"Machine: {hostinfo.machine()}. Corpus: {len(files)} files, {mb:.1f} MB; median of "
            f"{rounds} alternating rounds; MB/s of input text (one process for the stages).",
            ""]
   head = "| stage | " + " | ".join(f"{n} MB/s" for n in names)

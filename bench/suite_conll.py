@@ -28,12 +28,13 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+from bench import hostinfo
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
@@ -198,8 +199,7 @@ def render(rows: dict[str, list[dict]], args, started: str) -> str:
            f"Command: `python -m bench.suite_conll --epochs={args.epochs} --seeds={args.seeds} "
            f"--learning_rate={args.learning_rate} --max_seq_length={args.max_seq_length}"
            + (f" --train_sentences={args.train_sentences}" if args.train_sentences else "") + "`  ",
-           f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-           f"jax {jax.__version__}, torch {torch.__version__}, transformers "
+           f"Machine: {hostinfo.machine()}; jax {jax.__version__}, torch {torch.__version__}, transformers "
            f"{transformers.__version__}; started {started} UTC.  ",
            f"Data: {args.train_file}"
            + (f" (its first {args.train_sentences:,} sentences)" if args.train_sentences else "")
