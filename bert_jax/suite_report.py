@@ -117,6 +117,7 @@ def build_report(config, runs: list, results: dict, chosen: dict,
             "init_checkpoint": config.init_checkpoint,
             "init_mlm_perplexity": {"step": held_out[0], "value": held_out[1]} if held_out else None,
             "seeds": config.seeds,
+            "bias_correction": bool(config.opt.get("bias_correction", False)),
             "small_task_seeds": config.small_task_seeds, "tasks": tasks,
             "references": REFERENCES}
   if any(t in suite_config.GLUE_TASKS for t in tasks):
@@ -148,6 +149,10 @@ def render_markdown(report: dict) -> str:
               else "") + "; setting chosen by "
            f"{'the best single run' if report['select'] == 'best' else 'the best median over seeds'} "
            "on dev. Dev-set numbers in %.", "",
+           "Optimizer: AdamW " + ("with bias correction (transformers'); "
+                                   if report.get("bias_correction") else
+                                   "without bias correction (the BERT paper's); ")
+           + "--config.opt.bias_correction switches.", "",
            "| task | metric | best run | chosen setting | median | mean | std | seeds | epoch | time |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for task, t in report["tasks"].items():

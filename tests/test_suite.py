@@ -451,3 +451,20 @@ def test_report_header_gives_the_init_checkpoints_held_out_perplexity(tmp_path):
   report = suite.build_report(c, [], {}, {}, {})
   assert report["init_mlm_perplexity"] is None
   assert f"init_checkpoint: `{tmp_path / 'hf'}`; setting chosen by" in suite_report.render_markdown(report)
+
+
+def test_the_suite_corrects_adams_bias_by_default_and_the_report_says_which(tmp_path):
+  """Issue 58 item 2, decided by bench/suite_glue.py and bench/suite_conll.py on the real
+  files: the suite's default is AdamW with bias correction (what transformers' AdamW does,
+  the numbers users compare with); the paper's optimizer stays a field, and the report's
+  header names the one its runs used."""
+  from bert_jax.configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+  c = suite_config.get_config("cola")
+  assert c.opt.bias_correction is True
+  assert finetune_config.get_config().opt.bias_correction is False  # the job alone: the paper's
+  c.init_checkpoint = str(tmp_path)
+  md = suite_report.render_markdown(suite.build_report(c, [], {}, {}, {}))
+  assert "Optimizer: AdamW with bias correction (transformers'); " in md, md
+  c.opt.bias_correction = False
+  md = suite_report.render_markdown(suite.build_report(c, [], {}, {}, {}))
+  assert "Optimizer: AdamW without bias correction (the BERT paper's); " in md, md
