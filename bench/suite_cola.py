@@ -20,7 +20,8 @@ metric = its best epoch's dev MCC.
   ...` subprocess per round in a fresh workdir (empty XLA cache: compilation counted);
   MCCs from its report.json. Then the same command again in the same workdir with
   everything but the suite's XLA cache (xla_cache/) deleted: the sweep with the persistent
-  compilation cache warm. Adam without bias correction (BERT's optimizer, the suite's default).
+  compilation cache warm. Adam without bias correction (BERT's optimizer; the suite's default
+  before issue 58, kept here so the tables stay comparable).
 - transformers: one subprocess per round (this script with --worker=hf) running
   `Trainer` per run: AutoModelForSequenceClassification.from_pretrained(WORKDIR/hf), the
   standard torch AdamW (bias correction on; transformers' default fused kernel), torch's
@@ -139,7 +140,7 @@ def suite_command(hf: pathlib.Path, cola_dir: str, workdir: pathlib.Path, args) 
           f"--config.grid.global_batch_size={_tuple([args.batch])}",
           f"--config.grid.num_epochs={_tuple([args.epochs])}",
           f"--config.seeds={args.seeds}", f"--config.max_seq_length={args.max_seq_length}",
-          f"--workdir={workdir}"]
+          "--config.opt.bias_correction=False", f"--workdir={workdir}"]
 
 
 def _suite_mccs(workdir: pathlib.Path) -> dict[float, list[float]]:
@@ -450,7 +451,7 @@ def render(rounds: list[dict], discarded: list, args, load_start: str, seconds: 
       f"decay 0.01 (not on LayerNorm/biases), eps 1e-6, clip 1.0, dropout 0.1, eval batch 64; "
       f"metric = the best epoch's dev MCC. bert_jax: the suite (`configs/suite.py:cola`, "
       f"protocol grid), Adam "
-      f"without bias correction (BERT's optimizer, the suite's default), drops the last partial "
+      f"without bias correction (BERT's optimizer), drops the last partial "
       f"batch (267 steps/epoch); transformers: `Trainer` with its standard AdamW "
       f"({hf0['optim']}, bias correction on), 268 steps/epoch. Wall-clock = the whole "
       f"subprocess of the sweep (start-up, imports, data, compilation, {n} runs with "
