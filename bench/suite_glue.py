@@ -18,8 +18,8 @@ the fine-tuning job's metric (MCC, accuracy, MRPC F1, STS-B Pearson), the table 
 suite report's metrics of that epoch (STS-B: Spearman first, as the suite reports it).
 
 - bert_jax: `python -m bert_jax.main --config=configs/suite.py:TASK --config.protocol=grid ...`
-  per task, once with `--config.opt.bias_correction=False` (BERT's AdamW, the default) and
-  once with True; its runs' result.json files give the metrics.
+  per task, once with `--config.opt.bias_correction=False` (BERT's AdamW) and once with True
+  (the suite's default since issue 58 item 2); its runs' result.json files give the metrics.
 - transformers: this script with --worker=hf, a plain torch loop (Trainer's recipe written
   out: Trainer needs accelerate): AutoModelForSequenceClassification (num_labels=1 for STS-B),
   torch.optim.AdamW (bias correction always on), get_linear_schedule_with_warmup, clipping,
@@ -66,7 +66,7 @@ SELECT = {"cola": "mcc", "sst2": "accuracy", "mrpc": "f1", "stsb": "pearson",
 REPORT = {"cola": ("mcc",), "sst2": ("accuracy",), "mrpc": ("f1", "accuracy"),
           "stsb": ("spearman", "pearson"), "rte": ("accuracy",), "wnli": ("accuracy",)}
 SIDES = {"bj_false": "bert_jax suite", "bj_true": "bert_jax suite", "hf": "transformers"}
-OPTIMIZERS = {"bj_false": "AdamW, no bias correction (BERT's; default)",
+OPTIMIZERS = {"bj_false": "AdamW, no bias correction (BERT's)",
               "bj_true": "AdamW + bias correction", "hf": "torch AdamW (bias correction)"}
 
 
@@ -502,7 +502,7 @@ def render(results: dict, args, commands: list[str]) -> str:
       f"MRPC F1, STS-B Pearson: the fine-tuning job's choice); per seed the suite report's "
       f"metrics (MRPC F1 / accuracy, STS-B Spearman / Pearson), mean and min-max of the first, "
       f"the second's mean in brackets. bert_jax: `configs/suite.py:TASK --config.protocol=grid` "
-      f"(unpacked rows padded to L, its default), bias correction off (default) and on; "
+      f"(unpacked rows padded to L, its default), bias correction off (BERT's) and on; "
       f"transformers: a torch loop with Trainer's recipe (AutoModelForSequenceClassification, "
       f"torch.optim.AdamW, get_linear_schedule_with_warmup), each batch padded to its longest "
       f"example, OMP_WAIT_POLICY=PASSIVE (torch's spinning threads ran 2.6x slower beside other "
