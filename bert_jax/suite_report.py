@@ -141,20 +141,25 @@ def _fmt(v, digits=1) -> str:
   return "-" if v is None else f"{v:.{digits}f}"
 
 
+def _header(report: dict) -> list[str]:
+  """The report's title, its checkpoint, how settings were chosen and the optimizer."""
+  return [f"# Fine-tuning suite: {report['tasks_spec']} ({report['protocol']} protocol)", "",
+          f"init_checkpoint: `{report['init_checkpoint']}`"
+          + (f" (held-out masked-LM perplexity {report['init_mlm_perplexity']['value']:.2f} at "
+             f"step {report['init_mlm_perplexity']['step']})" if report.get("init_mlm_perplexity")
+             else "") + "; setting chosen by "
+          f"{'the best single run' if report['select'] == 'best' else 'the best median over seeds'} "
+          "on dev. Dev-set numbers in %.", "",
+          "Optimizer: AdamW " + ("with bias correction (transformers'); "
+                                  if report.get("bias_correction") else
+                                  "without bias correction (the BERT paper's); ")
+          + "--config.opt.bias_correction switches.", ""]
+
+
 def render_markdown(report: dict) -> str:
-  lines = [f"# Fine-tuning suite: {report['tasks_spec']} ({report['protocol']} protocol)", "",
-           f"init_checkpoint: `{report['init_checkpoint']}`"
-           + (f" (held-out masked-LM perplexity {report['init_mlm_perplexity']['value']:.2f} at "
-              f"step {report['init_mlm_perplexity']['step']})" if report.get("init_mlm_perplexity")
-              else "") + "; setting chosen by "
-           f"{'the best single run' if report['select'] == 'best' else 'the best median over seeds'} "
-           "on dev. Dev-set numbers in %.", "",
-           "Optimizer: AdamW " + ("with bias correction (transformers'); "
-                                   if report.get("bias_correction") else
-                                   "without bias correction (the BERT paper's); ")
-           + "--config.opt.bias_correction switches.", "",
-           "| task | metric | best run | chosen setting | median | mean | std | seeds | epoch | time |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = _header(report) + [
+      "| task | metric | best run | chosen setting | median | mean | std | seeds | epoch | time |",
+      "|---|---|---|---|---|---|---|---|---|---|"]
   for task, t in report["tasks"].items():
     metric = t["metric"]
     if t["status"] != "done":
