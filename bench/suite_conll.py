@@ -48,7 +48,9 @@ def minilm() -> str:
 
 def _env() -> dict[str, str]:
   path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-  return dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+  # Torch's OpenMP threads wait passively: spinning, they ran 2.6x slower beside other work
+  # on a shared 2-core machine (bench/suite_glue.py's finding).
+  return dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3", OMP_WAIT_POLICY="PASSIVE")
 
 
 def _run(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
