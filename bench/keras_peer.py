@@ -327,13 +327,13 @@ def _ours_step_child(spec: dict) -> None:
   initialisation, then the first step)."""
   import jax  # pylint: disable=g-import-not-at-top
   from bench import train_step as ts  # pylint: disable=g-import-not-at-top
-  from bert_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax import process as process_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import pretrain as pretrain_data  # pylint: disable=g-import-not-at-top
   t0 = time.perf_counter()
   if spec.get("as_job", True):  # what bert_jax.main sets before it runs a job
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-    main_lib.reuse_host_memory()
+    process_lib.reuse_host_memory()
   config = ts.bench_config(spec["preset"], spec["L"], "float32", spec["batch"], spec["vocab"])
   model, objective, sample = registry.pretraining(config)
   trainer = trainer_lib.build(config, model, objective, sample, workdir=None)
