@@ -24,8 +24,8 @@ import numpy as np
 from bert_jax import best_dir
 from bert_jax import families
 from common import errors
-from input_pipeline import features
 from common import fileio
+from input_pipeline import features
 
 POOLINGS = ("mean", "cls", "last")
 # sentence-transformers' Pooling config: the key that turns each of our modes on.

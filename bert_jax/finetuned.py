@@ -21,8 +21,8 @@ from bert_jax import formats
 from bert_jax import heads
 from bert_jax import loader
 from bert_jax import tasks
-from input_pipeline import features
 from common import fileio
+from input_pipeline import features
 from input_pipeline import glue
 from input_pipeline import squad
 from input_pipeline import tagging

@@ -45,8 +45,8 @@ from bert_jax.models import bert as model_lib
 from bert_jax.models import bert_formats
 from bert_jax.models.bert import BertConfig
 from bert_jax.models.layers import ModelConfig
-from input_pipeline import data_config
 from common import fileio
+from input_pipeline import data_config
 from input_pipeline import tokenizer as tokenizer_lib
 
 Keys = tuple[str, ...]

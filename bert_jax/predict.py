@@ -45,8 +45,8 @@ from bert_jax import predict_output
 from bert_jax import registry
 from bert_jax.predict_checks import MASK_TEXT, PredictError
 from common import errors
-from input_pipeline import features
 from common import fileio
+from input_pipeline import features
 from input_pipeline import text as text_lib
 from input_pipeline.tokenizer import Tokenizer
 

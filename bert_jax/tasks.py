@@ -22,10 +22,8 @@ import numpy as np
 from bert_jax import contrastive, embed, embed_eval, heads, objectives, scoring
 from bert_jax.contrastive import SentenceEncoder
 from bert_jax.models.layers import ModelConfig
-from common import fileio
-from input_pipeline import features
-from common import errors
-from input_pipeline import glue, pairs, squad, swag, tagging
+from common import errors, fileio
+from input_pipeline import features, glue, pairs, squad, swag, tagging
 
 @dataclasses.dataclass
 class TaskData:

@@ -19,10 +19,10 @@ from bert_jax import metrics as metrics_lib
 from bert_jax import registry
 from bert_jax import trainer as trainer_lib
 from bert_jax.trainer import TrainState
-from input_pipeline import build as data_build
-from input_pipeline import data_config
 from common import errors
 from common import fileio
+from input_pipeline import build as data_build
+from input_pipeline import data_config
 from input_pipeline import pretrain as pretrain_data
 from input_pipeline import vocab as vocab_lib
 

@@ -15,8 +15,8 @@ from typing import Iterator
 
 from absl import flags
 
-from input_pipeline import builtin_corpus
 from common import errors
+from input_pipeline import builtin_corpus
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import sources

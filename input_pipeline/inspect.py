@@ -19,10 +19,10 @@ from absl import flags
 from ml_collections import config_flags
 import numpy as np
 
-from input_pipeline import data_config
-from input_pipeline import documents
 from common import errors
 from common import fileio
+from input_pipeline import data_config
+from input_pipeline import documents
 from input_pipeline import masking
 from input_pipeline import mixture as mixture_lib
 from input_pipeline import prepare

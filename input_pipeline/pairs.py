@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
-from input_pipeline import features
 from common import fileio
+from input_pipeline import features
 from input_pipeline import glue
 
 DataError = glue.DataError

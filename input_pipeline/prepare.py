@@ -49,10 +49,10 @@ from absl import logging
 
 import numpy as np
 
-from input_pipeline import corpus
 from common import dirlock
 from common import errors
 from common import fileio
+from input_pipeline import corpus
 from input_pipeline import records
 from input_pipeline import sentences as sentences_lib
 from input_pipeline import store

@@ -41,9 +41,9 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from common import errors
 from input_pipeline import data_config
 from input_pipeline import documents
-from common import errors
 from input_pipeline import features as features_lib
 from input_pipeline import instances as inst_lib
 from input_pipeline import masking
