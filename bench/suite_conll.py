@@ -35,6 +35,7 @@ import sys
 import time
 
 from bench import hostinfo
+from bench import suite_cola
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
@@ -47,10 +48,9 @@ def minilm() -> str:
 
 
 def _env() -> dict[str, str]:
-  path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-  # Torch's OpenMP threads wait passively: spinning, they ran 2.6x slower beside other work
-  # on a shared 2-core machine (bench/suite_glue.py's finding).
-  return dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3", OMP_WAIT_POLICY="PASSIVE")
+  # suite_cola's environment; torch's OpenMP threads wait passively: spinning, they ran 2.6x
+  # slower beside other work on a shared 2-core machine (bench/suite_glue.py's finding).
+  return dict(suite_cola.job_env(), OMP_WAIT_POLICY="PASSIVE")
 
 
 def _run(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
