@@ -45,6 +45,8 @@ class Pretraining:
   about: str  # one line for --help and errors
   # data config -> a ConfigError when the data cannot serve this objective
   check: Callable[[ml_collections.ConfigDict], None] = lambda data_cfg: None
+  # model config -> a ConfigError when its family cannot be trained this way
+  check_model: Callable[[Any], None] = lambda cfg: None
 
 
 def _mlm_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
@@ -63,13 +65,10 @@ def _electra_inputs(data_cfg) -> dict[str, tuple[int, ...]]:
   return {**_mlm_inputs(data_cfg), "masked_lm_ids": preds, "masked_lm_weights": preds}
 
 
-def _ltr_model(cfg: Any, data_cfg, config) -> nn.Module:
-  del data_cfg, config
-  causal_lm = families.of(cfg).causal_lm
-  if causal_lm is None:
+def _ltr_family(cfg: Any) -> None:
+  if families.of(cfg).causal_lm is None:
     raise errors.ConfigError("--config.objective=ltr is the paper's BERT ablation: it needs "
                              "--config.model.family=bert.")
-  return causal_lm(cfg)
 
 
 def _no_nsp(data_cfg) -> None:
@@ -79,14 +78,17 @@ def _no_nsp(data_cfg) -> None:
                              "segments).")
 
 
-def _electra_model(cfg: Any, data_cfg, config) -> nn.Module:
-  del data_cfg
-  build = families.of(cfg).replaced_token_detection
-  if build is None:
+def _electra_family(cfg: Any) -> None:
+  if families.of(cfg).replaced_token_detection is None:
     raise errors.ConfigError("--config.objective=electra trains an ELECTRA generator and "
                              "discriminator: set --config.model.family=electra (and a preset, "
                              "e.g. --config.model.preset=electra-small).")
-  return build(cfg, float(_electra_fields(config).generator_size))
+
+
+def _electra_model(cfg: Any, data_cfg, config) -> nn.Module:
+  del data_cfg
+  return families.of(cfg).replaced_token_detection(
+      cfg, float(_electra_fields(config).generator_size))
 
 
 def _electra_fields(config) -> ml_collections.ConfigDict:
@@ -106,14 +108,15 @@ PRETRAINING: dict[str, Pretraining] = {
         objective=lambda config: objectives.pretraining(), inputs=_mlm_inputs,
         about="masked LM, with next-sentence prediction when data.nsp (BERT)"),
     "ltr": Pretraining(
-        model=_ltr_model,
+        model=lambda cfg, data_cfg, config: families.of(cfg).causal_lm(cfg),
         objective=lambda config: objectives.ltr(), inputs=_text_inputs, check=_no_nsp,
+        check_model=_ltr_family,
         about="left-to-right LM, left-only attention (the paper's LTR & No NSP ablation)"),
     "electra": Pretraining(
         model=_electra_model,
         objective=lambda config: objectives.electra(
             float(_electra_fields(config).discriminator_weight)),
-        inputs=_electra_inputs, check=_electra_data,
+        inputs=_electra_inputs, check=_electra_data, check_model=_electra_family,
         about="replaced-token detection: a generator's masked LM and a discriminator that "
               "spots its samples (ELECTRA; config.electra)"),
 }
@@ -196,16 +199,29 @@ def family(config: ml_collections.ConfigDict) -> families.Family:
   return families.get(name)
 
 
+def pretraining_config(config: ml_collections.ConfigDict, vocab_size: int | None = None,
+                       data_cfg: ml_collections.ConfigDict | None = None,
+                       backend: str | None = None) -> Any:
+  """The model config pretraining() builds its model from, every check of the objective
+  against the data and the family made (ConfigError), no module built: what a job checks
+  before it builds its vocabulary (whose size `vocab_size` stands in for)."""
+  entry = _choose(PRETRAINING, config.get("objective", "mlm"), "objective")
+  data_cfg = data_cfg if data_cfg is not None else config.data
+  entry.check(data_cfg)
+  cfg = model_config(config, vocab_size, gpu_defaults(config, data_cfg, backend))
+  entry.check_model(cfg)
+  return cfg
+
+
 def pretraining(config: ml_collections.ConfigDict, vocab_size: int | None = None,
                 data_cfg: ml_collections.ConfigDict | None = None, backend: str | None = None
                 ) -> tuple[nn.Module, objectives.Objective, dict[str, np.ndarray]]:
   """(model, objective, one sample row of the model inputs) that config.objective names for
   config.model and `data_cfg` (default config.data), with the fields the job chooses for
   `backend` (default JAX's; gpu_defaults)."""
-  entry = _choose(PRETRAINING, config.get("objective", "mlm"), "objective")
   data_cfg = data_cfg if data_cfg is not None else config.data
-  entry.check(data_cfg)
-  model = entry.model(model_config(config, vocab_size, gpu_defaults(config, data_cfg, backend)),
-                      data_cfg, config)
+  cfg = pretraining_config(config, vocab_size, data_cfg, backend)
+  entry = PRETRAINING[config.get("objective", "mlm")]
+  model = entry.model(cfg, data_cfg, config)
   sample = {k: np.ones((1,) + shape, np.int32) for k, shape in entry.inputs(data_cfg).items()}
   return model, entry.objective(config), sample

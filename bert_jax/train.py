@@ -42,9 +42,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         f"--config.build.vocab_kind={kind!r}: choose one of {', '.join(vocab_lib.KINDS)}, or "
         f"'' for the model family's ({registry.family(config).vocab_kind}).")
   # The model's fields (sizes, activation, ...) and the objective before the vocabulary and
-  # data are built; the vocabulary's size is only known then.
-  model, _, _ = registry.pretraining(config, config.model.get("vocab_size") or 1)
-  cfg = model.config
+  # data are built (no model built); the vocabulary's size is only known then.
+  cfg = registry.pretraining_config(config, config.model.get("vocab_size") or 1)
   if config.data.max_seq_length > cfg.max_length:
     raise errors.ConfigError(
         f"--config.data.max_seq_length={config.data.max_seq_length} exceeds the model's position "
