@@ -53,26 +53,9 @@ Examples
 EOF
 }
 
-die() { echo "gpu.sh: error: $*" >&2; exit 2; }
-note() { echo "# $*"; }
-
-# Quote one word for a POSIX shell, only when it needs it (--flag=VALUE keeps
-# the flag name outside the quotes: --command='...').
-q() {
-  local s=$1 safe='^[A-Za-z0-9_./:=@%+,-]+$' flag='^(--[A-Za-z0-9_.-]+=)(.*)$' dq_ok='^[^$`"\\!]*$'
-  if [[ $s =~ $safe ]]; then
-    printf '%s' "$s"
-  elif [[ $s =~ $flag ]]; then
-    printf '%s' "${BASH_REMATCH[1]}"
-    q "${BASH_REMATCH[2]}"
-  elif [[ $s != *\'* ]]; then
-    printf "'%s'" "$s"
-  elif [[ $s =~ $dq_ok ]]; then
-    printf '"%s"' "$s"
-  else
-    printf "'%s'" "${s//\'/\'\\\'\'}"
-  fi
-}
+LAUNCHER=gpu.sh
+# shellcheck source=launch/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # First host of a SLURM node list: "gpu01", "gpu01,gpu02", "gpu[01-02]",
 # "gpu[01,07-09],cpu1" -> gpu01 (the same rule as JAX's SLURM cluster detection).
@@ -116,13 +99,7 @@ while (( $# > 0 )); do
     --gpus_per_node=*) GPUS=${arg#*=} ;;
     --process_per_gpu) PER_GPU=1 ;;
     --local_id=*) LOCAL_ID=${arg#*=} ;;
-    --)
-      # Everything after -- goes to bert_jax.main, except --dry_run: a dry run stays a dry
-      # run wherever the flag stands (never start the real thing by a misplaced flag).
-      for arg in "$@"; do
-        if [[ $arg == --dry_run ]]; then DRY_RUN=1; else PASS+=("$arg"); fi
-      done
-      break ;;
+    --) pass_through "$@"; break ;;
     *) die "unknown flag: $arg (see --help)" ;;
   esac
 done
@@ -227,8 +204,6 @@ else
 fi
 
 CMD=(env ${ENVS[@]+"${ENVS[@]}"} "$PY" -m bert_jax.main "${MAIN_ARGS[@]}")
-line=""
-for a in "${CMD[@]}"; do line+="${line:+ }$(q "$a")"; done
-echo "+ $line"
+log_cmd "${CMD[@]}"
 (( DRY_RUN )) && exit 0
 exec "${CMD[@]}"

@@ -111,42 +111,9 @@ Examples
 EOF
 }
 
-die() { echo "tpu.sh: error: $*" >&2; exit 2; }
-note() { echo "# $*"; }
-
-# Quote one word for a POSIX shell, only when it needs it (--flag=VALUE keeps
-# the flag name outside the quotes: --command='...').
-q() {
-  local s=$1 safe='^[A-Za-z0-9_./:=@%+,-]+$' flag='^(--[A-Za-z0-9_.-]+=)(.*)$' dq_ok='^[^$`"\\!]*$'
-  if [[ $s =~ $safe ]]; then
-    printf '%s' "$s"
-  elif [[ $s =~ $flag ]]; then
-    printf '%s' "${BASH_REMATCH[1]}"
-    q "${BASH_REMATCH[2]}"
-  elif [[ $s != *\'* ]]; then
-    printf "'%s'" "$s"
-  elif [[ $s =~ $dq_ok ]]; then
-    printf '"%s"' "$s"
-  else
-    printf "'%s'" "${s//\'/\'\\\'\'}"
-  fi
-}
-
-# Quote and join all arguments into one line.
-join_q() {
-  local out="" a
-  for a in "$@"; do out+="${out:+ }$(q "$a")"; done
-  printf '%s' "$out"
-}
-
-log_cmd() { echo "+ $(join_q "$@")"; }
-
-# Print a command, then run it (not in --dry_run).
-run() {
-  log_cmd "$@"
-  (( DRY_RUN )) && return 0
-  "$@"
-}
+LAUNCHER=tpu.sh
+# shellcheck source=launch/lib.sh
+source "$SCRIPT_DIR/lib.sh"
 
 # ---------------------------------------------------------------- flags ----
 ACTION=""
@@ -208,13 +175,7 @@ parse_flags() {
       --fake_create=*) FAKE_CREATE=${arg#*=}; HAVE_FAKE_CREATE=1 ;;
       --fake_states=*) FAKE_STATES=${arg#*=}; HAVE_FAKE_STATES=1 ;;
       --fake_train_states=*) FAKE_TRAIN_STATES=${arg#*=}; HAVE_FAKE_TRAIN_STATES=1 ;;
-      --)
-        # Everything after -- goes to bert_jax.main, except --dry_run: a dry run stays a dry
-        # run wherever the flag stands (never start the real thing by a misplaced flag).
-        for arg in "$@"; do
-          if [[ $arg == --dry_run ]]; then DRY_RUN=1; else PASS+=("$arg"); fi
-        done
-        break ;;
+      --) pass_through "$@"; break ;;
       *) die "unknown flag: $arg (see --help)" ;;
     esac
   done
