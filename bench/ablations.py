@@ -33,10 +33,9 @@ import subprocess
 import sys
 import time
 
-from bench import finetune_step  # machine(): lscpu's model and flags
+from bench import harness
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+REPO = pathlib.Path(harness.REPO)
 COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 SST2 = REPO.parent / "shared" / "data" / "glue" / "SST-2"
 # The fine-tuning tasks of the table: (suite task, its name, its dev metric in report.json).
@@ -123,7 +122,7 @@ def _table(args: argparse.Namespace, flops: dict, rows: list, names: list[str]) 
   lines = [f"## {title} ({datetime.date.today()})", "",
            f"Command: `python -m bench.ablations --table={args.table} --workdir={args.workdir} "
            f"--steps={args.steps} --lrs={args.lrs} --seeds={args.seeds}`; machine: "
-           f"{finetune_step.machine()}.",
+           f"{harness.machine()}.",
            f"Tiny BERT (configs/tiny_pretrain.py: 2 layers, hidden 128, L=64), batch 64 on the "
            f"built-in corpus; {scored} through the suite (lr {args.lrs} x 3 epochs, batch 32, "
            f"L=64, {args.seeds} seeds; best run, median of the chosen setting)"
@@ -175,8 +174,7 @@ def main(argv=None) -> None:
   text = _table(args, flops, rows, list(dirs))
   print(text)
   if not args.no_record:
-    with RESULTS.open("a") as f:
-      f.write("\n" + text)
+    harness.append(__name__, "\n" + text)
 
 
 if __name__ == "__main__":

@@ -22,19 +22,14 @@ only, the preset's vocabulary. --set FIELD=VALUE overrides a config field (repea
 """
 from __future__ import annotations
 
-import argparse
 import ast
-import datetime
-import json
 import math
 import os
-import re
-import subprocess
-import sys
 import time
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import harness
+
+REPO = harness.REPO
 DEFAULT_LIBTPU = "/tmp/libtpu_site"
 
 # Slice name -> (topology_name, chip_config_name). v4 and v5p run in megacore mode
@@ -81,7 +76,7 @@ def _child(spec: dict) -> None:
   res = compile_time.lower_and_compile(config, devices)
   res.update(devices=n, device_kind=devices[0].device_kind, topology_s=topo_s,
              global_batch=config.global_batch_size, jax=jax.__version__)
-  print("RESULT " + json.dumps(res), flush=True)
+  harness.emit(res)
 
 
 def libtpu_version(libtpu_dir: str) -> str | None:
@@ -95,29 +90,14 @@ def run_one(spec: dict, libtpu_dir: str, timeout: float) -> dict:
   if not os.path.exists(os.path.join(libtpu_dir, "libtpu", "libtpu.so")):
     return dict(spec, error=f"libtpu not found in {libtpu_dir} (pip install --no-deps --target "
                             f"{libtpu_dir} 'libtpu==0.0.42.*', what jax[tpu]==0.10.2 pins)")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-             # libtpu otherwise probes GCE metadata for the host's accelerator and workers.
-             TPU_ACCELERATOR_TYPE=spec["slice"], TPU_WORKER_HOSTNAMES="localhost",
-             TPU_SKIP_MDS_QUERY="1",
-             PYTHONPATH=os.pathsep.join(p for p in (libtpu_dir, REPO, os.environ.get("PYTHONPATH"))
-                                        if p))
-  env.pop("XLA_FLAGS", None)
-  t = time.perf_counter()
-  try:
-    proc = subprocess.run([sys.executable, "-m", "bench.aot_tpu", "--_child", json.dumps(spec)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return dict(spec, error=f"timed out after {timeout:.0f} s")
-  wall = time.perf_counter() - t
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      return dict(spec, wall_s=wall, **json.loads(line[len("RESULT "):]))
-  errs = [l for l in (proc.stderr + proc.stdout).splitlines()
-          if l.strip() and not l.startswith(("W0000", "WARNING", "I0000"))]
-  # The exception's own line when there is one (the TPU compiler's out-of-memory report
-  # follows it with pages of allocations), else the last lines.
-  raised = [l for l in errs if re.match(r"[\w.]+(Error|Exception): ", l)]
-  return dict(spec, error=" | ".join(raised[-1:] or errs[-3:]) or f"exit {proc.returncode}")
+  env = harness.child_env(libtpu_dir, REPO, keep_pythonpath=True, drop=("XLA_FLAGS",),
+                          JAX_PLATFORMS="cpu",
+                          # libtpu otherwise probes GCE metadata for the host's accelerator and workers.
+                          TPU_ACCELERATOR_TYPE=spec["slice"], TPU_WORKER_HOSTNAMES="localhost",
+                          TPU_SKIP_MDS_QUERY="1")
+  row = harness.child_row(harness.module_child("bench.aot_tpu", spec), env=env, timeout=timeout,
+                          wall=True)
+  return dict(spec, **row)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -151,9 +131,8 @@ def _value(text: str):
     return text
 
 
-def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser():
+  parser = harness.parser(__doc__, child=True)
   parser.add_argument("--slices", default="v4-32,v5e-16,v5p-32")
   parser.add_argument("--family", default="bert",
                       help="bert | modernbert | eurobert: --family=modernbert --preset=base "
@@ -169,23 +148,55 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--remat", default="none")
   parser.add_argument("--libtpu_dir", default=os.environ.get("LIBTPU_DIR", DEFAULT_LIBTPU))
   parser.add_argument("--timeout", type=float, default=600)
-  parser.add_argument("--smoke", action="store_true")
-  parser.add_argument("--no_record", action="store_true")
-  parser.add_argument("--_child", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
-  if args._child:
-    _child(json.loads(args._child))
-    return []
-  if args.smoke:
-    args.slices, args.preset, args.seq_len, args.per_device_batch = "v5e-4", "tiny", 32, 2
-    args.meshes = "fsdp=-1"
+  return parser
+
+
+def _family_and_preset(args) -> tuple[str, str]:
   family, preset = args.family, args.preset
   if "-" in preset:  # modernbert-base, ettin-150m, eurobert-210m, ...
     from bert_jax.configs import modern_pretrain
     family = modern_pretrain.model_config(preset).family
   elif family != "bert":
     preset = f"{family}-{preset}"
-  overrides = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.set)}
+  return family, preset
+
+
+def _record(args, argv, family: str, preset: str, table: str, version: str | None) -> None:
+  data = ""
+  if family != "bert":
+    from bench import compile_time
+    from input_pipeline import pretrain as pretrain_data
+    cfg = compile_time.make_config(preset, args.seq_len, 1, args.dtype, vocab=None,
+                                   family=family, overrides=_overrides(args)).data
+    data = (f" The {family} step is configs/modern_pretrain.py's: packed rows of up to "
+            f"{cfg.max_examples_per_row} examples, {pretrain_data.predictions_per_row(cfg)} "
+            f"masked-LM predictions a row, no NSP.")
+  harness.record(
+      __name__, "TPU ahead-of-time compile, no TPU attached",
+      f"{table}\n", command=harness.command("bench.aot_tpu", argv),
+      machine=f"2-core CPU host (shared), jax 0.10.2, libtpu "
+              f"{version} in a --target dir on PYTHONPATH of the subprocess. Devices from "
+              f"`jax.experimental.topologies.get_topology_desc` (v4/v5p in megacore mode: one "
+              f"device per chip); scan_layers=True. Memory is the TPU compiler's "
+              f"`memory_analysis()` per device; peak = arguments + temporaries + non-aliased "
+              f"outputs (the state is donated); compiler peak = its `peak_memory_in_bytes`, "
+              f"the live maximum it checks against HBM.{data}")
+
+
+def _overrides(args) -> dict:
+  return {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.set)}
+
+
+def main(argv=None) -> list[dict]:
+  args = _parser().parse_args(argv)
+  if (spec := harness.child_spec(args)) is not None:
+    _child(spec)
+    return []
+  if args.smoke:
+    args.slices, args.preset, args.seq_len, args.per_device_batch = "v5e-4", "tiny", 32, 2
+    args.meshes = "fsdp=-1"
+  family, preset = _family_and_preset(args)
+  overrides = _overrides(args)
   meshes = [dict((kv.split("=")[0], int(kv.split("=")[1])) for kv in m.split(","))
             for m in args.meshes.split(";")]
   rows = []
@@ -204,26 +215,8 @@ def main(argv=None) -> list[dict]:
   version = libtpu_version(args.libtpu_dir)
   print(f"libtpu {version}; scan_layers=True")
   print(table)
-  if not args.no_record and not args.smoke:
-    cmd = "python -m bench.aot_tpu " + " ".join(argv if argv is not None else sys.argv[1:])
-    data = ""
-    if family != "bert":
-      from bench import compile_time
-      from input_pipeline import pretrain as pretrain_data
-      cfg = compile_time.make_config(preset, args.seq_len, 1, args.dtype, vocab=None,
-                                     family=family, overrides=overrides).data
-      data = (f" The {family} step is configs/modern_pretrain.py's: packed rows of up to "
-              f"{cfg.max_examples_per_row} examples, {pretrain_data.predictions_per_row(cfg)} "
-              f"masked-LM predictions a row, no NSP.")
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## TPU ahead-of-time compile, no TPU attached ({datetime.date.today()})\n\n"
-              f"Command: `{cmd}`  \nMachine: 2-core CPU host (shared), jax 0.10.2, libtpu "
-              f"{version} in a --target dir on PYTHONPATH of the subprocess. Devices from "
-              f"`jax.experimental.topologies.get_topology_desc` (v4/v5p in megacore mode: one "
-              f"device per chip); scan_layers=True. Memory is the TPU compiler's "
-              f"`memory_analysis()` per device; peak = arguments + temporaries + non-aliased "
-              f"outputs (the state is donated); compiler peak = its `peak_memory_in_bytes`, "
-              f"the live maximum it checks against HBM.{data}\n\n{table}\n")
+  if harness.recording(args):
+    _record(args, argv, family, preset, table, version)
   return rows
 
 

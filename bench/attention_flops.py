@@ -17,10 +17,6 @@ and compares with every layer dense. The length mix: document lengths log-normal
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import os
-import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +25,8 @@ import numpy as np
 from bert_jax.models import modern
 from bert_jax.models import modern_attention
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+from bench import harness
+
 
 
 def _flops(fn, *shapes) -> float:
@@ -77,16 +74,9 @@ def flash_visits(seg: np.ndarray, half_window: int | None, block: int = 64) -> t
   return visits(q_ranges) / full, visits(k_ranges) / full
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--preset", default="modernbert-base")
-  p.add_argument("--seq_len", type=int, default=8192)
-  p.add_argument("--budget", type=float, default=0.25)
-  p.add_argument("--batch", type=int, default=8, help="rows per batch for the fit check")
-  p.add_argument("--no_record", action="store_true")
-  args = p.parse_args(argv)
-  cfg = modern.ModernConfig.from_preset(args.preset, global_block_budget=args.budget)
-  L, H, G, K = args.seq_len, cfg.num_heads, cfg.kv_heads, cfg.head_dim
+def _layer_flops(cfg, L: int, budget: float) -> tuple[float, float, float]:
+  """XLA's FLOPs per sequence of one dense, one banded (local) and one budgeted global layer."""
+  H, G, K = cfg.num_heads, cfg.kv_heads, cfg.head_dim
   q, kv, seg = ((1, L, H, K), jnp.float32), ((1, L, G, K), jnp.float32), ((1, L), jnp.int32)
   dense = _flops(lambda a, b, c, s: modern.dense_attention(a, b, c, s, None, jnp.float32),
                  q, kv, kv, seg)
@@ -94,27 +84,45 @@ def main(argv=None):
                                                             jnp.float32), q, kv, kv, seg)
   # The sparse branch alone (the cond's other branch, dense, runs only past the budget).
   n = -(-L // cfg.global_block)
-  pairs = int(np.ceil(args.budget * n * n))
+  pairs = int(np.ceil(budget * n * n))
   sparse = _flops(lambda a, b, c, s: modern_attention.block_pair_attention(
       a, b, c, s, modern_attention.block_pairs_needed(s, cfg.global_block), pairs, cfg.global_block,
       jnp.float32), q, kv, kv, seg)
+  return dense, local, sparse
+
+
+def _visits(cfg, L: int, args) -> tuple[list[float], float, tuple, tuple]:
+  """The block pairs a length mix needs, the share of batches within the budget, and the
+  pairs bert_jax.flash visits on that mix and on bench/gpu_step.py's modern-packed batch."""
+  rng = np.random.default_rng(0)
+  fractions = [need_fraction(length_mix(rng, L, args.batch), cfg.global_block) for _ in range(50)]
+  fits = float(np.mean([f <= args.budget for f in fractions]))
+  mix = length_mix(np.random.default_rng(1), L, args.batch)
+  on_mix = flash_visits(mix, None), flash_visits(mix, cfg.local_window // 2)
+  from bench import gpu_step  # pylint: disable=g-import-not-at-top
+  _, batches, _, _ = gpu_step.bert_jax_workload(gpu_step.workload_spec(
+      "modern-packed", "bfloat16", False, {}))
+  rows = np.asarray(batches[0]["packed_example_ids"])
+  on_rows = rows, flash_visits(rows, None), flash_visits(rows, cfg.local_window // 2)
+  return fractions, fits, on_mix, on_rows
+
+
+def main(argv=None):
+  p = harness.parser(__doc__, smoke=False)
+  p.add_argument("--preset", default="modernbert-base")
+  p.add_argument("--seq_len", type=int, default=8192)
+  p.add_argument("--budget", type=float, default=0.25)
+  p.add_argument("--batch", type=int, default=8, help="rows per batch for the fit check")
+  args = p.parse_args(argv)
+  cfg = modern.ModernConfig.from_preset(args.preset, global_block_budget=args.budget)
+  L, H, K = args.seq_len, cfg.num_heads, cfg.head_dim
+  dense, local, sparse = _layer_flops(cfg, L, args.budget)
   n_global = sum(cfg.is_global(i) for i in range(cfg.num_layers))
   n_local = cfg.num_layers - n_global
   ours = n_global * sparse + n_local * local
   ours_dense_global = n_global * dense + n_local * local
   everything = cfg.num_layers * dense
-  rng = np.random.default_rng(0)
-  fractions = []
-  for _ in range(50):
-    fractions.append(need_fraction(length_mix(rng, L, args.batch), cfg.global_block))
-  fits = float(np.mean([f <= args.budget for f in fractions]))
-  mix = length_mix(np.random.default_rng(1), L, args.batch)
-  flash_global, flash_local = flash_visits(mix, None), flash_visits(mix, cfg.local_window // 2)
-  from bench import gpu_step  # pylint: disable=g-import-not-at-top
-  _, batches, _, _ = gpu_step.bert_jax_workload(gpu_step.workload_spec(
-      "modern-packed", "bfloat16", False, {}))
-  rows = np.asarray(batches[0]["packed_example_ids"])
-  row_global, row_local = flash_visits(rows, None), flash_visits(rows, cfg.local_window // 2)
+  fractions, fits, (flash_global, flash_local), (rows, row_global, row_local) = _visits(cfg, L, args)
   analytic = modern_attention.attention_flops(cfg, L, executed=True) / modern_attention.attention_flops(
       cfg.replace(global_every=1, global_block_budget=0.0), L)
   lines = [
@@ -137,14 +145,12 @@ def main(argv=None):
   ]
   print("\n".join(lines))
   if not args.no_record:
-    cpu = subprocess.run("lscpu | grep -E 'Model name|Flags' | sed 's/  */ /g' | cut -c1-300",
-                         shell=True, capture_output=True, text=True).stdout.strip()
-    with open(RESULTS, "a", encoding="utf-8") as f:
-      f.write(f"\n## Attention FLOPs executed at L={L}, ModernBERT layer pattern "
-              f"({datetime.date.today()})\n\nCommand: `python -m bench.attention_flops "
-              f"--preset={args.preset} --seq_len={L} --budget={args.budget}`; machine: "
-              f"{cpu.replace(chr(10), '; ')}; jax {jax.__version__} (compile only).\n\n```\n"
-              + "\n".join(lines) + "\n```\n")
+    harness.record(
+        __name__, f"Attention FLOPs executed at L={L}, ModernBERT layer pattern",
+        "```\n" + "\n".join(lines) + "\n```",
+        command=(f"python -m bench.attention_flops --preset={args.preset} --seq_len={L} "
+                 f"--budget={args.budget}"),
+        machine=f"{harness.machine()}; jax {jax.__version__} (compile only).")
   return ours / everything
 
 

@@ -17,8 +17,9 @@ import time
 from bert_jax import finetune, train
 from bert_jax.configs import glue, tiny_pretrain
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
-DEFAULT_COLA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "cola" / "raw"
+from bench import harness
+
+DEFAULT_COLA = pathlib.Path(harness.REPO).parent / "shared" / "data" / "cola" / "raw"
 
 
 def main(argv=None) -> None:
@@ -46,8 +47,7 @@ def main(argv=None) -> None:
           f"on {os.cpu_count()} CPU cores. Best in-domain dev: MCC {best['mcc']:.3f}, accuracy "
           f"{best['accuracy']:.3f} (epoch {best['epoch']}); majority-class baseline MCC 0.000, accuracy 0.693.\n")
   print(line)
-  with open(RESULTS, "a") as f:
-    f.write(line)
+  harness.append(__name__, line)
 
 
 if __name__ == "__main__":

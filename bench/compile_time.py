@@ -15,19 +15,13 @@ bench/scaling_table.py compile the same step for other devices with it.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
-import platform
-import subprocess
-import sys
 import time
 from typing import Any, Sequence
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+from bench import harness
+
 PREDICTIONS = {128: 20, 512: 76}
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_config(preset: str, seq_len: int, batch: int, dtype: str, *, scan: bool = True,
@@ -121,24 +115,13 @@ def _child(spec: dict) -> None:
   lower_and_compile(make_config("tiny", 32, 2, "float32", vocab=512))
   config = make_config(spec["preset"], spec["L"], spec["batch"], spec["dtype"],
                        scan=spec["scan"], remat=spec["remat"], vocab=spec["vocab"])
-  print("RESULT " + json.dumps(lower_and_compile(config)), flush=True)
+  harness.emit(lower_and_compile(config))
 
 
 def run_one(spec: dict, timeout: float) -> dict:
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-  env.pop("XLA_FLAGS", None)  # one CPU device, as the brief's measurement
-  t = time.perf_counter()
-  try:
-    proc = subprocess.run([sys.executable, "-m", "bench.compile_time", "--_child", json.dumps(spec)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return dict(spec, error=f"timed out after {timeout:.0f} s")
-  wall = time.perf_counter() - t
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      return dict(spec, wall_s=wall, **json.loads(line[len("RESULT "):]))
-  tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-  return dict(spec, error=" | ".join(tail) or f"exit {proc.returncode}")
+  env = harness.child_env(drop=("XLA_FLAGS",))  # one CPU device, as the brief's measurement
+  return dict(spec, **harness.child_row(harness.module_child("bench.compile_time", spec),
+                                        env=env, timeout=timeout, wall=True))
 
 
 def format_table(rows: list[dict]) -> str:
@@ -157,8 +140,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__, child=True)
   parser.add_argument("--preset", default="large")
   parser.add_argument("--seq_len", type=int, default=128)
   parser.add_argument("--batch", type=int, default=8)
@@ -167,14 +149,11 @@ def main(argv=None) -> list[dict]:
                       help="comma list of {scan|unrolled}:{none|attention|dots|full}")
   parser.add_argument("--vocab", type=int, default=30522)
   parser.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
-  parser.add_argument("--smoke", action="store_true", help="tiny settings, seconds")
-  parser.add_argument("--no_record", action="store_true")
   parser.add_argument("--inprocess", action="store_true",
                       help="compile in this process (no fresh process, no warm-up)")
-  parser.add_argument("--_child", default="", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  if args._child:
-    _child(json.loads(args._child))
+  if (spec := harness.child_spec(args)) is not None:
+    _child(spec)
     return []
   if args.smoke:
     args.preset, args.seq_len, args.batch, args.vocab = "tiny", 32, 2, 512
@@ -195,16 +174,14 @@ def main(argv=None) -> list[dict]:
       print(format_table(rows[-1:]).splitlines()[-1], flush=True)
   table = format_table(rows)
   print(table)
-  if not args.no_record and not args.smoke:
-    cmd = "python -m bench.compile_time " + " ".join(argv if argv is not None else sys.argv[1:])
+  if harness.recording(args):
     import jax
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## Compile time ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
-              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-              f"(shared; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
-              f"end), jax {jax.__version__}, CPU backend, 1 device. Lower = trace + "
-              f"StableHLO; compile = XLA. Abstract inputs (nothing allocated); each row in a "
-              f"fresh process after a warm-up compile of a tiny step.\n\n{table}\n")
+    harness.record(
+        __name__, "Compile time", table, command=harness.command("bench.compile_time", argv),
+        machine=f"{harness.machine()} (shared; {harness.load_span(load0)}), jax "
+                f"{jax.__version__}, CPU backend, 1 device. Lower = trace + StableHLO; compile = "
+                f"XLA. Abstract inputs (nothing allocated); each row in a fresh process after a "
+                f"warm-up compile of a tiny step.")
   return rows
 
 

@@ -27,16 +27,17 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from absl import flags
 
+from bench import harness
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(harness.REPO)
 GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
 NUM_SHARDS = 16
 
@@ -155,13 +156,9 @@ def write_first_format(summary: dict, base: str, out: str, times: int) -> None:
 
 
 def measure(checkout: str, prepared: str, vocab: str, seconds: float) -> dict:
-  env = dict(os.environ, PYTHONPATH=checkout, TF_CPP_MIN_LOG_LEVEL="3")
-  out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(
-      {"prepared": prepared, "vocab": vocab, "seconds": seconds})], cwd=checkout, env=env,
-                       capture_output=True, text=True)
-  if out.returncode:
-    raise RuntimeError(f"measurement in {checkout} failed:\n{out.stderr[-3000:]}")
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return harness.run_child([sys.executable, "-c", _CHILD, json.dumps(
+      {"prepared": prepared, "vocab": vocab, "seconds": seconds})], cwd=checkout,
+                           env=harness.child_env(checkout), mark="")
 
 
 def table(rows: list[dict]) -> str:

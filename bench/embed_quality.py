@@ -18,7 +18,6 @@ Appends the table to bench/RESULTS.md unless --no_record.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
 import re
@@ -26,8 +25,9 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+from bench import harness
+
+REPO = pathlib.Path(harness.REPO)
 GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
 STSB_DEV = REPO.parent / "shared" / "data" / "glue" / "STS-B" / "dev.tsv"
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
@@ -135,11 +135,9 @@ def main(argv=None) -> None:
             + (f" {s['sts_spearman']:.2f} |" if sts else "") + f" {t:.0f} |" for n, s, t in rows]
   print("\n".join(table))
   if not args.no_record:
-    with RESULTS.open("a") as f:
-      f.write(f"\n## Contrastive fine-tuning and retrieval, tiny scale (issue 38; "
-              f"{datetime.date.today()})\n\nCommand: `python -m bench.embed_quality "
-              f"{' '.join(argv or sys.argv[1:])}`; {__doc__.split(chr(10))[0]}\n\n"
-              + "\n".join(table) + "\n")
+    harness.record(__name__, "Contrastive fine-tuning and retrieval, tiny scale (issue 38)",
+                   __doc__.split(chr(10))[0] + "\n\n" + "\n".join(table),
+                   command=harness.command("bench.embed_quality", argv or None))
 
 
 if __name__ == "__main__":

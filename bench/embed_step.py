@@ -42,16 +42,14 @@ import os
 import pathlib
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from bench import finetune_throughput
-from bench.finetune_step import load_average, machine
+from bench import harness
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(harness.REPO)
 DEFAULT_GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
 SEED = 0
 PEER = "sentence-transformers"
@@ -213,11 +211,7 @@ def run_peer(train: str, args) -> dict:
   cmd = [sys.executable, "-m", "bench.embed_step", "--worker=peer", f"--train={train}",
          f"--steps={args.steps}", f"--log_every={args.log_every}", f"--batch={args.batch}",
          f"--seq_len={args.seq_len}", f"--threads={args.threads}"]
-  proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                        capture_output=True, text=True, timeout=3600)
-  if proc.returncode:
-    raise RuntimeError(f"{' '.join(cmd)} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return harness.run_child(cmd, env=harness.child_env(str(REPO)), timeout=3600, mark="")
 
 
 def table(results: dict, args, load_start: str, seconds: float, n_pairs: int) -> tuple[list, str]:
@@ -244,8 +238,8 @@ def table(results: dict, args, load_start: str, seconds: float, n_pairs: int) ->
       f"\n## Contrastive fine-tuning step vs sentence-transformers (issue 38; "
       f"{datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"
-      f"Machine: {machine()}; load average (1/5/15 min) {load_start} at the start, "
-      f"{load_average()} "
+      f"Machine: {harness.machine()}; load average (1/5/15 min) {load_start} at the start, "
+      f"{harness.load_average()} "
       f"at the end ({seconds:.0f} s); jax {jax.__version__}, torch {torch.__version__}, "
       f"transformers {transformers.__version__}, sentence-transformers "
       f"{sentence_transformers.__version__}.  \n"
@@ -303,7 +297,7 @@ def main(argv=None) -> dict:
   pairs = build_pairs(None if args.builtin else pathlib.Path(args.gutenberg), args.pairs,
                       args.num_pairs + 64)
   runs = ["bert_jax", PEER] + ([] if args.no_packed else [PACKED])
-  load_start, t_start = load_average(), time.time()
+  load_start, t_start = harness.load_average(), time.time()
   results = {name: [] for name in runs}
   with tempfile.TemporaryDirectory() as tmp:
     tmp = pathlib.Path(tmp)
@@ -316,13 +310,12 @@ def main(argv=None) -> dict:
                run_bert_jax(train, dev, str(tmp / f"run_{r}_{name[-4:]}"), args, name == PACKED))
         results[name].append(out)
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
-              f"{args.batch / out['s_per_step']:.1f} examples/s (load {load_average()})",
+              f"{args.batch / out['s_per_step']:.1f} examples/s (load {harness.load_average()})",
               flush=True)
   rows, text = table(results, args, load_start, time.time() - t_start, args.num_pairs)
   print(text)
   if not args.no_record:
-    with open(RESULTS, "a") as f:
-      f.write(text)
+    harness.append(__name__, text)
   return {"rows": rows, "table": text}
 
 

@@ -38,7 +38,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,10 +45,9 @@ import time
 import numpy as np
 
 from bench import finetune_throughput
-from bench.hostinfo import machine  # also read here by bench/ablations.py, paper.py, suite_cola.py
+from bench import harness
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(harness.REPO)
 DEFAULT_COLA = finetune_throughput.DEFAULT_COLA
 SEED = 0  # configs/common.py: data order and dropout
 
@@ -212,11 +210,7 @@ def run_torch(assets: dict, cola_dir: str, args) -> dict:
          f"--vocab={assets['vocab']}", f"--cola_dir={cola_dir}", f"--steps={args.steps}",
          f"--log_every={args.log_every}", f"--batch={args.batch}", f"--seq_len={args.seq_len}",
          f"--threads={args.threads}", f"--torch_padding={args.torch_padding}"]
-  proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                        capture_output=True, text=True, timeout=3600)
-  if proc.returncode:
-    raise RuntimeError(f"{' '.join(cmd)} failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  return harness.run_child(cmd, env=harness.child_env(str(REPO)), timeout=3600, mark="")
 
 
 def run_keras(feats, args) -> dict:
@@ -245,13 +239,6 @@ def _smoke_cola(root: pathlib.Path) -> str:
         f"gj04\t{rng.integers(0, 2)}\t\t{' '.join(rng.choice(words, rng.integers(3, 9)))}.\n"
         for _ in range(n)))
   return str(d)
-
-
-def load_average() -> str:
-  try:
-    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-  except OSError:
-    return "?"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -331,7 +318,7 @@ def _run_rounds(args, runs: list[tuple]) -> dict[str, list[dict]]:
         out["examples_per_s"] = n / out["elapsed"]
         results[name].append(out)
         print(f"round {r + 1} {name}: {out['s_per_step']:.3f} s/step, "
-              f"{out['examples_per_s']:.1f} examples/s (load {load_average()})", flush=True)
+              f"{out['examples_per_s']:.1f} examples/s (load {harness.load_average()})", flush=True)
   return results
 
 
@@ -369,8 +356,8 @@ def _table(args, rows: list[dict], load_start: str, t_start: float) -> str:
   return (
       f"\n## Fine-tuning step vs transformers, CoLA ({datetime.date.today()})\n\n"
       f"Command: `{cmd}`  \n"
-      f"Machine: {machine()}; load average (1/5/15 min) {load_start} at the start, "
-      f"{load_average()} "
+      f"Machine: {harness.machine()}; load average (1/5/15 min) {load_start} at the start, "
+      f"{harness.load_average()} "
       f"at the end ({time.time() - t_start:.0f} s); jax {jax.__version__}, torch "
       f"{torch.__version__}, transformers {transformers.__version__}.  \n"
       f"{'Smoke settings (synthetic data, tiny sizes): not a measurement.  ' if args.smoke else ''}"
@@ -403,13 +390,12 @@ def main(argv=None) -> dict:
     print(f"CoLA not found at {args.cola_dir}: skipped (../shared/data is only on the project's machines).")
     return {}
   runs = _runs(args)
-  load_start, t_start = load_average(), time.time()
+  load_start, t_start = harness.load_average(), time.time()
   rows = _rows(_run_rounds(args, runs), args.batch)
   table = _table(args, rows, load_start, t_start)
   print(table)
   if not args.no_record:
-    with open(RESULTS, "a") as f:
-      f.write(table)
+    harness.append(__name__, table)
   return {"rows": rows, "table": table}
 
 

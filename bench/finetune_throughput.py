@@ -25,8 +25,9 @@ import subprocess
 import sys
 import tempfile
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from bench import harness
+
+REPO = pathlib.Path(harness.REPO)
 DEFAULT_COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 STEP_LINE = re.compile(r"^I\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*\bstep (\d+)/\d+ \|")
 
@@ -151,8 +152,7 @@ def main(argv=None) -> list[dict]:
                      f"{', '.join(f'{x:,.0f}' for x in s['runs'])} |\n" for s in summary))
   print(table)
   if not args.no_record:
-    with open(RESULTS, "a") as f:
-      f.write(table)
+    harness.append(__name__, table)
   return summary
 
 

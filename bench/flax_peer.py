@@ -19,18 +19,17 @@ Appends the table to bench/RESULTS.md unless --no_record (or --smoke).
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __package__ in (None, ""):  # run as a script by the Flax venv: make `bench` importable
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import harness  # pylint: disable=g-import-not-at-top  # stdlib only
+
+REPO = harness.REPO
 DEFAULT_VENV = "/tmp/flaxpeer_venv"
 SIZES = {  # (layers, hidden, heads), as bert_jax.models.bert.PRESETS (the venv cannot import it)
     "tiny": (2, 128, 2), "mini": (4, 256, 4), "small": (4, 512, 8),
@@ -90,10 +89,10 @@ def _flax_child(spec: dict) -> None:
     loss.block_until_ready()
     if i >= spec["warmup"]:
       times.append(time.perf_counter() - t)
-  print("RESULT " + json.dumps(dict(
+  harness.emit(dict(
       step_s=statistics.median(times), compile_s=compile_s, loss=float(loss),
       versions=f"transformers {transformers.__version__}, jax {jax.__version__}, "
-               f"flax {__import__('flax').__version__}, optax {optax.__version__}")), flush=True)
+               f"flax {__import__('flax').__version__}, optax {optax.__version__}"))
 
 
 def bench_flax(spec: dict, venv: str, timeout: float) -> dict:
@@ -107,24 +106,12 @@ def bench_flax(spec: dict, venv: str, timeout: float) -> dict:
 def run_result(cmd: list[str], timeout: float, **env_extra: str) -> dict:
   """Runs a peer's child process on the CPU (its own XLA flags cleared) and returns the JSON
   of its `RESULT ` line, or {'error': the last lines it wrote}."""
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu",
-             **env_extra)
-  env.pop("XLA_FLAGS", None)
-  try:
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return dict(error=f"timed out after {timeout:.0f} s")
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      return json.loads(line[len("RESULT "):])
-  tail = [l for l in (proc.stderr or proc.stdout).strip().splitlines() if l.strip()][-3:]
-  return dict(error=" | ".join(tail) or f"exit {proc.returncode}")
+  env = harness.child_env(REPO, drop=("XLA_FLAGS",), JAX_PLATFORMS="cpu", **env_extra)
+  return harness.child_row(cmd, env=env, timeout=timeout)
 
 
-def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser():
+  parser = harness.parser(__doc__, child=True)
   parser.add_argument("--preset", default="base")
   parser.add_argument("--seq_len", type=int, default=128)
   parser.add_argument("--batch", type=int, default=8)
@@ -133,20 +120,13 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--vocab", type=int, default=30522)
   parser.add_argument("--venv", default=os.environ.get("FLAX_PEER_VENV", DEFAULT_VENV))
   parser.add_argument("--timeout", type=float, default=1200, help="seconds for the Flax peer")
-  parser.add_argument("--smoke", action="store_true", help="tiny settings, seconds")
-  parser.add_argument("--no_record", action="store_true")
-  parser.add_argument("--_child", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
-  if args._child:
-    _flax_child(json.loads(args._child))
-    return []
-  if args.smoke:
-    args.preset, args.seq_len, args.batch, args.steps, args.warmup, args.vocab = "tiny", 32, 2, 2, 1, 500
+  return parser
+
+
+def _measure(args, preds: int) -> tuple[list, float, float]:
+  """The three peers one after another: [(name, result)], the matmul peak, the wall seconds."""
   from bench import train_step as ts  # main environment only from here on
   dtype = "float32"
-  preds = ts.PREDICTIONS.get(args.seq_len, max(1, args.seq_len * 15 // 100))
-  tokens = args.batch * args.seq_len
-  load0 = os.getloadavg()[0]
   t = time.perf_counter()
   width = SIZES[args.preset][1]
   peak = ts.robust_peak(width, args.batch * args.seq_len)
@@ -167,6 +147,13 @@ def main(argv=None) -> list[dict]:
              + [flop / r["step_s"] for r in (ours, torch_res, flax_res) if "step_s" in r])
   rows = [("bert_jax", ours), ("transformers-torch (PyTorch)", torch_res),
           ("transformers-flax (FlaxBertForPreTraining)", flax_res)]
+  return rows, peak, wall
+
+
+def _table(rows, args, peak: float) -> str:
+  tokens = args.batch * args.seq_len
+  ours = rows[0][1]
+  flop = ours["analytic_flops"]
   lines = [f"| impl | tokens/s | step ms | compile s | MFU | bert_jax / impl | loss after {args.warmup + args.steps} steps |",
            "|" + "---|" * 7]
   for name, r in rows:
@@ -177,28 +164,37 @@ def main(argv=None) -> list[dict]:
     lines.append(f"| {name} | {tokens / r['step_s']:.1f} | {1e3 * r['step_s']:.0f} | {compile_s} | "
                  f"{100 * flop / r['step_s'] / peak:.1f}% | {r['step_s'] / ours['step_s']:.2f} | "
                  f"{r['loss']:.3f} |")
-  table = "\n".join(lines)
-  header = (f"{args.preset}, batch {args.batch} x {args.seq_len} (P={preds}), {dtype}; median of "
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+  args = _parser().parse_args(argv)
+  if (spec := harness.child_spec(args)) is not None:
+    _flax_child(spec)
+    return []
+  if args.smoke:
+    args.preset, args.seq_len, args.batch, args.steps, args.warmup, args.vocab = "tiny", 32, 2, 2, 1, 500
+  from bench import train_step as ts  # main environment only from here on
+  preds = ts.PREDICTIONS.get(args.seq_len, max(1, args.seq_len * 15 // 100))
+  load0 = os.getloadavg()[0]
+  rows, peak, wall = _measure(args, preds)
+  table = _table(rows, args, peak)
+  header = (f"{args.preset}, batch {args.batch} x {args.seq_len} (P={preds}), float32; median of "
             f"{args.steps} steps after {args.warmup} warm-up; matmul peak {peak / 1e9:.1f} GFLOP/s; "
-            f"analytic {flop / 1e9:.1f} GFLOP/step")
+            f"analytic {rows[0][1]['analytic_flops'] / 1e9:.1f} GFLOP/step")
   print(header)
   print(table)
-  if not args.no_record and not args.smoke:
-    cmd = "python -m bench.flax_peer " + " ".join(argv if argv is not None else sys.argv[1:])
+  if harness.recording(args):
     import jax
-    versions = flax_res.get("versions", "not run")
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## Peers: HuggingFace Flax and PyTorch ({datetime.date.today()})\n\n"
-              f"Command: `{cmd}` (after `bash bench/setup_flax_peer.sh`)  \n"
-              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-              f"(shared; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
-              f"end; all four measurements one after another in one invocation, {wall:.0f} s). "
-              f"bert_jax: jax {jax.__version__}; Flax peer venv: {versions}.  \n{header}.\n\n"
-              f"{table}\n")
+    versions = rows[2][1].get("versions", "not run")
+    harness.record(
+        __name__, "Peers: HuggingFace Flax and PyTorch", table,
+        command=harness.command("bench.flax_peer", argv) + " (after `bash bench/setup_flax_peer.sh`)",
+        machine=f"{harness.machine()} (shared; {harness.load_span(load0)}; all four "
+                f"measurements one after another in one invocation, {wall:.0f} s). bert_jax: jax "
+                f"{jax.__version__}; Flax peer venv: {versions}.  \n{header}.")
   return [dict(impl=n, **r) for n, r in rows]
 
 
 if __name__ == "__main__":
-  if __package__ in (None, ""):  # run as a script by the Flax venv: make `bench` importable
-    sys.path.insert(0, REPO)
   main()

@@ -42,7 +42,6 @@ writes the rows too.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import itertools
 import json
@@ -50,15 +49,14 @@ import os
 import platform
 import re
 import statistics
-import subprocess
-import sys
 import time
 
 import numpy as np
 
+from bench import harness
+
 START = time.perf_counter()  # a child's seconds to its first step count from here (imports too)
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = harness.REPO
 VOCAB = 30522
 
 BERT = {  # name: (preset, L, batch, P)
@@ -136,11 +134,11 @@ def bert_jax_workload(spec: dict):
     tokens = [batch * L]
     steps = None
   else:
-    from bench import modern_step  # pylint: disable=g-import-not-at-top
+    from bench import modern_sides  # pylint: disable=g-import-not-at-top
     opts = spec["modern"]
-    config = modern_step.job_config(opts)
+    config = modern_sides.job_config(opts)
     config.model.dtype = spec["dtype"]
-    steps, _ = modern_step.make_steps(opts, config.model.vocab_size)
+    steps, _ = modern_sides.make_steps(opts, config.model.vocab_size)
     host_batches = [s["batch"] for s in steps]
     tokens = [s["tokens"] for s in steps]
   family = "bert" if "bert" in spec else "modern"
@@ -283,16 +281,16 @@ def _torch_workload(spec: dict, torch, device: str):
     cfg = model_lib.BertConfig.from_preset(preset, vocab_size=spec["vocab"])
     flops, tokens = flops_lib.train_flops_per_step(cfg, batch, L, P), batch * L
     return model, parts, flops, tokens
-  from bench import modern_step  # pylint: disable=g-import-not-at-top
+  from bench import modern_sides, modern_step  # pylint: disable=g-import-not-at-top
   opts = spec["modern"]
-  steps, _ = modern_step.make_steps(opts, modern_step.model_config(opts).vocab_size)
-  theirs = modern_step.Theirs(opts, steps)
+  steps, _ = modern_sides.make_steps(opts, modern_sides.model_config(opts).vocab_size)
+  theirs = modern_sides.Theirs(opts, steps)
   model = theirs.model.to(device)
   to_dev = lambda v: ({k: to_dev(x) for k, x in v.items()} if isinstance(v, dict)
                       else v.to(device) if hasattr(v, "to") else v)
   parts = [({k: to_dev(v) for k, v in kw.items()}, w)
            for kw, w in theirs._inputs(spec["torch_mode"], 0)]  # pylint: disable=protected-access
-  cfg = modern_step.model_config(opts)
+  cfg = modern_sides.model_config(opts)
   flops, tokens = modern_step.useful_flops(cfg, steps[0]), steps[0]["tokens"]
   return model, parts, flops, tokens
 
@@ -349,42 +347,21 @@ def child_matmul(spec: dict) -> dict:
 def child(spec: dict) -> None:
   fn = {"bert_jax": child_bert_jax, "eager": child_torch, "compile": child_torch,
         "matmul": child_matmul}[spec["system"]]
-  print("RESULT " + json.dumps(fn(spec)), flush=True)
+  harness.emit(fn(spec))
 
 
 # ----------------------------------------------------------------------------
 # The driver.
 
-def _text(out) -> str:
-  return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
-
-
 def run_child(spec: dict, timeout: float, xla_flags: str = "", log: str = "") -> dict:
   """The child's RESULT row, or its error; `log`: a file for its whole stdout and stderr
   (a timed-out child's too)."""
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-             PYTHONUNBUFFERED="1")  # a timed-out child's output up to its end
+  env = harness.child_env(REPO, keep_pythonpath=True,
+                          PYTHONUNBUFFERED="1")  # a timed-out child's output up to its end
   if xla_flags:
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + xla_flags).strip()
-  t = time.perf_counter()
-  try:
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_step", "--child", json.dumps(spec)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    out, err, row = proc.stdout, proc.stderr, None
-  except subprocess.TimeoutExpired as e:
-    out, err, row = _text(e.stdout), _text(e.stderr), dict(error=f"timed out after {timeout:.0f} s")
-  if log:
-    os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
-    with open(log, "w") as f:
-      f.write(f"{json.dumps(spec)}\nXLA_FLAGS={env.get('XLA_FLAGS', '')}\n--- stdout\n{out}\n"
-              f"--- stderr\n{err}")
-  if row is not None:
-    return row
-  for line in out.splitlines():
-    if line.startswith("RESULT "):
-      return dict(json.loads(line[7:]), wall_s=time.perf_counter() - t)
-  tail = (err or out).strip().splitlines()[-3:]
-  return dict(error=f"exit {proc.returncode}: " + " | ".join(tail)[-400:])
+  header = f"{json.dumps(spec)}\nXLA_FLAGS={env.get('XLA_FLAGS', '')}\n"
+  return harness.child_row(harness.module_child("bench.gpu_step", spec), env=env, timeout=timeout, log=log, log_header=header, wall=True)
 
 
 def parse_variants(text: str) -> list[tuple[str, dict, str]]:
@@ -422,8 +399,7 @@ def _fmt(row: dict, dense_peak: float, measured_peak: float) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = harness.parser(__doc__, child=True)
   parser.add_argument("--workloads", default=",".join(PRIORITY))
   parser.add_argument("--systems", default=",".join(SYSTEMS))
   parser.add_argument("--variants", default="", help="extra bert_jax rows (see above)")
@@ -443,10 +419,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="every row ends by then (a child's timeout is cut to it)")
   parser.add_argument("--logs", default="", help="a folder for each child's whole output")
   parser.add_argument("--matmul_sizes", default="4096,8192")
-  parser.add_argument("--smoke", action="store_true", help="CPU, tiny models, seconds")
   parser.add_argument("--json", default="", help="also write the rows here")
-  parser.add_argument("--no_record", action="store_true")
-  parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   return parser
 
 
@@ -531,18 +504,16 @@ def _write(args, argv, summary: str, table: str, rows: list[dict]) -> None:
   """--json's rows; the RESULTS.md section unless --no_record or --smoke."""
   if args.json:
     _write_json(args.json, summary, rows)
-  if not args.no_record and not args.smoke:
-    cmd = "python -m bench.gpu_step " + " ".join(argv if argv is not None else sys.argv[1:])
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## GPU step ({datetime.date.today()})\n\nCommand: `{cmd}`  \n{summary}\n\n"
-              f"{table}\n")
+  if harness.recording(args):
+    harness.record(__name__, "GPU step", f"{summary}\n\n{table}",
+                   command=harness.command("bench.gpu_step", argv))
 
 
 def main(argv=None) -> list[dict]:
   parser = _parser()
   args = parser.parse_args(argv)
-  if args.child:
-    child(json.loads(args.child))
+  if (spec := harness.child_spec(args)) is not None:
+    child(spec)
     return []
   if args.smoke:
     args.steps, args.warmup, args.matmul_sizes = 2, 1, "256"

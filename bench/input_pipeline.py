@@ -16,22 +16,20 @@ vocabulary and prepared corpus are built once into --workdir. Results are printe
 except with --smoke, appended to bench/RESULTS.md.
 """
 import collections
-import datetime
 import json
 import os
 import pathlib
 import random
-import subprocess
 import sys
 import tempfile
 import time
 
 from absl import flags
-from bench import hostinfo
+from bench import harness
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(harness.REPO)
 GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
 SETTINGS = ((128, 20), (512, 76))
 
@@ -98,9 +96,7 @@ def measure_ours_one_core(corpus: dict, max_seq_length: int, max_predictions: in
           "from bench import input_pipeline as b; "
           "print(json.dumps(b.measure_ours(*json.loads(sys.argv[1]))))")
   args = json.dumps([corpus, max_seq_length, max_predictions, seconds])
-  out = subprocess.run([sys.executable, "-c", code, args], cwd=REPO, capture_output=True,
-                       text=True, check=True)
-  return float(out.stdout.strip().splitlines()[-1])
+  return float(harness.run_child([sys.executable, "-c", code, args], cwd=str(REPO), mark=""))
 
 
 # ------------------------------------------------------------------------- google
@@ -246,9 +242,8 @@ def measure_hf(docs_ids, vocab_file, max_seq_length, seconds, batch_size=256):
 
 
 def machine() -> str:
-  """hostinfo's CPU line, and the load average when the run ended."""
-  load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-  return f"{hostinfo.machine()}; load average {load} at the end"
+  """The CPU line, and the load average when the run ended."""
+  return f"{harness.machine()}; load average {harness.load_average()} at the end"
 
 
 def table(rows: list[dict]) -> str:
@@ -258,16 +253,6 @@ def table(rows: list[dict]) -> str:
     lines.append(f"| {r['pipeline']} | {r['L']} | {r['P']} | {r['cores']} | "
                  f"{r['rate']:,.0f} | {r['rate'] / r['cores']:,.0f} |")
   return "\n".join(lines)
-
-
-def append_results(text: str) -> None:
-  path = REPO / "bench" / "RESULTS.md"
-  if not path.exists():
-    path.write_text("# Benchmark results\n")
-  body = path.read_text()
-  if "## Input pipeline" not in body:
-    body = body.rstrip("\n") + "\n\n## Input pipeline\n"
-  path.write_text(body.rstrip("\n") + "\n\n" + text + "\n")
 
 
 def _flag_values() -> flags.FlagValues:
@@ -318,10 +303,10 @@ def main(argv: list[str]) -> list[dict]:
   result = table(rows)
   print(result)
   if not fv.smoke:
-    append_results(
-        f"### {datetime.date.today().isoformat()}: "
-        f"`{' '.join(['python -m bench.input_pipeline', *argv[1:]])}`\n\nMachine: {machine()}. Corpus: {spec} "
-        f"({corpus_summary(corpus)}). {seconds:g} s per measurement, batch 256.\n\n{result}")
+    harness.record(__name__, "Input pipeline", result,
+                   command=harness.command("bench.input_pipeline", argv[1:]),
+                   machine=f"{machine()}. Corpus: {spec} ({corpus_summary(corpus)}). "
+                           f"{seconds:g} s per measurement, batch 256.")
   return rows
 
 

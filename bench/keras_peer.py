@@ -48,10 +48,11 @@ import sys
 import tempfile
 import time
 
+from bench import harness
+from bench import hf_peers
 from bench.flax_peer import SIZES, run_result  # stdlib only: importable in every venv
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "bench", "RESULTS.md")
+REPO = harness.REPO
 KERAS_VENV = os.environ.get("KERAS_PEER_VENV", "/tmp/keraspeer_venv")
 FLAX_VENV = os.environ.get("FLAX_PEER_VENV", "/tmp/flaxpeer_venv")
 GUTENBERG = os.path.join(REPO, "..", "shared", "data", "gutenberg")
@@ -60,7 +61,7 @@ PRELOAD = ""  # --preload: a malloc (e.g. tcmalloc) every run of every system ge
 
 
 def _result(**kw) -> None:
-  print("RESULT " + json.dumps(kw), flush=True)
+  harness.emit(kw)
 
 
 def _synthetic(spec: dict, n: int):
@@ -201,123 +202,6 @@ def run_keras_finetune(batches: dict, spec: dict, timeout: float = 3600) -> dict
     np.savez(path, **batches)
     return _run_child(os.path.join(KERAS_VENV, "bin", "python"), "keras_finetune",
                       dict(spec, batches=path), timeout)
-
-
-# ---------------------------------------------------------------- HuggingFace peers (real data)
-def _grouped_blocks(spec: dict, tokenizer):
-  """run_mlm's group_texts: every paragraph tokenized ([CLS] .. [SEP]), concatenated, cut
-  into blocks of L (the remainder dropped)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  with open(spec["paragraphs"], encoding="utf-8") as f:
-    texts = [t for t in f.read().split("\n") if t.strip()]
-  need = spec["L"] * spec["batch"] * (spec["warmup"] + spec["steps"])
-  ids, total = [], 0
-  for i in range(0, len(texts), 1000):
-    for seq in tokenizer(texts[i:i + 1000])["input_ids"]:
-      ids.append(seq)
-      total += len(seq)
-    if total >= need:
-      break
-  flat = np.concatenate([np.asarray(s, np.int64) for s in ids])
-  n = len(flat) // spec["L"]
-  return flat[:n * spec["L"]].reshape(n, spec["L"])
-
-
-def _hf_torch(spec: dict, cfg, tokenizer, blocks, stamps: list) -> tuple[float, float, str]:
-  """transformers' BertForMaskedLM + torch AdamW on run_mlm's batches (its 15% collator);
-  a stamp a step into `stamps`; (model build start, fit start, versions)."""
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  B, steps = spec["batch"], spec["warmup"] + spec["steps"]
-  torch.set_num_threads(os.cpu_count() or 1)
-  torch.manual_seed(0)
-  collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15,
-                                                          return_tensors="pt")
-  t0 = time.perf_counter()
-  model = transformers.BertForMaskedLM(cfg).train()
-  no_decay = ("bias", "LayerNorm.weight")
-  opt = torch.optim.AdamW(
-      [{"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)],
-        "weight_decay": 0.01},
-       {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)],
-        "weight_decay": 0.0}], lr=1e-4, eps=1e-6, fused=True)
-  t_fit = time.perf_counter()
-  for i in range(steps):
-    batch = collator([{"input_ids": r} for r in blocks[i * B:(i + 1) * B].tolist()])
-    loss = model(**batch).loss
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    float(loss)
-    stamps.append(time.perf_counter())
-  versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
-  return t0, t_fit, versions
-
-
-def _hf_flax(spec: dict, cfg, tokenizer, blocks, stamps: list) -> tuple[float, float, str]:
-  """transformers' FlaxBertForMaskedLM + optax AdamW in a jitted step on run_mlm_flax's
-  batches; a stamp a step into `stamps`; (model build start, fit start, versions)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  B, steps = spec["batch"], spec["warmup"] + spec["steps"]
-  t0 = time.perf_counter()
-  model = transformers.FlaxBertForMaskedLM(cfg, seed=0, dtype=jnp.float32)
-  params = model.params
-  mask = jax.tree_util.tree_map_with_path(
-      lambda path, _: not any(s in jax.tree_util.keystr(path) for s in ("LayerNorm", "bias")),
-      params)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(
-      1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask))
-  opt_state = tx.init(params)
-
-  @jax.jit
-  def step(p, o, ids, labels, rng):
-    def loss_fn(p):
-      logits = model(ids, params=p, dropout_rng=rng, train=True).logits
-      w = (labels >= 0).astype(jnp.float32)
-      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), jnp.maximum(labels, 0)[..., None],
-                                 -1)[..., 0]
-      return jnp.sum(nll * w) / jnp.maximum(jnp.sum(w), 1.0)
-    loss, grads = jax.value_and_grad(loss_fn)(p)
-    updates, o = tx.update(grads, o, p)
-    return optax.apply_updates(p, updates), o, loss
-  t_fit = time.perf_counter()
-  rng = np.random.default_rng(0)
-  special = np.asarray([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id])
-  for i in range(steps):  # run_mlm_flax's collator: 15% of non-special, 80/10/10
-    ids = blocks[i * B:(i + 1) * B].copy()
-    chosen = (rng.random(ids.shape) < 0.15) & ~np.isin(ids, special)
-    labels = np.where(chosen, ids, -100)
-    r = rng.random(ids.shape)
-    ids = np.where(chosen & (r < 0.8), tokenizer.mask_token_id, ids)
-    ids = np.where(chosen & (r >= 0.8) & (r < 0.9), rng.integers(0, spec["vocab"], ids.shape), ids)
-    params, opt_state, loss = step(params, opt_state, ids.astype(np.int32),
-                                   labels.astype(np.int32), jax.random.PRNGKey(i))
-    float(loss)
-    stamps.append(time.perf_counter())
-  versions = f"transformers {transformers.__version__}, jax {jax.__version__}"
-  return t0, t_fit, versions
-
-
-def _hf_child(spec: dict) -> None:
-  import transformers  # pylint: disable=g-import-not-at-top
-  tokenizer = transformers.AutoTokenizer.from_pretrained(spec["tokenizer_dir"])
-  blocks = _grouped_blocks(spec, tokenizer)
-  layers, hidden, heads = SIZES[spec["preset"]]
-  cfg = transformers.BertConfig(vocab_size=spec["vocab"], hidden_size=hidden,
-                                num_hidden_layers=layers, num_attention_heads=heads,
-                                intermediate_size=4 * hidden, max_position_embeddings=512)
-  stamps = []
-  run = _hf_torch if spec["impl"] == "torch" else _hf_flax
-  t0, t_fit, versions = run(spec, cfg, tokenizer, blocks, stamps)
-  elapsed = stamps[-1] - stamps[spec["warmup"] - 1]
-  tokens = spec["batch"] * spec["L"] * spec["steps"]  # blocks hold no padding
-  _result(step_s=elapsed / spec["steps"], useful_tok_s=tokens / elapsed, tok_s=tokens / elapsed,
-          build_s=t_fit - t0, first_step_s=stamps[0] - t_fit, versions=versions)
 
 
 # ---------------------------------------------------------------- bert_jax
@@ -475,10 +359,6 @@ def _peak(preset: str, tokens: int) -> float:
   return ts.robust_peak(SIZES[preset][1], tokens)
 
 
-def _load() -> str:
-  return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def _join(outs: list[dict], key: str, digits: int) -> str:
   return ", ".join(f"{o[key]:.{digits}f}" for o in outs)
 
@@ -526,7 +406,7 @@ def _run_step(args, me: str, keras_py: str, load0: str, t_start: float) -> dict:
     for name, python, kind in order:
       out = _run_child(python, kind, spec, args.timeout)
       results[name].append(out)
-      print(f"round {r + 1} {name}: {out} (load {_load()})", flush=True)
+      print(f"round {r + 1} {name}: {out} (load {harness.load_average()})", flush=True)
   peak = max(peak, _peak(args.preset, args.batch * L))
   return _report_step(args, spec, results, peak, load0, t_start)
 
@@ -554,7 +434,7 @@ def _real_rounds(args, tmp: str, assets: dict, runs: list[tuple]) -> dict:
         else:
           out = _run_child(python, "hf", dict(spec, impl=kind), args.timeout)
         res[name].append(out)
-        print(f"L={L} round {r + 1} {name}: {out} (load {_load()})", flush=True)
+        print(f"L={L} round {r + 1} {name}: {out} (load {harness.load_average()})", flush=True)
     results[L] = (spec, res)
   return results
 
@@ -586,7 +466,7 @@ def main(argv=None) -> dict:
   args = _parser().parse_args(argv)
   if args._child:
     kind, spec = args._child[0], json.loads(args._child[1])
-    {"keras": _keras_child, "ours_step": _ours_step_child, "hf": _hf_child,
+    {"keras": _keras_child, "ours_step": _ours_step_child, "hf": hf_peers.hf_child,
      "keras_finetune": _keras_finetune_child}[kind](spec)
     return {}
   if args.smoke:
@@ -594,7 +474,7 @@ def main(argv=None) -> dict:
     args.batch, args.seq_lens, args.batches, args.books_mb = 2, "32", "2", 1.0
   global PRELOAD
   PRELOAD = args.preload
-  load0, t_start = _load(), time.time()
+  load0, t_start = harness.load_average(), time.time()
   me = sys.executable
   keras_py = os.path.join(KERAS_VENV, "bin", "python")
   flax_py = os.path.join(FLAX_VENV, "bin", "python")
@@ -637,7 +517,7 @@ def _report_step(args, spec, results, peak, load0, t_start) -> dict:
       f" --preload={args.preload}" if args.preload else "")
   text = (f"\n## Pre-training step vs KerasHub ({datetime.date.today()})\n\n"
           f"Command: `{cmd}` (after `bash bench/setup_keras_peer.sh`)  \n"
-          f"Machine: {_machine()}; load average {load0} at the start, {_load()} at the end "
+          f"Machine: {harness.machine()}; load average {load0} at the start, {harness.load_average()} at the end "
           f"({time.time() - t_start:.0f} s); {versions}.  \n"
           f"{spec['preset']}, fp32, batch {spec['batch']} x {spec['L']}, {spec['preds']} masked "
           f"slots, synthetic batches; median of {spec['steps']} steps after {spec['warmup']} warm-up; "
@@ -647,8 +527,7 @@ def _report_step(args, spec, results, peak, load0, t_start) -> dict:
           f"{'; raised to a rate a run achieved' if raised else ''}).\n\n" + "\n".join(lines) + "\n")
   print(text)
   if not args.no_record and not args.smoke:
-    with open(RESULTS, "a") as f:
-      f.write(text)
+    harness.append(__name__, text)
   return {"results": results, "peak": peak, "flop": flop, "text": text}
 
 
@@ -677,7 +556,7 @@ def _report_real(args, assets, files, results, peak, load0, t_start) -> dict:
   text = (f"\n## Real data: useful tokens/s vs KerasHub and HuggingFace ({datetime.date.today()})\n\n"
           f"Command: `{cmd}` (after `bash bench/setup_keras_peer.sh` and "
           f"`bash bench/setup_flax_peer.sh`)  \n"
-          f"Machine: {_machine()}; load average {load0} at the start, {_load()} at the end "
+          f"Machine: {harness.machine()}; load average {load0} at the start, {harness.load_average()} at the end "
           f"({time.time() - t_start:.0f} s); "
           + "; ".join(f"{n}: {v}" for n, v in versions.items() if v) + ".  \n"
           f"{args.preset}, fp32; {len(files)} Gutenberg books ({mb:.1f} MB, "
@@ -687,14 +566,8 @@ def _report_real(args, assets, files, results, peak, load0, t_start) -> dict:
           "\n\n" + "\n".join(lines) + "\n")
   print(text)
   if not args.no_record and not args.smoke:
-    with open(RESULTS, "a") as f:
-      f.write(text)
+    harness.append(__name__, text)
   return {"results": results, "text": text}
-
-
-def _machine() -> str:
-  from bench import hostinfo  # pylint: disable=g-import-not-at-top
-  return hostinfo.machine()
 
 
 if __name__ == "__main__":

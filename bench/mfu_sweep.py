@@ -24,10 +24,10 @@ import subprocess
 
 import jax
 
-from bench import finetune_step, suite_cola
+from bench import harness
+from bench import suite_cola
 from bert_jax import flops as flops_lib
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
 _MFU = re.compile(r"\| MFU ([0-9.]+)%")
 
 
@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     return
   lines = [f"## MFU over two CoLA sweeps in a row (issue 40; {datetime.date.today()})", "",
            f"Command: `python -m bench.mfu_sweep --workdir={args.workdir}`; machine: "
-           f"{finetune_step.machine()}; jax {jax.__version__}. bench.suite_cola's sweep (tiny "
+           f"{harness.machine()}; jax {jax.__version__}. bench.suite_cola's sweep (tiny "
            "BERT, lr 1e-4 / 5e-5 x 2 seeds, 3 epochs of 267 steps, a log every 50, batch 32, "
            "L=64) twice, sharing a fresh peak cache.", "",
            "| sweep | progress lines | MFU min | MFU max | peak raised | timing errors |",
@@ -83,8 +83,7 @@ def main(argv=None) -> None:
             + f"; the float32 bound of this CPU (flops.cpu_flops_bound): {bound / 1e9:.1f} GFLOP/s."]
   text = "\n".join(lines) + "\n"
   print(text)
-  with RESULTS.open("a") as f:
-    f.write("\n" + text)
+  harness.append(__name__, "\n" + text)
 
 
 if __name__ == "__main__":

@@ -19,15 +19,13 @@ equal step time). Appends to bench/RESULTS.md unless --no_record (or --smoke).
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
 import time
 
 import numpy as np
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+from bench import harness
+
 DEFAULT_DATA = "/tmp/bert_jax_packing_data"
 
 
@@ -140,12 +138,10 @@ def main(argv=None) -> list[dict]:
   print(text)
   if not (args.smoke or args.no_record):
     import jax
-    cmd = "python -m bench.packing " + " ".join(argv if argv is not None else os.sys.argv[1:])
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## Sequence packing ({datetime.date.today()})\n\nCommand: `{cmd.strip()}`  \n"
-              f"Machine: {platform.machine()}, {os.cpu_count()} cores, load average "
-              f"{os.getloadavg()[0]:.1f}, jax {jax.__version__}, {jax.devices()[0].device_kind}.\n\n"
-              f"{text}\n")
+    harness.record(__name__, "Sequence packing", text,
+                   command=harness.command("bench.packing", argv),
+                   machine=f"{harness.machine()}, load average {harness.load_average()}, jax "
+                           f"{jax.__version__}, {jax.devices()[0].device_kind}.")
   return rows
 
 

@@ -33,10 +33,9 @@ import re
 import subprocess
 import sys
 
-from bench import finetune_step  # machine(): lscpu's model and flags
+from bench import harness
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+REPO = pathlib.Path(harness.REPO)
 COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 DIRECTORIES = {"mnli": "MNLI", "mrpc": "MRPC", "sst2": "SST-2"}  # as GLUE's download lays them out
 
@@ -336,7 +335,7 @@ def main(argv=None) -> None:
   rows = build(root, args)
   command = " ".join(["python -m bench.paper"] + (argv if argv is not None else sys.argv[1:]))
   text = "\n".join([f"## {title}, at tiny scale ({datetime.date.today()})", "",
-                    f"Command: `{command}`; machine: {finetune_step.machine()}. Pre-training: "
+                    f"Command: `{command}`; machine: {harness.machine()}. Pre-training: "
                     f"configs/tiny_pretrain.py, {args.steps} steps of batch 64 on the built-in "
                     "corpus per row; fine-tuning as bench/paper.py's docstring says. The "
                     "paper's columns are BERT-base/large after 1M steps of 128k-token batches: "
@@ -349,8 +348,7 @@ def main(argv=None) -> None:
   (root.parent / f"table_{args.table}.md").write_text(text)
   print(text)
   if not args.no_record:
-    with RESULTS.open("a") as f:
-      f.write("\n" + text)
+    harness.append(__name__, "\n" + text)
 
 
 if __name__ == "__main__":

@@ -21,16 +21,14 @@ Appends to bench/RESULTS.md unless --no_record (or --smoke).
 """
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
-import platform
 import sys
 import time
 
 import numpy as np
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+from bench import harness
+
 DEFAULT_DATA = "/tmp/bert_jax_precision_data"
 
 
@@ -108,9 +106,8 @@ def compare(fp32: list[float], bf16: list[float], last: int = 50, final: int = 1
               final=min(final, len(a)))
 
 
-def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser():
+  parser = harness.parser(__doc__)
   parser.add_argument("--preset", default="mini")
   parser.add_argument("--seq_len", type=int, default=128)
   parser.add_argument("--preds", type=int, default=20)
@@ -127,9 +124,28 @@ def main(argv=None) -> dict:
   parser.add_argument("--data_dir", default=DEFAULT_DATA, help="vocab + prepared corpus cache")
   parser.add_argument("--fp8", action="store_true",
                       help="bf16 with FP8 matmuls (model.matmul_dtype=fp8) against bf16")
-  parser.add_argument("--smoke", action="store_true", help="tiny settings, seconds")
-  parser.add_argument("--no_record", action="store_true")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def _report(args, pair, curves: dict, res: dict, ok: bool) -> tuple[str, str]:
+  """The table of windowed losses and the verdict."""
+  (r, _, _), (c, _, _) = pair
+  ref, cand = curves[r], curves[c]
+  k = args.log_every
+  lines = [f"| steps | {r} loss | {c} loss | rel. diff |", "|---|---|---|---|"]
+  for s in range(0, len(ref), k):
+    a, b = float(np.mean(ref[s:s + k])), float(np.mean(cand[s:s + k]))
+    lines.append(f"| {s + 1}-{min(s + k, len(ref))} | {a:.4f} | {b:.4f} | {100 * abs(b - a) / a:.2f}% |")
+  summary = (f"Over the last {res['last']} steps, per-step |{c} - {r}| / {r}: max "
+             f"{100 * res['max_rel']:.2f}%, mean {100 * res['mean_rel']:.2f}%. Final loss (mean of "
+             f"the last {res['final']} steps): {r} {res['final_fp32']:.4f}, {c} "
+             f"{res['final_bf16']:.4f}, {100 * res['final_rel']:.2f}% apart; tolerance "
+             f"{100 * args.tolerance:.0f}%: {'PASS' if ok else 'FAIL'}.")
+  return "\n".join(lines), summary
+
+
+def main(argv=None) -> dict:
+  args = _parser().parse_args(argv)
   if args.smoke:
     args.preset, args.seq_len, args.preds, args.batch, args.steps = "tiny", 32, 5, 4, 20
     args.log_every, args.warmup, args.corpus = 5, 2, "tagged:16"
@@ -151,20 +167,9 @@ def main(argv=None) -> dict:
     curves[label] = run(dtype, batches, matmul_dtype=matmul_dtype, **common)
     timing[label] = time.perf_counter() - t
   (r, _, _), (c, _, _) = pair
-  ref, cand = curves[r], curves[c]  # the reference, the candidate
-  res = compare(ref, cand)
-  ok = res["final_rel"] <= args.tolerance and np.all(np.isfinite(cand))
-  k = args.log_every
-  lines = [f"| steps | {r} loss | {c} loss | rel. diff |", "|---|---|---|---|"]
-  for s in range(0, len(ref), k):
-    a, b = float(np.mean(ref[s:s + k])), float(np.mean(cand[s:s + k]))
-    lines.append(f"| {s + 1}-{min(s + k, len(ref))} | {a:.4f} | {b:.4f} | {100 * abs(b - a) / a:.2f}% |")
-  table = "\n".join(lines)
-  summary = (f"Over the last {res['last']} steps, per-step |{c} - {r}| / {r}: max "
-             f"{100 * res['max_rel']:.2f}%, mean {100 * res['mean_rel']:.2f}%. Final loss (mean of "
-             f"the last {res['final']} steps): {r} {res['final_fp32']:.4f}, {c} "
-             f"{res['final_bf16']:.4f}, {100 * res['final_rel']:.2f}% apart; tolerance "
-             f"{100 * args.tolerance:.0f}%: {'PASS' if ok else 'FAIL'}.")
+  res = compare(curves[r], curves[c])  # the reference, the candidate
+  ok = res["final_rel"] <= args.tolerance and np.all(np.isfinite(curves[c]))
+  table, summary = _report(args, pair, curves, res, ok)
   setup = (f"BERT-{args.preset}, vocab {vocab}, L={args.seq_len}, P={args.preds}, batch "
            f"{args.batch}, {args.steps} steps, AdamW lr {args.lr} (warmup {args.warmup}, linear "
            f"decay to 0 at step {args.steps}), seed {args.seed}, dropout 0.1; corpus "
@@ -175,14 +180,12 @@ def main(argv=None) -> dict:
   print(setup)
   print(table)
   print(summary)
-  if not args.no_record and not args.smoke:
-    cmd = "python -m bench.precision " + " ".join(argv if argv is not None else sys.argv[1:])
+  if harness.recording(args):
     import jax
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## {c} vs {r} loss curves ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
-              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-              f"jax {jax.__version__} (CPU). {setup}. Loss = MLM + NSP, mean over each "
-              f"{k}-step window.\n\n{table}\n\n{summary}\n")
+    harness.record(__name__, f"{c} vs {r} loss curves", f"{table}\n\n{summary}",
+                   command=harness.command("bench.precision", argv),
+                   machine=f"{harness.machine()}, jax {jax.__version__} (CPU). {setup}. Loss = "
+                           f"MLM + NSP, mean over each {args.log_every}-step window.")
   if not ok and not args.smoke:
     sys.exit(1)
   return dict(res, ok=bool(ok), **curves)

@@ -16,17 +16,15 @@ to bench/RESULTS.md unless --no_record (or --smoke).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import harness
+
+REPO = harness.REPO
 WORDS = ("the of and to in is was for that with as on by he it at from his an were are "
          "which this be or had not but first one their its new after who they have her "
          "she two been other when there all during into school time may years more most").split()
@@ -78,15 +76,11 @@ def _inputs(root: str, n: int) -> str:
 
 def _run(checkout: str, args: list[str]) -> tuple[float, float]:
   """(peak RSS MB, seconds) of one predict process in `checkout`."""
-  env = dict(os.environ, PYTHONPATH=checkout, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
+  env = harness.child_env(checkout, JAX_PLATFORMS="cpu")
   t0 = time.perf_counter()
-  out = subprocess.run([sys.executable, "-c", _CHILD] + args, cwd=checkout, env=env,
-                       capture_output=True, text=True, check=False)
-  seconds = time.perf_counter() - t0
-  lines = [l for l in out.stderr.splitlines() if l.startswith("MAXRSS_KB")]
-  if out.returncode != 0 or not lines:
-    raise RuntimeError(f"predict failed in {checkout}: {out.stderr[-2000:]}")
-  return int(lines[-1].split()[1]) / 1024, seconds
+  kb = harness.run_child([sys.executable, "-c", _CHILD] + args, cwd=checkout, env=env,
+                         mark="MAXRSS_KB ")
+  return int(kb) / 1024, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -116,15 +110,13 @@ def main() -> None:
                 flush=True)
   if args.smoke or args.no_record:
     return
-  cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo", encoding="utf-8")
-              if l.startswith("model name")), platform.processor())
-  with open(RESULTS, "a", encoding="utf-8") as f:
-    f.write(f"\n## predict: peak memory vs input lines ({datetime.date.today()})\n\n"
-            f"`python -m bench.predict_memory {' '.join(sys.argv[1:])}` on {cpu} "
-            f"({os.cpu_count()} cores). ~1M-parameter model (vocab 4096, hidden 128, 2 layers), "
-            "lines of ~20 words with one [MASK]; a fresh process per row.\n\n"
-            "| mode | lines | checkout | peak RSS MB | s |\n|---|---|---|---|---|\n"
-            + "".join(f"| {m} | {n:,} | {c} | {mb:,.0f} | {s:.1f} |\n" for m, n, c, mb, s in rows))
+  harness.record(
+      __name__, "predict: peak memory vs input lines",
+      "~1M-parameter model (vocab 4096, hidden 128, 2 layers), lines of ~20 words with one "
+      "[MASK]; a fresh process per row.\n\n| mode | lines | checkout | peak RSS MB | s |\n"
+      "|---|---|---|---|---|\n"
+      + "".join(f"| {m} | {n:,} | {c} | {mb:,.0f} | {s:.1f} |\n" for m, n, c, mb, s in rows),
+      command=harness.command("bench.predict_memory", None), machine=harness.machine())
 
 
 if __name__ == "__main__":

@@ -25,12 +25,11 @@ and 2 (spawning the pool included). Figures are MB of input text per second (MB 
 bytes of the files), the median over rounds; "per core" divides by the processes that
 compute (1 for num_workers=1, min(workers, cores) otherwise). The prepared arrays of the
 two trees are compared byte for byte (sha256). The result is printed as a markdown section;
---record appends it to bench/RESULTS.md.
+--record appends it to the results file.
 """
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
 import os
@@ -41,11 +40,10 @@ import subprocess
 import sys
 import tempfile
 
-from bench import hostinfo
+from bench import harness
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(harness.REPO)
 GUTENBERG = REPO.parent / "shared" / "data" / "gutenberg"
-RESULTS = REPO / "bench" / "RESULTS.md"
 STAGES = ("read", "split", "tokenize", "flatten", "write")
 
 # Runs in the child, with the code tree first on sys.path. Prints one JSON line.
@@ -141,13 +139,8 @@ def ref_tree(rev: str, root: str) -> str:
 
 
 def run_child(args: dict) -> dict:
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=args["tree"])
-  proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], cwd=args["tree"],
-                        capture_output=True, text=True, env=env)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-  if proc.returncode or not lines:
-    raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-  return json.loads(lines[-1][len("RESULT "):])
+  return harness.run_child([sys.executable, "-c", _CHILD, json.dumps(args)], cwd=args["tree"],
+                           env=harness.child_env(args["tree"]))
 
 
 def measure(trees: dict[str, str], spec: str, vocab: str, rounds: int, workdir: str,
@@ -178,11 +171,9 @@ def report(res: dict, command: str, files: list[str], rounds: int) -> str:
   names = list(res)
   mb = res[names[0]]["stages"][0]["bytes"] / 1e6
   cores = os.cpu_count() or 1
-  lines = [f"### prepare speed ({datetime.date.today().isoformat()})", "",
-           f"`{command}`", "",
-           f"Machine: {hostinfo.machine()}. Corpus: {len(files)} files, {mb:.1f} MB; median of "
-           f"{rounds} alternating rounds; MB/s of input text (one process for the stages).",
-           ""]
+  machine = (f"{harness.machine()}. Corpus: {len(files)} files, {mb:.1f} MB; median of "
+             f"{rounds} alternating rounds; MB/s of input text (one process for the stages).")
+  lines = []
   head = "| stage | " + " | ".join(f"{n} MB/s" for n in names)
   head += " | speed-up |" if len(names) == 2 else " |"
   lines += [head, "|" + "---|" * (len(names) + 1 + (len(names) == 2))]
@@ -212,7 +203,7 @@ def report(res: dict, command: str, files: list[str], rounds: int) -> str:
     lines += ["", f"Prepared arrays ({', '.join(('tokens.npy', 'sentence_starts.npy', 'document_starts.npy'))}) "
               f"of {names[0]} and {names[1]}, every run and worker count: "
               f"{'byte-identical' if same else 'DIFFERENT'}."]
-  return "\n".join(lines) + "\n"
+  return harness.section("prepare speed", "\n".join(lines), command=command, machine=machine)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -225,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict | None:
   parser.add_argument("--ref_rev", default=None, help="git revision to compare with")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--workdir", default=None, help="scratch (default: a temporary dir)")
-  parser.add_argument("--record", action="store_true", help="append to bench/RESULTS.md")
+  parser.add_argument("--record", action="store_true", help="append to the results file")
   args = parser.parse_args(argv)
   patterns = args.input or str(GUTENBERG / "*.txt")
   files = select_files(patterns, args.max_mb)
@@ -253,8 +244,7 @@ def main(argv: list[str] | None = None) -> dict | None:
   text = report(res, command.strip(), files, args.rounds)
   print(text)
   if args.record:
-    body = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    RESULTS.write_text(body.rstrip("\n") + "\n\n" + text)
+    harness.append(__name__, text)
   return res
 
 

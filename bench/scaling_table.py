@@ -18,15 +18,12 @@ counted) / (devices x vendor bf16 peak from bert_jax/flops.py x --mfu).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import subprocess
-import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench import harness
+
 PREDICTIONS = {128: 20, 512: 76}
 
 # target -> (slice or host, devices, peak key in flops.PEAK_BF16_FLOPS, memory GiB per device,
@@ -60,21 +57,14 @@ def _cpu_child(spec: dict) -> None:
                                     mesh_shape=spec["mesh"])
   res = compile_time.lower_and_compile(config)
   res.update(devices=jax.device_count(), global_batch=config.global_batch_size)
-  print("RESULT " + json.dumps(res), flush=True)
+  harness.emit(res)
 
 
 def compile_cpu(spec: dict, devices: int, timeout: float) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  try:
-    proc = subprocess.run([sys.executable, "-m", "bench.scaling_table", "--_child", json.dumps(spec)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-  except subprocess.TimeoutExpired:
-    return dict(spec, error=f"timed out after {timeout:.0f} s")
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      return dict(spec, **json.loads(line[len("RESULT "):]))
-  return dict(spec, error=" | ".join(proc.stderr.strip().splitlines()[-2:]))
+  env = harness.child_env(JAX_PLATFORMS="cpu",
+                          XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return dict(spec, **harness.child_row(harness.module_child("bench.scaling_table", spec),
+                                        env=env, timeout=timeout))
 
 
 def measure(target: dict, preset: str, L: int, per_device: int, args) -> dict:
@@ -114,9 +104,8 @@ def budget_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def main(argv=None) -> list[dict]:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser():
+  parser = harness.parser(__doc__, record=False, child=True)
   parser.add_argument("--presets", default="base,large")
   parser.add_argument("--seq_lens", default="128,512")
   parser.add_argument("--targets", default=",".join(TARGETS))
@@ -128,49 +117,38 @@ def main(argv=None) -> list[dict]:
   parser.add_argument("--derived_only", action="store_true", help="skip compiles")
   parser.add_argument("--json", default="", help="also write the rows here")
   parser.add_argument("--from_json", default="", help="re-print rows written by --json")
-  parser.add_argument("--smoke", action="store_true")
-  parser.add_argument("--_child", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
-  if args._child:
-    _cpu_child(json.loads(args._child))
-    return []
+  return parser
+
+
+def _row(preset: str, L: int, name: str, target: dict, args) -> dict:
+  """One target's row: the derived columns, and the compiled memory unless --derived_only."""
   from bert_jax import flops as flops_lib
   from bert_jax.models.bert import BertConfig
-  targets = {k: dict(TARGETS[k]) for k in args.targets.split(",")}
-  if args.smoke:
-    args.presets, args.seq_lens, args.vocab = "tiny", "128", 512
-    targets = {"TPU v5e-4 (smoke)": dict(TARGETS["TPU v5e-256"], slice="v5e-4", devices=4),
-               "2x CPU (smoke)": dict(TARGETS["8x H100 80GB (1 host)"], devices=2)}
-  rows = []
-  if args.from_json:
-    with open(args.from_json) as f:
-      rows = json.load(f)
-    args.presets = ""
-  for preset in filter(None, args.presets.split(",")):
-    for L in map(int, args.seq_lens.split(",")):
-      for name, target in targets.items():
-        klass = "small" if target["hbm_gib"] <= 32 else "large"
-        per_device = PER_DEVICE_BATCH.get((preset, L), dict(small=8, large=8))[klass]
-        n = target["devices"]
-        P = PREDICTIONS.get(L, L * 15 // 100)
-        cfg = BertConfig.from_preset(preset, vocab_size=args.vocab)
-        flop = flops_lib.train_flops_per_step(cfg, per_device * n, L, P)
-        peak = flops_lib.PEAK_BF16_FLOPS[target["peak"]]
-        step_s = flop / (n * peak * args.mfu)
-        row = dict(model=preset, L=L, target=name, devices=n, mesh=target["mesh"],
-                   per_device_batch=per_device, global_batch=per_device * n,
-                   tflop_per_step=flop / 1e12, step_ms=1e3 * step_s,
-                   seq_per_s=per_device * n / step_s, hbm_gib=target["hbm_gib"], how=target["how"])
-        if not args.derived_only:
-          res = measure(target, preset, L, per_device, args)
-          row.update(remat=res.get("remat"), error=res.get("error"),
-                     args_gib=res.get("args_gib"), temp_gib=res.get("temp_gib"),
-                     peak_gib=res.get("peak_gib"), compile_s=(res["lower_s"] + res["compile_s"]
-                                                              if "lower_s" in res else None))
-        rows.append(row)
+  klass = "small" if target["hbm_gib"] <= 32 else "large"
+  per_device = PER_DEVICE_BATCH.get((preset, L), dict(small=8, large=8))[klass]
+  n = target["devices"]
+  P = PREDICTIONS.get(L, L * 15 // 100)
+  cfg = BertConfig.from_preset(preset, vocab_size=args.vocab)
+  flop = flops_lib.train_flops_per_step(cfg, per_device * n, L, P)
+  peak = flops_lib.PEAK_BF16_FLOPS[target["peak"]]
+  step_s = flop / (n * peak * args.mfu)
+  row = dict(model=preset, L=L, target=name, devices=n, mesh=target["mesh"],
+             per_device_batch=per_device, global_batch=per_device * n,
+             tflop_per_step=flop / 1e12, step_ms=1e3 * step_s,
+             seq_per_s=per_device * n / step_s, hbm_gib=target["hbm_gib"], how=target["how"])
+  if not args.derived_only:
+    res = measure(target, preset, L, per_device, args)
+    row.update(remat=res.get("remat"), error=res.get("error"),
+               args_gib=res.get("args_gib"), temp_gib=res.get("temp_gib"),
+               peak_gib=res.get("peak_gib"), compile_s=(res["lower_s"] + res["compile_s"]
+                                                        if "lower_s" in res else None))
+  return row
+
+
+def format_table(rows: list[dict], mfu: float) -> str:
   lines = ["| model | L | target | mesh (data,fsdp,tensor) | per-device batch | global batch | "
            "remat | memory/device GiB (args + temp = peak; of HBM) | memory source | TFLOP/step | "
-           f"step ms @ {100 * args.mfu:.0f}% MFU | seq/s |", "|" + "---|" * 12]
+           f"step ms @ {100 * mfu:.0f}% MFU | seq/s |", "|" + "---|" * 12]
   for r in rows:
     sizes = [int(r["mesh"].get(a, 1)) for a in ("data", "fsdp", "tensor")]
     if -1 in sizes:
@@ -184,7 +162,29 @@ def main(argv=None) -> list[dict]:
     lines.append(f"| {r['model']} | {r['L']} | {r['target']} | {','.join(map(str, sizes))} | "
                  f"{r['per_device_batch']} | {r['global_batch']} | {r.get('remat') or '-'} | {mem} | "
                  f"{source} | {r['tflop_per_step']:.1f} | {r['step_ms']:.0f} | {r['seq_per_s']:,.0f} |")
-  print("\n".join(lines))
+  return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+  args = _parser().parse_args(argv)
+  if (spec := harness.child_spec(args)) is not None:
+    _cpu_child(spec)
+    return []
+  targets = {k: dict(TARGETS[k]) for k in args.targets.split(",")}
+  if args.smoke:
+    args.presets, args.seq_lens, args.vocab = "tiny", "128", 512
+    targets = {"TPU v5e-4 (smoke)": dict(TARGETS["TPU v5e-256"], slice="v5e-4", devices=4),
+               "2x CPU (smoke)": dict(TARGETS["8x H100 80GB (1 host)"], devices=2)}
+  rows = []
+  if args.from_json:
+    with open(args.from_json) as f:
+      rows = json.load(f)
+    args.presets = ""
+  for preset in filter(None, args.presets.split(",")):
+    for L in map(int, args.seq_lens.split(",")):
+      for name, target in targets.items():
+        rows.append(_row(preset, L, name, target, args))
+  print(format_table(rows, args.mfu))
   print()
   print(budget_table(rows))
   if args.json:

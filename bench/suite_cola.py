@@ -49,10 +49,9 @@ import subprocess
 import sys
 import time
 
-from bench import finetune_step  # machine(): lscpu's model and flags
+from bench import harness
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+REPO = pathlib.Path(harness.REPO)
 DEFAULT_COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 SUITE_CACHE = "xla_cache"  # bert_jax/configs/suite.py: compilation_cache_dir "" = WORKDIR/xla_cache
 NAMES = {"bert_jax": "bert_jax", "hf": "transformers"}
@@ -328,13 +327,6 @@ def tables(rounds: list[dict], args) -> tuple[str, str, list[str]]:
   return times, mcc_table, verdict
 
 
-def _load() -> str:
-  try:
-    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-  except OSError:
-    return "?"
-
-
 def main(argv=None) -> dict | None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -372,7 +364,7 @@ def main(argv=None) -> dict | None:
                      "bench.suite_cola ...).")
   workdir = pathlib.Path(args.workdir).resolve()
   hf = prepare_checkpoint(workdir)
-  load_start, t_start = _load(), time.time()
+  load_start, t_start = harness.load_average(), time.time()
   rounds, discarded = [], []
   for i in range(args.rounds):
     order = ("bert_jax", "hf") if i % 2 == 0 else ("hf", "bert_jax")
@@ -384,8 +376,7 @@ def main(argv=None) -> dict | None:
   section = render(rounds, discarded, args, load_start, time.time() - t_start)
   print(section)
   if not args.no_record:
-    with open(RESULTS, "a") as f:
-      f.write(section)
+    harness.append(__name__, section)
   return {"rounds": rounds, "section": section}
 
 
@@ -402,7 +393,7 @@ def measure(system: str, hf: pathlib.Path, cola: str, workdir: pathlib.Path, arg
     extra = (f", rerun with the XLA cache {out['cached_seconds']:.1f} s"
              if system == "bert_jax" else f" ({out['torch_threads']} torch threads)")
     print(f"{workdir.name} attempt {attempt + 1}: {out['seconds']:.1f} s{extra}; MCC "
-          f"{out['mccs']}; others {quiet:.2f} cores before, {busy:.2f} during (load {_load()})",
+          f"{out['mccs']}; others {quiet:.2f} cores before, {busy:.2f} during (load {harness.load_average()})",
           flush=True)
     if busy <= args.busy_limit or attempt == args.retries:
       break
@@ -437,8 +428,8 @@ def render(rounds: list[dict], discarded: list, args, load_start: str, seconds: 
   return (
       f"\n{TITLE}\n\n"
       f"Command: `{command(args)}`  \n"
-      f"Date: {datetime.datetime.now():%Y-%m-%d %H:%M}. Machine: {finetune_step.machine()}; load "
-      f"average (1/5/15 min) {load_start} at the start, {_load()} at the end ({seconds:.0f} s of "
+      f"Date: {datetime.datetime.now():%Y-%m-%d %H:%M}. Machine: {harness.machine()}; load "
+      f"average (1/5/15 min) {load_start} at the start, {harness.load_average()} at the end ({seconds:.0f} s of "
       f"rounds); jax {jax.__version__}, torch {torch.__version__} "
       f"({hf0['torch_threads']} threads, torch's default), transformers "
       f"{transformers.__version__}, accelerate {accelerate.__version__}.  \n"

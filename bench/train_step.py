@@ -13,15 +13,14 @@ and threads. Appends the table to bench/RESULTS.md unless --no_record.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import time
 
 import numpy as np
 
-RESULTS = os.path.join(os.path.dirname(__file__), "RESULTS.md")
+from bench import harness
+
 PREDICTIONS = {128: 20, 512: 76}
 
 
@@ -204,13 +203,11 @@ def main(argv=None) -> None:
   print(f"matmul peak (float32, best shape, before and after): {peak / 1e9:.1f} GFLOP/s")
   print(table)
   if not args.no_record and not args.smoke:
-    cmd = "python -m bench.train_step " + " ".join(argv if argv is not None else os.sys.argv[1:])
-    with open(RESULTS, "a") as f:
-      f.write(f"\n## Train step ({datetime.date.today()})\n\nCommand: `{cmd}`  \n"
-              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-              f"batch {args.batch}; median of {args.steps} steps after {args.warmup} warm-up; "
-              f"matmul peak {peak / 1e9:.1f} GFLOP/s (float32, best shape, before and after the "
-              f"runs, raised to any rate achieved).\n\n{table}\n")
+    harness.record(
+        __name__, "Train step", table, command=harness.command("bench.train_step", argv),
+        machine=f"{harness.machine()}; batch {args.batch}; median of {args.steps} steps after "
+                f"{args.warmup} warm-up; matmul peak {peak / 1e9:.1f} GFLOP/s (float32, best "
+                f"shape, before and after the runs, raised to any rate achieved).")
 
 
 if __name__ == "__main__":

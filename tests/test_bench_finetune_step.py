@@ -5,6 +5,7 @@ import pathlib
 import pytest
 
 from bench import finetune_step
+from bench import harness
 
 
 def _vocab(tmp_path: pathlib.Path, cola: str) -> str:
@@ -23,7 +24,7 @@ def test_examples_counted_over_the_timed_steps(tmp_path):
 
 
 def test_machine_names_the_cpu():
-  assert "cores" in finetune_step.machine() or finetune_step.machine() == "lscpu unavailable"
+  assert "cores" in harness.machine() or harness.machine() == "lscpu unavailable"
 
 
 @pytest.mark.slow

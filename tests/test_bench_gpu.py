@@ -1,4 +1,4 @@
-"""bench/gpu_step.py and profile_step's kernel summary: what CPU can check of the GPU tools."""
+"""bench/gpu_step.py and kernel_trace's kernel summary: what CPU can check of the GPU tools."""
 import json
 import subprocess
 import sys
@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from bench import gpu_step
-from bench import profile_step
+from bench import harness
+from bench import kernel_trace
 from tests import test_train_utils as tu
 
 
@@ -27,11 +28,11 @@ def test_hlo_categories_name_what_each_kernel_does():
     return w - 0.1 * grad / (jnp.sqrt(jnp.sum(grad ** 2)) + 1.0)  # the update: optimizer
 
   w, x = jnp.ones((16, 16)), jnp.ones((2, 8, 16))
-  cats = profile_step.hlo_categories(_hlo(step, w, x, jnp.arange(4)))
+  cats = kernel_trace.hlo_categories(_hlo(step, w, x, jnp.arange(4)))
   found = set(cats.values())
   assert {"matmuls", "attention", "gather/scatter", "optimizer"} <= found, cats
-  assert found <= set(profile_step.CATEGORIES)
-  moves = profile_step.hlo_categories(_hlo(lambda a: a.T.copy() * 1.0 + 0.0, jnp.ones((64, 32))))
+  assert found <= set(kernel_trace.CATEGORIES)
+  moves = kernel_trace.hlo_categories(_hlo(lambda a: a.T.copy() * 1.0 + 0.0, jnp.ones((64, 32))))
   assert "optimizer" in moves.values() or "copies/transposes" in moves.values()
 
 
@@ -39,7 +40,7 @@ def test_kernel_summary_shares_and_order():
   events = [dict(name="gemm_a", hlo_op="f.1", dur=3000.0), dict(name="gemm_a", hlo_op="f.1", dur=3000.0),
             dict(name="fusion_b", hlo_op="f.2", dur=1000.0), dict(name="fusion_b", hlo_op="f.2", dur=1000.0),
             dict(name="mystery", hlo_op="f.9", dur=200.0)]
-  out = profile_step.kernel_summary(events, {"f.1": "matmuls", "f.2": "optimizer"}, steps=2,
+  out = kernel_trace.kernel_summary(events, {"f.1": "matmuls", "f.2": "optimizer"}, steps=2,
                                     step_s=0.005)
   lines = out.splitlines()
   assert "kernels 4.10 ms a step (82.0%" in lines[0]
@@ -61,17 +62,17 @@ def test_kernels_name_the_model_code_they_run():
     return w - 0.1 * jax.grad(loss)(w)
 
   hlo = _hlo(step, jnp.ones((16, 16)), jnp.ones((8, 16)))
-  sources = profile_step.hlo_sources(hlo)
+  sources = kernel_trace.hlo_sources(hlo)
   wheres = set(sources.values())
   assert any(w.startswith("fwd encoder/layer_*/") and "test_bench_gpu.py:" in w for w in wheres), wheres
   assert any(w.startswith("bwd encoder/layer_*/") for w in wheres), wheres
   name, where = next((n, w) for n, w in sources.items() if "fusion" in n or n.startswith("dot"))
   kernel = name.replace(".", "_")
   events = [dict(name=kernel, hlo_op="", dur=1000.0)]
-  out = profile_step.kernel_summary(events, profile_step.hlo_categories(hlo), steps=1,
+  out = kernel_trace.kernel_summary(events, kernel_trace.hlo_categories(hlo), steps=1,
                                     step_s=0.002, sources=sources)
   assert f"{where}" in out and "50.0%" in out, out
-  assert profile_step.source_of(
+  assert kernel_trace.source_of(
       "jit(s)/transpose(jvp(M))/bert/encoder/layer_11/attention/dot_general") == (
           "bwd bert/encoder/layer_*/attention/dot_general")
 
@@ -83,10 +84,10 @@ def test_device_kernels_without_an_hlo_op_are_named_by_their_kernel_names():
            "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": "attention",
            "loop_add_fusion": "elementwise/fusions", "input_scatter_fusion": "gather/scatter",
            "Memcpy DtoD": "copies/transposes", "redzone_checker": "other"}
-  got = {n: profile_step._category(dict(name=n, hlo_op="", dur=1.0), {}) for n in names}  # pylint: disable=protected-access
+  got = {n: kernel_trace._category(dict(name=n, hlo_op="", dur=1.0), {}) for n in names}  # pylint: disable=protected-access
   assert got == names
   # The HLO's word wins where the event names an op.
-  assert profile_step._category(dict(name="loop_add_fusion", hlo_op="f.3", dur=1.0),  # pylint: disable=protected-access
+  assert kernel_trace._category(dict(name="loop_add_fusion", hlo_op="f.3", dur=1.0),  # pylint: disable=protected-access
                                 {"f.3": "optimizer"}) == "optimizer"
 
 
@@ -166,14 +167,14 @@ def test_a_child_that_fails_or_times_out_keeps_its_output(tmp_path, monkeypatch)
   def timeout(cmd, **kw):
     raise subprocess.TimeoutExpired(cmd, kw["timeout"], output=b"compiling...", stderr=b"E0001 slow")
 
-  monkeypatch.setattr(gpu_step.subprocess, "run", timeout)
+  monkeypatch.setattr(harness.subprocess, "run", timeout)
   log = tmp_path / "rows" / "00_x.log"
   row = gpu_step.run_child(dict(system="bert_jax"), 12.0, "--xla_flag=1", str(log))
   assert row == dict(error="timed out after 12 s")
   text = log.read_text()
   assert "compiling..." in text and "E0001 slow" in text and "--xla_flag=1" in text
   failed = lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "started\n", "a\nb\nc\nTriton: boom\n")
-  monkeypatch.setattr(gpu_step.subprocess, "run", failed)
+  monkeypatch.setattr(harness.subprocess, "run", failed)
   row = gpu_step.run_child(dict(system="bert_jax"), 12.0, "", str(log))
   assert row == dict(error="exit 1: b | c | Triton: boom")
   assert "started" in log.read_text() and "Triton: boom" in log.read_text()

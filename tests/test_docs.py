@@ -22,7 +22,8 @@
     * input_pipeline.prepare_hosts: the FlagValues its `main` builds (prepare's flags and
       its own), captured at `errors.parse_flags` before anything runs.
     * bench.*: argparse parsers built inside `main`: the option strings of the module's
-      `add_argument` calls, read from its source (values and choices not checked).
+      `add_argument` calls, read from its source, and those of bench/harness.py's skeleton
+      when the module builds its parser with `harness.parser` (values and choices not checked).
     * any other module (e.g. pytest): only that it exists (importlib.util.find_spec).
 - Every module of bert_jax/ (and models/, configs/) and input_pipeline/ is named in a table:
   README.md's table of pieces or docs/architecture.md for bert_jax (a configs/ row may list
@@ -129,9 +130,13 @@ _MAIN_BUILDS_FLAGS = ("input_pipeline.prepare_hosts",)
 
 
 def _argparse_options(path: pathlib.Path) -> set[str]:
-  """Option names of every `add_argument("--x", ...)` call in a module's source."""
+  """Option names of every `add_argument("--x", ...)` call in a module's source (and in
+  bench/harness.py's when the module builds its parser with `harness.parser`)."""
   names = set()
-  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+  text = path.read_text(encoding="utf-8")
+  if "harness.parser(" in text:
+    names |= _argparse_options(ROOT / "bench" / "harness.py")
+  for node in ast.walk(ast.parse(text)):
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         and node.func.attr == "add_argument"):
       for arg in node.args:
