@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU session's one prepared run: bench/gpu_step.py (bert_jax vs transformers eager /
+# The GPU session's one prepared run: bench/accel/gpu_step.py (bert_jax vs transformers eager /
 # torch.compile), then the kernel profile of BERT-base's step, results under $OUT.
 #
 #   here, once:   echo /.whl/ >> .git/info/exclude && bash bench/gpu_check.sh --wheels
@@ -49,13 +49,13 @@ start=$(date +%s)
 # optimized HLO is written before its trace, so a profile cut short still returns it.
 modern_profiles() {  # $1: seconds for both; the rest: profile_step arguments
   local budget=$1 t0=$(date +%s); shift
-  timeout $(( budget * 3 / 5 )) python3 -m bench.profile_step --workload=modern-packed \
+  timeout $(( budget * 3 / 5 )) python3 -m bench.accel.profile_step --workload=modern-packed \
     --overrides=modern.model.attention=flash --trace=/tmp/gpu_check_flash --trace_steps=2 "$@" \
     2>&1 | tee "$OUT/profile_modern_flash.log"
   cp /tmp/gpu_check_flash/step.hlo.txt.gz "$OUT/step_modern_flash.hlo.txt.gz" 2>/dev/null
   local left=$(( budget - ($(date +%s) - t0) ))
   if [ $left -gt 60 ]; then
-    timeout $left python3 -m bench.profile_step --workload=modern-packed \
+    timeout $left python3 -m bench.accel.profile_step --workload=modern-packed \
       --trace=/tmp/gpu_check_modern --trace_steps=2 "$@" 2>&1 | tee "$OUT/profile_modern.log"
     cp /tmp/gpu_check_modern/step.hlo.txt.gz "$OUT/step_modern.hlo.txt.gz" 2>/dev/null
   fi
@@ -68,11 +68,11 @@ fi
 if [ "$SMOKE" = 1 ]; then
   rm -rf /tmp/gpu_check_rows
   export XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true
-  timeout 300 python3 -m bench.profile_step \
+  timeout 300 python3 -m bench.accel.profile_step \
     --preset=tiny --batch=2 --seq_len=32 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
   modern_profiles 300 --smoke
   unset XLA_FLAGS
-  timeout 600 python3 -m bench.gpu_step --smoke --workloads=bert-base-128 --systems=bert_jax,eager \
+  timeout 600 python3 -m bench.accel.gpu_step --smoke --workloads=bert-base-128 --systems=bert_jax,eager \
     --variants="flash:bert.model.attention_impl=pallas;attn:model.remat=attention;threefry:jax.jax_threefry_gpu_kernel_lowering=True" \
     --json="$OUT/gpu_step.json" --deadline_s=580 --logs=/tmp/gpu_check_rows "$@" 2>&1 \
     | tee "$OUT/gpu_step.log"
@@ -108,7 +108,7 @@ O="$O,bert-base-512:bert_jax[explicit],bert-base-128:bert_jax[noautotune]"
 # as it ends, each child's whole output in rows.tar.gz (the device returns 8 files at most).
 rm -rf /tmp/gpu_check_rows
 left=$(( 430 - ($(date +%s) - start) ))
-timeout -k 10 $left python3 -m bench.gpu_step --budget_s=$(( left - 100 )) --child_timeout_s=200 \
+timeout -k 10 $left python3 -m bench.accel.gpu_step --budget_s=$(( left - 100 )) --child_timeout_s=200 \
   --deadline_s=$(( left - 10 )) --logs=/tmp/gpu_check_rows \
   --systems=bert_jax,compile,eager --variants="${VARIANTS:-$V}" --only="${ONLY:-$O}" \
   --matmul_sizes=8192 --json="$OUT/gpu_step.json" --no_record "$@" 2>&1 | tee "$OUT/gpu_step.log"
@@ -119,7 +119,7 @@ tar czf "$OUT/rows.tar.gz" -C /tmp gpu_check_rows
 # file:line); the optimized HLO comes back.
 left=$(( 560 - ($(date +%s) - start) ))
 if [ $left -gt 120 ]; then
-  timeout -k 10 $left python3 -m bench.profile_step --preset=large --batch=256 --seq_len=128 \
+  timeout -k 10 $left python3 -m bench.accel.profile_step --preset=large --batch=256 --seq_len=128 \
     --dtype=bfloat16 --trace=/tmp/gpu_check_trace --trace_steps=2 2>&1 | tee "$OUT/profile.log"
   cp /tmp/gpu_check_trace/step.hlo.txt.gz "$OUT/" 2>/dev/null
 fi

@@ -8,8 +8,9 @@ and the GPU's).
   row, so a table shows why a row is missing).
 - `parser`, `child_spec`, `command`, `recording`: the argparse skeleton (--smoke, --no_record,
   the hidden --_child) and the command line a RESULTS section quotes.
-- `results_file`, `record`: the results file of a benchmark's group and the section appended
-  to it ("## title (date)", the command, the machine, the body).
+- `results_file`, `section`, `record`: the results file of a benchmark's group
+  (bench/results/GROUP.md) and the section appended to it ("## title (date)", the command,
+  the machine, the body).
 """
 from __future__ import annotations
 
@@ -194,10 +195,19 @@ def command(module: str, argv: Sequence[str] | None) -> str:
   return " ".join(["python -m", module, *args])
 
 
+GROUPS = ("peers", "accel", "data", "quality")  # bench/GROUP/*.py -> bench/results/GROUP.md
+
+
 def results_file(module: str) -> pathlib.Path:
-  """The results file of a benchmark module's group."""
-  del module
-  return BENCH / "RESULTS.md"
+  """The results file of a benchmark module's group: bench/results/GROUP.md for
+  bench.GROUP.NAME (`__main__`: the module `python -m` ran)."""
+  if module == "__main__":
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    module = spec.name if spec else module
+  parts = module.split(".")
+  if len(parts) != 3 or parts[0] != "bench" or parts[1] not in GROUPS:
+    raise ValueError(f"{module} is not a benchmark of a group (bench.GROUP.NAME; GROUP in {GROUPS})")
+  return BENCH / "results" / f"{parts[1]}.md"
 
 
 def section(title: str, body: str, *, command: str | None = None, machine: str | None = None,  # pylint: disable=redefined-outer-name
@@ -216,6 +226,14 @@ def append(module: str, text: str) -> None:
   appending too)."""
   with open(results_file(module), "a", encoding="utf-8") as f:
     f.write(text)
+
+
+def publish(module: str, text: str, record: bool) -> str:  # pylint: disable=redefined-outer-name
+  """Prints a finished section, and appends it to `module`'s results file when `record`."""
+  print(text)
+  if record:
+    append(module, text)
+  return text
 
 
 def record(module: str, title: str, body: str, **kw) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the venv for the HuggingFace Flax peer of bench/flax_peer.py:
+# Builds the venv for the HuggingFace Flax peer of bench/peers/flax_peer.py:
 #
 #   bash bench/setup_flax_peer.sh [VENV_DIR]      # default /tmp/flaxpeer_venv
 #

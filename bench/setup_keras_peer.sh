@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the venv for the KerasHub peer of bench/keras_peer.py and bench/finetune_step.py:
+# Builds the venv for the KerasHub peer of bench/peers/keras_peer.py and bench/peers/finetune_step.py:
 #
 #   bash bench/setup_keras_peer.sh [VENV_DIR]      # default /tmp/keraspeer_venv
 #

@@ -1,10 +1,10 @@
-"""bench/ablations.py: the pre-training ablations (Table 5, ELECTRA vs masked LM) fine-tuned
+"""bench/quality/ablations.py: the pre-training ablations (Table 5, ELECTRA vs masked LM) fine-tuned
 through the suite on CoLA and, when its directory is there, SST-2."""
 import argparse
 
 import pytest
 
-from bench import ablations
+from bench.quality import ablations
 from tests import suite_data
 
 ROW = ("ELECTRA (replaced-token detection)", 3, "step 3: loss 1.0",

@@ -1,4 +1,4 @@
-"""bench/suite_conll.py on tiny CoNLL files in the original format (IOB1, -DOCSTART- lines) and
+"""bench/quality/suite_conll.py on tiny CoNLL files in the original format (IOB1, -DOCSTART- lines) and
 a tiny random BERT directory: each side trains and is scored (no figure asserted)."""
 import pathlib
 import re
@@ -7,7 +7,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from bench import suite_conll  # noqa: E402
+from bench.quality import suite_conll  # noqa: E402
 from tests import hf_parity  # noqa: E402
 
 WORDS = ["eu", "rejects", "german", "call", "to", "boycott", "british", "lamb", "peter",

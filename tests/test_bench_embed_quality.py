@@ -1,11 +1,11 @@
-"""bench/embed_quality.py runs end to end (--smoke: 4 books, a 4-step encoder, one epoch)."""
+"""bench/quality/embed_quality.py runs end to end (--smoke: 4 books, a 4-step encoder, one epoch)."""
 import json
 import subprocess
 import sys
 
 import pytest
 
-from bench import embed_quality
+from bench.quality import embed_quality
 from tests import test_train_utils as tu
 
 
@@ -13,7 +13,7 @@ from tests import test_train_utils as tu
 def test_embed_quality_smoke(tmp_path):
   if not embed_quality.GUTENBERG.is_dir():
     pytest.skip("../shared/data/gutenberg is absent")
-  proc = subprocess.run([sys.executable, "-m", "bench.embed_quality", "--smoke", "--no_record",
+  proc = subprocess.run([sys.executable, "-m", "bench.quality.embed_quality", "--smoke", "--no_record",
                          f"--workdir={tmp_path}"], cwd=tu.REPO, env=tu.env(), capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from bench import aot_tpu, compile_time, flax_peer, keras_peer, precision
+from bench.accel import aot_tpu, compile_time, precision
+from bench.peers import flax_peer, keras_peer
 
 
 def _row(out: str, prefix: str) -> list[str]:
@@ -129,7 +130,7 @@ def test_abstract_step_batch_is_the_packed_pipelines(tmp_path):
 
 @pytest.mark.slow
 def test_predict_memory_smoke(capsys, monkeypatch):
-  from bench import predict_memory  # pylint: disable=g-import-not-at-top
+  from bench.data import predict_memory  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr("sys.argv", ["predict_memory", "--smoke"])
   predict_memory.main()
   rows = [l for l in capsys.readouterr().out.splitlines() if "peak RSS" in l]
@@ -138,6 +139,6 @@ def test_predict_memory_smoke(capsys, monkeypatch):
 
 
 def test_mfu_sweep_skips_cleanly_without_cola(capsys, tmp_path):
-  from bench import mfu_sweep  # pylint: disable=g-import-not-at-top
+  from bench.accel import mfu_sweep  # pylint: disable=g-import-not-at-top
   mfu_sweep.main([f"--cola_dir={tmp_path / 'absent'}", f"--workdir={tmp_path / 'w'}", "--no_record"])
   assert "skipped:" in capsys.readouterr().out and not (tmp_path / "w").exists()

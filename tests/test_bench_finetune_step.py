@@ -1,10 +1,10 @@
-"""bench/finetune_step.py: its batch accounting (fast) and, under -m slow, the whole bench in
+"""bench/peers/finetune_step.py: its batch accounting (fast) and, under -m slow, the whole bench in
 its --smoke settings (both jobs and transformers run; no timing asserted)."""
 import pathlib
 
 import pytest
 
-from bench import finetune_step
+from bench.peers import finetune_step
 from bench import harness
 
 

@@ -1,4 +1,4 @@
-"""bench/gpu_step.py and kernel_trace's kernel summary: what CPU can check of the GPU tools."""
+"""bench/accel/gpu_step.py and kernel_trace's kernel summary: what CPU can check of the GPU tools."""
 import json
 import subprocess
 import sys
@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bench import gpu_step
+from bench.accel import gpu_step
 from bench import harness
-from bench import kernel_trace
+from bench.accel import kernel_trace
 from tests import test_train_utils as tu
 
 
@@ -181,7 +181,7 @@ def test_a_child_that_fails_or_times_out_keeps_its_output(tmp_path, monkeypatch)
 
 
 def test_gpu_step_imports_no_tensorflow():
-  out = subprocess.run(tu.without_tensorflow([sys.executable, "-m", "bench.gpu_step", "--help"]),
+  out = subprocess.run(tu.without_tensorflow([sys.executable, "-m", "bench.accel.gpu_step", "--help"]),
                        cwd=tu.REPO, env=tu.env(), capture_output=True, text=True, timeout=120)
   assert out.returncode == 0 and "torch.compile" in out.stdout, out.stderr[-2000:]
 
@@ -219,7 +219,7 @@ def test_gpu_step_smoke_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_profile_step_trace_summary_on_cpu(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "bench.profile_step", "--preset=tiny", "--batch=2", "--seq_len=32",
+      [sys.executable, "-m", "bench.accel.profile_step", "--preset=tiny", "--batch=2", "--seq_len=32",
        f"--trace={tmp_path}", "--trace_steps=2"], cwd=tu.REPO, capture_output=True, text=True,
       timeout=600, env=tu.env(XLA_FLAGS="--xla_cpu_enable_xprof_traceme=true"))
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -231,7 +231,7 @@ def test_profile_step_traces_gpu_step_workloads_on_cpu(tmp_path):
   """--workload profiles gpu_step's row (ModernBERT on packed rows here, an override
   applied): its kernels come from ModernBERT's code, and its tokens/s is printed."""
   proc = subprocess.run(
-      [sys.executable, "-m", "bench.profile_step", "--workload=modern-packed", "--smoke",
+      [sys.executable, "-m", "bench.accel.profile_step", "--workload=modern-packed", "--smoke",
        "--overrides=modern.model.attention=dense,bert.model.attention_impl=cudnn",
        f"--trace={tmp_path}", "--trace_steps=2"], cwd=tu.REPO, capture_output=True, text=True,
       timeout=600, env=tu.env(XLA_FLAGS="--xla_cpu_enable_xprof_traceme=true"))
@@ -240,7 +240,7 @@ def test_profile_step_traces_gpu_step_workloads_on_cpu(tmp_path):
   assert "k tokens/s" in proc.stdout and "share of step" in proc.stdout, proc.stdout
   assert "(modern_attention.py:" in proc.stdout and "(bert.py:" not in proc.stdout, proc.stdout
   assert (tmp_path / "step.hlo.txt.gz").exists()
-  refused = subprocess.run([sys.executable, "-m", "bench.profile_step", "--workload=modern-full"],
+  refused = subprocess.run([sys.executable, "-m", "bench.accel.profile_step", "--workload=modern-full"],
                            cwd=tu.REPO, capture_output=True, text=True, timeout=120, env=tu.env())
   assert refused.returncode != 0 and "give --trace" in refused.stderr, refused.stderr[-2000:]
 
@@ -248,7 +248,7 @@ def test_profile_step_traces_gpu_step_workloads_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_profile_step_times_config_variants_beside_the_step():
   proc = subprocess.run(
-      [sys.executable, "-m", "bench.profile_step", "--preset=tiny", "--batch=2", "--seq_len=32",
+      [sys.executable, "-m", "bench.accel.profile_step", "--preset=tiny", "--batch=2", "--seq_len=32",
        "--rounds=1", "--model_variants=attention:remat=attention;dots:remat=dots"],
       cwd=tu.REPO, capture_output=True, text=True, timeout=600, env=tu.env())
   assert proc.returncode == 0, proc.stderr[-3000:]

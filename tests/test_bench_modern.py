@@ -1,9 +1,9 @@
-"""bench/modern_step.py in its --smoke setting (no timing asserted): both sides train on the
+"""bench/peers/modern_step.py in its --smoke setting (no timing asserted): both sides train on the
 same packed examples, every transformers feeding mode and bert_jax agree on the first loss
 at the same weights, and the report holds the race and the attention FLOPs."""
 import pytest
 
-from bench import modern_step
+from bench.peers import modern_step
 
 
 @pytest.mark.slow  # ~40 s: the default suite keeps to ~12 minutes on 2 cores

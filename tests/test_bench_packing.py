@@ -1,8 +1,8 @@
-"""bench/packing.py in its --smoke setting (no timing asserted): both modes run from the
+"""bench/accel/packing.py in its --smoke setting (no timing asserted): both modes run from the
 real pipeline and the table reports them."""
 import pytest
 
-from bench import packing
+from bench.accel import packing
 
 
 @pytest.mark.slow  # moved from the default tier (its time: ~12 min on 2 cores)

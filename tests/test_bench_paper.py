@@ -1,4 +1,4 @@
-"""bench/paper.py (issue 36 item 5): the paper's Tables 6, 7, 8 and Figure 2, one command each."""
+"""bench/quality/paper.py (issue 36 item 5): the paper's Tables 6, 7, 8 and Figure 2, one command each."""
 import os
 import signal
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from bench import paper
+from bench.quality import paper
 from input_pipeline import tagging
 
 
@@ -45,7 +45,7 @@ def test_a_wrong_input_directory_is_one_line_before_any_pretraining(tmp_path, ca
     paper.main(args)
   err = capsys.readouterr().err.strip()
   assert exit_.value.code == 2 and len(err.splitlines()) == 1, err
-  assert err.startswith(f"bench.paper: {flag}: ") and str(typo) in err and "nothing was run" in err
+  assert err.startswith(f"bench.quality.paper: {flag}: ") and str(typo) in err and "nothing was run" in err
   assert not (tmp_path / "w" / f"table_{table}" / "pretrain").exists()
 
 
@@ -89,7 +89,7 @@ def test_table_7_end_to_end_and_a_rerun_or_a_kill_9_midway_writes_the_same_table
   assert (tmp_path / "w" / "table_7.md").read_text().split("\n", 3)[3] == first.split("\n", 3)[3]
 
   killed = common + [f"--workdir={tmp_path / 'k'}"]
-  proc = subprocess.Popen([sys.executable, "-m", "bench.paper", *killed], cwd=paper.REPO,
+  proc = subprocess.Popen([sys.executable, "-m", "bench.quality.paper", *killed], cwd=paper.REPO,
                           start_new_session=True, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   third = tmp_path / "k" / "table_7" / "ner" / f"t7_{paper.TABLE7[2][1]}"

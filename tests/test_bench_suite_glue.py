@@ -1,4 +1,4 @@
-"""bench/suite_glue.py (issue 58 items 1-2): GLUE on real files, the suite vs transformers."""
+"""bench/quality/suite_glue.py (issue 58 items 1-2): GLUE on real files, the suite vs transformers."""
 import json
 import math
 import pathlib
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from bench import suite_glue
+from bench.quality import suite_glue
 
 WORDS = ["a", "man", "is", "playing", "guitar", "the", "new", "movie", "awesome", "hello", "two",
          "dogs", "run", "in", "park", "woman", "cooks", "food", "cat", "sleeps"]

@@ -1,7 +1,7 @@
 """The train-step benchmark runs on a tiny setting (no timing asserted)."""
 import pytest
 
-from bench import train_step
+from bench.peers import train_step
 
 
 @pytest.mark.slow

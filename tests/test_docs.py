@@ -29,8 +29,9 @@
   README.md's table of pieces or docs/architecture.md for bert_jax (a configs/ row may list
   the config files by name), input_pipeline/README.md's table for input_pipeline. The
   directories are globbed when the test runs.
-- Every relative link in README.md, docs/*.md and input_pipeline/README.md points at a file
-  that exists (and, with `#anchor`, at one of its headings).
+- Every relative link in README.md, docs/*.md, input_pipeline/README.md, bench/README.md and
+  bench/RESULTS.md (the index of the results files, one per group of benchmarks) points at a
+  file that exists (and, with `#anchor`, at one of its headings).
 """
 from __future__ import annotations
 
@@ -319,7 +320,7 @@ def test_documented_commands_parse():
      "no_such_variant"),
     ("input_pipeline.inspect", ["--config=configs/tiny_pretrain.py",
                                 "--config.data.no_such_field=1"], "no_such_field"),
-    ("bench.profile_step", ["--no_such_option=1"], "no option --no_such_option"),
+    ("bench.accel.profile_step", ["--no_such_option=1"], "no option --no_such_option"),
     ("bert_jax.no_such_module", [], "no module"),
 ])
 def test_the_checker_rejects_what_does_not_parse(module, args, wrong):
@@ -333,7 +334,7 @@ def test_the_checker_accepts_what_parses():
       "--config.task_dirs.cola=DIR", "--workdir=/tmp/x", "--multihost"]) == []
   assert check_command("bert_jax.predict", ["--checkpoint=X", "--mode=classify",
                                             "--nolowercase"]) == []
-  assert check_command("bench.scaling_table", ["--json", "/tmp/x.json"]) == []
+  assert check_command("bench.accel.scaling_table", ["--json", "/tmp/x.json"]) == []
   commands = documented_commands(
       "```bash\n# a comment\nHF=x  # the model\npip install -e . && python -m bert_jax.main "
       "\\\n  --config=configs/base_pretrain.py [--config.seed=3]  # note\n```\n")
@@ -369,7 +370,9 @@ def test_every_module_is_in_a_table():
   missing += [f"input_pipeline/{m}" for m in _modules("input_pipeline")
               if f"`{m}`" not in pipeline]
   benches = "\n".join(_table_rows(ROOT / "bench" / "README.md"))
-  missing += [f"bench/{m}" for m in _modules("bench") if f"`{m}`" not in benches]
+  missing += [f"bench/{m}" for m in [*_modules("bench"), *(p.relative_to(ROOT / "bench").as_posix()
+                                                         for p in sorted((ROOT / "bench").glob("*/*.py")))]
+              if f"`{m}`" not in benches]
   assert not missing, ("Modules in no table (README.md's or docs/architecture.md's for "
                        "bert_jax and common, bench/README.md's for bench, input_pipeline/README.md's for input_pipeline): "
                        + ", ".join(missing))
@@ -393,7 +396,8 @@ def _anchors(path: pathlib.Path) -> set[str]:
 
 def test_relative_links_resolve():
   broken = []
-  for path in _doc_files():
+  bench = ROOT / "bench"
+  for path in [*_doc_files(), bench / "README.md", bench / "RESULTS.md"]:
     text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
       if re.match(r"[a-z]+:", target):

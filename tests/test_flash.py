@@ -366,7 +366,7 @@ def test_the_kernels_lower_through_triton_for_cuda(dtype, head_dim):
 
 
 def test_attention_bench_counts_the_block_pairs_the_kernels_visit():
-  from bench import attention_flops  # pylint: disable=g-import-not-at-top
+  from bench.accel import attention_flops  # pylint: disable=g-import-not-at-top
   one = np.ones((1, 512), np.int32)
   assert attention_flops.flash_visits(one, None) == (1.0, 1.0)
   assert attention_flops.flash_visits(one, 64) == (22 / 64, 22 / 64)  # 3 blocks, 2 at the ends

@@ -1,12 +1,12 @@
 """FP8 matmuls (bert_jax/models/fp8.py, model.matmul_dtype="fp8"): the values FP8 holds, the
 matmul and both its gradients on those values exactly, the model's parameters unchanged, and a
-short run that trains as bf16 does (bench/precision.py --fp8)."""
+short run that trains as bf16 does (bench/accel/precision.py --fp8)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench import precision
+from bench.accel import precision
 from bert_jax import families
 from bert_jax.models import bert as model_lib
 from bert_jax.models import fp8
@@ -74,7 +74,7 @@ def test_the_model_keeps_its_parameters_and_its_loss_close_to_bf16(family):
 
 @pytest.mark.slow
 def test_fp8_trains_as_bf16_does(tmp_path):
-  """The issue's check, bench/precision.py's test: a tiny run's loss at step 200 within 2%
+  """The issue's check, bench/accel/precision.py's test: a tiny run's loss at step 200 within 2%
   of bf16's on the same batches (~1.5 min on 2 cores)."""
   res = precision.main(["--fp8", "--preset=tiny", "--seq_len=32", "--preds=5", "--batch=16",
                         "--steps=200", "--warmup=20", "--lr=5e-3", "--log_every=50",

@@ -72,7 +72,7 @@ def test_format_example_marks_masks(tagged):
 
 @pytest.mark.slow  # a benchmark's smoke (~17 s)
 def test_benchmark_smoke():
-  result = subprocess.run([sys.executable, "-m", "bench.input_pipeline", "--smoke"],
+  result = subprocess.run([sys.executable, "-m", "bench.peers.input_pipeline", "--smoke"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
   assert result.returncode == 0, result.stderr[-3000:]
@@ -167,10 +167,10 @@ def test_inspect_bad_flags_are_one_line_errors(tmp_path):
 
 @pytest.mark.slow  # a benchmark's smoke (~15 s)
 def test_corpus_scale_bench_replicates_and_measures(tmp_path):
-  """bench/corpus_scale.py's pieces on a tiny corpus: the replicated corpus holds every
+  """bench/data/corpus_scale.py's pieces on a tiny corpus: the replicated corpus holds every
   document N times in corpus order; a measurement child reads it; the first-format copy
   is refused by this checkout's loader (the bench reads it with an older checkout)."""
-  from bench import corpus_scale  # pylint: disable=g-import-not-at-top
+  from bench.data import corpus_scale  # pylint: disable=g-import-not-at-top
   tagged = testing.make_tagged_corpus(str(tmp_path / "c"), num_docs=6, num_shards=2)
   out = str(tmp_path / "x3")
   summary = corpus_scale.replicate(tagged["prepared"], out, 3)

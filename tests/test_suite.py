@@ -454,7 +454,7 @@ def test_report_header_gives_the_init_checkpoints_held_out_perplexity(tmp_path):
 
 
 def test_the_suite_corrects_adams_bias_by_default_and_the_report_says_which(tmp_path):
-  """Issue 58 item 2, decided by bench/suite_glue.py and bench/suite_conll.py on the real
+  """Issue 58 item 2, decided by bench/quality/suite_glue.py and bench/quality/suite_conll.py on the real
   files: the suite's default is AdamW with bias correction (what transformers' AdamW does,
   the numbers users compare with); the paper's optimizer stays a field, and the report's
   header names the one its runs used."""
