@@ -2,8 +2,8 @@
 `config.model.family`) or by a HuggingFace checkpoint's `model_type`.
 
 A family owns its model and its checkpoints: a model module (its config class with presets,
-encoder, layer, masked-LM model) and a format module beside it (HuggingFace names both ways)
-whose `FAMILIES` holds its records. This module knows only where each record lives (MODULES)
+encoder with its `hidden_states`, masked-LM model) and a format module beside it (HuggingFace
+names both ways) whose `FAMILIES` holds its records. This module knows only where each record lives (MODULES)
 and imports that module by name when a family is asked for (as big_vision finds its models/),
 so every job, head and reader asks for the family instead of testing types, and a module below
 the formats (heads, flops) can ask without importing what lies above it. Adding a family is its
@@ -32,12 +32,13 @@ MODULES: dict[str, str] = {
 }
 
 
-# The parameter layout every family's encoder keeps (loader converts between the two, predict
-# and feature-based fine-tuning read each layer by it; tests/test_families.py checks every
-# family against it): the layers lie under ENCODER, unrolled as one subtree a layer named
-# UNROLLED_LAYER.format(i), i = 0 .. num_layers - 1, or with scan_layers as one subtree
-# SCANNED_LAYERS whose every leaf stacks the layers on axis 0. A family that shares one layer
-# between depths (ALBERT) would break both and needs its own layout here first.
+# The parameter layout every family's encoder keeps (loader converts between the two;
+# tests/test_families.py checks every family against it; predict and feature-based
+# fine-tuning read the layers' outputs through the encoder's `hidden_states`, not by it): the
+# layers lie under ENCODER, unrolled as one subtree a layer named UNROLLED_LAYER.format(i),
+# i = 0 .. num_layers - 1, or with scan_layers as one subtree SCANNED_LAYERS whose every leaf
+# stacks the layers on axis 0. A family that shares one layer between depths (ALBERT) has
+# no such subtrees and needs its own layout here first.
 ENCODER, UNROLLED_LAYER, SCANNED_LAYERS = "encoder", "layer_{}", "layers"
 
 
@@ -47,8 +48,9 @@ class Family:
   name: str
   config: type  # its frozen config dataclass: from_dict, from_preset, replace; `.family` == name
   from_fields: Callable[[Mapping[str, Any], int | None], Any]  # config.model fields, vocab size
-  encoder: Callable[..., Any]  # (cfg, add_pooler=, pooled_only=, name=) -> the encoder module
-  layer: type  # the encoder's layer module (predict's features capture its outputs)
+  # (cfg, add_pooler=, pooled_only=, name=) -> the encoder module; its method hidden_states
+  # gives [embeddings, layer 1, ..., layer N] (the last the model's output), each [B, L, D]
+  encoder: Callable[..., Any]
   masked_lm: Callable[[Any, bool], Any]  # (cfg, nsp) -> the pre-training model
   # (path, target, require_mlm) -> (cfg, unrolled host params) of a HuggingFace directory
   read_hf: Callable[[str, str, bool], tuple[Any, dict]]

@@ -26,7 +26,7 @@ import itertools
 import json
 import sys
 import time
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from absl import flags
 from absl import logging
@@ -155,30 +155,36 @@ def extract_features(cfg, params, tokenizer, texts: Sequence[str], layers: Seque
   return np.concatenate(outs), np.concatenate(masks)
 
 
-def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence[int] = (-1,),
-                  max_len: int = 128, pooled: bool = False, batch_size: int = 32):
-  """(ids [b, L], features [b, L, len(layers), D] or pooled [b, D], mask [b, L]) per batch
-  of `batch_size` texts, read from `texts` as they come (memory flat in their number)."""
+def feature_fn(cfg, params, layers: Sequence[int] = (-1,), pooled: bool = False
+               ) -> Callable[[np.ndarray, np.ndarray], tuple[jax.Array | None, jax.Array]]:
+  """A jitted (ids [b, L], mask [b, L]) -> (pooled [b, D] when `pooled`, else None; the
+  hidden states [b, L, len(layers), D] of `layers`, counted as the encoder's layers: 0 the
+  first, -1 the last)."""
   predict_checks.check_layers(layers, cfg.num_layers)
-  max_len = min(max_len, cfg.max_length)
   encoder_params, has_pooler = embed.encoder_params(params)
   if pooled and not has_pooler:
     raise PredictError("The checkpoint has no pooler (e.g. a BertForMaskedLM checkpoint): "
                        "--pooled is not available; take a layer's [CLS] vector instead.")
-  family = families.of(cfg)
-  module = family.encoder(cfg, add_pooler=has_pooler)
-  layer_cls = family.layer
+  module = families.of(cfg).encoder(cfg, add_pooler=has_pooler)
 
   @jax.jit
   def run(a, b):
-    (seq, pool), state = module.apply(
-        {"params": encoder_params}, a, jnp.zeros_like(a), b, capture_intermediates=
-        lambda mdl, _: isinstance(mdl, layer_cls))
-    captured = state["intermediates"][families.ENCODER]
-    hidden = [captured[families.UNROLLED_LAYER.format(i)]["__call__"][0]
-              for i in range(cfg.num_layers)]
-    return (pool if pooled else None), jnp.stack([hidden[l] for l in layers], axis=2)
+    variables, segments = {"params": encoder_params}, jnp.zeros_like(a)
+    if pooled:
+      return module.apply(variables, a, segments, b)[1], None
+    # [embeddings, layer 1, ..., layer N], the last the model's output (a final norm applied)
+    hidden = module.apply(variables, a, segments, b, method=module.hidden_states)[1:]
+    return None, jnp.stack([hidden[l] for l in layers], axis=2)
 
+  return run
+
+
+def iter_features(cfg, params, tokenizer, texts: Iterable[str], layers: Sequence[int] = (-1,),
+                  max_len: int = 128, pooled: bool = False, batch_size: int = 32):
+  """(ids [b, L], features [b, L, len(layers), D] or pooled [b, D], mask [b, L]) per batch
+  of `batch_size` texts, read from `texts` as they come (memory flat in their number)."""
+  run = feature_fn(cfg, params, layers, pooled)
+  max_len = min(max_len, cfg.max_length)
   texts = iter(texts)
   while batch := list(itertools.islice(texts, batch_size)):
     rows = [features.encode_pair(tokenizer, list(r)[:max_len - 2])[0]

@@ -87,6 +87,24 @@ def test_every_hidden_state_matches_transformers(tmp_path, family):
     assert np.abs(np.asarray(g)[real] - w.numpy()[real]).max() <= 1e-5
 
 
+@pytest.mark.parametrize("family", ["modernbert", "eurobert"])
+def test_predicts_features_of_every_layer_as_transformers_hidden_states(tmp_path, family):
+  """predict --mode=features' layers are transformers' output_hidden_states[1:], the last
+  after the final norm (its last_hidden_state), as feature-based fine-tuning reads them."""
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  path, hf = _hf_dir(tmp_path, family, "Model")
+  cfg, params = modern_formats.read_hf(path, "encoder")
+  ids, mask = _inputs()
+  with torch.no_grad():
+    want = hf(input_ids=_torch(ids), attention_mask=_torch(mask),
+              output_hidden_states=True).hidden_states[1:]
+  layers = list(range(-cfg.num_layers, 0))
+  _, got = predict.feature_fn(cfg, {"bert": params}, layers)(ids, mask)
+  real = mask.astype(bool)
+  for i, w in enumerate(want):
+    assert np.abs(np.asarray(got)[:, :, i][real] - w.numpy()[real]).max() <= 1e-5, i
+
+
 def test_sliding_window_is_shorter_than_the_sequence():
   # The test above means something only if the local layers really see less than L.
   cfg = modern_formats.config_from_hf(_hf_config("modernbert").to_dict())

@@ -323,7 +323,7 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
                        "hidden_act", "layer_norm_eps")
 FAMILIES = {"bert": families.Family(
     name="bert", config=BertConfig, from_fields=model_lib.config_from_fields,
-    encoder=model_lib.BertModel, layer=model_lib.EncoderLayer,
+    encoder=model_lib.BertModel,
     masked_lm=lambda cfg, nsp: model_lib.BertForPreTraining(cfg, nsp=nsp),
     causal_lm=lambda cfg: model_lib.BertForCausalLM(cfg.replace(causal=True)),
     read_hf=read_hf, config_from_hf=config_from_hf, read_native=load_native,

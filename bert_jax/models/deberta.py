@@ -575,7 +575,7 @@ ARCHITECTURE_FIELDS = ("family", "vocab_size", "hidden_size", "num_layers", "num
 
 FAMILIES = {"deberta-v2": families.Family(
     name="deberta-v2", config=DebertaConfig, from_fields=config_from_fields,
-    encoder=DebertaModel, layer=Layer,
+    encoder=DebertaModel,
     masked_lm=lambda cfg, nsp: DebertaForMaskedLM(cfg, nsp=nsp),
     read_hf=read_hf, config_from_hf=config_from_hf, read_native=formats.read_native_tree,
     export_hf=export_hf,

@@ -467,7 +467,7 @@ def _family(name: str) -> families.Family:
       name=name, config=ModernConfig,
       from_fields=lambda fields, vocab_size: modern.config_from_fields(fields, vocab_size,
                                                                        family=name),
-      encoder=modern.ModernModel, layer=modern.Layer,
+      encoder=modern.ModernModel,
       masked_lm=lambda cfg, nsp: modern.ModernForMaskedLM(cfg, nsp=nsp),
       read_hf=read_hf, config_from_hf=config_from_hf, read_native=formats.read_native_tree,
       export_hf=export_hf,
