@@ -1,7 +1,7 @@
 """ELECTRA (bert_jax/models/electra.py) against transformers in float32, on HuggingFace directories
-built here with random weights: the discriminator (ElectraForPreTraining), the generator
-(ElectraForMaskedLM, embeddings narrower than the hidden size), the task heads, and exports
-transformers loads with every key."""
+built here with random weights: what only ELECTRA has (the discriminator, ElectraForPreTraining;
+its generator's checkpoint names and presets). What every family shares (hidden states, the
+masked-LM logits, task heads, exports, fine-tuning steps) is tests/test_conformance.py's."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax import families, heads, loader
+from bert_jax import loader
 from bert_jax.models import electra
-from bert_jax.models import bert as model_lib
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -33,27 +32,6 @@ def _inputs(seed=0, batch=3, pad=(0, 4, 9)):
   return hf_parity.padded_inputs(seed, batch, pad, V, L, first_id=2, pad_id=0)
 
 
-@pytest.mark.parametrize("embedding_size", [16, 32])
-def test_generator_hidden_states_and_mlm_logits_match_transformers(tmp_path, embedding_size):
-  path, hf = _hf_dir(tmp_path, "ForMaskedLM", embedding_size)
-  cfg, params = loader.read(path)
-  assert (cfg.family, cfg.embedding_dim, cfg.pooler_act) == ("electra", embedding_size, "gelu")
-  ids, mask = _inputs()
-  with torch.no_grad():
-    out = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask),
-             output_hidden_states=True)
-  real = mask.astype(bool)
-  got = model_lib.BertModel(cfg, add_pooler=False).apply(
-      {"params": params["bert"]}, ids, np.zeros_like(ids), mask,
-      method=model_lib.BertModel.hidden_states)
-  for g, w in zip(got, out.hidden_states, strict=True):
-    assert np.abs(np.asarray(g)[real] - w.numpy()[real]).max() <= 1e-5
-  positions = np.broadcast_to(np.arange(L, dtype=np.int32), ids.shape)
-  logits = model_lib.BertForPreTraining(cfg, nsp=False).apply(
-      {"params": params}, ids, np.zeros_like(ids), mask, positions)["mlm_logits"]
-  assert np.abs(np.asarray(logits)[real] - out.logits.numpy()[real]).max() <= 1e-4
-
-
 def test_discriminator_logits_match_transformers(tmp_path):
   path, hf = _hf_dir(tmp_path, "ForPreTraining", 16)
   cfg, params = loader.read(path)
@@ -65,57 +43,6 @@ def test_discriminator_logits_match_transformers(tmp_path):
     want = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask)).logits
   real = mask.astype(bool)
   assert np.abs(np.asarray(got)[real] - want.numpy()[real]).max() <= 1e-4
-
-
-@pytest.mark.parametrize("arch,head", [
-    ("ForSequenceClassification", "classify"), ("ForTokenClassification", "tag"),
-    ("ForQuestionAnswering", "qa")])
-def test_task_head_logits_match_transformers(tmp_path, arch, head):
-  path, hf = _hf_dir(tmp_path, arch, 16, num_labels=2 if head == "qa" else 3)
-  cfg, params = loader.read(path, "all")
-  ids, mask = _inputs(2)
-  hf_parity.task_head_matches(cfg, params, hf, ids, mask, head)
-
-
-def test_multiple_choice_logits_match_transformers(tmp_path):
-  """ElectraForMultipleChoice: its sequence summary of [CLS] (dense, gelu) is read as our
-  pooler, its classifier as ours: BertForMultipleChoice's scores equal its logits."""
-  path, hf = _hf_dir(tmp_path, "ForMultipleChoice", 16)
-  cfg, params = loader.read(path, "all")
-  rows = [_inputs(s, batch=3) for s in (4, 5)]
-  ids, mask = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])  # [2, 3, L]
-  got = heads.BertForMultipleChoice(cfg).apply({"params": params}, ids, np.zeros_like(ids), mask)
-  with torch.no_grad():
-    want = hf(input_ids=hf_parity.to_torch(ids), attention_mask=hf_parity.to_torch(mask)).logits
-  assert np.abs(np.asarray(got) - want.numpy()).max() <= 1e-4
-
-
-@pytest.mark.parametrize("arch", ["ForPreTraining", "ForMaskedLM", "Model",
-                                  "ForSequenceClassification"])
-def test_export_loads_in_transformers_with_every_key(tmp_path, arch):
-  path, hf = _hf_dir(tmp_path, arch, 16, num_labels=2)
-  cfg, params = loader.read(path, "all" if arch in ("Model", "ForSequenceClassification")
-                            else "pretraining", require_mlm=False)
-  families.of(cfg).export_hf(str(tmp_path / "out"), cfg, params)
-  config = json.loads((tmp_path / "out" / "config.json").read_text())
-  assert config["model_type"] == "electra" and config["architectures"] == ["Electra" + arch]
-  back, info = getattr(transformers, "Electra" + arch).from_pretrained(
-      tmp_path / "out", output_loading_info=True, attn_implementation="eager")
-  assert not info["missing_keys"] and not info["unexpected_keys"], info
-  ids, mask = _inputs(3)
-  hf_parity.export_matches(hf, back, ids, mask)
-
-
-def test_four_finetuning_steps_match_transformers(tmp_path):
-  path, hf = _hf_dir(tmp_path, "ForSequenceClassification", 16, num_labels=3,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  cfg, params = loader.read(path, "all")
-  cfg = cfg.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-  untouched = hf_parity.four_steps_match(
-      hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
-      lambda p: electra.params_to_hf(p, cfg)[0],
-      lambda n: "LayerNorm" in n or n.endswith("bias"))
-  assert untouched <= {"electra.embeddings.position_ids"}, untouched
 
 
 def test_presets():

@@ -1,6 +1,8 @@
 """RoBERTa and XLM-RoBERTa (bert_jax/models/roberta.py) against transformers in float32, on
 HuggingFace directories built here as the Hub ships them (config.json, model.safetensors,
-tokenizer.json with its vocab.json / merges.txt, tokenizer_config.json) with random weights."""
+tokenizer.json with its vocab.json / merges.txt, tokenizer_config.json) with random weights:
+what only these families have (their tokenizers, position offsets, presets, jobs end to end).
+What every family shares is tests/test_conformance.py's."""
 from __future__ import annotations
 
 import json
@@ -12,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, families, formats, heads, loader
+from bert_jax import convert, formats, heads, loader
 from bert_jax.models import roberta
 from bert_jax.models import bert as model_lib
 from input_pipeline import features
@@ -48,55 +50,6 @@ def _inputs(seed=0, batch=3, pad=(0, 5, 11)):
 
 
 _torch = hf_parity.to_torch
-
-
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
-def test_hidden_states_and_mlm_logits_match_transformers(tmp_path, family):
-  path, hf = _hf_dir(tmp_path, family, "ForMaskedLM")
-  cfg, params = loader.read(path)
-  assert cfg.family == family and cfg.position_offset == 2 and cfg.max_length == L
-  ids, mask = _inputs()
-  segments = np.ones_like(ids)  # one token type: a pair's second segment reads it too
-  with torch.no_grad():
-    out = hf(input_ids=_torch(ids), attention_mask=_torch(mask), output_hidden_states=True)
-  real = mask.astype(bool)
-  got = model_lib.BertModel(cfg, add_pooler=False).apply(
-      {"params": params["bert"]}, ids, segments, mask,
-      method=model_lib.BertModel.hidden_states)
-  for g, w in zip(got, out.hidden_states, strict=True):
-    assert np.abs(np.asarray(g)[real] - w.numpy()[real]).max() <= 1e-5
-  positions = np.broadcast_to(np.arange(L, dtype=np.int32), ids.shape)
-  logits = model_lib.BertForPreTraining(cfg, nsp=False).apply(
-      {"params": params}, ids, segments, mask, positions)["mlm_logits"]
-  assert np.abs(np.asarray(logits)[real] - out.logits.numpy()[real]).max() <= 1e-4
-
-
-@pytest.mark.parametrize("arch,head", [
-    ("ForSequenceClassification", "classify"), ("ForTokenClassification", "tag"),
-    ("ForQuestionAnswering", "qa"), ("ForMultipleChoice", "choice")])
-def test_task_head_logits_match_transformers(tmp_path, arch, head):
-  path, hf = _hf_dir(tmp_path, "roberta", arch, num_labels=2 if head == "qa" else 3)
-  cfg, params = loader.read(path, "all")
-  ids, mask = _inputs(1)
-  if head == "choice":
-    ids, mask = ids[None], mask[None]
-  hf_parity.task_head_matches(cfg, params, hf, ids, mask, head)
-
-
-@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
-@pytest.mark.parametrize("arch", ["ForMaskedLM", "Model", "ForSequenceClassification"])
-def test_export_loads_in_transformers_with_every_key(tmp_path, family, arch):
-  path, hf = _hf_dir(tmp_path, family, arch, num_labels=2)
-  cfg, params = loader.read(path, "all" if arch != "ForMaskedLM" else "pretraining",
-                            require_mlm=False)
-  families.of(cfg).export_hf(str(tmp_path / "out"), cfg, params)
-  config = json.loads((tmp_path / "out" / "config.json").read_text())
-  assert config["model_type"] == family and config["architectures"] == [STEM[family] + arch]
-  back, info = getattr(transformers, STEM[family] + arch).from_pretrained(
-      tmp_path / "out", output_loading_info=True, attn_implementation="eager")
-  assert not info["missing_keys"] and not info["unexpected_keys"], info
-  ids, mask = _inputs(2)
-  hf_parity.export_matches(hf, back, ids, mask)
 
 
 def _byte_bpe_dir(tmp_path):
@@ -225,18 +178,6 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
   with torch.no_grad():
     want = back.eval()(input_ids=_torch(ids)).logits.numpy()
   assert np.abs(np.asarray(got) - want).max() <= 1e-5
-
-
-def test_four_finetuning_steps_match_transformers(tmp_path):
-  path, hf = _hf_dir(tmp_path, "roberta", "ForSequenceClassification", num_labels=3,
-                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  cfg, params = loader.read(path, "all")
-  cfg = cfg.replace(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
-  untouched = hf_parity.four_steps_match(
-      hf, cfg, params, lambda seed: _inputs(seed, batch=4, pad=(0, 3, 9, 0)),
-      lambda p: roberta.params_to_hf(p, cfg)[0],
-      lambda n: "LayerNorm" in n or n.endswith("bias"))
-  assert untouched <= {"roberta.embeddings.position_ids"}, untouched
 
 
 def test_squad_windows_put_the_answer_after_the_two_separators(tmp_path):
