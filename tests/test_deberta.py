@@ -17,22 +17,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from tests import hf_parity  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
-V, L = 96, 40
-V3 = dict(relative_attention=True, position_buckets=8, max_relative_positions=-1,
-          position_biased_input=False, share_att_key=True, pos_att_type="p2c|c2p",
-          norm_rel_ebd="layer_norm", type_vocab_size=0)
-V2 = dict(relative_attention=True, position_buckets=-1, max_relative_positions=16,
-          position_biased_input=True, share_att_key=False, pos_att_type="p2c|c2p",
-          norm_rel_ebd="none", type_vocab_size=2, embedding_size=24)
+from tests import test_conformance  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+ROW = test_conformance.ROWS["deberta-v2"]  # v3's layout
+V, L = ROW.vocab, ROW.length
 
 
-def _hf_dir(tmp_path, arch, variant=None, seed=0, **kw):
-  config = transformers.DebertaV2Config(**{**dict(
-      vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-      intermediate_size=64, max_position_embeddings=L, layer_norm_eps=1e-7,
-      pooler_hidden_size=32), **(variant or V3), **kw})
-  return hf_parity.hf_dir(tmp_path, getattr(transformers, "DebertaV2" + arch), config,
-                          lambda name: "LayerNorm" in name, seed)
+def _hf_dir(tmp_path, arch, seed=0, **kw):
+  return ROW.hf_dir(tmp_path, arch, seed, **kw)
 
 
 def _inputs(seed=0, batch=3, pad=(0, 4, 19)):
