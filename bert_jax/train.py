@@ -18,6 +18,7 @@ from bert_jax import checkpointing
 from bert_jax import metrics as metrics_lib
 from bert_jax import registry
 from bert_jax import trainer as trainer_lib
+from bert_jax import vocab_transfer
 from bert_jax.trainer import TrainState
 from common import errors
 from common import fileio
@@ -36,6 +37,10 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     if config[k] < 0:
       raise errors.ConfigError(f"--config.{k}={config[k]}: 0 = off, or a positive number.")
   data_config.check(config.data)
+  mode = config.get("vocab_transfer", "none")
+  if mode not in vocab_transfer.MODES:
+    raise errors.ConfigError(f"--config.vocab_transfer={mode!r}: choose one of "
+                             f"{', '.join(vocab_transfer.MODES)}.")
   kind = config.build.get("vocab_kind", "")
   if kind not in ("",) + vocab_lib.KINDS:
     raise errors.ConfigError(
@@ -79,6 +84,27 @@ def _train_iterator(config, data_cfg, trainer: trainer_lib.Trainer, state: Train
   return train_iter
 
 
+def _start(config, trainer: trainer_lib.Trainer, data_cfg, cfg, workdir: str
+           ) -> tuple[TrainState, object]:
+  """(state, data state): the workdir's newest checkpoint, else a fresh state with
+  init_checkpoint's weights in place (its vocabulary transferred to the data's where
+  config.vocab_transfer says so); the data state is dropped when the data config changed."""
+  init = config.init_checkpoint or None
+  if init and trainer.checkpointer.latest_step() is None:  # a run's first start
+    init = vocab_transfer.checkpoint_source(init, config.get("vocab_transfer", "none"),
+                                            data_build.vocab_of(config, data_cfg), cfg,
+                                            workdir)
+  state, data_state = trainer.restore_or_init(init, model_config=cfg,
+                                              name=config.init_checkpoint or None)
+  changes = [] if data_state is None else _data_changes(
+      trainer.restored_config.get("data") or {}, trainer_lib.json_config(config).get("data") or {})
+  if changes:
+    logging.info("The data config changed since step %d (e.g. phase 2: %s): the input "
+                 "iterator starts afresh.", int(jax.device_get(state.step)), "; ".join(changes[:3]))
+    data_state = None
+  return state, data_state
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> TrainState:
   """Pre-trains in `workdir` to config.num_train_steps (resuming from its checkpoints),
   evaluating on held-out data. main.run dispatches by config.task to this, the fine-tuning
@@ -104,13 +130,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
                config.get("objective", "mlm"), cfg, jax.device_count(), dict(trainer.mesh.shape))
   if (trainer.checkpointer.latest_step() or 0) < config.num_train_steps:  # steps to run
     trainer.compile_ahead(pretrain_data.batch_shapes(data_cfg, config.global_batch_size))
-  state, data_state = trainer.restore_or_init(config.init_checkpoint or None, model_config=cfg)
-  changes = [] if data_state is None else _data_changes(
-      trainer.restored_config.get("data") or {}, trainer_lib.json_config(config).get("data") or {})
-  if changes:
-    logging.info("The data config changed since step %d (e.g. phase 2: %s): the input "
-                 "iterator starts afresh.", int(jax.device_get(state.step)), "; ".join(changes[:3]))
-    data_state = None
+  state, data_state = _start(config, trainer, data_cfg, cfg, workdir)
   logging.info("%s parameters.", f"{trainer.num_params():,}")
   train_iter = _train_iterator(config, data_cfg, trainer, state, data_state, cfg.vocab_size)
   eval_iter, eval_batches = None, []

@@ -113,3 +113,15 @@ def build_data(config: ml_collections.ConfigDict, workdir: str, vocab_kind: str 
   if data_cfg.vocab_path:
     return data_cfg, tokenizer_lib.Tokenizer.from_path(data_cfg.vocab_path).vocab_size
   return data_cfg, None
+
+
+def vocab_of(config: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> str | None:
+  """The vocabulary the run's data is tokenized with (`data_cfg`: build_data's): data.vocab_path,
+  else the prepared corpus's (the first of a mixture); None for synthetic data or none found."""
+  if config.synthetic_data:
+    return None
+  if data_cfg.get("vocab_path"):
+    return data_cfg.vocab_path
+  prepared = (mixture_lib.parse_mixture(data_cfg.mixture)[0][0] if data_cfg.get("mixture")
+              else data_cfg.get("prepared_dir"))
+  return prepare_lib.load_summary(prepared)["vocab"]["path"] if prepared else None

@@ -175,7 +175,7 @@ def test_every_family_classifies_packed_rows_as_each_example_alone(name):
 
 @pytest.mark.parametrize("name", families.names())
 def test_every_family_keeps_the_parameter_layout(name):
-  """The layout the loader converts and predict reads (families.ENCODER, UNROLLED_LAYER,
+  """The layout the loader converts (families.ENCODER, UNROLLED_LAYER,
   SCANNED_LAYERS) is every family's: unrolled, `encoder/layer_i` for each of its 3 layers and
   nothing layer-like beside them; with scan_layers, `encoder/layers` stacking the 3 on axis 0;
   the loader turns each into the other leaf for leaf."""

@@ -71,6 +71,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # objective=electra (replaced-token detection; --config.model.family=electra): the
   # generator's width as a fraction of the discriminator's (hidden, heads, feed-forward; the
   # ELECTRA paper: 1/4 small, 1/3 base and large) and the weight of the discriminator's loss.
+  # init_checkpoint with another vocabulary than data.vocab_path's: "none" refuses it; "fvt"
+  # rebuilds its vocabulary-indexed rows for the new tokens (a shared token keeps its row, a
+  # new one is the mean of its old pieces' rows: bert_jax/vocab_transfer.py).
+  c.vocab_transfer = "none"
   c.electra = ml_collections.ConfigDict()
   c.electra.generator_size = 0.25
   c.electra.discriminator_weight = 50.0

@@ -474,6 +474,7 @@ def _family(name: str) -> families.Family:
       model_types=(name,),
       architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
       forward_flops=forward_flops, padded_vocab=True,
+      vocab_tensors=("tok_embeddings/embedding", "decoder_bias"),
       names_specials=True, vocab_kind="bpe", task_heads=TASK_HEADS[name],
       mlm_head={"modernbert": ("a ModernBertForMaskedLM", "head.*, decoder.*"),
                 "eurobert": ("a EuroBertForMaskedLM", "lm_head.*")}[name])

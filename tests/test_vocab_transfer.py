@@ -1,0 +1,219 @@
+"""Vocabulary transfer (bert_jax/vocab_transfer.py, issue 60): a token both vocabularies
+have keeps its row exactly, a new token's row is the mean of its old pieces' rows, the
+special tokens map by role, for every pair of tokenizer kinds (WordPiece, byte-level BPE,
+SentencePiece), on vocabularies trained here."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bert_jax import families, vocab_transfer
+from input_pipeline.tokenizer import Tokenizer
+
+KINDS = ("wordpiece", "bpe", "sentencepiece")
+
+
+@pytest.fixture(scope="module")
+def vocabs(tmp_path_factory):
+  """Per kind, two vocabularies of the built-in corpus: 'old' (600 entries, its first half)
+  and 'new' (900 entries, all of it): most tokens shared, some new."""
+  from input_pipeline import corpus  # pylint: disable=g-import-not-at-top
+  from input_pipeline import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("vocabs")
+  text = "\n\n".join(corpus.iter_texts("default", max_chars=160_000))
+  (root / "all.txt").write_text(text)
+  (root / "half.txt").write_text(text[:len(text) // 2])
+  for kind in KINDS:
+    vocab_lib.train_vocab(str(root / "half.txt"), str(root / f"{kind}_old"), vocab_size=600,
+                          kind=kind, lowercase=True)
+    vocab_lib.train_vocab(str(root / "all.txt"), str(root / f"{kind}_new"), vocab_size=900,
+                          kind=kind, lowercase=True)
+  return {(kind, age): Tokenizer.from_path(str(root / f"{kind}_{age}"))
+          for kind in KINDS for age in ("old", "new")}
+
+
+def _table(tok, width=6, seed=0):
+  return np.random.default_rng(seed).normal(size=(tok.vocab_size, width)).astype(np.float32)
+
+
+@pytest.mark.parametrize("old_kind", KINDS)
+@pytest.mark.parametrize("new_kind", KINDS)
+def test_shared_tokens_keep_their_rows_new_ones_average_their_pieces(vocabs, old_kind, new_kind):
+  old, new = vocabs[old_kind, "old"], vocabs[new_kind, "new"]
+  table, bias = _table(old), _table(old, 1, seed=1)[:, 0]
+  plan = vocab_transfer.plan(old, new)
+  got, got_bias = vocab_transfer.rows(table, plan), vocab_transfer.rows(bias, plan)
+  assert got.shape == (new.vocab_size, 6) and got.dtype == np.float32
+  assert got_bias.shape == (new.vocab_size,)
+  # Specials by role, exactly.
+  for role in vocab_transfer.ROLES:
+    n, o = getattr(new, f"{role}_id"), getattr(old, f"{role}_id")
+    np.testing.assert_array_equal(got[n], table[o])
+    assert got_bias[n] == bias[o]
+  # A word both vocabularies hold as one token keeps its row bit for bit, whatever the kinds'
+  # word-start marks.
+  kept = 0
+  for word in ("the", "and", "of", "to", "was", "in", "his", "that"):
+    n, o = new.encode(" " + word), old.encode(" " + word)
+    if len(n) == len(o) == 1:
+      np.testing.assert_array_equal(got[n[0]], table[o[0]])
+      kept += 1
+  assert kept >= 6, kept
+  # Every other token: the mean of the rows of its pieces under the old tokenizer.
+  specials = {getattr(new, f"{r}_id") for r in vocab_transfer.ROLES}
+  checked = 0
+  for i, source in enumerate(plan.sources):
+    if i in specials:
+      continue
+    if len(source) > 1:
+      np.testing.assert_allclose(got[i], table[list(source)].astype(np.float64).mean(0),
+                                 rtol=1e-6, atol=1e-7)
+      checked += 1
+    elif not source:
+      np.testing.assert_allclose(got[i], table[:old.vocab_size].mean(0), rtol=1e-5, atol=1e-6)
+  assert checked > 0
+  assert plan.kept + plan.by_role + plan.composed + len(plan.orphans) == new.vocab_size
+  assert plan.kept >= new.vocab_size // 5, plan.summary(new.vocab_size)
+  marks = {i for i, t in enumerate(old.tokens) if t in ("\u0120", "\u2581")}
+  assert not any(marks & set(s) for s in plan.sources if len(s) > 1)  # no bare space averaged in
+
+
+def test_the_same_vocabulary_maps_every_row_to_itself(vocabs):
+  tok = vocabs["wordpiece", "old"]
+  plan = vocab_transfer.plan(tok, tok)
+  table = _table(tok)
+  np.testing.assert_array_equal(vocab_transfer.rows(table, plan), table)
+  assert plan.kept + plan.by_role == tok.vocab_size and not plan.orphans
+
+
+def test_a_new_token_is_the_mean_of_its_pieces(tmp_path):
+  """By hand: 'cats' is new; WordPiece cuts it into 'cat' '##s'."""
+  (tmp_path / "old").mkdir()
+  (tmp_path / "new").mkdir()
+  base = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "##s", "dog"]
+  (tmp_path / "old" / "vocab.txt").write_text("\n".join(base) + "\n")
+  (tmp_path / "new" / "vocab.txt").write_text(
+      "\n".join(["[CLS]", "[SEP]", "[PAD]", "[MASK]", "[UNK]", "cats", "dog", "zebra"]) + "\n")
+  old, new = Tokenizer.from_path(str(tmp_path / "old")), Tokenizer.from_path(str(tmp_path / "new"))
+  plan = vocab_transfer.plan(old, new, rows=10)  # a padded table: 2 rows past the tokens
+  table = np.arange(9 * 2, dtype=np.float32).reshape(9, 2)
+  got = vocab_transfer.rows(table, plan)
+  np.testing.assert_array_equal(got[:5], table[[2, 3, 0, 4, 1]])  # by role
+  np.testing.assert_array_equal(got[5], (table[6] + table[7]) / 2)  # cats = cat ##s
+  np.testing.assert_array_equal(got[6], table[8])  # dog, kept
+  np.testing.assert_allclose(got[7], table.mean(0))  # zebra: only [UNK] pieces
+  np.testing.assert_allclose(got[8:], np.broadcast_to(table.mean(0), (2, 2)))  # padding
+  assert (plan.kept, plan.by_role, plan.composed, plan.orphans) == (1, 5, 1, ("zebra",))
+  assert "1 of 8 tokens shared" in plan.summary(8) and "'zebra'" in plan.summary(8)
+
+
+@pytest.mark.parametrize("name,objective", [(n, "mlm") for n in families.names()]
+                         + [("electra", "electra")])
+def test_every_family_names_the_tensors_a_transfer_rebuilds(name, objective):
+  """Each family's vocabulary-indexed tensors (Family.vocab_tensors) are exactly those of its
+  pre-training tree with the vocabulary's size on axis 0 (ELECTRA's generator's bias too)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader, registry  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  config = tu.tiny_config(objective=objective)
+  config.model = ml_collections.ConfigDict(dict(
+      family=name, preset="tiny" if name == "bert" else None, dtype="float32",
+      param_dtype="float32", num_layers=2, hidden_size=32, num_heads=2, intermediate_size=48))
+  config.data.nsp = False
+  model, _, sample = registry.pretraining(config, vocab_size=101)
+  shapes = jax.eval_shape(lambda: model.init(
+      {"params": jax.random.key(0), "dropout": jax.random.key(1)}, **sample, deterministic=True))
+  flat = loader.flat(nn.unbox(shapes["params"]))
+  found = [k for k in flat
+           if vocab_transfer._matches(k, families.get(name).vocab_tensors)]  # pylint: disable=protected-access
+  indexed = [k for k, v in flat.items() if v.shape and v.shape[0] == 101]
+  assert found and set(found) == set(indexed), (found, indexed)
+
+
+def _hf_bert_dir(root, vocab_dir, hidden=64):
+  """A HuggingFace BertForPreTraining (random weights, tu.tiny_config's shape) with the
+  WordPiece vocabulary of `vocab_dir` beside it, as the Hub ships one."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  transformers = pytest.importorskip("transformers")
+  tokens = (vocab_dir / "vocab.txt").read_text().splitlines()
+  config = transformers.BertConfig(vocab_size=len(tokens), hidden_size=hidden,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   intermediate_size=2 * hidden, max_position_embeddings=32,
+                                   hidden_act="gelu_new")
+  root.mkdir()
+  transformers.BertForPreTraining(config).save_pretrained(root)
+  shutil.copy(vocab_dir / "vocab.txt", root / "vocab.txt")
+  return str(root)
+
+
+def test_a_checkpoint_of_another_vocabulary_is_transferred_or_refused(vocabs, tmp_path):
+  """checkpoint_source, the job's choice of first weights: the checkpoint itself for the same
+  vocabulary; one line naming the fix with vocab_transfer=none; with fvt, its tensors for the
+  new vocabulary (the same each time: a rerun starts bit-identical), the plan recorded."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert as model_lib  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
+  old_tok, new_tok = vocabs["wordpiece", "old"], vocabs["wordpiece", "new"]
+  init = _hf_bert_dir(tmp_path / "hf", pathlib.Path(old_tok.path).parent, hidden=16)
+  cfg = model_lib.BertConfig(vocab_size=new_tok.vocab_size)
+  same = vocab_transfer.checkpoint_source(init, "none", old_tok.path, cfg, str(tmp_path))
+  assert same == init
+  with pytest.raises(errors.ConfigError, match="vocab_transfer=fvt") as e:
+    vocab_transfer.checkpoint_source(init, "none", new_tok.path, cfg, str(tmp_path))
+  assert "\n" not in str(e.value) and "another vocabulary" in str(e.value)
+  got = [vocab_transfer.checkpoint_source(init, "fvt", new_tok.path, cfg, str(tmp_path))
+         for _ in range(2)]
+  assert got[0][0].vocab_size == new_tok.vocab_size
+  _, old = loader.read(init)
+  (n,), (o,) = new_tok.encode("the"), old_tok.encode("the")
+  for path in (("bert", "embeddings", "word_embeddings", "embedding"), ("output_bias",)):
+    a, b = list((loader.flat(g[1])[path] for g in got))
+    assert a.shape[0] == new_tok.vocab_size
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a[n], loader.flat(old)[path][o])
+  assert "tokens shared" in json.loads((tmp_path / vocab_transfer.RECORD).read_text())["summary"]
+  with pytest.raises(errors.ConfigError, match="needs the vocabulary"):
+    vocab_transfer.checkpoint_source(init, "fvt", None, cfg, str(tmp_path))
+
+
+@pytest.mark.slow  # three short jobs (~30-60 s on 2 cores)
+def test_continued_pretraining_with_a_new_vocabulary(vocabs, tmp_path):
+  """The job: a checkpoint of one vocabulary continues on data of another; refused with
+  vocab_transfer=none (one line naming the fix), with fvt its shared tokens' rows are the
+  checkpoint's, the plan is recorded, and a rerun (a kill before the first checkpoint) starts
+  from bit-identical weights."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader, train  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  old_tok, new_tok = vocabs["wordpiece", "old"], vocabs["wordpiece", "new"]
+  init = _hf_bert_dir(tmp_path / "hf", pathlib.Path(old_tok.path).parent)
+  frozen = dict(num_train_steps=1, schedule__warmup_steps=5, eval_steps=0, synthetic_data=False,
+                build__corpus="default", data__vocab_path=str(pathlib.Path(new_tok.path).parent),
+                data__prepared_dir=str(tmp_path / "prepared"), model__vocab_size=None,
+                init_checkpoint=init,
+                model__num_layers=2, model__intermediate_size=128)
+  with pytest.raises(errors.ConfigError, match="vocab_transfer=fvt") as e:
+    train.train_and_evaluate(tu.tiny_config(**frozen), str(tmp_path / "none"))
+  assert "\n" not in str(e.value) and "another vocabulary" in str(e.value)
+  states = [train.train_and_evaluate(tu.tiny_config(vocab_transfer="fvt", **frozen),
+                                     str(tmp_path / w)) for w in ("a", "b")]
+  _, old = loader.read(init)
+  table = np.asarray(states[0].params["bert"]["embeddings"]["word_embeddings"]["embedding"])
+  assert table.shape[0] == new_tok.vocab_size
+  old_table = old["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  for word in ("the", "and", "of"):
+    (n,), (o,) = new_tok.encode(word), old_tok.encode(word)
+    np.testing.assert_array_equal(table[n], old_table[o])
+    np.testing.assert_array_equal(np.asarray(states[0].params["output_bias"])[n],
+                                  old["output_bias"][o])
+  record = json.loads((tmp_path / "a" / vocab_transfer.RECORD).read_text())
+  assert record["mode"] == "fvt" and "tokens shared" in record["summary"]
+  a, b = tu.flat(states[0].params), tu.flat(states[1].params)
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
