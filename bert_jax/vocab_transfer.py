@@ -167,7 +167,7 @@ def rows(table: np.ndarray, the_plan: Plan) -> np.ndarray:
   return out.astype(old.dtype)
 
 
-def _matches(keys: tuple[str, ...], paths: tuple[str, ...]) -> bool:
+def is_vocab_tensor(keys: tuple[str, ...], paths: tuple[str, ...]) -> bool:
   name = "/".join(keys)
   return any(name == p or name.endswith("/" + p) for p in paths)
 
@@ -178,7 +178,7 @@ def apply(flat_params: dict[tuple[str, ...], Any], the_plan: Plan, paths: tuple[
   names (the family's Family.vocab_tensors, matched as the path's end) rebuilt by `the_plan`."""
   out, done = dict(flat_params), []
   for keys, value in flat_params.items():
-    if _matches(keys, paths):
+    if is_vocab_tensor(keys, paths):
       out[keys] = rows(value, the_plan)
       done.append("/".join(keys))
   if not done:
@@ -221,6 +221,9 @@ def checkpoint_source(init_checkpoint: str, mode: str, vocab_path: str | None, c
         f"--config.vocab_transfer={mode} needs the vocabulary of init_checkpoint (beside it: "
         f"{old_path or 'none found'}) and of the data (data.vocab_path: {vocab_path or 'none'}).")
   if old.tokens == new.tokens:
+    if mode != "none":
+      logging.info("init_checkpoint %s has the data's vocabulary: nothing to transfer.",
+                   init_checkpoint)
     return init_checkpoint
   if mode == "none":
     raise errors.ConfigError(

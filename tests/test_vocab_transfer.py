@@ -129,7 +129,7 @@ def test_every_family_names_the_tensors_a_transfer_rebuilds(name, objective):
       {"params": jax.random.key(0), "dropout": jax.random.key(1)}, **sample, deterministic=True))
   flat = loader.flat(nn.unbox(shapes["params"]))
   found = [k for k in flat
-           if vocab_transfer._matches(k, families.get(name).vocab_tensors)]  # pylint: disable=protected-access
+           if vocab_transfer.is_vocab_tensor(k, families.get(name).vocab_tensors)]
   indexed = [k for k, v in flat.items() if v.shape and v.shape[0] == 101]
   assert found and set(found) == set(indexed), (found, indexed)
 
@@ -196,6 +196,7 @@ def test_continued_pretraining_with_a_new_vocabulary(vocabs, tmp_path):
   frozen = dict(num_train_steps=1, schedule__warmup_steps=5, eval_steps=0, synthetic_data=False,
                 build__corpus="default", data__vocab_path=str(pathlib.Path(new_tok.path).parent),
                 data__prepared_dir=str(tmp_path / "prepared"), model__vocab_size=None,
+                data__nsp=False,
                 init_checkpoint=init,
                 model__num_layers=2, model__intermediate_size=128)
   with pytest.raises(errors.ConfigError, match="vocab_transfer=fvt") as e:
@@ -217,3 +218,25 @@ def test_continued_pretraining_with_a_new_vocabulary(vocabs, tmp_path):
   a, b = tu.flat(states[0].params), tu.flat(states[1].params)
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  # The export carries the new tokenizer: transformers loads it with every key, tokenizes as
+  # the run did, and gives the run's masked-LM logits.
+  from bert_jax import convert  # pylint: disable=g-import-not-at-top
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  convert.main([f"--input={tmp_path / 'a'}", f"--output={tmp_path / 'hf_new'}",
+                "--to=huggingface"])
+  back, info = transformers.AutoModelForMaskedLM.from_pretrained(
+      tmp_path / "hf_new", output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf_new")
+  text = "the old man and the sea"
+  ids = tok(text)["input_ids"]
+  assert ids == [new_tok.cls_id] + new_tok.encode(text) + [new_tok.sep_id]
+  with torch.no_grad():
+    logits = back.eval()(input_ids=torch.tensor([ids])).logits.numpy()
+  assert logits.shape[-1] == new_tok.vocab_size
+  cfg_a, params_a = loader.read(str(tmp_path / "a"))
+  ours = families.of(cfg_a).masked_lm(cfg_a, False).apply(
+      {"params": params_a}, np.asarray([ids]), np.zeros((1, len(ids)), np.int32),
+      np.ones((1, len(ids)), np.int32), np.arange(len(ids))[None])["mlm_logits"]
+  np.testing.assert_allclose(np.asarray(ours), logits, atol=1e-4)
