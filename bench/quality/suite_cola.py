@@ -55,7 +55,7 @@ REPO = pathlib.Path(harness.REPO)
 DEFAULT_COLA = REPO.parent / "shared" / "data" / "cola" / "raw"
 SUITE_CACHE = "xla_cache"  # bert_jax/configs/suite.py: compilation_cache_dir "" = WORKDIR/xla_cache
 NAMES = {"bert_jax": "bert_jax", "hf": "transformers"}
-TITLE = "## Fine-tuning suite vs transformers Trainer: CoLA sweep (2026-11-25)"
+TITLE = "## Fine-tuning suite vs transformers Trainer: CoLA sweep"  # and the date of the run
 
 
 def job_env() -> dict[str, str]:
@@ -424,7 +424,7 @@ def render(rounds: list[dict], discarded: list, args, load_start: str, seconds: 
   cached_same = all(r["bert_jax"]["cached_mccs"] == r["bert_jax"]["mccs"] for r in rounds)
   n = len(args.learning_rates) * args.seeds
   return (
-      f"\n{TITLE}\n\n"
+      f"\n{TITLE} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d})\n\n"
       f"Command: `{command(args)}`  \n"
       f"Date: {datetime.datetime.now():%Y-%m-%d %H:%M}. Machine: {harness.machine()}; load "
       f"average (1/5/15 min) {load_start} at the start, {harness.load_average()} at the end ({seconds:.0f} s of "

@@ -48,7 +48,7 @@ from bench import harness
 
 REPO = pathlib.Path(harness.REPO)
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "glue"
-TITLE = "## GLUE real data: the suite vs transformers (all-MiniLM-L6-v2), 2026-12-04"
+TITLE = "## GLUE real data: the suite vs transformers (all-MiniLM-L6-v2)"  # and the date of the run
 DEFAULT_TASKS = "rte,mrpc,wnli,stsb,cola"
 ORDER = ("cola", "sst2", "mrpc", "stsb", "rte", "wnli")
 # task -> (directory, header?, text_a column, text_b column, label column, labels; None = regression)
@@ -487,7 +487,7 @@ def render(results: dict, args, commands: list[str]) -> str:
                   e["protocol"]["max_seq_length"] < 128 or e["protocol"].get("max_train_examples")})
   lrs = sorted({e["protocol"]["learning_rate"] for e in results.values()})
   return (
-      f"\n{TITLE}\n\n"
+      f"\n{TITLE}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}\n\n"
       + "".join(f"Command: `{c}`  \n" for c in commands)
       + f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: "
       f"{harness.machine()}; jax {jax.__version__}, torch {torch.__version__} (2 threads), "
