@@ -183,3 +183,48 @@ def refusal(path: str, target: str = "pretraining") -> str:
   message = str(e.value)
   assert "\n" not in message and ("fix config.json" in message or "remove" in message), message
   return message
+
+
+def finetune_and_predict(tmp_path, path: str, capsys) -> None:
+  """CoLA (suite_data's) from the checkpoint directory `path` (its tokenizer beside it)
+  through the fine-tuning job, one epoch at L=16, then predict --mode=classify on the run: a
+  label of CoLA's printed."""
+  import json  # pylint: disable=g-import-not-at-top
+  from bert_jax import finetune, predict  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import glue as glue_config  # pylint: disable=g-import-not-at-top
+  from tests import suite_data  # pylint: disable=g-import-not-at-top
+  suite_data.make_glue(tmp_path / "glue")
+  c = glue_config.get_config("cola")
+  c.init_checkpoint = c.vocab_path = path
+  c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
+  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 1, 8, 8, 1000
+  best = finetune.finetune(c, str(tmp_path / "work"))
+  assert "matthews_corrcoef" in best or "accuracy" in best
+  predict.main([f"--checkpoint={tmp_path / 'work'}", "--mode=classify",
+                "--text=the movie was very good"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in ("0", "1")
+
+
+def exported_classifier_matches(tmp_path, path: str, cls, **load_kw) -> None:
+  """The run finetune_and_predict left, exported (convert --target=all --to=huggingface):
+  transformers' `cls` loads it with every key, AutoTokenizer gives our ids on a pair, and
+  its logits are ours within 1e-5."""
+  from bert_jax import convert, finetuned  # pylint: disable=g-import-not-at-top
+  from input_pipeline import features  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  convert.main([f"--input={tmp_path / 'work' / 'best'}", f"--output={tmp_path / 'hf'}",
+                "--target=all", "--to=huggingface", f"--vocab={path}"])
+  back, info = cls.from_pretrained(tmp_path / "hf", output_loading_info=True, **load_kw)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+  cfg, params, _, _ = finetuned.load(str(tmp_path / "work"))
+  ours = Tokenizer.from_path(str(tmp_path / "hf"))
+  ids, _ = features.encode_pair(ours, ours.encode("the movie"), ours.encode("was good"))
+  assert ids == theirs("the movie", "was good")["input_ids"]
+  ids = np.asarray([ids])
+  got = heads.BertForSequenceClassification(cfg, num_labels=2).apply(
+      {"params": params}, ids, np.zeros_like(ids), np.ones_like(ids))
+  with torch.no_grad():
+    want = back.eval()(input_ids=to_torch(ids)).logits.numpy()
+  assert np.abs(np.asarray(got) - want).max() <= 1e-5

@@ -57,26 +57,14 @@ def test_presets():
 def test_fine_tunes_from_a_discriminator_and_predicts(tmp_path, capsys):
   """CoLA from an ElectraForPreTraining directory (vocab.txt beside it) through the
   fine-tuning job (the discriminator's head left out, the gelu classifier new), then predict."""
-  from bert_jax import finetune, predict  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
-  from tests import suite_data  # pylint: disable=g-import-not-at-top
   from tests.test_task_data import make_vocab  # pylint: disable=g-import-not-at-top
   tok = make_vocab(tmp_path, ["the movie was very good great fine bad awful poor plot acting"])
   path, _ = _hf_dir(tmp_path, "ForPreTraining", 16, vocab_size=tok.vocab_size)
   (tmp_path / "vocab.txt").rename(f"{path}/vocab.txt")
-  suite_data.make_glue(tmp_path / "glue")
-  c = glue.get_config("cola")
-  c.init_checkpoint = c.vocab_path = path
-  c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
-  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 1, 8, 8, 1000
-  best = finetune.finetune(c, str(tmp_path / "work"))
-  assert "matthews_corrcoef" in best or "accuracy" in best
+  hf_parity.finetune_and_predict(tmp_path, path, capsys)
   cfg, params = loader.read(str(tmp_path / "work" / "best"), "all")
   assert cfg.family == "electra" and "classifier" in params
   assert "discriminator_prediction" not in params
-  predict.main([f"--checkpoint={tmp_path / 'work'}", "--mode=classify",
-                "--text=the movie was very good"])
-  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in ("0", "1")
 
 
 @pytest.mark.slow

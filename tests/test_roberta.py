@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import convert, formats, heads, loader
+from bert_jax import convert, formats, loader
 from bert_jax.models import roberta
 from bert_jax.models import bert as model_lib
 from input_pipeline import features
@@ -148,36 +148,10 @@ def test_fine_tunes_predicts_and_exports_a_classifier_transformers_loads(tmp_pat
   """CoLA from a RoBERTa checkpoint through the fine-tuning job, predict --mode=classify on
   its best/, and convert --target=all --to=huggingface: RobertaForSequenceClassification with
   every key and the same logits."""
-  from bert_jax import convert, finetune, finetuned, predict  # pylint: disable=g-import-not-at-top
-  from bert_jax.configs import glue  # pylint: disable=g-import-not-at-top
-  from tests import suite_data  # pylint: disable=g-import-not-at-top
   path = _roberta_model_dir(tmp_path)
-  suite_data.make_glue(tmp_path / "glue")
-  c = glue.get_config("cola")
-  c.init_checkpoint = c.vocab_path = path
-  c.data_dir, c.max_seq_length = str(tmp_path / "glue" / "CoLA"), 16
-  c.num_epochs, c.global_batch_size, c.eval_batch_size, c.log_every_steps = 1, 8, 8, 1000
-  best = finetune.finetune(c, str(tmp_path / "work"))
-  assert "matthews_corrcoef" in best or "accuracy" in best
-  predict.main([f"--checkpoint={tmp_path / 'work'}", "--mode=classify",
-                "--text=the movie was very good"])
-  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["prediction"] in ("0", "1")
-  convert.main([f"--input={tmp_path / 'work' / 'best'}", f"--output={tmp_path / 'hf'}",
-                "--target=all", "--to=huggingface", f"--vocab={path}"])
-  back, info = transformers.RobertaForSequenceClassification.from_pretrained(
-      tmp_path / "hf", output_loading_info=True, attn_implementation="eager")
-  assert not info["missing_keys"] and not info["unexpected_keys"], info
-  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
-  cfg, params, saved, _ = finetuned.load(str(tmp_path / "work"))
-  ours = Tokenizer.from_path(str(tmp_path / "hf"))
-  ids, _ = features.encode_pair(ours, ours.encode("the movie"), ours.encode("was good"))
-  assert ids == theirs("the movie", "was good")["input_ids"]
-  ids = np.asarray([ids])
-  got = heads.BertForSequenceClassification(cfg, num_labels=2).apply(
-      {"params": params}, ids, np.zeros_like(ids), np.ones_like(ids))
-  with torch.no_grad():
-    want = back.eval()(input_ids=_torch(ids)).logits.numpy()
-  assert np.abs(np.asarray(got) - want).max() <= 1e-5
+  hf_parity.finetune_and_predict(tmp_path, path, capsys)
+  hf_parity.exported_classifier_matches(
+      tmp_path, path, transformers.RobertaForSequenceClassification, attn_implementation="eager")
 
 
 def test_squad_windows_put_the_answer_after_the_two_separators(tmp_path):
