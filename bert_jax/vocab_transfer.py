@@ -15,7 +15,9 @@ published encoder continues pre-training with your tokenizer (`config.vocab_tran
   (a word-start token's text cut as a word: after a space);
 - a token with no usable piece (its text cut into unknown or special tokens only), and each
   row past the new vocabulary in a padded table, is the mean of the old vocabulary's rows.
-The plan depends on the two vocabularies only (deterministic); a job records its summary.
+"random" keeps the shared and special tokens' rows as "fvt" does and draws every other row
+(the baseline FVT is measured against). The plan depends on the two vocabularies only
+(deterministic); a job records its summary.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from common import errors
 from common import fileio
 from input_pipeline.tokenizer import Tokenizer
 
-MODES = ("none", "fvt")
+MODES = ("none", "fvt", "random")
 RECORD = "vocab_transfer.json"  # in the workdir of a run that transferred
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 
@@ -53,8 +55,16 @@ class Plan:
   composed: int  # tokens averaged from their pieces
   pieces: int  # the pieces those tokens were cut into, in all
   orphans: tuple[str, ...]  # tokens with no usable piece (the mean row)
+  # mode "random": the rows of the tokens neither shared nor special, drawn from a normal of
+  # the old rows' mean and spread (seed 0) instead of averaged (the baseline FVT is measured
+  # against)
+  drawn: tuple[int, ...] = ()
 
   def summary(self, new_tokens: int) -> str:
+    if self.drawn:
+      return (f"{self.kept} of {new_tokens} tokens shared with the old vocabulary "
+              f"({self.kept / max(new_tokens, 1):.1%}; their rows kept), {self.by_role} special "
+              f"tokens mapped by role, {len(self.drawn)} new tokens drawn at random")
     mean = self.pieces / self.composed if self.composed else 0.0
     shown = ", ".join(repr(t) for t in self.orphans[:8]) + (" ..." if len(self.orphans) > 8 else "")
     return (f"{self.kept} of {new_tokens} tokens shared with the old vocabulary "
@@ -124,9 +134,10 @@ def _pieces(old, new, ids: Iterable[int]) -> dict[int, tuple[int, ...]]:
   return {i: pieces.get(i, ()) for i in keys}
 
 
-def plan(old, new, rows: int | None = None) -> Plan:
+def plan(old, new, rows: int | None = None, mode: str = "fvt") -> Plan:
   """How the new table's `rows` rows (default: the new vocabulary's size; more in a padded
-  table) are made from the old table's, for tokenizers `old` and `new`."""
+  table) are made from the old table's, for tokenizers `old` and `new`: `mode` "fvt" (new
+  tokens the mean of their pieces) or "random" (drawn; see Plan.drawn)."""
   if not new.tokens:
     raise VocabTransferError(f"{new.path} holds no tokens: give the vocabulary to transfer to.")
   rows = len(new.tokens) if rows is None else rows
@@ -140,6 +151,10 @@ def plan(old, new, rows: int | None = None) -> Plan:
   sources = [(role[i],) if i in role else (exact[i],) if i in exact else cut[i]
              for i in range(len(new.tokens))] + [()] * (rows - len(new.tokens))
   composed = [i for i in rest if cut[i]]
+  if mode == "random":
+    return Plan(tuple(() if i in cut else x for i, x in enumerate(sources)), len(old.tokens),
+                kept=len(exact), by_role=len(role), composed=0, pieces=0, orphans=(),
+                drawn=tuple(rest))
   return Plan(tuple(sources), len(old.tokens), kept=len(exact), by_role=len(role),
               composed=len(composed), pieces=sum(len(cut[i]) for i in composed),
               orphans=tuple(new.tokens[i] for i in rest if not cut[i]))
@@ -164,6 +179,10 @@ def rows(table: np.ndarray, the_plan: Plan) -> np.ndarray:
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])[used]
     sums = np.add.reduceat(src[flat], starts, axis=0)
     out[used] = sums / lengths[used].reshape((-1,) + (1,) * (old.ndim - 1))
+  if the_plan.drawn:
+    spread = src[:the_plan.old_tokens].std(axis=0)
+    noise = np.random.default_rng(0).standard_normal((len(the_plan.drawn),) + old.shape[1:])
+    out[list(the_plan.drawn)] = mean + spread * noise
   return out.astype(old.dtype)
 
 
@@ -232,7 +251,7 @@ def checkpoint_source(init_checkpoint: str, mode: str, vocab_path: str | None, c
         "--config.vocab_transfer=fvt to carry its rows over to the new tokens, or train with "
         "its vocabulary.")
   ckpt_cfg, params = loader.read(init_checkpoint, "pretraining", require_mlm=False)
-  the_plan = plan(old, new, rows=cfg.vocab_size)
+  the_plan = plan(old, new, rows=cfg.vocab_size, mode=mode)
   flat = apply(loader.flat(params), the_plan, families.of(ckpt_cfg).vocab_tensors)
   summary = the_plan.summary(len(new.tokens))
   logging.info("init_checkpoint %s: vocabulary transfer (%s) from %s to %s: %s.",

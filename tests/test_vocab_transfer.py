@@ -80,6 +80,20 @@ def test_shared_tokens_keep_their_rows_new_ones_average_their_pieces(vocabs, old
   assert not any(marks & set(s) for s in plan.sources if len(s) > 1)  # no bare space averaged in
 
 
+def test_random_rows_keep_the_shared_ones_and_draw_the_others(vocabs):
+  old, new = vocabs["wordpiece", "old"], vocabs["sentencepiece", "new"]
+  table = _table(old)
+  fvt, rnd = vocab_transfer.plan(old, new), vocab_transfer.plan(old, new, mode="random")
+  got, again = vocab_transfer.rows(table, rnd), vocab_transfer.rows(table, rnd)
+  np.testing.assert_array_equal(got, again)  # seeded: a rerun draws the same rows
+  kept = [i for i, s in enumerate(fvt.sources) if i not in rnd.drawn]
+  np.testing.assert_array_equal(got[kept], vocab_transfer.rows(table, fvt)[kept])
+  assert rnd.kept == fvt.kept and len(rnd.drawn) == fvt.composed + len(fvt.orphans)
+  drawn = got[list(rnd.drawn)]
+  assert abs(drawn.std() - table.std()) < 0.1 * table.std()
+  assert "drawn at random" in rnd.summary(new.vocab_size)
+
+
 def test_the_same_vocabulary_maps_every_row_to_itself(vocabs):
   tok = vocabs["wordpiece", "old"]
   plan = vocab_transfer.plan(tok, tok)

@@ -73,7 +73,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ELECTRA paper: 1/4 small, 1/3 base and large) and the weight of the discriminator's loss.
   # init_checkpoint with another vocabulary than data.vocab_path's: "none" refuses it; "fvt"
   # rebuilds its vocabulary-indexed rows for the new tokens (a shared token keeps its row, a
-  # new one is the mean of its old pieces' rows: bert_jax/vocab_transfer.py).
+  # new one is the mean of its old pieces' rows: bert_jax/vocab_transfer.py); "random" draws
+  # the new tokens' rows instead (the baseline FVT is measured against).
   c.vocab_transfer = "none"
   c.electra = ml_collections.ConfigDict()
   c.electra.generator_size = 0.25
