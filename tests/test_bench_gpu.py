@@ -193,7 +193,7 @@ def test_gpu_step_smoke_on_cpu(tmp_path):
   --json."""
   out = tmp_path / "rows.json"
   code = ("import sys\nfor m in ('tensorflow', 'tensorflow_datasets', 'clu'): sys.modules[m] = None\n"
-          "from bench import gpu_step\n"
+          "from bench.accel import gpu_step\n"
           f"gpu_step.main(['--smoke', '--workloads=bert-base-128,modern-packed', "
           f"'--systems=bert_jax,eager', '--json={out}', "
           "'--variants=xla:bert.model.attention_impl=xla,modern.model.attention=dense,"

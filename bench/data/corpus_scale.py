@@ -174,7 +174,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> list[dict]:
-  from bench import input_pipeline as bench_input  # pylint: disable=g-import-not-at-top
+  from bench.peers import input_pipeline as bench_input  # pylint: disable=g-import-not-at-top
   from common import errors  # pylint: disable=g-import-not-at-top
   fv = _flag_values()
   errors.parse_flags(fv, argv, __doc__)

@@ -125,7 +125,7 @@ def _parser():
 
 def _measure(args, preds: int) -> tuple[list, float, float]:
   """The three peers one after another: [(name, result)], the matmul peak, the wall seconds."""
-  from bench import train_step as ts  # main environment only from here on
+  from bench.peers import train_step as ts  # main environment only from here on
   dtype = "float32"
   t = time.perf_counter()
   width = SIZES[args.preset][1]
@@ -174,7 +174,7 @@ def main(argv=None) -> list[dict]:
     return []
   if args.smoke:
     args.preset, args.seq_len, args.batch, args.steps, args.warmup, args.vocab = "tiny", 32, 2, 2, 1, 500
-  from bench import train_step as ts  # main environment only from here on
+  from bench.peers import train_step as ts  # main environment only from here on
   preds = ts.PREDICTIONS.get(args.seq_len, max(1, args.seq_len * 15 // 100))
   load0 = os.getloadavg()[0]
   rows, peak, wall = _measure(args, preds)

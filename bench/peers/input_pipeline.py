@@ -93,7 +93,7 @@ def measure_ours_one_core(corpus: dict, max_seq_length: int, max_predictions: in
                           seconds: float) -> float:
   """measure_ours in a child process pinned to one CPU (TF sizes its pools from that)."""
   code = ("import json, os, sys; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-          "from bench import input_pipeline as b; "
+          "from bench.peers import input_pipeline as b; "
           "print(json.dumps(b.measure_ours(*json.loads(sys.argv[1]))))")
   args = json.dumps([corpus, max_seq_length, max_predictions, seconds])
   return float(harness.run_child([sys.executable, "-c", code, args], cwd=str(REPO), mark=""))

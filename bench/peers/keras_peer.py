@@ -210,7 +210,7 @@ def _ours_step_child(spec: dict) -> None:
   (bert_jax.main's host-memory settings; the step compiled ahead beside the state's
   initialisation, then the first step)."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bench import train_step as ts  # pylint: disable=g-import-not-at-top
+  from bench.peers import train_step as ts  # pylint: disable=g-import-not-at-top
   from bert_jax import process as process_lib  # pylint: disable=g-import-not-at-top
   from bert_jax import registry, trainer as trainer_lib  # pylint: disable=g-import-not-at-top
   from input_pipeline import pretrain as pretrain_data  # pylint: disable=g-import-not-at-top
@@ -355,7 +355,7 @@ def prepare_assets(tmp: str, files: list[str], vocab_size: int) -> dict:
 
 
 def _peak(preset: str, tokens: int) -> float:
-  from bench import train_step as ts  # pylint: disable=g-import-not-at-top
+  from bench.peers import train_step as ts  # pylint: disable=g-import-not-at-top
   return ts.robust_peak(SIZES[preset][1], tokens)
 
 
@@ -485,7 +485,7 @@ def main(argv=None) -> dict:
 
 def _report_step(args, spec, results, peak, load0, t_start) -> dict:
   from bert_jax import flops as flops_lib, registry  # pylint: disable=g-import-not-at-top
-  from bench import train_step as ts  # pylint: disable=g-import-not-at-top
+  from bench.peers import train_step as ts  # pylint: disable=g-import-not-at-top
   config = ts.bench_config(spec["preset"], spec["L"], "float32", spec["batch"], spec["vocab"])
   cfg = registry.pretraining(config)[0].config
   flop = flops_lib.train_flops_per_step(cfg, spec["batch"], spec["L"], spec["preds"])

@@ -112,7 +112,7 @@ class Ours:
   def __init__(self, opts: dict, steps: list[dict]):
     import jax
     from bert_jax import registry, trainer as trainer_lib
-    from bench import train_step as train_bench
+    from bench.peers import train_step as train_bench
     self.jax, self.opts = jax, opts
     self.peak_fn = lambda: train_bench.matmul_peak(opts["peak_n"])
     self.peaks = [self.peak_fn()]
