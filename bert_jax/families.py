@@ -76,10 +76,12 @@ class Family:
   # otherwise.
   sharding_rules: tuple[tuple[str, Any], ...] = sharding.RULES
   padded_vocab: bool = False  # the embedding table may have more rows than the vocabulary
-  # The parameters indexed by the vocabulary on axis 0, as the ends of their paths in a
-  # pre-training tree (the word embeddings, the masked-LM output bias: ELECTRA's generator's
-  # too): what config.vocab_transfer rebuilds for another vocabulary (bert_jax/vocab_transfer.py)
-  vocab_tensors: tuple[str, ...] = ("embeddings/word_embeddings/embedding", "output_bias")
+  # The parameters indexed by the vocabulary, as (the end of their path in a pre-training
+  # tree, the axis the vocabulary indexes): the word embeddings, the masked-LM output bias
+  # (ELECTRA's generator's too), an untied output projection; what config.vocab_transfer
+  # rebuilds for another vocabulary (bert_jax/vocab_transfer.py)
+  vocab_tensors: tuple[tuple[str, int], ...] = (("embeddings/word_embeddings/embedding", 0),
+                                                ("output_bias", 0))
   names_specials: bool = False  # its HuggingFace tokenizer_config.json names the special tokens
   # (the transformers classes holding its masked-LM head, that head's tensors), for messages
   mlm_head: tuple[str, str] = ("a BertForMaskedLM or BertForPreTraining", "cls.predictions.*")

@@ -2,7 +2,7 @@
 published encoder continues pre-training with your tokenizer (`config.vocab_transfer`).
 
     plan = vocab_transfer.plan(old_tokenizer, new_tokenizer, rows)
-    params = vocab_transfer.apply(params, plan, family.vocab_tensors)
+    flat = vocab_transfer.apply(loader.flat(params), plan, family.vocab_tensors)
 
 "fvt" is Fast Vocabulary Transfer (Gee et al., 2022), row by row of the new table:
 - a token the old vocabulary has keeps its row exactly: the same token string in two
@@ -186,23 +186,28 @@ def rows(table: np.ndarray, the_plan: Plan) -> np.ndarray:
   return out.astype(old.dtype)
 
 
-def is_vocab_tensor(keys: tuple[str, ...], paths: tuple[str, ...]) -> bool:
+def vocab_axis(keys: tuple[str, ...], tensors: tuple[tuple[str, int], ...]) -> int | None:
+  """The axis the vocabulary indexes in the parameter at path `keys`, if one of `tensors`
+  (a family's Family.vocab_tensors: path endings and axes) names it; else None."""
   name = "/".join(keys)
-  return any(name == p or name.endswith("/" + p) for p in paths)
+  return next((axis for path, axis in tensors if name == path or name.endswith("/" + path)),
+              None)
 
 
-def apply(flat_params: dict[tuple[str, ...], Any], the_plan: Plan, paths: tuple[str, ...]
-          ) -> dict[tuple[str, ...], Any]:
-  """A copy of `flat_params` (path tuple -> array) with every tensor that one of `paths`
-  names (the family's Family.vocab_tensors, matched as the path's end) rebuilt by `the_plan`."""
+def apply(flat_params: dict[tuple[str, ...], Any], the_plan: Plan,
+          tensors: tuple[tuple[str, int], ...]) -> dict[tuple[str, ...], Any]:
+  """A copy of `flat_params` (path tuple -> array) with every tensor that `tensors` names (the
+  family's Family.vocab_tensors) rebuilt by `the_plan` along its vocabulary axis."""
   out, done = dict(flat_params), []
   for keys, value in flat_params.items():
-    if is_vocab_tensor(keys, paths):
-      out[keys] = rows(value, the_plan)
+    axis = vocab_axis(keys, tensors)
+    if axis is not None:
+      out[keys] = np.moveaxis(rows(np.moveaxis(np.asarray(value), axis, 0), the_plan), 0, axis)
       done.append("/".join(keys))
   if not done:
     raise VocabTransferError(f"the checkpoint holds none of the tensors its family indexes by "
-                             f"the vocabulary ({', '.join(paths)}): nothing to transfer.")
+                             f"the vocabulary ({', '.join(p for p, _ in tensors)}): nothing to "
+                             "transfer.")
   logging.info("Vocabulary transfer rebuilt %s.", ", ".join(done))
   return out
 

@@ -212,3 +212,49 @@ def test_the_suite_runs_on_a_modern_encoder(tmp_path, hub):
   text = (tmp_path / "suite" / "report.md").read_text()
   assert all(t in text for t in ("CoLA", "SST-2", "STS-B")), text
   assert report is not None
+
+
+@pytest.mark.slow  # a vocabulary trained and a corpus prepared, then one short job
+def test_continued_pretraining_with_a_vocabulary_of_another_kind(tmp_path, hub):
+  """A modern checkpoint (byte-level BPE) continues on data tokenized with a WordPiece
+  vocabulary trained here (config.vocab_transfer=fvt, issue 60): the specials map by role, a
+  word both hold as one token keeps its row, and the run exports with the new tokenizer."""
+  from bert_jax import vocab_transfer  # pylint: disable=g-import-not-at-top
+  from input_pipeline import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from input_pipeline.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  family, path = hub
+  words = tmp_path / "words"
+  vocab_lib.train_vocab("default", str(words), vocab_size=700, kind="wordpiece", max_chars=200_000)
+  hf = json.loads((pathlib.Path(path) / "config.json").read_text())
+  c = modern_pretrain.get_config(f"{family}-tiny")
+  c.init_checkpoint, c.data.vocab_path, c.vocab_transfer = path, str(words), "fvt"
+  for k, v in dict(hidden_size=64, num_heads=4, intermediate_size=96,
+                   num_layers=hf["num_hidden_layers"]).items():
+    c.model[k] = v
+  if family == "eurobert":
+    c.model.num_kv_heads = 2
+  c.data.max_seq_length, c.data.max_predictions_per_seq = 64, 12
+  c.global_batch_size, c.num_train_steps, c.schedule.warmup_steps = 8, 1, 5  # lr 0 at step 1
+  c.checkpoint_every_steps, c.eval_steps, c.log_every_steps = 1, 0, 1
+  train.train_and_evaluate(c, str(tmp_path / "work"))
+  old, new = Tokenizer.from_path(path), Tokenizer.from_path(str(words))
+  _, before = loader.read(path)
+  cfg, after = loader.read(str(tmp_path / "work"))
+  table = after["bert"]["tok_embeddings"]["embedding"]
+  old_table = before["bert"]["tok_embeddings"]["embedding"]
+  assert cfg.family == family and table.shape[0] >= new.vocab_size
+  for role in vocab_transfer.ROLES:
+    np.testing.assert_array_equal(table[getattr(new, f"{role}_id")],
+                                  old_table[getattr(old, f"{role}_id")])
+  kept = [(n[0], o[0]) for n, o in ((new.encode(w), old.encode(" " + w)) for w in
+                                     ("the", "of", "and", "to", "in", "is"))
+          if len(n) == 1 and len(o) == 1]
+  assert kept
+  for n, o in kept:
+    np.testing.assert_array_equal(table[n], old_table[o])
+  assert "tokens shared" in json.loads((tmp_path / "work" / vocab_transfer.RECORD).read_text())[
+      "summary"]
+  out = tmp_path / "hf"
+  convert.main([f"--input={tmp_path / 'work'}", f"--output={out}", "--to=huggingface"])
+  ids = transformers.AutoTokenizer.from_pretrained(out)("the modules of the library")["input_ids"]
+  assert ids[1:-1] == new.encode("the modules of the library")

@@ -127,7 +127,8 @@ def test_a_new_token_is_the_mean_of_its_pieces(tmp_path):
                          + [("electra", "electra")])
 def test_every_family_names_the_tensors_a_transfer_rebuilds(name, objective):
   """Each family's vocabulary-indexed tensors (Family.vocab_tensors) are exactly those of its
-  pre-training tree with the vocabulary's size on axis 0 (ELECTRA's generator's bias too)."""
+  pre-training tree with the vocabulary's size on some axis, that axis named (ELECTRA's
+  generator's bias, EuroBERT's untied output projection on axis 1)."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
@@ -142,10 +143,11 @@ def test_every_family_names_the_tensors_a_transfer_rebuilds(name, objective):
   shapes = jax.eval_shape(lambda: model.init(
       {"params": jax.random.key(0), "dropout": jax.random.key(1)}, **sample, deterministic=True))
   flat = loader.flat(nn.unbox(shapes["params"]))
-  found = [k for k in flat
-           if vocab_transfer.is_vocab_tensor(k, families.get(name).vocab_tensors)]
-  indexed = [k for k, v in flat.items() if v.shape and v.shape[0] == 101]
-  assert found and set(found) == set(indexed), (found, indexed)
+  tensors = families.get(name).vocab_tensors
+  found = {(k, vocab_transfer.vocab_axis(k, tensors)) for k in flat
+           if vocab_transfer.vocab_axis(k, tensors) is not None}
+  indexed = {(k, axis) for k, v in flat.items() for axis, n in enumerate(v.shape) if n == 101}
+  assert found and found == indexed, (found, indexed)
 
 
 def _hf_bert_dir(root, vocab_dir, hidden=64):

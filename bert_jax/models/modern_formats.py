@@ -474,7 +474,8 @@ def _family(name: str) -> families.Family:
       model_types=(name,),
       architecture_fields=ARCHITECTURE_FIELDS, dropout={k: None for k in DROPOUT},
       forward_flops=forward_flops, padded_vocab=True,
-      vocab_tensors=("tok_embeddings/embedding", "decoder_bias"),
+      vocab_tensors=(("tok_embeddings/embedding", 0), ("decoder_bias", 0),
+                     ("lm_head/kernel", 1), ("lm_head/bias", 0)),
       names_specials=True, vocab_kind="bpe", task_heads=TASK_HEADS[name],
       mlm_head={"modernbert": ("a ModernBertForMaskedLM", "head.*, decoder.*"),
                 "eurobert": ("a EuroBertForMaskedLM", "lm_head.*")}[name])
