@@ -29,6 +29,7 @@ from bert_jax import suite
 from bert_jax import train
 from bert_jax import workdir_lock
 from common import errors
+from common import fileio
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, summaries and prepared data.")
 config_flags.DEFINE_config_file("config", None, "Training configuration file.",
@@ -60,6 +61,12 @@ flags.mark_flags_as_required(["config", "workdir"])
 def run(config, workdir: str):
   """The job config.task names: pre-training, a fine-tuning task or the fine-tuning suite
   (holding the workdir's lock: one job per workdir)."""
+  init = config.get("init_checkpoint")
+  if init and fileio.same_path(init, workdir):
+    raise errors.ConfigError(
+        f"--config.init_checkpoint={init} is the workdir: the job would write its checkpoints "
+        "into the directory it starts from (and a later job reading it would get those "
+        "instead); choose another --workdir.")
   with workdir_lock.hold(workdir):
     process.job_compilation_cache(config, workdir)
     if config.task == "pretrain":

@@ -37,6 +37,15 @@ def path(p: str | os.PathLike) -> epath.Path:
   return epath.Path(os.path.abspath(p))
 
 
+def same_path(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+  """Whether two paths name the same file or directory: local ones after resolving links,
+  `.`/`..` and a final /, remote ones as written less a final /."""
+  a, b = os.fspath(a), os.fspath(b)
+  if is_remote(a) or is_remote(b):
+    return a.rstrip("/") == b.rstrip("/")
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
 def join(base: str, *names: str) -> str:
   """`base/name/...` as a string (a relative base stays relative)."""
   return "/".join([os.fspath(base).rstrip("/")] + [n.strip("/") for n in names])

@@ -76,3 +76,25 @@ def test_tiny_pretrain_full_run_learns(tmp_path):
   nsp = tu.read_scalars(tmp_path, "eval/nsp_accuracy")[final]
   assert mlm > 0.08, out.stderr[-3000:]  # chance: 1 / 4096
   assert nsp > 0.54, out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("config_name", ["tiny_pretrain", "glue"])
+def test_a_workdir_that_is_the_init_checkpoint_is_refused(tmp_path, config_name):
+  """Before: a job whose workdir was its init_checkpoint (a HuggingFace directory, or a
+  pre-training run fine-tuned in place) wrote its checkpoints into that directory, so the next
+  job that read it as init_checkpoint got those checkpoints instead of the weights it named.
+  Now one line, exit 2, before anything is written."""
+  from bert_jax import main  # pylint: disable=g-import-not-at-top
+  from bert_jax.configs import glue, tiny_pretrain  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
+  hub = tmp_path / "hub"
+  hub.mkdir()
+  (hub / "config.json").write_text("{}")
+  config = tiny_pretrain.get_config() if config_name == "tiny_pretrain" else glue.get_config("cola")
+  for init, workdir in ((str(hub), str(hub)), (str(hub) + "/", str(hub)),
+                        (str(tmp_path / "." / "hub"), str(hub) + "/")):
+    config.init_checkpoint = init
+    with pytest.raises(errors.ConfigError, match="is the workdir") as e:
+      main.run(config, workdir)
+    assert "\n" not in str(e.value)
+  assert sorted(p.name for p in hub.iterdir()) == ["config.json"]
