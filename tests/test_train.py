@@ -377,3 +377,18 @@ def test_held_out_mlm_perplexity_in_log_tensorboard_and_metrics_json(tmp_path, c
              f"mlm_ppl {saved['4']['mlm_perplexity']:.4f}" in r.getMessage() for r in caplog.records)
   assert metrics_lib.held_out_perplexity(str(tmp_path)) == (4, saved["4"]["mlm_perplexity"])
   assert metrics_lib.held_out_perplexity(str(tmp_path / "nothing")) is None
+
+
+def test_eval_at_start_evaluates_the_first_weights_once(tmp_path, caplog):
+  """config.eval_at_start: the held-out evaluation of the weights a run starts from (step 0,
+  a continued pre-training's baseline) before its first step; not again when a rerun resumes."""
+  import logging  # pylint: disable=g-import-not-at-top
+  config = tu.tiny_config(eval_steps=1, eval_every_steps=0, num_train_steps=2,
+                          checkpoint_every_steps=1, max_steps_per_run=1, eval_at_start=True)
+  with caplog.at_level(logging.INFO):
+    train.train_and_evaluate(config, str(tmp_path))
+    train.train_and_evaluate(config, str(tmp_path))
+  saved = json.loads((tmp_path / "metrics.json").read_text())["eval"]
+  assert sorted(saved, key=int) == ["0", "2"] and saved["0"] != saved["2"]
+  assert sum("eval at step 0 " in r.getMessage() for r in caplog.records) == 1
+  assert tu.read_scalars(tmp_path, "eval/mlm_loss")[0] == pytest.approx(saved["0"]["mlm_loss"])

@@ -104,4 +104,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Held-out evaluation.
   c.eval_every_steps = 10_000  # 0 = only at the end
   c.eval_steps = 50  # held-out batches per evaluation (the same ones every time)
+  # Also evaluate the weights a run starts from (step 0: a continued pre-training's baseline).
+  c.eval_at_start = False
   return c
