@@ -256,3 +256,98 @@ def test_continued_pretraining_with_a_new_vocabulary(vocabs, tmp_path):
       {"params": params_a}, np.asarray([ids]), np.zeros((1, len(ids)), np.int32),
       np.ones((1, len(ids)), np.int32), np.arange(len(ids))[None])["mlm_logits"]
   np.testing.assert_allclose(np.asarray(ours), logits, atol=1e-4)
+
+
+# Each family's checkpoint with a tokenizer of its own kind, moved to a vocabulary of another.
+FAMILY_KINDS = {"bert": ("wordpiece", "bpe"), "roberta": ("bpe", "wordpiece"),
+                "xlm-roberta": ("sentencepiece", "bpe"), "electra": ("wordpiece", "sentencepiece"),
+                "deberta-v2": ("sentencepiece", "wordpiece"), "modernbert": ("bpe", "sentencepiece"),
+                "eurobert": ("bpe", "wordpiece")}
+
+
+def test_every_family_is_named_with_a_pair_of_kinds():
+  assert set(FAMILY_KINDS) == set(families.names())
+  assert {pair for pair in FAMILY_KINDS.values()} >= {(a, b) for a in KINDS for b in KINDS
+                                                      if a != b}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_KINDS))
+def test_every_family_checkpoint_is_transferred_as_the_hub_ships_it(vocabs, tmp_path, name):
+  """A HuggingFace directory of each family (random weights; ELECTRA's pre-training pair) with
+  a tokenizer of its kind, transferred to another kind's vocabulary by the job's own entry
+  (checkpoint_source): every tensor Family.vocab_tensors names is rebuilt along its axis, a
+  word both vocabularies hold as one token keeps its rows there exactly, the specials map by
+  role, every other tensor is untouched."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
+  from tests import test_conformance as conf  # pylint: disable=g-import-not-at-top
+  old_kind, new_kind = FAMILY_KINDS[name]
+  old, new = vocabs[old_kind, "old"], vocabs[new_kind, "new"]
+  row = conf.ROWS[name]
+  arch = "ForPreTraining" if name == "electra" else "ForMaskedLM"
+  init, _ = row.hf_dir(tmp_path, arch, vocab_size=old.vocab_size)
+  for f in __import__("pathlib").Path(old.path).parent.iterdir():
+    shutil.copy(f, init)
+  before_cfg, before = loader.read(init, "pretraining", require_mlm=False)
+  cfg = before_cfg.replace(vocab_size=new.vocab_size + 3)  # a padded table
+  got_cfg, got = vocab_transfer.checkpoint_source(init, "fvt", new.path, cfg, str(tmp_path))
+  assert got_cfg.vocab_size == new.vocab_size + 3
+  tensors = families.get(name).vocab_tensors
+  flat_before, flat_after = loader.flat(before), loader.flat(got)
+  assert flat_before.keys() == flat_after.keys()
+  pairs = [(n[0], o[0]) for n, o in ((new.encode(" " + w), old.encode(" " + w))
+                                      for w in ("the", "and", "of", "to", "was", "his"))
+           if len(n) == len(o) == 1]
+  pairs += [(getattr(new, f"{r}_id"), getattr(old, f"{r}_id")) for r in vocab_transfer.ROLES]
+  assert len(pairs) >= 8, pairs
+  rebuilt = 0
+  for keys, value in flat_after.items():
+    axis = vocab_transfer.vocab_axis(keys, tensors)
+    if axis is None:
+      np.testing.assert_array_equal(value, flat_before[keys], err_msg="/".join(keys))
+      continue
+    rebuilt += 1
+    a, b = np.moveaxis(np.asarray(value), axis, 0), np.moveaxis(flat_before[keys], axis, 0)
+    assert a.shape[0] == new.vocab_size + 3 and a.shape[1:] == b.shape[1:], keys
+    for n, o in pairs:
+      np.testing.assert_array_equal(a[n], b[o], err_msg="/".join(keys))
+  # the table and the output bias (EuroBERT: its untied output projection); ELECTRA's
+  # discriminator has the table alone (the generator of a run of ours is named by
+  # test_every_family_names_the_tensors_a_transfer_rebuilds)
+  assert rebuilt == (1 if name == "electra" else 2), rebuilt
+
+
+@pytest.mark.slow  # three short sharded jobs (~1-2 min on 2 cores)
+def test_continued_pretraining_with_a_new_vocabulary_sharded_and_resumed(vocabs, tmp_path):
+  """The transfer on a mesh (2 devices, fsdp=2): the job starts from the host's transferred
+  weights (a shared token's row is the checkpoint's after a step at lr 0), and a run stopped
+  after its first step and rerun ends bit-identical to one that ran through: the rerun resumes
+  its checkpoint, it does not transfer again."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  old_tok, new_tok = vocabs["wordpiece", "old"], vocabs["bpe", "new"]
+  init = _hf_bert_dir(tmp_path / "hf", pathlib.Path(old_tok.path).parent)
+  args = lambda workdir, **kw: tu.main_args(workdir, **{
+      "model.vocab_size": None, "synthetic_data": False, "build.corpus": "default",
+      "data.vocab_path": str(pathlib.Path(new_tok.path).parent),
+      "data.prepared_dir": str(tmp_path / "prepared"), "data.nsp": False,
+      "init_checkpoint": init, "vocab_transfer": "fvt", "model.num_layers": 2,
+      "model.intermediate_size": 128, "mesh_shape.data": 1,
+      "mesh_shape.fsdp": 2, "num_train_steps": 3, "schedule.warmup_steps": 4,
+      "checkpoint_every_steps": 1, "eval_steps": 0, **kw})
+  tu.run(args(tmp_path / "through"), devices=2)
+  tu.run(args(tmp_path / "stopped", max_steps_per_run=1), devices=2)
+  _, first = loader.read(str(tmp_path / "stopped"))
+  _, old = loader.read(init)
+  table = first["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert table.shape[0] == new_tok.vocab_size
+  for word in ("the", "and", "of"):
+    (n,), (o,) = new_tok.encode(" " + word), old_tok.encode(word)
+    np.testing.assert_array_equal(table[n], old["bert"]["embeddings"]["word_embeddings"][
+        "embedding"][o])
+  tu.run(args(tmp_path / "stopped"), devices=2)
+  a, b = (loader.flat(loader.read(str(tmp_path / w))[1]) for w in ("through", "stopped"))
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg="/".join(k))
