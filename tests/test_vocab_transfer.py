@@ -351,3 +351,52 @@ def test_continued_pretraining_with_a_new_vocabulary_sharded_and_resumed(vocabs,
   assert a.keys() == b.keys()
   for k in a:
     np.testing.assert_array_equal(a[k], b[k], err_msg="/".join(k))
+
+
+def _bad_vocab_dir(root, lines):
+  root.mkdir()
+  (root / "vocab.txt").write_text("".join(line + "\n" for line in lines))
+  return root
+
+
+@pytest.mark.parametrize("which", ["data's", "checkpoint's"])
+@pytest.mark.parametrize("lines", [[], ["", ""], ["the", "cat"]], ids=["empty", "blank", "no specials"])
+def test_a_vocabulary_the_transfer_cannot_map_is_one_line(vocabs, tmp_path, which, lines):
+  """An empty file, blank lines, or no special tokens, on either side: one line naming the
+  file, and nothing written to the workdir."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import bert as model_lib  # pylint: disable=g-import-not-at-top
+  from common import errors  # pylint: disable=g-import-not-at-top
+  good = pathlib.Path(vocabs["wordpiece", "old"].path).parent
+  init = pathlib.Path(_hf_bert_dir(tmp_path / "hf", good, hidden=16))
+  bad = _bad_vocab_dir(tmp_path / "bad", lines)
+  data = str(bad)
+  if which == "checkpoint's":
+    shutil.copy(bad / "vocab.txt", init / "vocab.txt")
+    data = str(vocabs["wordpiece", "new"].path)
+  work = tmp_path / "work"
+  work.mkdir()
+  with pytest.raises(errors.UserError) as e:
+    vocab_transfer.checkpoint_source(str(init), "fvt", data, model_lib.BertConfig(vocab_size=900),
+                                     str(work))
+  assert "\n" not in str(e.value) and "vocab.txt" in str(e.value), str(e.value)
+  assert not list(work.iterdir())
+
+
+@pytest.mark.slow  # the job on the built-in corpus (~20 s)
+def test_the_job_with_a_checkpoint_whose_vocabulary_is_empty_exits_2(vocabs, tmp_path):
+  import pathlib  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  init = pathlib.Path(_hf_bert_dir(tmp_path / "hf", pathlib.Path(vocabs["wordpiece", "old"].path).parent))
+  (init / "vocab.txt").write_text("")
+  out = tu.run(tu.main_args(tmp_path / "work", **{
+      "model.vocab_size": None, "synthetic_data": False, "build.corpus": "default",
+      "data.vocab_path": str(pathlib.Path(vocabs["wordpiece", "new"].path).parent),
+      "data.prepared_dir": str(tmp_path / "prepared"), "data.nsp": False,
+      "init_checkpoint": str(init), "vocab_transfer": "fvt", "model.num_layers": 2,
+      "model.intermediate_size": 128}), check=False)
+  assert out.returncode == 2, out.stderr[-2000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("main.py: error: ") and str(init / "vocab.txt") in last, last
+  assert not tu.checkpoint_steps(tmp_path / "work")  # nothing saved
