@@ -400,3 +400,41 @@ def test_the_job_with_a_checkpoint_whose_vocabulary_is_empty_exits_2(vocabs, tmp
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("main.py: error: ") and str(init / "vocab.txt") in last, last
   assert not tu.checkpoint_steps(tmp_path / "work")  # nothing saved
+
+
+@pytest.mark.slow  # one short ELECTRA job (~20 s)
+def test_electra_continues_from_a_discriminator_with_a_new_vocabulary(vocabs, tmp_path):
+  """ELECTRA's objective from a Hub ELECTRA discriminator (ElectraForPreTraining) on data of
+  another vocabulary: the discriminator's table is transferred (a shared token keeps its row
+  through a step at lr 0), the generator starts fresh at the new size, the job evaluates."""
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from bert_jax import loader  # pylint: disable=g-import-not-at-top
+  from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
+  transformers = pytest.importorskip("transformers")
+  old_tok, new_tok = vocabs["wordpiece", "old"], vocabs["sentencepiece", "new"]
+  init = tmp_path / "hf"
+  transformers.ElectraForPreTraining(transformers.ElectraConfig(
+      vocab_size=old_tok.vocab_size, embedding_size=32, hidden_size=64, num_hidden_layers=2,
+      num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)).save_pretrained(init)
+  shutil.copy(old_tok.path, init / "vocab.txt")
+  out = tu.run(tu.main_args(tmp_path / "work", **{
+      "model.vocab_size": None, "synthetic_data": False, "build.corpus": "default",
+      "data.vocab_path": str(pathlib.Path(new_tok.path).parent),
+      "data.prepared_dir": str(tmp_path / "prepared"), "data.nsp": False,
+      "init_checkpoint": str(init), "vocab_transfer": "fvt", "objective": "electra",
+      "model.family": "electra", "model.preset": "electra-small", "model.num_layers": 2,
+      "model.hidden_size": 64, "model.num_heads": 4, "model.intermediate_size": 128,
+      "model.embedding_size": 32, "model.max_position_embeddings": 64, "num_train_steps": 1,
+      "schedule.warmup_steps": 4, "eval_steps": 1}))
+  assert "eval at step 1" in out.stderr and "disc_loss" in out.stderr
+  _, old = loader.read(str(init))
+  params = tu.load_checkpoint(tmp_path / "work")["params"]
+  table = loader.flat(params)
+  keys = [k for k in table if k[-2:] == ("word_embeddings", "embedding")]
+  key = next(k for k in keys if not any("generator" in part for part in k))
+  assert table[key].shape[0] == new_tok.vocab_size
+  for word in ("the", "and", "of"):
+    (n,), (o,) = new_tok.encode(" " + word), old_tok.encode(word)
+    np.testing.assert_array_equal(table[key][n],
+                                  old["bert"]["embeddings"]["word_embeddings"]["embedding"][o])
