@@ -36,6 +36,9 @@ def check_config(config: ml_collections.ConfigDict) -> None:
   for k in ("eval_steps", "eval_every_steps"):
     if config[k] < 0:
       raise errors.ConfigError(f"--config.{k}={config[k]}: 0 = off, or a positive number.")
+  if config.get("eval_at_start") and not config.eval_steps:
+    raise errors.ConfigError("--config.eval_at_start=True needs held-out batches: set "
+                             "--config.eval_steps to a positive number (0 = no evaluation).")
   data_config.check(config.data)
   mode = config.get("vocab_transfer", "none")
   if mode not in vocab_transfer.MODES:

@@ -29,6 +29,8 @@ PRETRAINING = [
     ({"data__max_seq_length": 3, "data__nsp": False}, "--config.data.max_seq_length=3: a sequence of 4"),
     ({"data__max_predictions_per_seq": 0}, "--config.data.max_predictions_per_seq=0"),
     ({"schedule__warmup_steps": -2}, "--config.schedule.warmup_steps=-2"),
+    ({"eval_at_start": True, "eval_steps": 0}, "--config.eval_at_start=True needs held-out "
+     "batches: set --config.eval_steps"),
     ({"build__vocab_kind": "unigram"}, "--config.build.vocab_kind='unigram': choose one of "
      "wordpiece, sentencepiece, bpe, or '' for the model family's (wordpiece)"),
 ]
