@@ -317,28 +317,30 @@ def test_every_family_checkpoint_is_transferred_as_the_hub_ships_it(vocabs, tmp_
   assert rebuilt == (1 if name == "electra" else 2), rebuilt
 
 
-@pytest.mark.slow  # three short sharded jobs (~1-2 min on 2 cores)
-def test_continued_pretraining_with_a_new_vocabulary_sharded_and_resumed(vocabs, tmp_path):
+@pytest.mark.slow  # four short sharded jobs (~2 min on 2 cores)
+def test_continued_pretraining_with_a_new_vocabulary_sharded_and_killed(vocabs, tmp_path):
   """The transfer on a mesh (2 devices, fsdp=2): the job starts from the host's transferred
-  weights (a shared token's row is the checkpoint's after a step at lr 0), and a run stopped
-  after its first step and rerun ends bit-identical to one that ran through: the rerun resumes
-  its checkpoint, it does not transfer again."""
+  weights (a shared token's row is the checkpoint's after a step at lr 0), and a run killed -9
+  while writing its first checkpoint (it transfers again on the rerun), then again once that
+  checkpoint is safe (it resumes it), ends bit-identical to one that ran through."""
   import pathlib  # pylint: disable=g-import-not-at-top
+  import signal  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
   from bert_jax import loader  # pylint: disable=g-import-not-at-top
   from tests import test_train_utils as tu  # pylint: disable=g-import-not-at-top
   old_tok, new_tok = vocabs["wordpiece", "old"], vocabs["bpe", "new"]
   init = _hf_bert_dir(tmp_path / "hf", pathlib.Path(old_tok.path).parent)
-  args = lambda workdir, **kw: tu.main_args(workdir, **{
+  args = lambda workdir: tu.main_args(workdir, **{
       "model.vocab_size": None, "synthetic_data": False, "build.corpus": "default",
       "data.vocab_path": str(pathlib.Path(new_tok.path).parent),
       "data.prepared_dir": str(tmp_path / "prepared"), "data.nsp": False,
       "init_checkpoint": init, "vocab_transfer": "fvt", "model.num_layers": 2,
-      "model.intermediate_size": 128, "mesh_shape.data": 1,
-      "mesh_shape.fsdp": 2, "num_train_steps": 3, "schedule.warmup_steps": 4,
-      "checkpoint_every_steps": 1, "eval_steps": 0, **kw})
-  tu.run(args(tmp_path / "through"), devices=2)
-  tu.run(args(tmp_path / "stopped", max_steps_per_run=1), devices=2)
-  _, first = loader.read(str(tmp_path / "stopped"))
+      "model.intermediate_size": 128, "mesh_shape.data": 1, "mesh_shape.fsdp": 2,
+      "num_train_steps": 4, "schedule.warmup_steps": 4, "checkpoint_every_steps": 1,
+      "keep_checkpoints": 10, "eval_steps": 0})
+  through, killed = tmp_path / "through", tmp_path / "killed"
+  tu.run(args(through), devices=2)
+  first = tu.load_checkpoint(through, 1)["params"]
   _, old = loader.read(init)
   table = first["bert"]["embeddings"]["word_embeddings"]["embedding"]
   assert table.shape[0] == new_tok.vocab_size
@@ -346,11 +348,26 @@ def test_continued_pretraining_with_a_new_vocabulary_sharded_and_resumed(vocabs,
     (n,), (o,) = new_tok.encode(" " + word), old_tok.encode(word)
     np.testing.assert_array_equal(table[n], old["bert"]["embeddings"]["word_embeddings"][
         "embedding"][o])
-  tu.run(args(tmp_path / "stopped"), devices=2)
-  a, b = (loader.flat(loader.read(str(tmp_path / w))[1]) for w in ("through", "stopped"))
+
+  def kill_when(prefix):
+    proc = subprocess.Popen(args(killed), cwd=tu.REPO, env=tu.env(2),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+      tu.wait_for(lambda: (killed / "checkpoints").is_dir() and any(
+          p.name.startswith(prefix) for p in (killed / "checkpoints").iterdir()), 240, prefix,
+                  proc)
+    finally:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+
+  kill_when("1")  # mid-save of the first checkpoint: the rerun starts (and transfers) afresh
+  kill_when("2")  # step 1 is safe by now: the rerun resumes it
+  assert 4 not in tu.checkpoint_steps(killed)
+  tu.run(args(killed), devices=2)
+  a, b = tu.flat(tu.load_checkpoint(through, 4)), tu.flat(tu.load_checkpoint(killed, 4))
   assert a.keys() == b.keys()
   for k in a:
-    np.testing.assert_array_equal(a[k], b[k], err_msg="/".join(k))
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def _bad_vocab_dir(root, lines):
