@@ -213,9 +213,13 @@ def table(rows: list[str], notes: list[str], args) -> str:
           f"{args.batch}, L=128, seed 0, held-out evaluation on {args.eval_steps} x 64 rows of "
           f"the job's held-out documents. MiniLM: lr {args.lr}, 10% warmup, linear decay; "
           f"ModernBERT: its config's StableAdamW and warmup-stable-decay, lr {args.modern_lr}. "
-          f"Suite: CoLA (GLUE's), SST-2 (first {args.sst2_train} training rows), lr "
+          f"Suite: CoLA ({f'first {args.cola_train} training rows' if args.cola_train else 'all'}"
+          f" of GLUE's), SST-2 (first {args.sst2_train} training rows), lr "
           f"{args.suite_lr} (MiniLM) / {args.modern_suite_lr} (ModernBERT), 3 epochs, batch 32, "
           f"L=64, {args.seeds} seed(s); dev scores as the suite reports them (x100).\n\n")
+  import jax  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  body += f"Versions: jax {jax.__version__}, transformers {transformers.__version__}.\n\n"
   return body + head + "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 
