@@ -155,7 +155,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Train
 
   eval_at = lambda step: bool((config.eval_every_steps and step % config.eval_every_steps == 0)
                               or step == config.num_train_steps)
-  if do_eval and config.get("eval_at_start") and int(state.step) == 0:
+  if do_eval and config.get("eval_at_start") and int(jax.device_get(state.step)) == 0:
     evaluate(0, state)
   result = trainer_lib.run(trainer, state, train_iter, num_steps=config.num_train_steps,
                            evaluate=evaluate if do_eval else None, eval_at=eval_at)

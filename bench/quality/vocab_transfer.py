@@ -130,27 +130,25 @@ def _evals(workdir: pathlib.Path) -> dict[str, dict]:
 
 def pretrain(workdir: pathlib.Path, base: list[str], init: pathlib.Path, mode: str,
              vocab: pathlib.Path, prepared: pathlib.Path, args) -> float:
-  """One arm's continued pre-training (skipped when its last evaluation is there). With the
-  checkpoint's own vocabulary the model takes its table's size (a padded one included)."""
+  """One arm's continued pre-training (skipped when its last evaluation is there); `base`:
+  the model's config, learning rate and schedule flags (_model). With the checkpoint's own
+  vocabulary the model takes its table's size (a padded one included)."""
+  if str(args.steps) in _evals(workdir):
+    return _seconds(workdir, 0.0)
   if mode == "none":
     size = json.loads((init / "config.json").read_text())["vocab_size"]
     base = base + [f"--config.model.vocab_size={size}"]
-  if str(args.steps) in _evals(workdir):
-    return _seconds(workdir, 0.0)
-  return _seconds(workdir, _run([sys.executable, "-m", "bert_jax.main", *base, f"--workdir={workdir}",
-               f"--config.init_checkpoint={init}", f"--config.vocab_transfer={mode}",
-               f"--config.data.vocab_path={vocab}", f"--config.data.prepared_dir={prepared}",
-               f"--config.num_train_steps={args.steps}",
-               f"--config.global_batch_size={args.batch}", "--config.data.max_seq_length=128",
-               f"--config.opt.learning_rate={args.lr}" if "base_pretrain" in base[0] else
-               f"--config.opt.learning_rate={args.modern_lr}",
-               f"--config.schedule.warmup_steps={max(1, args.steps // 10)}",
-               "--config.schedule.decay_steps=" + ("0" if "base_pretrain" in base[0]
-                                                   else str(max(1, args.steps // 5))),
-               "--config.eval_every_steps=100", f"--config.eval_steps={args.eval_steps}",
-               "--config.eval_batch_size=64", "--config.eval_at_start=True",
-               f"--config.checkpoint_every_steps={args.steps}", "--config.log_every_steps=50",
-               "--config.seed=0"], workdir.parent / f"{workdir.name}.log"))
+  cmd = [sys.executable, "-m", "bert_jax.main", *base, f"--workdir={workdir}",
+         f"--config.init_checkpoint={init}", f"--config.vocab_transfer={mode}",
+         f"--config.data.vocab_path={vocab}", f"--config.data.prepared_dir={prepared}",
+         f"--config.num_train_steps={args.steps}", f"--config.global_batch_size={args.batch}",
+         "--config.data.max_seq_length=128",
+         f"--config.schedule.warmup_steps={max(1, args.steps // 10)}",
+         "--config.eval_every_steps=100", f"--config.eval_steps={args.eval_steps}",
+         "--config.eval_batch_size=64", "--config.eval_at_start=True",
+         f"--config.checkpoint_every_steps={args.steps}", "--config.log_every_steps=50",
+         "--config.seed=0"]
+  return _seconds(workdir, _run(cmd, workdir.parent / f"{workdir.name}.log"))
 
 
 def cut(root: pathlib.Path, task_dir: pathlib.Path, rows: int) -> pathlib.Path:
@@ -250,12 +248,16 @@ def _args(argv):
   return args
 
 
-def _model(name: str, root: pathlib.Path, books: str, new: pathlib.Path, args):
-  """(config flags, init checkpoint, old vocabulary, suite lr) of a model of the table."""
-  if name == "minilm":
-    return MINILM, minilm_dir(), minilm_dir(), args.suite_lr
+def _model(name: str, root: pathlib.Path, books: str, args):
+  """(config, learning-rate and schedule flags, init checkpoint, old vocabulary, suite lr) of
+  a model of the table."""
+  if name == "minilm":  # BERT's schedule: linear decay over the whole run
+    flags = MINILM + [f"--config.opt.learning_rate={args.lr}", "--config.schedule.decay_steps=0"]
+    return flags, minilm_dir(), minilm_dir(), args.suite_lr
   bpe = _vocab(root, books, "vocab_bpe", max(1000, args.vocab_size // 2), "bpe")
-  return MODERN, modern_hub(root, bpe), bpe, args.modern_suite_lr
+  flags = MODERN + [f"--config.opt.learning_rate={args.modern_lr}",  # WSD: the last 20% decay
+                    f"--config.schedule.decay_steps={max(1, args.steps // 5)}"]
+  return flags, modern_hub(root, bpe), bpe, args.modern_suite_lr
 
 
 def main(argv=None) -> None:
@@ -273,7 +275,7 @@ def main(argv=None) -> None:
   dirs = {task: d for task, d in dirs.items() if task in args.tasks.split(",")}
   runs = []  # every pre-training first (the table's main figures), then the suites
   for name in args.models.split(","):
-    base, init, old, lr = _model(name, root, args.books, new, args)
+    base, init, old, lr = _model(name, root, args.books, args)
     for arm, (mode, vocab_of) in ARMS.items():
       vocab = new if vocab_of == "new" else old
       prepared = _prepare(root, args.books, "new" if vocab_of == "new" else name, vocab)
