@@ -100,3 +100,32 @@ def test_smoke_rows_per_task_and_side(tmp_path, capsys):
   rows = [l for l in text.splitlines() if l.startswith(("| rte |", "| stsb |"))]
   assert len(rows) == 6 and all("| done |" in r for r in rows), text
   assert "first 24 train rows" in text and "Not run: cola, sst2, mrpc, wnli" in text
+
+
+@pytest.mark.slow
+def test_a_side_stopped_at_the_deadline_resumes_with_its_finished_seeds_kept(tmp_path, capsys):
+  write_glue(tmp_path / "glue")
+  common = [f"--data_dir={tmp_path / 'glue'}", f"--workdir={tmp_path / 'w'}",
+            f"--hf={random_bert_dir(tmp_path)}", "--tasks=rte", "--epochs=1", "--batch=8",
+            "--max_seq_length=32", "--max_train_examples=24", "--bias_correction=true",
+            "--no_record"]
+  first = suite_glue.main(common + ["--seeds=1"])["results"]
+  # As a 2-seed run stopped by --deadline after seed 0 leaves it.
+  path = tmp_path / "w" / "results.json"
+  results = json.loads(path.read_text())
+  for entry in results.values():
+    entry.update(status="stopped at the deadline", protocol=dict(entry["protocol"], seeds=2))
+  path.write_text(json.dumps(results))
+  capsys.readouterr()
+  second = suite_glue.main(common + ["--seeds=2"])["results"]
+  for key in ("rte/bj_true", "rte/hf"):
+    entry = second[key]
+    assert entry["status"] == "done", (key, entry.get("error"))
+    assert [r["seed"] for r in entry["runs"]] == [0, 1]
+    assert entry["runs"][0] == first[key]["runs"][0], key  # kept, not run again
+    assert entry["runs"][1]["status"] == "done"
+    assert len(entry["parts"]) == 2 and entry["parts"][0] == first[key]["seconds"]
+    assert entry["seconds"] == pytest.approx(sum(entry["parts"]))
+  assert "--first_seed=1" in second["rte/hf"]["command"]
+  rows = [l for l in capsys.readouterr().out.splitlines() if l.startswith("| rte |")]
+  assert len(rows) == 2 and all("| done, resumed (" in r for r in rows), rows

@@ -28,8 +28,9 @@ suite report's metrics of that epoch (STS-B: Spearman first, as the suite report
 Results are kept per task and side in WORKDIR/results.json as each side finishes (a rerun
 skips what is there with the same protocol); the table is rendered from it, printed, and
 appended to bench/results/quality.md unless --no_record. --deadline=HH:MM (UTC) starts nothing after
-that time and stops a running side then, keeping the runs it finished. --render_only renders
-what results.json holds.
+that time and stops a running side then, keeping the runs it finished; a rerun with the same
+protocol resumes a stopped side (its finished seeds kept, wall-clock summed over the parts).
+--render_only renders what results.json holds.
 """
 from __future__ import annotations
 
@@ -220,7 +221,7 @@ def hf_worker(args) -> None:
            len(train_texts)),
           (_hf_batches(tok, dev_texts, dev_gold, regression, args.max_seq_length),
            len(dev_texts), dev_gold))
-  for seed in range(args.seeds):
+  for seed in range(args.first_seed, args.seeds):
     run = hf_run(task, seed, data, args)
     run.update(train_examples=len(train_texts), dev_examples=len(dev_texts),
                torch=torch.__version__, threads=torch.get_num_threads())
@@ -247,17 +248,19 @@ def suite_command(task: str, data: pathlib.Path, out: pathlib.Path, bc: bool, ar
           f"--workdir={out}"]
 
 
-def hf_command(task: str, data: pathlib.Path, out: pathlib.Path, args) -> list[str]:
+def hf_command(task: str, data: pathlib.Path, out: pathlib.Path, args, first: int) -> list[str]:
   return [sys.executable, "-m", "bench.quality.suite_glue", "--worker=hf", f"--worker_task={task}",
           f"--hf={args.hf}", f"--data={data}", f"--out={out}", f"--seeds={args.seeds}",
+          f"--first_seed={first}",
           f"--epochs={args.epochs}", f"--learning_rate={args.learning_rate:g}",
           f"--max_seq_length={args.max_seq_length}", f"--batch={args.batch}"]
 
 
-def run_until(cmd: list[str], log: pathlib.Path, deadline: float | None, env: dict) -> dict:
+def run_until(cmd: list[str], log: pathlib.Path, deadline: float | None, env: dict,
+              mode: str = "w") -> dict:
   """Runs cmd (output to `log`) to its end or the deadline: rc, seconds, whether stopped."""
   t0 = time.perf_counter()
-  with open(log, "w") as f:
+  with open(log, mode) as f:
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
     try:
       proc.wait(timeout=None if deadline is None else max(deadline - time.time(), 1))
@@ -289,34 +292,46 @@ def _log_tail(log: pathlib.Path, n: int = 2500) -> str:
   return text[-n:]
 
 
-def run_side(side: str, task: str, data: pathlib.Path, args, deadline) -> dict:
-  """One side of one task in its own subprocess; its runs, wall-clock and status."""
+def _first_missing_seed(resume: dict | None) -> int:
+  done = {r["seed"] for r in (resume or {}).get("runs", []) if r["status"] == "done"}
+  return next(s for s in range(len(done) + 1) if s not in done)
+
+
+def run_side(side: str, task: str, data: pathlib.Path, args, deadline,
+             resume: dict | None = None) -> dict:
+  """One side of one task in its own subprocess; its runs, wall-clock and status. `resume`,
+  the side's entry stopped at a deadline, keeps its finished seeds and runs the others."""
   root = pathlib.Path(args.workdir)
-  out = root / side / task
-  if out.exists():
+  out, first = root / side / task, _first_missing_seed(resume)
+  if out.exists() and not first:
     shutil.rmtree(out)  # a side is measured whole (wall-clock from a fresh workdir)
-  out.mkdir(parents=True)
+  out.mkdir(parents=True, exist_ok=True)  # (the suite itself skips the runs it finished)
   log = root / "logs" / f"{task}_{side}.log"
   log.parent.mkdir(exist_ok=True)
   if side == "hf":
-    cmd = hf_command(task, data, out / "runs.jsonl", args)
+    cmd = hf_command(task, data, out / "runs.jsonl", args, first)
   else:
     cmd = suite_command(task, data, out, side == "bj_true", args)
   # torch's OpenMP threads spin while waiting by default: beside any other process on two
   # cores its step ran 2.6x slower than with passive waiting (measured 2026-12-04).
   env = dict(job_env(), **({"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
                            if side == "hf" else {}))
-  res = run_until(cmd, log, deadline, env)
+  res = run_until(cmd, log, deadline, env, "a" if first else "w")
   if side == "hf":
     jsonl = out / "runs.jsonl"
     runs = [json.loads(l) for l in jsonl.read_text().splitlines()] if jsonl.exists() else []
   else:
     runs = suite_runs(out, task)
+  kept = [r for r in (resume or {}).get("runs", []) if r["status"] == "done"] if first else []
+  runs = sorted({r["seed"]: r for r in kept + runs}.values(), key=lambda r: r["seed"])
   status = "stopped at the deadline" if res["stopped"] else (
       "done" if res["rc"] == 0 else f"FAILED (rc {res['rc']})")
   entry = {"task": task, "side": side, "status": status, "seconds": res["seconds"],
            "runs": runs, "protocol": protocol(args), "log": str(log),
            "command": " ".join(cmd)}
+  if first:  # wall-clock: every part's, the stopped seeds' lost time included
+    entry["parts"] = resume.get("parts", [resume["seconds"]]) + [res["seconds"]]
+    entry["seconds"] = sum(entry["parts"])
   if res["rc"] and not res["stopped"]:
     entry["error"] = _log_tail(log)
   return entry
@@ -390,7 +405,8 @@ def measure(args, tasks: list[str]) -> dict:
       if deadline is not None and time.time() >= deadline:
         print(f"{key}: not started (past --deadline {args.deadline} UTC)", flush=True)
         continue
-      entry = run_side(side, task, data, args, deadline)
+      stopped = old and old["status"].startswith("stopped") and old["protocol"] == protocol(args)
+      entry = run_side(side, task, data, args, deadline, old if stopped else None)
       entry["majority"] = majority_rate(task, data)
       entry["harness"] = command(args)
       results[key] = entry
@@ -448,10 +464,15 @@ def table(results: dict) -> tuple[str, list[str]]:
       out += (f"| {task} | {' / '.join(REPORT[task])} | {SIDES[side]} | {OPTIMIZERS[side]} | "
               f"{s['per_seed']} | {mean} | {s['spread']} | {s['epochs']} | "
               f"{entry['seconds']:.0f} ({run_s:.0f}) | {_shape(entry['protocol'])} | "
-              f"{entry['status']} |\n")
+              f"{entry['status']}{_resumed(entry)} |\n")
     if means:
       verdicts.append(_verdict(task, means, results))
   return out, verdicts
+
+
+def _resumed(entry: dict) -> str:
+  parts = entry.get("parts", [])
+  return f", resumed ({' + '.join(f'{s:.0f}' for s in parts)} s)" if parts else ""
 
 
 def _verdict(task: str, means: dict, results: dict) -> str:
@@ -545,6 +566,7 @@ def parse(argv):
   p.add_argument("--worker_task", default="", help=argparse.SUPPRESS)
   p.add_argument("--data", default="", help=argparse.SUPPRESS)
   p.add_argument("--out", default="", help=argparse.SUPPRESS)
+  p.add_argument("--first_seed", type=int, default=0, help=argparse.SUPPRESS)
   return p.parse_args(argv)
 
 
