@@ -103,7 +103,7 @@ def test_smoke_rows_per_task_and_side(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_side_stopped_at_the_deadline_resumes_with_its_finished_seeds_kept(tmp_path, capsys):
+def test_a_stopped_side_resumes_and_more_seeds_run_only_the_new_ones(tmp_path, capsys):
   write_glue(tmp_path / "glue")
   common = [f"--data_dir={tmp_path / 'glue'}", f"--workdir={tmp_path / 'w'}",
             f"--hf={random_bert_dir(tmp_path)}", "--tasks=rte", "--epochs=1", "--batch=8",
@@ -129,3 +129,12 @@ def test_a_side_stopped_at_the_deadline_resumes_with_its_finished_seeds_kept(tmp
   assert "--first_seed=1" in second["rte/hf"]["command"]
   rows = [l for l in capsys.readouterr().out.splitlines() if l.startswith("| rte |")]
   assert len(rows) == 2 and all("| done, resumed (" in r for r in rows), rows
+  # A rerun with more seeds runs only the new one.
+  third = suite_glue.main(common + ["--seeds=3"])["results"]
+  for key in ("rte/bj_true", "rte/hf"):
+    entry = third[key]
+    assert entry["status"] == "done", (key, entry.get("error"))
+    assert entry["runs"][:2] == second[key]["runs"] and entry["runs"][2]["seed"] == 2, key
+    assert entry["parts"][:2] == second[key]["parts"] and len(entry["parts"]) == 3
+  assert "--first_seed=2" in third["rte/hf"]["command"]
+  assert entry["protocol"]["seeds"] == 3

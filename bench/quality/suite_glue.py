@@ -29,7 +29,8 @@ Results are kept per task and side in WORKDIR/results.json as each side finishes
 skips what is there with the same protocol); the table is rendered from it, printed, and
 appended to bench/results/quality.md unless --no_record. --deadline=HH:MM (UTC) starts nothing after
 that time and stops a running side then, keeping the runs it finished; a rerun with the same
-protocol resumes a stopped side (its finished seeds kept, wall-clock summed over the parts).
+protocol resumes a stopped side, and one with more --seeds runs only the new seeds (the
+finished seeds kept, wall-clock summed over the parts).
 --render_only renders what results.json holds.
 """
 from __future__ import annotations
@@ -287,11 +288,6 @@ def suite_runs(out: pathlib.Path, task: str) -> list[dict]:
   return sorted(runs, key=lambda r: r["seed"])
 
 
-def _log_tail(log: pathlib.Path, n: int = 2500) -> str:
-  text = log.read_text(errors="replace") if log.exists() else ""
-  return text[-n:]
-
-
 def _first_missing_seed(resume: dict | None) -> int:
   done = {r["seed"] for r in (resume or {}).get("runs", []) if r["status"] == "done"}
   return next(s for s in range(len(done) + 1) if s not in done)
@@ -300,7 +296,7 @@ def _first_missing_seed(resume: dict | None) -> int:
 def run_side(side: str, task: str, data: pathlib.Path, args, deadline,
              resume: dict | None = None) -> dict:
   """One side of one task in its own subprocess; its runs, wall-clock and status. `resume`,
-  the side's entry stopped at a deadline, keeps its finished seeds and runs the others."""
+  a side's earlier entry (stopped, or fewer seeds), keeps its finished seeds, runs the rest."""
   root = pathlib.Path(args.workdir)
   out, first = root / side / task, _first_missing_seed(resume)
   if out.exists() and not first:
@@ -333,7 +329,7 @@ def run_side(side: str, task: str, data: pathlib.Path, args, deadline,
     entry["parts"] = resume.get("parts", [resume["seconds"]]) + [res["seconds"]]
     entry["seconds"] = sum(entry["parts"])
   if res["rc"] and not res["stopped"]:
-    entry["error"] = _log_tail(log)
+    entry["error"] = log.read_text(errors="replace")[-2500:]  # (run_until wrote it)
   return entry
 
 
@@ -405,8 +401,10 @@ def measure(args, tasks: list[str]) -> dict:
       if deadline is not None and time.time() >= deadline:
         print(f"{key}: not started (past --deadline {args.deadline} UTC)", flush=True)
         continue
-      stopped = old and old["status"].startswith("stopped") and old["protocol"] == protocol(args)
-      entry = run_side(side, task, data, args, deadline, old if stopped else None)
+      # Resumed: stopped at a deadline, or run before with fewer seeds (only the new ones run).
+      more = old and dict(old["protocol"], seeds=args.seeds) == protocol(args) and (
+          old["status"].startswith("stopped") or old["protocol"]["seeds"] < args.seeds)
+      entry = run_side(side, task, data, args, deadline, old if more else None)
       entry["majority"] = majority_rate(task, data)
       entry["harness"] = command(args)
       results[key] = entry
