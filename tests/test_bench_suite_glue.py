@@ -138,3 +138,31 @@ def test_a_stopped_side_resumes_and_more_seeds_run_only_the_new_ones(tmp_path, c
     assert entry["parts"][:2] == second[key]["parts"] and len(entry["parts"]) == 3
   assert "--first_seed=2" in third["rte/hf"]["command"]
   assert entry["protocol"]["seeds"] == 3
+
+
+@pytest.mark.parametrize("status, seeds, lr, resumed", [
+    ("stopped at the deadline", 2, 5e-5, True),
+    ("done", 1, 5e-5, True),  # more seeds: only the new ones run
+    ("done", 2, 5e-5, False),  # the same protocol: kept, not run
+    ("FAILED (rc 1)", 1, 5e-5, False),  # run whole again
+    ("stopped at the deadline", 2, 1e-4, False),  # another protocol: run whole
+    ("done", 3, 5e-5, False),  # fewer seeds asked: another protocol, run whole
+])
+def test_which_earlier_sides_are_resumed(tmp_path, monkeypatch, status, seeds, lr, resumed):
+  write_glue(tmp_path / "glue")
+  args = suite_glue.parse([f"--data_dir={tmp_path / 'glue'}", f"--workdir={tmp_path}",
+                           "--tasks=rte", "--seeds=2", "--bias_correction=true"])
+  old = {"status": status, "seconds": 5.0, "runs": [],
+         "protocol": dict(suite_glue.protocol(args), seeds=seeds, learning_rate=lr)}
+  suite_glue.save_results(tmp_path, {"rte/bj_true": old, "rte/hf": old})
+  calls = {}
+
+  def run_side(side, task, data, args, deadline, resume=None):
+    calls[side] = resume
+    return {"status": "done", "seconds": 1.0, "runs": []}
+  monkeypatch.setattr(suite_glue, "run_side", run_side)
+  suite_glue.measure(args, ["rte"])
+  if status == "done" and seeds == 2 and lr == 5e-5:
+    assert calls == {}
+  else:
+    assert calls == {s: old if resumed else None for s in ("bj_true", "hf")}

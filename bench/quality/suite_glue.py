@@ -403,7 +403,8 @@ def measure(args, tasks: list[str]) -> dict:
         continue
       # Resumed: stopped at a deadline, or run before with fewer seeds (only the new ones run).
       more = old and dict(old["protocol"], seeds=args.seeds) == protocol(args) and (
-          old["status"].startswith("stopped") or old["protocol"]["seeds"] < args.seeds)
+          old["status"].startswith("stopped") or
+          old["status"] == "done" and old["protocol"]["seeds"] < args.seeds)
       entry = run_side(side, task, data, args, deadline, old if more else None)
       entry["majority"] = majority_rate(task, data)
       entry["harness"] = command(args)
