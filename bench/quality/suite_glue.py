@@ -288,17 +288,14 @@ def suite_runs(out: pathlib.Path, task: str) -> list[dict]:
   return sorted(runs, key=lambda r: r["seed"])
 
 
-def _first_missing_seed(resume: dict | None) -> int:
-  done = {r["seed"] for r in (resume or {}).get("runs", []) if r["status"] == "done"}
-  return next(s for s in range(len(done) + 1) if s not in done)
-
-
 def run_side(side: str, task: str, data: pathlib.Path, args, deadline,
              resume: dict | None = None) -> dict:
   """One side of one task in its own subprocess; its runs, wall-clock and status. `resume`,
   a side's earlier entry (stopped, or fewer seeds), keeps its finished seeds, runs the rest."""
-  root = pathlib.Path(args.workdir)
-  out, first = root / side / task, _first_missing_seed(resume)
+  root, out = pathlib.Path(args.workdir), pathlib.Path(args.workdir) / side / task
+  kept = [r for r in (resume or {}).get("runs", []) if r["status"] == "done"]
+  first = next(s for s in range(len(kept) + 1) if s not in {r["seed"] for r in kept})
+  kept = kept if first else []  # (a side run again from seed 0 keeps nothing)
   if out.exists() and not first:
     shutil.rmtree(out)  # a side is measured whole (wall-clock from a fresh workdir)
   out.mkdir(parents=True, exist_ok=True)  # (the suite itself skips the runs it finished)
@@ -318,7 +315,6 @@ def run_side(side: str, task: str, data: pathlib.Path, args, deadline,
     runs = [json.loads(l) for l in jsonl.read_text().splitlines()] if jsonl.exists() else []
   else:
     runs = suite_runs(out, task)
-  kept = [r for r in (resume or {}).get("runs", []) if r["status"] == "done"] if first else []
   runs = sorted({r["seed"]: r for r in kept + runs}.values(), key=lambda r: r["seed"])
   status = "stopped at the deadline" if res["stopped"] else (
       "done" if res["rc"] == 0 else f"FAILED (rc {res['rc']})")
